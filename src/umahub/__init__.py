@@ -1,0 +1,69 @@
+"""umahub: accelerator backends for Apache TVM as installable plugins.
+
+The public API (everything else is internal)::
+
+    import umahub
+
+    hub = umahub.Hub()                 # load plugins, read [tool.umahub]
+    compiled = hub.compile(mod)        # a Relax IRModule with "main"
+    outputs = compiled.run(*arrays)    # numpy in, numpy out
+    compiled.export_library("model.so")
+    umahub.load("model.so").run(*arrays)
+
+For plugin authors: :data:`hookimpl`, :class:`Accelerator`, :class:`MemoryPool`,
+the hook contract in :mod:`umahub.hookspecs`, and :data:`API_VERSION`.
+
+``import umahub`` does not import TVM nor any plugin: both happen when they are
+first needed (a :class:`Hub` is made, a model compiled).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from umahub import errors
+from umahub.accelerator import Accelerator, MemoryPool
+from umahub.hub import Hub, UmahubWarning
+from umahub.markers import API_VERSION, hookimpl, hookspec
+
+if TYPE_CHECKING:
+    from umahub.compiled import Compiled, load
+    from umahub.context import CompileContext
+    from umahub.vdevice import VirtualDevice
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "API_VERSION",
+    "Accelerator",
+    "CompileContext",
+    "Compiled",
+    "Hub",
+    "MemoryPool",
+    "UmahubWarning",
+    "VirtualDevice",
+    "__version__",
+    "errors",
+    "hookimpl",
+    "hookspec",
+    "load",
+]
+
+# Names whose modules import TVM: resolved on first use.
+_LAZY = {
+    "Compiled": "umahub.compiled",
+    "load": "umahub.compiled",
+    "CompileContext": "umahub.context",
+    "VirtualDevice": "umahub.vdevice",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'umahub' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,5 @@
+"""``python -m umahub``: the same as the ``umahub`` command."""
+
+from umahub.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""What a plugin declares: an accelerator (the target_arch) and its memory pools."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["CODEGENS", "COPY_KINDS", "Accelerator", "MemoryPool"]
+
+#: The default codegens an accelerator can name.
+CODEGENS = ("c", "llvm")
+#: How a pool is filled: ``"sync"`` copies by the CPU, ``"async"`` by a DMA engine.
+COPY_KINDS = ("sync", "async")
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class MemoryPool:
+    """A memory an accelerator computes in.
+
+    Args:
+        scope: the memory scope's name, e.g. ``"npu.sram"``; a partition placed
+            on the accelerator keeps its tensors (per ``scope-policy``) in it.
+        size_bytes: capacity; checked before codegen by the memory planner.
+        copy: ``"sync"`` (the CPU copies) or ``"async"`` (a DMA engine copies,
+            overlapping compute on the report's timeline).
+    """
+
+    scope: str
+    size_bytes: int
+    copy: str = "sync"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scope, str) or not self.scope:
+            raise ValueError(f"MemoryPool.scope must be a non-empty string, got {self.scope!r}")
+        if not isinstance(self.size_bytes, int) or self.size_bytes <= 0:
+            raise ValueError(
+                f"MemoryPool({self.scope!r}).size_bytes must be a positive int, "
+                f"got {self.size_bytes!r}"
+            )
+        if self.copy not in COPY_KINDS:
+            raise ValueError(
+                f"MemoryPool({self.scope!r}).copy must be one of {COPY_KINDS}, got {self.copy!r}"
+            )
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A target_arch: a named accelerator tied to one codegen and one way of loading.
+
+    Args:
+        name: what the user writes in ``priority`` and pins (``"dsp_cpu"``);
+            lower-case letters, digits and ``_``. It also names the TVM codegen
+            ``relax.ext.<name>`` and the partitions' symbols.
+        codegen: the default codegen, ``"c"`` (TVM's C codegen, compiled at
+            export) or ``"llvm"``; a plugin's ``umahub_codegen`` may replace it.
+        instances: how many identical units; they are the virtual devices
+            ``name:0`` .. ``name:<instances-1>``.
+        memory: the accelerator's memory pools; the first is where its
+            partitions' tensors live.
+        c_includes: text put at the top of the generated C (``#include`` lines).
+        c_sources: C files of a vendor kernel library, compiled and linked into
+            the exported library.
+        include_dirs: directories searched for the headers of ``c_includes``.
+        description: one line shown by ``umahub plugins``.
+    """
+
+    name: str
+    codegen: str = "llvm"
+    instances: int = 1
+    memory: tuple[MemoryPool, ...] = ()
+    c_includes: str = ""
+    c_sources: tuple[str, ...] = ()
+    include_dirs: tuple[str, ...] = ()
+    description: str = ""
+    options: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(
+                f"Accelerator name {self.name!r} must start with a lower-case letter and hold "
+                "only lower-case letters, digits and '_' (it names a TVM codegen)"
+            )
+        if self.name == "host":
+            raise ValueError("'host' is reserved for the host; choose another accelerator name")
+        if self.codegen not in CODEGENS:
+            raise ValueError(
+                f"Accelerator {self.name!r}: codegen must be one of {CODEGENS}, "
+                f"got {self.codegen!r}"
+            )
+        if not isinstance(self.instances, int) or self.instances < 1:
+            raise ValueError(
+                f"Accelerator {self.name!r}: instances must be an int >= 1, got {self.instances!r}"
+            )
+        # Accept lists from plugin authors but store tuples, so the value is hashable.
+        object.__setattr__(self, "memory", tuple(self.memory))
+        object.__setattr__(self, "c_sources", tuple(str(Path(p)) for p in self.c_sources))
+        object.__setattr__(self, "include_dirs", tuple(str(Path(p)) for p in self.include_dirs))
+        for pool in self.memory:
+            if not isinstance(pool, MemoryPool):
+                raise ValueError(
+                    f"Accelerator {self.name!r}: memory holds {pool!r}, not a umahub.MemoryPool"
+                )
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The virtual device names, ``("name:0", ..., "name:<instances-1>")``."""
+        return tuple(f"{self.name}:{i}" for i in range(self.instances))
+
+    @property
+    def pool(self) -> MemoryPool | None:
+        """The pool the accelerator's partitions live in (the first), or None."""
+        return self.memory[0] if self.memory else None

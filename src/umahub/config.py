@@ -1,0 +1,261 @@
+"""``[tool.umahub]``: where it is read from, what each key means, how it is checked.
+
+The configuration is found, in this order:
+
+1. the file named by the environment variable ``UMAHUB_CONFIG`` (a
+   ``pyproject.toml`` with a ``[tool.umahub]`` table, or a TOML file whose top
+   level holds the keys);
+2. the nearest ``pyproject.toml`` with a ``[tool.umahub]`` table, from the working
+   directory upward.
+
+A ``config=`` mapping given to :class:`umahub.Hub` overrides the file key by key.
+Keys are written as in TOML (``hook-order``); ``hook_order`` is accepted too.
+
+Names that only exist once plugins are loaded (plugins, accelerators, hooks)
+are checked by :meth:`Config.check_names`, which the hub calls after loading.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from umahub.errors import ConfigError, did_you_mean
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = ["Config", "Pin", "find_config_file", "load_config", "parse_pin"]
+
+HOST = "host"
+ON_ERROR = ("fallback", "error")
+SCOPE_POLICIES = ("io", "outputs")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """Where a pin sends operators: the host, an accelerator, or one of its instances."""
+
+    accelerator: str  # "host" for the host
+    instance: int | None = None
+
+    def __str__(self) -> str:
+        return self.accelerator if self.instance is None else f"{self.accelerator}:{self.instance}"
+
+
+def parse_pin(value: str, key: str = "placement") -> Pin:
+    """Parse ``"host"``, ``"accel"`` or ``"accel:1"`` into a :class:`Pin`."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(
+            f"[tool.umahub] {key}: expected 'accelerator', 'accelerator:N' or 'host', "
+            f"got {value!r}"
+        )
+    name, sep, index = value.partition(":")
+    if not sep:
+        return Pin(name)
+    if name == HOST or not index.isdigit():
+        raise ConfigError(
+            f"[tool.umahub] {key}: {value!r} is not 'accelerator', 'accelerator:N' or 'host'"
+        )
+    return Pin(name, int(index))
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated contents of ``[tool.umahub]``.
+
+    Attributes:
+        plugins: allowlist and order of plugins (entry-point names); None = all.
+        disable: plugins never loaded.
+        priority: accelerators in the order in which they claim operators; an
+            accelerator not named claims nothing. None = all, in plugin order.
+        hook_order: per hook name, the order of the plugins' implementations.
+        lowering_order: order in which partitions are lowered, by accelerator
+            name (``"host"`` included). None = host first, then priority order.
+        placement: pins, from an op name, a pattern name or a node name (glob
+            allowed) to a :class:`Pin`.
+        on_error: ``"fallback"`` (a failing plugin's partition goes back to the
+            host) or ``"error"`` (the compile stops).
+        scope_policy: ``"io"`` (a partition's inputs and outputs live in the
+            accelerator's memory scope) or ``"outputs"`` (only its outputs).
+        strict: a plugin that fails to load stops the hub instead of being skipped.
+        source: where the configuration came from, for messages.
+    """
+
+    plugins: tuple[str, ...] | None = None
+    disable: tuple[str, ...] = ()
+    priority: tuple[str, ...] | None = None
+    hook_order: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    lowering_order: tuple[str, ...] | None = None
+    placement: Mapping[str, Pin] = field(default_factory=dict)
+    on_error: str = "fallback"
+    scope_policy: str = "io"
+    strict: bool = False
+    source: str = "<defaults>"
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "<config>") -> Config:
+        """Validate a ``[tool.umahub]``-shaped mapping; raise :class:`ConfigError` on bad input."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: [tool.umahub] must be a table, got {type(data).__name__}")
+        values: dict[str, Any] = {}
+        for raw_key, value in data.items():
+            key = str(raw_key).replace("_", "-")
+            parse = _PARSERS.get(key)
+            if parse is None:
+                raise ConfigError(
+                    f"{source}: unknown key '{raw_key}' in [tool.umahub]"
+                    f"{did_you_mean(key, _PARSERS)}; known keys: {', '.join(sorted(_PARSERS))}"
+                )
+            values[key.replace("-", "_")] = parse(value, f"{source}: [tool.umahub] {key}")
+        return cls(source=source, **values)
+
+    def merged(self, overrides: Mapping[str, Any] | None, source: str = "config=") -> Config:
+        """Return this config with the keys of ``overrides`` replacing its own."""
+        if not overrides:
+            return self
+        other = Config.from_mapping(overrides, source)
+        given = {str(k).replace("-", "_") for k in overrides}
+        changes = {f.name: getattr(other, f.name) for f in fields(self) if f.name in given}
+        return Config(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes,
+                         "source": f"{self.source} + {source}"})
+
+    def check_plugin_names(self, plugins: Iterable[str], hooks: Iterable[str]) -> None:
+        """Check the plugin and hook names the config uses against those found."""
+        plugins, hooks = set(plugins), set(hooks)
+        for key, names in (("plugins", self.plugins or ()), ("disable", self.disable)):
+            for name in names:
+                _known(name, plugins, f"[tool.umahub] {key}", "plugin", self.source)
+        for hook, order in self.hook_order.items():
+            _known(hook, hooks, "[tool.umahub.hook-order]", "hook", self.source)
+            for name in order:
+                _known(name, plugins, f"[tool.umahub.hook-order] {hook}", "plugin", self.source)
+
+    def check_accelerator_names(self, accelerators: Mapping[str, int]) -> None:
+        """Check the accelerator names (and pinned instances) against those loaded.
+
+        Args:
+            accelerators: accelerator name -> number of instances.
+        """
+        for name in self.priority or ():
+            _known(name, accelerators, "[tool.umahub] priority", "accelerator", self.source)
+        for name in self.lowering_order or ():
+            if name != HOST:
+                _known(name, [*accelerators, HOST], "[tool.umahub] lowering-order",
+                       "accelerator", self.source)
+        for selector, pin in self.placement.items():
+            if pin.accelerator == HOST:
+                continue
+            where = f"[tool.umahub.placement] {selector!r}"
+            _known(pin.accelerator, [*accelerators, HOST], where, "accelerator", self.source)
+            count = accelerators[pin.accelerator]
+            if pin.instance is not None and pin.instance >= count:
+                raise ConfigError(
+                    f"{self.source}: {where} = '{pin}': accelerator '{pin.accelerator}' has "
+                    f"{count} instance(s), numbered 0..{count - 1}"
+                )
+
+
+def _known(name: str, known, where: str, what: str, source: str) -> None:
+    if name not in known:
+        listing = ", ".join(sorted(known)) or "none"
+        raise ConfigError(
+            f"{source}: {where}: unknown {what} '{name}'{did_you_mean(name, known)}; "
+            f"known {what}s: {listing}"
+        )
+
+
+def _type_name(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _str_list(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: expected a list of strings, got {_type_name(value)}")
+    return tuple(value)
+
+
+def _choice(options: tuple[str, ...]):
+    def parse(value: Any, where: str) -> str:
+        if value not in options:
+            raise ConfigError(
+                f"{where}: expected one of {', '.join(repr(o) for o in options)}, got "
+                f"{value!r}{did_you_mean(str(value), options)}"
+            )
+        return value
+
+    return parse
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {_type_name(value)}")
+    return value
+
+
+def _hook_order(value: Any, where: str) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a table of hook name = [plugins], got "
+                          f"{_type_name(value)}")
+    return {str(k): _str_list(v, f"{where}.{k}") for k, v in value.items()}
+
+
+def _placement(value: Any, where: str) -> dict[str, Pin]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a table of selector = 'accelerator[:N]' | 'host', "
+                          f"got {_type_name(value)}")
+    return {str(k): parse_pin(v, f"{where} {k!r}") for k, v in value.items()}
+
+
+_PARSERS = {
+    "plugins": _str_list,
+    "disable": _str_list,
+    "priority": _str_list,
+    "hook-order": _hook_order,
+    "lowering-order": _str_list,
+    "placement": _placement,
+    "on-error": _choice(ON_ERROR),
+    "scope-policy": _choice(SCOPE_POLICIES),
+    "strict": _bool,
+}
+
+
+def find_config_file(start: Path | None = None) -> Path | None:
+    """Return ``$UMAHUB_CONFIG``, else the nearest pyproject.toml with [tool.umahub], else None."""
+    env = os.environ.get("UMAHUB_CONFIG")
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise ConfigError(f"UMAHUB_CONFIG names {env!r}, which is not a file")
+        return path
+    directory = (start or Path.cwd()).resolve()
+    for folder in (directory, *directory.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file() and "umahub" in _read_toml(candidate).get("tool", {}):
+            return candidate
+    return None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+
+
+def load_config(overrides: Mapping[str, Any] | None = None, start: Path | None = None) -> Config:
+    """Read the configuration file (see module docs) and apply ``overrides`` on top."""
+    path = find_config_file(start)
+    base = Config()
+    if path is not None:
+        data = _read_toml(path)
+        table = data.get("tool", {}).get("umahub", data if path.name != "pyproject.toml" else {})
+        base = Config.from_mapping(table, str(path))
+    return base.merged(overrides)

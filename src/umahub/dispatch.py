@@ -1,0 +1,165 @@
+"""Hook dispatch in the user's order, on pluggy.
+
+pluggy calls a hook's implementations in the reverse order of their
+registration. To give every hook its own order (``[tool.umahub.hook-order]``)
+with pluggy's public API only, each implementation is registered on its own, as
+a one-hook *shim*, in the order wanted for that hook. Calling a hook is then
+plain pluggy: the ordering costs nothing per call.
+
+Each implementation is wrapped so that, while a compile records (see
+:func:`recording`), every call is logged with its plugin, hook, duration and
+whether it returned something: that is what the report shows per partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from umahub import hookspecs
+from umahub.loading import PluginInfo, unknown_hook_message
+from umahub.markers import PROJECT_NAME
+
+__all__ = ["HOOK_NAMES", "HookCall", "PluginManager", "recording"]
+
+#: The hook names of the contract, in pipeline order.
+HOOK_NAMES: tuple[str, ...] = tuple(n for n in vars(hookspecs) if n.startswith("umahub_"))
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """One call of one plugin's implementation, as the report shows it."""
+
+    plugin: str
+    hook: str
+    seconds: float
+    returned: bool
+
+
+_LOG: contextvars.ContextVar[list[HookCall] | None] = contextvars.ContextVar(
+    "umahub_hook_log", default=None
+)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[HookCall]]:
+    """Collect the :class:`HookCall` of every implementation called in the block."""
+    log: list[HookCall] = []
+    token = _LOG.set(log)
+    try:
+        yield log
+    finally:
+        _LOG.reset(token)
+
+
+def _recorded(plugin: str, hook: str, func: Any) -> Any:
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        log = _LOG.get()
+        if log is None:
+            return func(*args, **kwargs)
+        start = time.perf_counter()
+        result = func(*args, **kwargs)
+        log.append(HookCall(plugin, hook, time.perf_counter() - start, result is not None))
+        return result
+
+    return call
+
+
+class _Shim:
+    """One implementation of one hook, registered on its own."""
+
+    def __init__(self, hook: str, function: Any, opts: dict[str, Any]):
+        self.hook = hook
+        self.opts = opts
+        self.__dict__[hook] = function
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager for the project ``"umahub"``, with per-hook ordering."""
+
+    def __init__(self) -> None:
+        super().__init__(PROJECT_NAME)
+        self.add_hookspecs(hookspecs)
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        """Shims carry their options; everything else is pluggy's default."""
+        if isinstance(plugin, _Shim):
+            return dict(plugin.opts) if name == plugin.hook else None
+        return super().parse_hookimpl_opts(plugin, name)
+
+    def implementations(self, info: PluginInfo) -> dict[str, tuple[Any, dict[str, Any]]]:
+        """Check a loaded plugin's hook implementations against the specs.
+
+        Returns hook name -> (function, hookimpl options). Raises ValueError
+        (unknown hook name) or pluggy.PluginValidationError (an argument that
+        no spec has), both with a message for the user.
+        """
+        found: dict[str, tuple[Any, dict[str, Any]]] = {}
+        for attr in dir(info.obj):
+            opts = super().parse_hookimpl_opts(info.obj, attr)
+            if opts is None:
+                continue
+            hook = opts.get("specname") or attr
+            if hook not in HOOK_NAMES:
+                raise ValueError(unknown_hook_message(hook, HOOK_NAMES))
+            function = getattr(info.obj, attr)
+            spec_args = getattr(self.hook, hook).spec.argnames
+            wanted = [
+                n for n, p in inspect.signature(function).parameters.items()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
+            extra = [n for n in wanted if n not in spec_args]
+            if extra:
+                raise ValueError(
+                    f"{hook}({', '.join(wanted)}) takes {', '.join(repr(n) for n in extra)}, "
+                    f"which umahub does not pass to {hook}; it passes: {', '.join(spec_args)}"
+                )
+            found[hook] = (function, dict(opts))
+        # A trial registration is pluggy's own argument check; it changes nothing on failure.
+        probe = pluggy.PluginManager(PROJECT_NAME)
+        probe.add_hookspecs(hookspecs)
+        probe.register(info.obj, name=info.name)
+        return found
+
+    def register_ordered(
+        self,
+        plugins: Sequence[PluginInfo],
+        impls: Mapping[str, Mapping[str, tuple[Any, dict[str, Any]]]],
+        hook_order: Mapping[str, Sequence[str]],
+    ) -> None:
+        """Register every implementation so that each hook runs in its order.
+
+        Args:
+            plugins: loaded plugins in plugin order.
+            impls: plugin name -> what :meth:`implementations` returned.
+            hook_order: hook name -> plugin names that go first, in that order;
+                for such a hook the authors' ``tryfirst``/``trylast`` are ignored.
+        """
+        for hook in HOOK_NAMES:
+            names = [p.name for p in plugins if hook in impls[p.name]]
+            configured = hook_order.get(hook)
+            if configured is not None:
+                first = [n for n in configured if n in names]
+                names = first + [n for n in names if n not in first]
+            # pluggy calls the last registered first.
+            for name in reversed(names):
+                function, opts = impls[name][hook]
+                if configured is not None:
+                    opts = {**opts, "tryfirst": False, "trylast": False}
+                if not (opts.get("wrapper") or opts.get("hookwrapper")):
+                    function = _recorded(name, hook, function)
+                self.register(_Shim(hook, function, opts), name=f"{name}::{hook}")
+
+    def call_order(self, hook: str) -> list[str]:
+        """The plugin names of ``hook``'s implementations, in the order they run."""
+        caller = getattr(self.hook, hook)
+        return [impl.plugin_name.split("::")[0] for impl in reversed(caller.get_hookimpls())]

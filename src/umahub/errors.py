@@ -1,0 +1,79 @@
+"""The errors umahub raises: each names the culprit and says what to do.
+
+Every error is a :class:`UmahubError`, so ``except umahub.errors.UmahubError``
+catches all of them; the subclasses say which stage refused the input.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = [
+    "CompileError",
+    "ConfigError",
+    "MemoryPoolError",
+    "PlacementError",
+    "PluginConflictError",
+    "PluginLoadError",
+    "UmahubError",
+    "UnknownModelError",
+    "UnsupportedOperatorError",
+    "did_you_mean",
+]
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest candidate, or ``""``.
+
+    Used by every "unknown name" message so that a typo is answered with its fix.
+    """
+    matches = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
+    return f" (did you mean '{matches[0]}'?)" if matches else ""
+
+
+class UmahubError(Exception):
+    """Base class of every error umahub raises on purpose."""
+
+
+class ConfigError(UmahubError):
+    """``[tool.umahub]`` (or a ``config=`` dict) has an unknown key, name or a wrong type."""
+
+
+class PluginLoadError(UmahubError):
+    """A plugin could not be loaded: import failure, bad hook, unsupported API.
+
+    Attributes name the plugin and its distribution; ``__cause__`` holds the
+    original exception where there was one.
+    """
+
+    def __init__(self, plugin: str, distribution: str | None, reason: str):
+        self.plugin = plugin
+        self.distribution = distribution
+        self.reason = reason
+        where = f" (distribution {distribution})" if distribution else ""
+        super().__init__(f"plugin '{plugin}'{where}: {reason}")
+
+
+class PluginConflictError(UmahubError):
+    """Two plugins claim the same plugin name or the same accelerator name."""
+
+
+class CompileError(UmahubError):
+    """A stage of the compile pipeline failed; the message names stage, plugin and hook."""
+
+
+class UnsupportedOperatorError(CompileError):
+    """An accelerator claimed an operator that its lowering cannot handle."""
+
+
+class PlacementError(CompileError):
+    """A pin or a placement constraint cannot be honoured (e.g. conflicting memory scopes)."""
+
+
+class MemoryPoolError(CompileError):
+    """A partition does not fit the memory pool of the accelerator it was placed on."""
+
+
+class UnknownModelError(UmahubError, LookupError):
+    """A model name that the model zoo does not know."""

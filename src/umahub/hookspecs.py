@@ -1,0 +1,238 @@
+"""The hook specifications: the contract between umahub and an accelerator plugin.
+
+A plugin is a module (or an object) whose functions are marked with
+``@umahub.hookimpl`` and named after the hooks below. pluggy passes arguments by
+name, so an implementation takes only the arguments it needs, in any order::
+
+    import umahub
+
+    UMAHUB_API = 1  # the contract this plugin was written for
+
+    @umahub.hookimpl
+    def umahub_accelerators():
+        return [umahub.Accelerator("my_accel", codegen="c")]
+
+The hooks are called in the order of the compile pipeline, which is also the
+order of this file: discovery, partition, lowering (Relax to TIR, schedule, TIR
+passes), codegen. Hooks that take an ``accelerator`` are called for every
+accelerator; an implementation returns ``None`` (or does nothing) for an
+accelerator that is not its own.
+
+Implementations of one hook run in the plugin order of ``[tool.umahub]``
+(``plugins``, else entry-point names sorted), reordered per hook by
+``[tool.umahub.hook-order]``. Where a hook's order is not configured, pluggy's
+``tryfirst``/``trylast`` set by an author are respected.
+
+The ``context`` argument is a :class:`umahub.CompileContext`: what earlier
+stages decided (the config, the accelerator and instance, the partition's
+operators, the memory plan so far). Hooks read it; they never change it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from umahub.markers import hookspec
+
+if TYPE_CHECKING:
+    import tvm
+
+    from umahub.accelerator import Accelerator
+    from umahub.context import CompileContext
+
+
+# -------------------------------------------------------------------------
+# Discovery: what the plugin brings
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def umahub_accelerators() -> list[Accelerator]:
+    """Declare the accelerators (target_archs) this plugin provides.
+
+    Called once per :class:`umahub.Hub`, for every plugin, right after the
+    plugins are loaded. Accelerator names are global: two plugins declaring the
+    same name is an error that names both distributions.
+
+    :return: a list of :class:`umahub.Accelerator`; an empty list for a plugin
+        that only adds passes or schedules to other plugins' accelerators.
+
+    Example::
+
+        @umahub.hookimpl
+        def umahub_accelerators():
+            return [umahub.Accelerator(
+                "dsp_cpu", codegen="c", instances=2,
+                memory=[umahub.MemoryPool("dsp.tcm", 64 * 1024, copy="sync")],
+            )]
+    """
+
+
+# -------------------------------------------------------------------------
+# Partition: what each accelerator claims
+# -------------------------------------------------------------------------
+
+
+@hookspec
+def umahub_patterns(accelerator: Accelerator) -> list[Any] | None:
+    """Return the operator patterns ``accelerator`` can take.
+
+    Called once per accelerator, while the placement is planned. Accelerators
+    claim operators in ``priority`` order; the first claimant of an operator
+    wins and the host takes the rest.
+
+    :param accelerator: the accelerator whose patterns are asked for.
+    :return: ``None`` when ``accelerator`` is not this plugin's, else a list of
+        patterns, each either a ``tvm.relax.transform.FusionPattern`` or a tuple
+        ``(name, pattern[, annotations[, check]])`` as
+        ``tvm.relax.transform.FuseOpsByPattern`` takes them. ``name`` must be
+        ``"<accelerator>.<what>"`` (``"npu.matmul"``); ``check`` receives a
+        ``tvm.relax.transform.PatternCheckContext`` and returns False to reject
+        a match it cannot handle (a shape too big for its memory, a stride it
+        does not support): the operator then stays with the next claimant or
+        the host, never a crash.
+
+    Example::
+
+        from tvm.relax.dpl import is_op, wildcard
+
+        @umahub.hookimpl
+        def umahub_patterns(accelerator):
+            if accelerator.name != "dsp_cpu":
+                return None
+            return [("dsp_cpu.relu", is_op("relax.nn.relu")(wildcard()))]
+    """
+
+
+# -------------------------------------------------------------------------
+# Lowering: Relax to TIR, schedule (S-TIR), TIR passes (NS-TIR)
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def umahub_relax_to_tir(
+    accelerator: Accelerator, function: tvm.relax.Function, context: CompileContext
+) -> tvm.IRModule | None:
+    """Lower one partition from Relax to TIR.
+
+    Called once per partition placed on ``accelerator``, in ``lowering-order``.
+    Stops at first non-None result.
+
+    :param accelerator: the accelerator the partition is placed on.
+    :param function: the partition, a Relax function holding the composite
+        function(s) its patterns matched; its parameters are the partition's
+        inputs (weights included).
+    :param context: the compile context; ``context.symbol`` is the name the
+        PrimFunc must carry.
+    :return: ``None`` for the default lowering (``LegalizeOps`` and fusion into
+        one PrimFunc), else a ``tvm.IRModule`` whose PrimFunc named
+        ``context.symbol`` takes the partition's inputs followed by its output
+        buffer (destination-passing style).
+
+    Example::
+
+        @umahub.hookimpl
+        def umahub_relax_to_tir(accelerator, function, context):
+            if accelerator.name != "my_accel":
+                return None
+            return tvm.IRModule({context.symbol: my_kernel_primfunc(function)})
+    """
+
+
+@hookspec
+def umahub_schedule(
+    accelerator: Accelerator, schedule: tvm.s_tir.Schedule, context: CompileContext
+) -> str | None:
+    """Schedule one partition's TIR (S-TIR: loops, tiles, caches, vectors).
+
+    Called for every implementation, in hook order, once per partition placed
+    on ``accelerator``, after :func:`umahub_relax_to_tir`. Implementations
+    change ``schedule`` in place (``split``, ``reorder``, ``vectorize``,
+    ``parallel``...); the scheduled module goes on to the TIR passes.
+
+    :param accelerator: the accelerator the partition is placed on.
+    :param schedule: a ``tvm.s_tir.Schedule`` over the partition's TIR module.
+    :param context: the compile context; ``context.pool_free`` tells how much of
+        the accelerator's memory pool is left for tiles.
+    :return: ``None``, or a short description of what was done (``"tiled
+        64x64, vectorized x16"``), shown in the report.
+
+    Example::
+
+        @umahub.hookimpl
+        def umahub_schedule(accelerator, schedule):
+            if accelerator.name != "dsp_cpu":
+                return None
+            for block in schedule.get_child_blocks(schedule.get_sblock("root")):
+                *_, inner = schedule.get_loops(block)
+                schedule.vectorize(inner)
+            return "vectorized"
+    """
+
+
+@hookspec
+def umahub_tir_passes(
+    accelerator: Accelerator, phase: int, context: CompileContext
+) -> list[Any] | None:
+    """Add TIR passes (NS-TIR) at one of the four phases of TIR lowering.
+
+    Called for every implementation, per partition and per phase, when the
+    partition's TIR is built. The phases are UMA's ``TIR_PHASE_0..3``; they cut
+    TVM's default ``s_tir`` pipeline (see ``umahub.tir_phases``):
+
+    * phase 0: before lowering starts, on the scheduled TIR with its blocks;
+    * phase 1: after blocks are lowered and buffers flattened (``FlattenBuffer``);
+    * phase 2: after loops are vectorized, unrolled and simplified;
+    * phase 3: just before the packed API is made (``MakePackedAPI``).
+
+    :param accelerator: the accelerator the partition is placed on.
+    :param phase: 0, 1, 2 or 3.
+    :param context: the compile context.
+    :return: ``None`` or a list of ``tvm.transform.Pass`` (module or
+        ``prim_func_pass``) run in list order at that phase, after the passes
+        of plugins earlier in hook order.
+
+    Example::
+
+        @umahub.hookimpl
+        def umahub_tir_passes(accelerator, phase):
+            if accelerator.name == "vanilla_accel" and phase == 0:
+                return [conv2d_to_extern()]
+            return None
+    """
+
+
+# -------------------------------------------------------------------------
+# Codegen
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def umahub_codegen(
+    accelerator: Accelerator, module: tvm.IRModule, context: CompileContext
+) -> Any | None:
+    """Generate the code of one partition.
+
+    Called once per partition placed on ``accelerator``, after the TIR passes
+    were registered in the pipeline. Stops at first non-None result.
+
+    :param accelerator: the accelerator the partition is placed on.
+    :param module: the scheduled TIR module of the partition (not yet lowered
+        by the TIR pipeline: a codegen that builds it with ``tvm.tirx.build``
+        passes ``pipeline=context.tir_pipeline`` to run the phases).
+    :param context: the compile context.
+    :return: ``None`` for the default codegen named by ``accelerator.codegen``
+        (``"c"``: TVM's C codegen with ``c_includes`` on top, ``c_sources``
+        compiled and linked at export; ``"llvm"``: LLVM), else a TVM runtime
+        module that exports a function named ``context.symbol`` taking the
+        partition's inputs and then its output.
+
+    Example::
+
+        @umahub.hookimpl
+        def umahub_codegen(accelerator, module, context):
+            if accelerator.name != "my_accel":
+                return None
+            return tvm.tirx.build(module, target="llvm -mcpu=native",
+                                  pipeline=context.tir_pipeline)
+    """

@@ -1,0 +1,198 @@
+"""The :class:`Hub`: the loaded plugins, their accelerators, and the door to compiling."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from umahub.accelerator import Accelerator
+from umahub.config import Config, load_config
+from umahub.dispatch import HOOK_NAMES, PluginManager
+from umahub.errors import PluginConflictError, PluginLoadError, UmahubError, did_you_mean
+from umahub.loading import PluginInfo, find, load, select
+
+if TYPE_CHECKING:
+    import tvm
+
+    from umahub.compiled import Compiled
+    from umahub.report import Report
+
+__all__ = ["Hub"]
+
+
+class Hub:
+    """Installed plugins, loaded and ordered as ``[tool.umahub]`` says.
+
+    Args:
+        config: keys of ``[tool.umahub]`` that override the file's (see
+            :mod:`umahub.config`).
+        autoload: load the plugins installed under the entry-point group
+            ``umahub.plugins`` (``UMAHUB_DISABLE_PLUGIN_AUTOLOAD=1`` also turns
+            this off).
+        plugins: modules or objects to use as plugins as well.
+        strict: a plugin that fails to load is an error instead of being
+            skipped with a warning (default: the config's ``strict``).
+
+    Raises:
+        ConfigError: an unknown key or name in the configuration.
+        PluginConflictError: two plugins share a plugin or accelerator name.
+        PluginLoadError: in strict mode, the first plugin that failed to load.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        autoload: bool = True,
+        plugins: Sequence[Any] = (),
+        *,
+        strict: bool | None = None,
+    ):
+        cfg = load_config(config)
+        if strict is not None:
+            cfg = replace(cfg, strict=strict)
+        self.config: Config = cfg
+        found = find(autoload, plugins)
+        cfg.check_plugin_names([c.name for c in found], HOOK_NAMES)
+        self._pm = PluginManager()
+        infos: list[PluginInfo] = []
+        impls: dict[str, dict[str, Any]] = {}
+        owners: dict[str, tuple[PluginInfo, Accelerator]] = {}
+        for candidate in select(found, cfg):
+            info, hooks = self._load_one(candidate, owners)
+            infos.append(info)
+            if info.loaded:
+                impls[info.name] = hooks
+        failures = [i for i in infos if not i.loaded]
+        if failures and cfg.strict:
+            first = failures[0]
+            raise PluginLoadError(first.name, first.distribution, first.error or "")
+        for info in failures:
+            warnings.warn(
+                f"umahub: skipped {_who(info)}: {info.error}", UmahubWarning, stacklevel=2
+            )
+        self.plugins: list[PluginInfo] = infos
+        loaded = [i for i in infos if i.loaded]
+        self._accelerators = {name: acc for name, (_, acc) in owners.items()}
+        self._owner = {name: info.name for name, (info, _) in owners.items()}
+        cfg.check_accelerator_names(
+            {name: acc.instances for name, acc in self._accelerators.items()}
+        )
+        self._pm.register_ordered(loaded, impls, cfg.hook_order)
+
+    def _load_one(
+        self, candidate, owners: dict[str, tuple[PluginInfo, Accelerator]]
+    ) -> tuple[PluginInfo, dict[str, Any]]:
+        info = load(candidate)
+        if not info.loaded:
+            return info, {}
+        try:
+            hooks = self._pm.implementations(info)
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            return info.failed(str(exc), exc), {}
+        info = replace(info, hooks=tuple(h for h in HOOK_NAMES if h in hooks))
+        declared: list[Accelerator] = []
+        if "umahub_accelerators" in hooks:
+            try:
+                declared = _accelerators_of(hooks["umahub_accelerators"][0]())
+            except Exception as exc:  # a plugin's own code failing is the plugin's error
+                return info.failed(f"umahub_accelerators failed: {type(exc).__name__}: {exc}",
+                                   exc), {}
+        for acc in declared:
+            if acc.name in owners:
+                other = owners[acc.name][0]
+                raise PluginConflictError(
+                    f"accelerator '{acc.name}' is declared by two plugins: {_who(other)} and "
+                    f"{_who(info)}; uninstall one, or name one in [tool.umahub] disable = [...]"
+                )
+        info = replace(info, accelerators=tuple(a.name for a in declared))
+        for acc in declared:
+            owners[acc.name] = (info, acc)
+        return info, hooks
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def accelerators(self) -> list[Accelerator]:
+        """Every accelerator, those named by ``priority`` first, in that order."""
+        order = list(self.config.priority or ())
+        rest = [n for n in self._accelerators if n not in order]
+        return [self._accelerators[n] for n in order + rest]
+
+    @property
+    def claimants(self) -> list[Accelerator]:
+        """The accelerators that claim operators, in claiming order.
+
+        With ``priority`` set, only the accelerators it names; else all of
+        them in plugin order.
+        """
+        if self.config.priority is None:
+            return list(self._accelerators.values())
+        return [self._accelerators[n] for n in self.config.priority]
+
+    def accelerator(self, name: str) -> Accelerator:
+        """The accelerator called ``name``; a :class:`KeyError` suggests the closest one."""
+        try:
+            return self._accelerators[name]
+        except KeyError:
+            raise KeyError(
+                f"no accelerator '{name}'{did_you_mean(name, self._accelerators)}; "
+                f"installed: {', '.join(self._accelerators) or 'none'}"
+            ) from None
+
+    def owner(self, accelerator: str) -> str:
+        """The name of the plugin that declared ``accelerator``."""
+        return self._owner[accelerator]
+
+    @property
+    def hook(self) -> Any:
+        """pluggy's hook relay: ``hub.hook.umahub_patterns(accelerator=acc)``."""
+        return self._pm.hook
+
+    def call_order(self, hook: str) -> list[str]:
+        """The plugins whose implementation of ``hook`` runs, in running order."""
+        return self._pm.call_order(hook)
+
+    # ------------------------------------------------------------------ compiling
+
+    def compile(self, mod: tvm.IRModule, **options: Any) -> Compiled:
+        """Compile a Relax module (with a ``main``) through the plugins' hooks.
+
+        See :func:`umahub.pipeline.compile` for the options.
+        """
+        from umahub.pipeline import compile as compile_module
+
+        return compile_module(self, mod, **options)
+
+    def explain(self, mod: tvm.IRModule, **options: Any) -> Report:
+        """Plan placement, copies and memory for ``mod`` without building it."""
+        from umahub.pipeline import explain
+
+        return explain(self, mod, **options)
+
+    def __repr__(self) -> str:
+        loaded = [p.name for p in self.plugins if p.loaded]
+        return f"<umahub.Hub plugins={loaded} accelerators={[a.name for a in self.accelerators]}>"
+
+
+class UmahubWarning(UserWarning):
+    """A problem umahub worked around (a skipped plugin, a partition sent back to the host)."""
+
+
+def _who(info: PluginInfo) -> str:
+    if info.distribution:
+        return f"plugin '{info.name}' (distribution {info.distribution} {info.version})"
+    return f"plugin '{info.name}' ({info.origin})"
+
+
+def _accelerators_of(result: Any) -> list[Accelerator]:
+    if result is None:
+        return []
+    if not isinstance(result, (list, tuple)) or not all(
+        isinstance(a, Accelerator) for a in result
+    ):
+        raise UmahubError(f"must return a list of umahub.Accelerator, got {result!r}")
+    return list(result)

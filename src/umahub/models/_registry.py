@@ -1,0 +1,86 @@
+"""The zoo's table of models and the functions that look them up."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import tvm
+
+from ..errors import UnknownModelError, did_you_mean
+from . import bert, cnn, mlp, mobilenet, resnet
+from ._spec import ModelInfo, ModelSpec, Weights
+
+_SPECS: dict[str, ModelSpec] = {
+    s.name: s
+    for s in (
+        mlp.SPEC,
+        cnn.SPEC,
+        resnet.SPEC,
+        mobilenet.SPEC,
+        bert.spec("bert", layers=1),
+        bert.spec("bert2", layers=2),
+    )
+}
+
+
+def names() -> list[str]:
+    """The names of the zoo's models, smallest first."""
+    return list(_SPECS)
+
+
+def spec(name: str) -> ModelSpec:
+    """The :class:`ModelSpec` of ``name``; :class:`UnknownModelError` if there is none."""
+    if not isinstance(name, str):
+        raise TypeError(f"a model name is a str, not {type(name).__name__}")
+    try:
+        return _SPECS[name]
+    except KeyError:
+        known = ", ".join(sorted(_SPECS))
+        raise UnknownModelError(
+            f"unknown model {name!r}{did_you_mean(name, _SPECS)}; known: {known}"
+        ) from None
+
+
+def weights(name: str) -> Weights:
+    """A fresh copy of the weights of ``name``: same values on every call (fixed seed)."""
+    s = spec(name)
+    return s.make_weights(np.random.default_rng(s.weight_seed))
+
+
+def get(name: str) -> tvm.IRModule:
+    """The Relax module of model ``name``: ``main`` takes the model's inputs, weights bound in.
+
+    Built once per name and cached; each call returns a new ``IRModule`` over
+    the same (immutable) functions, so that adding a function to the result
+    does not change what later callers get.
+    """
+    spec(name)
+    mod = _build(name)
+    return tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+@functools.cache
+def _build(name: str) -> tvm.IRModule:
+    return spec(name).build(weights(name))
+
+
+def inputs(name: str, seed: int = 0) -> list[np.ndarray]:
+    """Example inputs of ``name``, in the order ``main`` takes them, drawn with ``seed``.
+
+    Tensors are standard normal, except BERT's attention mask: an additive
+    mask with 0 for the first 100 positions and -10000 for the last 28.
+    """
+    s = spec(name)
+    rng = np.random.default_rng(seed)
+    if s.make_inputs is not None:
+        return s.make_inputs(rng)
+    return [rng.standard_normal(t.shape).astype(t.dtype) for t in s.inputs]
+
+
+@functools.cache
+def info(name: str) -> ModelInfo:
+    """Name, description, input and output tensors and parameter count of ``name``."""
+    s = spec(name)
+    num_params = sum(int(w.size) for w in weights(name).values())
+    return ModelInfo(s.name, s.description, s.inputs, s.output, num_params)

@@ -1,0 +1,69 @@
+"""The zoo's models in PyTorch, with the same weights: for cross-checks.
+
+PyTorch is an optional dependency (``pip install 'umahub[torch]'``); this
+module imports it only when one of its functions is called.
+
+- :func:`torch_module` gives the PyTorch model and example inputs, so a test
+  can compare ``umahub.models.get(name)`` compiled by TVM against PyTorch;
+- :func:`from_torch` imports that PyTorch model through TVM's own frontend
+  (``torch.export`` + ``from_exported_program``), a second Relax module of the
+  same function, as a user with a PyTorch model would get it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+import tvm
+
+from ._registry import inputs, spec, weights
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["from_torch", "torch_module"]
+
+
+def _nets() -> Any:
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise ImportError(
+            "umahub.models.torch_zoo needs PyTorch: pip install 'umahub[torch]'"
+        ) from e
+    return importlib.import_module("._torch_nets", __package__)
+
+
+def torch_module(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Model ``name`` in PyTorch, in eval mode, with the zoo's weights, and example inputs.
+
+    The inputs are :func:`umahub.models.inputs(name, seed) <umahub.models.inputs>`
+    as CPU tensors; raises ``ImportError`` when PyTorch is not installed.
+    """
+    import torch
+
+    spec(name)
+    module = _nets().CONSTRUCTORS[name]()
+    state = {k: torch.from_numpy(v) for k, v in weights(name).items()}
+    module.load_state_dict(state, strict=True)
+    module.eval()
+    return module, tuple(torch.from_numpy(a) for a in inputs(name, seed))
+
+
+def from_torch(name: str) -> tvm.IRModule:
+    """Model ``name`` as imported from PyTorch by TVM's ``from_exported_program``.
+
+    Weights are bound as constants and a single output is returned as a
+    tensor, not a 1-tuple, so ``main`` has the signature of
+    :func:`umahub.models.get`'s.
+    """
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    module, example = torch_module(name)
+    with torch.no_grad():
+        program = torch.export.export(module, example)
+    return from_exported_program(
+        program, keep_params_as_input=False, unwrap_unit_return_tuple=True
+    )

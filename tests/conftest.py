@@ -1,0 +1,47 @@
+"""Shared fixtures: an isolated working directory and environment, fake installs."""
+
+from __future__ import annotations
+
+import importlib
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """Every test runs in an empty directory, with no umahub environment variables."""
+    for var in ("UMAHUB_CONFIG", "UMAHUB_PLUGINS", "UMAHUB_DISABLE_PLUGIN_AUTOLOAD"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def install(tmp_path, monkeypatch):
+    """Install a distribution into a directory on sys.path, as pip would lay it out.
+
+    ``install(dist, version, entry_points={name: "module"}, modules={name: source})``
+    writes ``<dist>-<version>.dist-info`` with METADATA and entry_points.txt, so
+    that discovery goes through importlib.metadata as for a pip install.
+    """
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+
+    def _install(dist: str, version: str, entry_points: dict[str, str],
+                 modules: dict[str, str]) -> Path:
+        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
+        )
+        lines = "".join(f"{k} = {v}\n" for k, v in entry_points.items())
+        (info / "entry_points.txt").write_text(f"[umahub.plugins]\n{lines}")
+        for name, source in modules.items():
+            (site / f"{name}.py").write_text(textwrap.dedent(source))
+        importlib.invalidate_caches()
+        return site
+
+    return _install

@@ -1,0 +1,1 @@
+"""Plugins that fail to load, each in its own way."""

@@ -1,0 +1,49 @@
+"""The ``umahub`` command line, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "umahub", *args], capture_output=True,
+                          text=True, env=env, check=False)
+
+
+def test_plugins_lists_every_plugin_in_order_with_errors():
+    result = run("plugins")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "config: <defaults>"
+    assert lines[1] == " 1. alpha            ok     umahub-test-alpha 1.0.0  (API 1)"
+    assert "      accelerators: alpha_accel" in lines
+    assert "      hooks:        accelerators, patterns, schedule" in lines
+    assert " 4. zz_broken_import FAILED umahub-test-broken 0.0.1  (API -)" in lines
+
+
+def test_plugins_json_has_names_versions_hooks_and_errors():
+    result = run("plugins", "--json")
+    data = json.loads(result.stdout)
+    by_name = {p["name"]: p for p in data["plugins"]}
+    assert by_name["beta"]["distribution"] == "umahub-test-beta"
+    assert by_name["beta"]["hooks"] == ["umahub_accelerators", "umahub_patterns",
+                                        "umahub_schedule"]
+    assert by_name["zz_old_api"]["loaded"] is False
+    assert by_name["zz_old_api"]["api_version"] == 0
+    assert data["hook_order"]["umahub_schedule"] == ["alpha", "beta"]
+    assert [a["name"] for a in data["accelerators"]] == ["alpha_accel", "beta_accel"]
+
+
+def test_strict_flag_fails_on_a_broken_plugin():
+    result = run("--strict", "plugins")
+    assert result.returncode == 2
+    assert result.stderr.startswith("umahub: error: plugin 'zz_bad_argument'")
+
+
+def test_config_error_is_one_clear_line(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.umahub]\ndisabel = ["x"]\n')
+    result = run("plugins")
+    assert result.returncode == 2
+    assert "unknown key 'disabel' in [tool.umahub] (did you mean 'disable'?)" in result.stderr
