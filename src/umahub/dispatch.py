@@ -9,6 +9,8 @@ plain pluggy: the ordering costs nothing per call.
 Each implementation is wrapped so that, while a compile records (see
 :func:`recording`), every call is logged with its plugin, hook, duration and
 whether it returned something: that is what the report shows per partition.
+An exception leaving an implementation gets ``exc.umahub_culprit = (plugin,
+hook)``, so that errors name the plugin at fault.
 """
 
 from __future__ import annotations
@@ -64,10 +66,15 @@ def _recorded(plugin: str, hook: str, func: Any) -> Any:
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
         log = _LOG.get()
-        if log is None:
-            return func(*args, **kwargs)
-        start = time.perf_counter()
-        result = func(*args, **kwargs)
+        try:
+            if log is None:
+                return func(*args, **kwargs)
+            start = time.perf_counter()
+            result = func(*args, **kwargs)
+        except Exception as exc:
+            if not hasattr(exc, "umahub_culprit"):
+                exc.umahub_culprit = (plugin, hook)  # type: ignore[attr-defined]
+            raise
         log.append(HookCall(plugin, hook, time.perf_counter() - start, result is not None))
         return result
 

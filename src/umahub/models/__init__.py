@@ -17,7 +17,16 @@ PyTorch (an optional dependency), for cross-checks.
 """
 
 from ..errors import UnknownModelError
-from ._registry import get, info, inputs, names
+from ._registry import get, info, inputs, names, weights
 from ._spec import ModelInfo, TensorSpec
 
-__all__ = ["ModelInfo", "TensorSpec", "UnknownModelError", "get", "info", "inputs", "names"]
+__all__ = [
+    "ModelInfo",
+    "TensorSpec",
+    "UnknownModelError",
+    "get",
+    "info",
+    "inputs",
+    "names",
+    "weights",
+]

@@ -43,7 +43,13 @@ def spec(name: str) -> ModelSpec:
 
 
 def weights(name: str) -> Weights:
-    """A fresh copy of the weights of ``name``: same values on every call (fixed seed)."""
+    """The weights of ``name`` as bound into :func:`get`'s module: the same values on every
+    call (fixed seed), in a fresh dict of fresh arrays.
+
+    Keys and layouts are PyTorch's (``fc.weight`` is (out, in), convs OIHW), as
+    the models of :mod:`umahub.models.torch_zoo` name their parameters; batch
+    norm is already folded into conv weight and bias.
+    """
     s = spec(name)
     return s.make_weights(np.random.default_rng(s.weight_seed))
 

@@ -6,14 +6,15 @@ module imports it only when one of its functions is called.
 - :func:`torch_module` gives the PyTorch model and example inputs, so a test
   can compare ``umahub.models.get(name)`` compiled by TVM against PyTorch;
 - :func:`from_torch` imports that PyTorch model through TVM's own frontend
-  (``torch.export`` + ``from_exported_program``), a second Relax module of the
+  (``torch.export`` + ``from_exported_program``): a second Relax module of the
   same function, as a user with a PyTorch model would get it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+import warnings
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import tvm
 
@@ -25,28 +26,28 @@ if TYPE_CHECKING:
 __all__ = ["from_torch", "torch_module"]
 
 
-def _nets() -> Any:
+def _torch() -> ModuleType:
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError as e:
         raise ImportError(
             "umahub.models.torch_zoo needs PyTorch: pip install 'umahub[torch]'"
         ) from e
-    return importlib.import_module("._torch_nets", __package__)
+    return torch
 
 
 def torch_module(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """Model ``name`` in PyTorch, in eval mode, with the zoo's weights, and example inputs.
 
-    The inputs are :func:`umahub.models.inputs(name, seed) <umahub.models.inputs>`
-    as CPU tensors; raises ``ImportError`` when PyTorch is not installed.
+    The inputs are ``umahub.models.inputs(name, seed)`` as CPU tensors.
+    Raises ``ImportError`` when PyTorch is not installed.
     """
-    import torch
-
     spec(name)
-    module = _nets().CONSTRUCTORS[name]()
-    state = {k: torch.from_numpy(v) for k, v in weights(name).items()}
-    module.load_state_dict(state, strict=True)
+    torch = _torch()
+    from . import _torch_nets
+
+    module = _torch_nets.CONSTRUCTORS[name]()
+    module.load_state_dict({k: torch.from_numpy(v) for k, v in weights(name).items()})
     module.eval()
     return module, tuple(torch.from_numpy(a) for a in inputs(name, seed))
 
@@ -54,16 +55,21 @@ def torch_module(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch
 def from_torch(name: str) -> tvm.IRModule:
     """Model ``name`` as imported from PyTorch by TVM's ``from_exported_program``.
 
-    Weights are bound as constants and a single output is returned as a
+    Weights are bound as constants and the single output is returned as a
     tensor, not a 1-tuple, so ``main`` has the signature of
-    :func:`umahub.models.get`'s.
+    ``umahub.models.get(name)``'s. Raises ``ImportError`` without PyTorch.
     """
-    import torch
+    module, example = torch_module(name)
+    torch = _torch()
     from tvm.relax.frontend.torch import from_exported_program
 
-    module, example = torch_module(name)
     with torch.no_grad():
         program = torch.export.export(module, example)
-    return from_exported_program(
-        program, keep_params_as_input=False, unwrap_unit_return_tuple=True
-    )
+    with warnings.catch_warnings():
+        # torch's own run_decompositions (called by TVM) deep-copies a deprecated pytree class.
+        warnings.filterwarnings(
+            "ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning
+        )
+        return from_exported_program(
+            program, keep_params_as_input=False, unwrap_unit_return_tuple=True
+        )

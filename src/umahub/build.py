@@ -1,0 +1,166 @@
+"""Stage 7, build: partitions put on their devices, copies inserted, the host part compiled.
+
+Every virtual device gets a runtime device index: the host is 0, then each
+accelerator instance in use, in accelerator order (on this CPU-only runtime,
+``tvm.cpu(i)``). ``main`` is rebuilt binding by binding: a partition call
+receives its tensors on its device and produces its output there; wherever a
+tensor is needed on another device, one ``R.to_vdevice`` copy is inserted (and
+reused by every later consumer on that device). The module carries the
+``vdevice`` list; ``RealizeVDevice`` and the VM, made with the device list, do
+the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+
+from umahub._tvm import Constant, TensorType, VDevice, name_of, type_of
+from umahub.errors import CompileError
+from umahub.memory import tensor_bytes
+
+__all__ = ["Copy", "place_on_devices"]
+
+HOST = "host"
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One tensor copied between virtual devices at each inference."""
+
+    tensor: str
+    src: str
+    dst: str
+    bytes: int
+    kind: str  # "sync" or "async"
+    constant: bool = False
+
+    def to_dict(self) -> dict:
+        """JSON-ready form for the report."""
+        return dict(self.__dict__)
+
+
+@relax.expr_functor.mutator
+class _Substitute(relax.PyExprMutator):
+    def __init__(self, mapping: dict) -> None:
+        super().__init__()
+        self.mapping = mapping
+
+    def visit_var_(self, var):  # noqa: D102 - mutator hook
+        return self.mapping.get(var, var)
+
+    def visit_dataflow_var_(self, var):  # noqa: D102 - mutator hook
+        return self.mapping.get(var, var)
+
+
+def _partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | None:
+    """(symbol, args) of a partition call: ``call_dps_packed`` after RunCodegen, or a
+    call of the partition function itself (before codegen, as ``explain`` sees it)."""
+    if not isinstance(value, relax.Call):
+        return None
+    if (isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_dps_packed"
+            and isinstance(value.args[0], relax.ExternFunc)):
+        return str(value.args[0].global_symbol), list(value.args[1].fields)
+    if isinstance(value.op, relax.GlobalVar):
+        func = mod[value.op]
+        if isinstance(func, relax.Function) and func.attrs and "Codegen" in func.attrs:
+            return str(func.attrs["global_symbol"]), list(value.args)
+    return None
+
+
+def place_on_devices(
+    mod: tvm.IRModule,
+    device_of: Mapping[str, str],
+    devices: Sequence[str],
+    copy_kind: Mapping[str, str],
+) -> tuple[tvm.IRModule, list[Copy]]:
+    """Put each partition (by symbol) on its device and insert the copies.
+
+    Args:
+        mod: the module after ``RunCodegen`` (partitions are ``call_dps_packed``).
+        device_of: partition symbol -> virtual device name (``"npu:0"``).
+        devices: virtual device names; index = runtime device index; [0] is the host.
+        copy_kind: virtual device -> "sync" or "async" (how its pool is filled).
+
+    Returns:
+        The module and the copies, in the order they happen.
+    """
+    vdevices = [VDevice("llvm", i, "global") for i in range(len(devices))]
+    index = {name: i for i, name in enumerate(devices)}
+    main = mod["main"]
+    others = {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}
+    bb = relax.BlockBuilder(tvm.IRModule(others, attrs=mod.attrs))
+    params = [relax.Var(name_of(p), type_of(p)) for p in main.params]
+    remap: dict = dict(zip(main.params, params))
+    where: dict = {}  # new var -> device name (absent: host)
+    fetched: dict = {}
+    copies: list[Copy] = []
+
+    def fetch(expr: relax.Expr, device: str) -> relax.Expr:
+        source = where.get(expr, HOST)
+        if source == device or not isinstance(type_of(expr), TensorType):
+            return expr
+        key = (expr, device)
+        if key not in fetched:
+            fetched[key] = bb.emit(relax.op.to_vdevice(expr, vdevices[index[device]]))
+            accelerator_end = device if device != HOST else source
+            copies.append(Copy(
+                tensor=name_of(expr) if isinstance(expr, relax.Var) else "constant",
+                src=source, dst=device, bytes=tensor_bytes(type_of(expr)),
+                kind=copy_kind.get(accelerator_end, "sync"),
+                constant=isinstance(expr, Constant),
+            ))
+        return fetched[key]
+
+    def host_value(value: relax.Expr) -> relax.Expr:
+        used = relax.analysis.free_vars(value)
+        mapping = {v: fetch(remap.get(v, v), HOST) for v in used}
+        return _Substitute(mapping).visit_expr(value) if mapping else value
+
+    attrs = {str(k): v for k, v in main.attrs.items()} if main.attrs else None
+    with bb.function("main", params, attrs=attrs, pure=main.is_pure):
+        outputs = None
+        for block in main.body.blocks:
+            if not isinstance(block, relax.DataflowBlock):
+                raise CompileError("umahub compiles a main made of dataflow blocks only "
+                                   "(no control flow); got a plain binding block")
+            with bb.dataflow():
+                for binding in block.bindings:
+                    if not isinstance(binding, relax.VarBinding):
+                        raise CompileError(f"unsupported binding {type(binding).__name__} in main")
+                    value = binding.value
+                    call = _partition_call(mod, value)
+                    if call is not None and call[0] in device_of:
+                        symbol, call_args = call
+                        device = device_of[symbol]
+                        args = [fetch(remap.get(a, a), device) for a in call_args]
+                        ty = type_of(value)
+                        out_ty = TensorType(ty.shape, ty.dtype, vdevices[index[device]])
+                        new = relax.op.call_dps_packed(relax.ExternFunc(symbol),
+                                                       relax.Tuple(args), out_ty=out_ty)
+                    else:
+                        device, new = HOST, host_value(value)
+                    name = name_of(binding.var)
+                    if isinstance(binding.var, relax.DataflowVar):
+                        var = bb.emit(new, name)
+                        if device != HOST:
+                            where[var] = device
+                    else:  # a block output lives on the host
+                        if device != HOST:
+                            on_device = bb.emit(new, name)
+                            where[on_device] = device
+                            new = fetch(on_device, HOST)
+                        var = bb.emit_output(new, name)
+                    remap[binding.var] = var
+            outputs = remap.get(main.body.body, main.body.body)
+        result = _Substitute(remap).visit_expr(main.body.body) if outputs is None else outputs
+        bb.emit_func_output(result)
+    placed = bb.get()
+    for key, value in (mod.global_infos or {}).items():
+        if key != "vdevice":
+            placed.update_global_info(key, value)
+    placed.update_global_info("vdevice", vdevices)
+    return relax.transform.RealizeVDevice()(placed), copies

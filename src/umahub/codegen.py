@@ -1,0 +1,116 @@
+"""Stage 6, codegen: a partition's TIR becomes a runtime module.
+
+The default codegens, named by ``Accelerator.codegen``:
+
+* ``"llvm"``: ``tvm.tirx.build(module, target="llvm", pipeline=<phased>)``.
+* ``"c"``: TVM's C codegen, built with vectorization lowered to plain loops
+  (TVM's C printer has no vector types; the C compiler vectorizes at -O2), with
+  the accelerator's ``c_includes`` put at the top of the source. The C is
+  compiled when the model is exported, with ``-O2``, the accelerator's
+  ``include_dirs`` and its ``c_sources`` (see :func:`export_options`).
+
+Several C modules are linked into one library; TVM's C codegen defines the
+same two helper symbols in each (``__tvm_ffi__library_ctx`` and, for a module
+with one function, ``__tvm_ffi_main``), so they are made weak.
+
+Each accelerator is also registered as TVM's ``relax.ext.<name>`` codegen, so
+that ``relax.transform.RunCodegen`` places the partitions' modules in the
+host module, as for any BYOC backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import tvm
+import tvm_ffi
+
+from umahub.accelerator import Accelerator
+from umahub.errors import CompileError
+
+__all__ = ["build_default", "export_options", "prepend_c", "register_ext_codegen", "serving"]
+
+_WEAK = (
+    ("void* __tvm_ffi__library_ctx = NULL;",
+     "__attribute__((weak)) void* __tvm_ffi__library_ctx = NULL;"),
+    ("TVM_DLL int32_t __tvm_ffi_main(", "__attribute__((weak)) TVM_DLL int32_t __tvm_ffi_main("),
+)
+
+
+def _function_names(module: Any, symbol: str) -> list[str]:
+    names = []
+    for name in (f"__tvm_ffi_{symbol}", "__tvm_ffi_main", symbol):
+        with contextlib.suppress(Exception):
+            if module.implements_function(name):
+                names.append(name)
+    return names
+
+
+def prepend_c(module: Any, text: str, symbol: str) -> Any:
+    """A C source module with ``text`` on top and its shared helper symbols made weak."""
+    source = module.inspect_source()
+    for old, new in _WEAK:
+        source = source.replace(old, new)
+    create = tvm_ffi.get_global_func("runtime.CSourceModuleCreate")
+    header = text if not text or text.endswith("\n") else text + "\n"
+    return create(header + source, "c", _function_names(module, symbol), [])
+
+
+def build_default(accelerator: Accelerator, module: tvm.IRModule, symbol: str,
+                  pipeline: str) -> Any:
+    """Build ``module`` with the accelerator's default codegen and the phased TIR pipeline."""
+    if accelerator.codegen == "llvm":
+        return tvm.tirx.build(module, target=accelerator.options.get("target", "llvm"),
+                              pipeline=pipeline)
+    with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
+        built = tvm.tirx.build(module, target="c", pipeline=pipeline)
+    return prepend_c(built, accelerator.c_includes, symbol)
+
+
+def export_options(accelerators: Iterable[Accelerator]) -> list[str]:
+    """Compiler options that an export needs: -O2, include dirs and vendor C sources."""
+    # -z now: a missing vendor symbol fails when the library is loaded, not at its first call.
+    options = ["-O2", "-Wl,-z,now"]
+    for acc in accelerators:
+        options += [f"-I{d}" for d in acc.include_dirs]
+        options += list(acc.c_sources)
+    return list(dict.fromkeys(options))
+
+
+_SERVING: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "umahub_serving", default=None
+)
+
+
+@contextlib.contextmanager
+def serving(modules: dict[str, Any]) -> Iterator[None]:
+    """While inside, ``relax.ext.<accelerator>`` returns these built modules by symbol."""
+    token = _SERVING.set(modules)
+    try:
+        yield
+    finally:
+        _SERVING.reset(token)
+
+
+def register_ext_codegen(accelerator: Accelerator) -> None:
+    """Register ``relax.ext.<accelerator>`` for RunCodegen (idempotent)."""
+
+    def codegen(functions: Any, options: Any, constant_names: Any) -> list[Any]:
+        modules = _SERVING.get()
+        if modules is None:
+            raise CompileError(
+                f"relax.ext.{accelerator.name} is umahub's codegen: compile through "
+                "umahub.Hub().compile(mod) so that the plugins' hooks run"
+            )
+        out = []
+        for func in functions:
+            symbol = str(func.attrs["global_symbol"])
+            if symbol not in modules:
+                raise CompileError(f"relax.ext.{accelerator.name}: no module built for {symbol}")
+            out.append(modules[symbol])
+        return out
+
+    tvm_ffi.register_global_func(f"relax.ext.{accelerator.name}", codegen, override=True)

@@ -1,0 +1,72 @@
+"""The compile context: what earlier stages decided, handed forward to every hook."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from umahub.accelerator import Accelerator
+    from umahub.config import Config
+    from umahub.memory import MemoryPlan
+
+__all__ = ["CompileContext", "Operator"]
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator of the model, as placement saw it.
+
+    Attributes:
+        name: the node's name (the Relax variable it binds, e.g. ``"lv3"``).
+        op: the operator (``"relax.nn.conv2d"``).
+        device: where it runs, ``"host"`` or ``"accel:i"``.
+        pattern: the pattern that claimed it (``"npu.conv2d"``); "" on the host.
+        partition: the symbol of its partition; "" on the host.
+        pinned: the pin that placed it (``"conv*"``), or "".
+    """
+
+    name: str
+    op: str
+    device: str = "host"
+    pattern: str = ""
+    partition: str = ""
+    pinned: str = ""
+
+
+@dataclass(frozen=True)
+class CompileContext:
+    """What a hook may know of the compile so far. Hooks read it; they never change it.
+
+    Attributes:
+        config: the validated ``[tool.umahub]``.
+        accelerator: the accelerator the partition is placed on.
+        instance: which of its instances (``device`` is ``"name:instance"``).
+        symbol: the partition's symbol: the PrimFunc and the runtime function
+            a codegen produces must carry this name.
+        operators: the partition's operators.
+        memory: the memory plan so far (bytes used and free per pool, host
+            included), partitions lowered earlier already counted.
+        tir_pipeline: the name of the TIR pipeline that runs the phase passes
+            (give it to ``tvm.tirx.build(..., pipeline=...)``); set at codegen.
+    """
+
+    config: Config
+    accelerator: Accelerator
+    instance: int
+    symbol: str
+    operators: tuple[Operator, ...] = ()
+    memory: MemoryPlan | None = None
+    tir_pipeline: str = field(default="default")
+
+    @property
+    def device(self) -> str:
+        """The virtual device, ``"name:instance"``."""
+        return f"{self.accelerator.name}:{self.instance}"
+
+    @property
+    def pool_free(self) -> int | None:
+        """Bytes still free in the accelerator's first pool on this instance, or None."""
+        if self.memory is None or self.accelerator.pool is None:
+            return None
+        return self.memory.free(self.device, self.accelerator.pool.scope)

@@ -1,0 +1,78 @@
+"""Stage 3, Relax to TIR: the default lowering of a partition to one PrimFunc.
+
+A partition may hold several composites (kernels). The default lowering
+legalizes every operator to TIR and then fuses *all* of them into one PrimFunc
+named by the partition's symbol: the partition's function is marked
+``Primitive`` and ``FuseTIR`` concatenates its kernels, intermediates becoming
+buffers local to the PrimFunc. The PrimFunc takes the partition's inputs and
+then its output(s), in destination-passing style, which is how the host calls
+it (``R.call_dps_packed``).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from umahub._tvm import name_of, type_of
+
+from umahub.errors import UnsupportedOperatorError
+
+__all__ = ["default_relax_to_tir", "single_primfunc"]
+
+_PREPARE = tvm.transform.Sequential([
+    relax.transform.LambdaLift(),          # composites are local functions: lift, then inline
+    relax.transform.InlinePrivateFunctions(),
+    relax.transform.ConvertToDataflow(),
+    relax.transform.LegalizeOps(),
+    relax.transform.DeadCodeElimination(),
+])
+
+
+def _unlowered(func: relax.Function) -> list[tuple[str, str]]:
+    """(node, op) of operators that LegalizeOps left as Relax operators."""
+    left = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
+                    value.op.name not in ("relax.call_tir", "relax.call_tir_inplace")):
+                left.append((name_of(binding.var), value.op.name))
+    return left
+
+
+def default_relax_to_tir(function: relax.Function, symbol: str, accelerator: str) -> tvm.IRModule:
+    """Lower a partition function to an IRModule holding one PrimFunc named ``symbol``.
+
+    Raises:
+        UnsupportedOperatorError: an operator has no TIR legalization.
+    """
+    body = function.without_attr("Codegen").with_attr("global_symbol", "main")
+    mod = _PREPARE(tvm.IRModule({"main": body}))
+    main = mod["main"]
+    left = _unlowered(main)
+    if left:
+        names = ", ".join(f"{node} ({op})" for node, op in left)
+        raise UnsupportedOperatorError(
+            f"accelerator '{accelerator}' claimed operators that the default lowering cannot "
+            f"turn into TIR: {names} (partition {symbol}); remove them from its patterns or "
+            "give the plugin a umahub_relax_to_tir hook"
+        )
+    return single_primfunc(mod, symbol)
+
+
+def single_primfunc(mod: tvm.IRModule, symbol: str) -> tvm.IRModule:
+    """Fuse the call_tir kernels of ``mod["main"]`` into one PrimFunc named ``symbol``."""
+    main = mod["main"]
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items()
+                                          if name_of(gv) != "main"}))
+    fused = bb.add_func(main.without_attr("global_symbol").with_attr("Primitive", True), symbol)
+    params = [relax.Var(name_of(p), type_of(p)) for p in main.params]
+    with bb.function("main", params):
+        out = bb.emit(relax.Call(fused, params))
+        bb.emit_func_output(out)
+    lowered = relax.transform.FuseTIR()(bb.get())
+    prims = {name_of(gv): f for gv, f in lowered.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc)}
+    prim = prims[symbol]
+    return tvm.IRModule({symbol: prim.with_attr("global_symbol", symbol)})

@@ -1,0 +1,270 @@
+"""Stage 2, partition: the plan carried out.
+
+``FuseOpsByPattern`` (constants as parameters, so that weights are partition
+inputs) groups each match into a composite function; ``MergeCompositeFunctions``
+then merges neighbouring composites of one accelerator into one partition
+function (attribute ``Codegen`` = accelerator name, ``global_symbol`` = the
+partition's symbol). A merged partition may hold several kernels; the default
+lowering fuses them into one PrimFunc (see :mod:`umahub.lowering`), so that
+every partition is one packed function, as ``relax.ext`` codegens expect.
+
+Composites pinned to an instance are tagged before merging so that a partition
+never mixes instances; partitions without a pinned instance are spread over
+their accelerator's instances round robin, in model order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import tvm
+from tvm import relax
+
+from umahub._tvm import name_of, ret_type
+
+from umahub.accelerator import Accelerator
+from umahub.context import Operator
+from umahub.placement import Pins, PlannedPattern
+
+__all__ = ["Partition", "Partitioned", "partition"]
+
+_INSTANCE_TAG = "__instance"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition: its symbol, where it runs, what it holds."""
+
+    symbol: str
+    accelerator: str
+    instance: int
+    patterns: tuple[str, ...]
+    operators: tuple[Operator, ...]
+
+    @property
+    def device(self) -> str:
+        """The virtual device, ``"name:instance"``."""
+        return f"{self.accelerator}:{self.instance}"
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    """The partitioned module, its partitions in model order, every operator's placement."""
+
+    mod: tvm.IRModule
+    partitions: tuple[Partition, ...]
+    operators: tuple[Operator, ...]
+
+
+def _composites(mod: tvm.IRModule) -> dict[str, relax.Function]:
+    return {gv.name_hint: f for gv, f in mod.functions.items()
+            if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs}
+
+
+def _ops_in(func: relax.Function) -> list[tuple[str, str]]:
+    """(node, op) of the operator calls in a function's bindings, in order."""
+    found = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                found.append((name_of(binding.var), value.op.name))
+    return found
+
+
+def _tag_instances(mod: tvm.IRModule, pins: Pins) -> tvm.IRModule:
+    """Rename the Composite of instance-pinned composites so that merging keeps them apart."""
+    if not pins:
+        return mod
+    updates = {}
+    for name, func in _composites(mod).items():
+        pattern = str(func.attrs["Composite"])
+        accel, _, what = pattern.partition(".")
+        instances = {hit[1].instance for node, op in _ops_in(func)
+                     if (hit := pins.resolve(node, op, pattern)) is not None}
+        pattern_pin = pins.for_pattern(pattern)
+        if pattern_pin is not None:
+            instances.add(pattern_pin.instance)
+        instances.discard(None)
+        if len(instances) == 1:
+            tagged = f"{accel}{_INSTANCE_TAG}{instances.pop()}.{what}"
+            updates[mod.get_global_var(name)] = func.with_attr("Composite", tagged)
+    if not updates:
+        return mod
+    funcs = dict(mod.functions)
+    funcs.update(updates)
+    return tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def _untag(name: str) -> tuple[str, int | None]:
+    accel, sep, index = name.partition(_INSTANCE_TAG)
+    return (accel, int(index)) if sep else (name, None)
+
+
+def _pattern_of(composite: relax.Function) -> str:
+    """The pattern name of a composite function, without an instance tag."""
+    accel_tag, what = str(composite.attrs["Composite"]).split(".", 1)
+    return f"{_untag(accel_tag)[0]}.{what}"
+
+
+def _name_nodes(mod: tvm.IRModule) -> tvm.IRModule:
+    """Write each operator's node name into its call's span.
+
+    Partitioning renames the variables it moves into composites (``gv``,
+    ``lv``); spans travel with the calls, so the report can still name every
+    operator as the model named it.
+    """
+    main = mod["main"]
+    blocks = []
+    for block in main.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                span = tvm.ir.Span(tvm.ir.SourceName(name_of(binding.var)), 0, 0, 0, 0)
+                value = relax.Call(value.op, value.args, value.attrs, _type_args(value), span=span)
+            bindings.append(relax.VarBinding(binding.var, value))
+        blocks.append(type(block)(bindings))
+    named = relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), ret_type(main),
+                           main.is_pure, main.attrs)
+    funcs = {name_of(gv): f for gv, f in mod.functions.items()}
+    funcs["main"] = named
+    return relax.transform.Normalize()(tvm.IRModule(funcs, attrs=mod.attrs,
+                                                    global_infos=mod.global_infos))
+
+
+def _type_args(call: relax.Call):
+    args = getattr(call, "sinfo_args", None)
+    return args if args is not None else call.ty_args
+
+
+def _node_name(binding: relax.VarBinding) -> str:
+    span = binding.value.span
+    if span is not None and span.source_name is not None:
+        return str(span.source_name.name)
+    return name_of(binding.var)
+
+
+def _walk(func: relax.Function, mod: tvm.IRModule, pattern: str = "") -> list[tuple[str, str, str]]:
+    """(node, op, pattern) of every operator reachable from func, composites expanded."""
+    rows: list[tuple[str, str, str]] = []
+    local: dict[relax.Var, relax.Function] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Function):
+                local[binding.var] = value
+                continue
+            if not isinstance(value, relax.Call):
+                continue
+            callee = None
+            if isinstance(value.op, tvm.ir.Op):
+                rows.append((_node_name(binding), value.op.name, pattern))
+                continue
+            if isinstance(value.op, relax.GlobalVar):
+                callee = mod[value.op]
+            elif isinstance(value.op, relax.Var):
+                callee = local.get(value.op)
+            if isinstance(callee, relax.Function):
+                is_composite = callee.attrs and "Composite" in callee.attrs
+                rows.extend(_walk(callee, mod, _pattern_of(callee) if is_composite else pattern))
+    return rows
+
+
+def _strip_tags(func: relax.Function) -> relax.Function:
+    """The partition with its Codegen and its composites' names untagged."""
+    codegen, _ = _untag(str(func.attrs["Codegen"]))
+    func = func.with_attr("Codegen", codegen)
+
+    @relax.expr_functor.mutator
+    class _Untag(relax.PyExprMutator):
+        def visit_function_(self, op: relax.Function) -> relax.Expr:
+            op = super().visit_function_(op)
+            if op.attrs and "Composite" in op.attrs:
+                op = op.with_attr("Composite", _pattern_of(op))
+            return op
+
+    return _Untag().visit_expr(func)
+
+
+def partition(
+    mod: tvm.IRModule,
+    planned: Sequence[PlannedPattern],
+    pins: Pins,
+    accelerators: Mapping[str, Accelerator],
+) -> Partitioned:
+    """Partition ``mod`` by the planned patterns; place every partition on an instance."""
+    mod = _name_nodes(relax.transform.ConvertToDataflow()(mod))
+    if planned:
+        patterns = [p.fusion_pattern(pins) for p in planned]
+        mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False,
+                                               annotate_codegen=False)(mod)
+        mod = _tag_instances(mod, pins)
+        mod = relax.transform.MergeCompositeFunctions()(mod)
+    funcs = dict(mod.functions)
+    order: list[relax.GlobalVar] = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                f = mod[value.op]
+                if isinstance(f, relax.Function) and f.attrs and "Codegen" in f.attrs:
+                    if value.op not in order:
+                        order.append(value.op)
+    next_instance: dict[str, int] = {}
+    partitions: dict[str, Partition] = {}
+    for gv in order:
+        func = mod[gv]
+        accel_name, instance = _untag(str(func.attrs["Codegen"]))
+        if instance is None:
+            count = accelerators[accel_name].instances
+            instance = next_instance.get(accel_name, 0) % count
+            next_instance[accel_name] = instance + 1
+        func = _strip_tags(func)
+        funcs[gv] = func
+        symbol = str(func.attrs["global_symbol"])
+        rows = _walk(func, mod)
+        device = f"{accel_name}:{instance}"
+        operators = tuple(
+            Operator(node, op, device, pat, symbol,
+                     (hit[0] if (hit := pins.resolve(node, op, pat)) else ""))
+            for node, op, pat in rows
+        )
+        partitions[gv.name_hint] = Partition(
+            symbol, accel_name, instance,
+            tuple(dict.fromkeys(o.pattern for o in operators)), operators,
+        )
+    mod = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
+    operators: list[Operator] = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if not isinstance(value, relax.Call):
+                continue
+            if isinstance(value.op, relax.GlobalVar) and value.op.name_hint in partitions:
+                operators.extend(partitions[value.op.name_hint].operators)
+            elif isinstance(value.op, tvm.ir.Op):
+                node, op = _node_name(binding), value.op.name
+                hit = pins.resolve(node, op)
+                operators.append(Operator(node, op, pinned=hit[0] if hit else ""))
+    return Partitioned(mod, tuple(partitions.values()), tuple(operators))
+
+
+def to_host(part: Partitioned, symbols: set[str]) -> Partitioned:
+    """Send the partitions named by ``symbols`` back to the host (fallback)."""
+    if not symbols:
+        return part
+    funcs = {}
+    for gv, f in part.mod.functions.items():
+        if isinstance(f, relax.Function) and f.attrs and "Codegen" in f.attrs and str(
+                f.attrs["global_symbol"]) in symbols:
+            f = f.without_attr("Codegen").without_attr("global_symbol")
+        funcs[gv] = f
+    mod = tvm.IRModule(funcs, attrs=part.mod.attrs, global_infos=part.mod.global_infos)
+    operators = tuple(
+        replace(o, device="host", pattern="", partition="") if o.partition in symbols else o
+        for o in part.operators
+    )
+    partitions = tuple(p for p in part.partitions if p.symbol not in symbols)
+    return Partitioned(mod, partitions, operators)

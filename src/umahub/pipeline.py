@@ -1,0 +1,420 @@
+"""The compile pipeline: the stages in order, the data going one way.
+
+::
+
+    plan (patterns, pins, priority) -> partition -> memory plan
+      -> per partition, in lowering-order:
+           relax_to_tir -> schedule -> tir_passes (phases 0..3) -> codegen
+      -> build (RunCodegen, devices and copies, tvm.compile)
+
+Each stage is a function in a module of its own; this module only sequences
+them, keeps the time of each, and applies ``on-error``: a partition whose
+plugin fails (or that does not fit its pool, or that its lowering cannot
+handle) goes back to the host with a warning and a note in the report, or
+stops the compile with the same message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import tvm
+from tvm import relax
+
+from umahub import codegen as codegen_stage
+from umahub._tvm import Constant, name_of, ret_type, type_of
+from umahub.build import place_on_devices
+from umahub.compiled import Compiled
+from umahub.config import HOST, Pin, parse_pin
+from umahub.context import CompileContext
+from umahub.dispatch import HookCall, recording
+from umahub.errors import CompileError, ConfigError, MemoryPoolError, PlacementError, did_you_mean
+from umahub.lowering import default_relax_to_tir
+from umahub.memory import MemoryPlan, Need, PoolUse, tensor_bytes
+from umahub.partition import Partition, Partitioned, partition, to_host
+from umahub.placement import Pins, model_pins, pinned_accelerators, plan_patterns
+from umahub.report import PartitionReport, Report, hooks_that_acted
+from umahub.tir_phases import PHASES, use_phase_passes
+
+if TYPE_CHECKING:
+    from umahub.hub import Hub
+
+__all__ = ["compile", "explain"]
+
+Progress = Callable[[str, str], None]
+
+
+class _Clock:
+    """Times the stages and tells ``progress`` when each starts."""
+
+    def __init__(self, progress: Progress | None):
+        self.progress = progress
+        self.stages: dict[str, float] = {}
+        self.hooks: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str, detail: str = "") -> Iterator[None]:
+        if self.progress is not None:
+            self.progress(name, detail)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - start
+
+    def count(self, calls: list[HookCall]) -> None:
+        for c in calls:
+            key = c.hook.removeprefix("umahub_")
+            self.hooks[key] = self.hooks.get(key, 0.0) + c.seconds
+
+
+def _pins(hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None) -> Pins:
+    api = {str(k): parse_pin(v, "compile(placement=...)") for k, v in (placement or {}).items()}
+    layers = [model_pins(mod), dict(hub.config.placement), api]
+    known = {a.name: a.instances for a in hub.accelerators}
+    for layer in layers[::2]:  # the config's own pins were checked when the hub was made
+        for selector, pin in layer.items():
+            if pin.accelerator != HOST and pin.accelerator not in known:
+                raise ConfigError(f"pin {selector!r} -> '{pin}': unknown accelerator "
+                                  f"'{pin.accelerator}'{did_you_mean(pin.accelerator, known)}")
+            if pin.instance is not None and pin.instance >= known.get(pin.accelerator, 1):
+                raise ConfigError(f"pin {selector!r} -> '{pin}': '{pin.accelerator}' has "
+                                  f"{known[pin.accelerator]} instance(s)")
+    return Pins(layers)
+
+
+def _patterns_getter(hub: Hub, notes: list[str]) -> Callable[[Any], list[Any]]:
+    def patterns_of(acc: Any) -> list[Any]:
+        try:
+            results = hub.hook.umahub_patterns(accelerator=acc)
+        except Exception as exc:
+            plugin, hook = getattr(exc, "umahub_culprit", (hub.owner(acc.name), "umahub_patterns"))
+            message = (f"plugin '{plugin}' failed in {hook} for accelerator '{acc.name}': "
+                       f"{type(exc).__name__}: {exc}")
+            if hub.config.on_error == "error":
+                raise CompileError(message) from exc
+            _warn(f"{message}; '{acc.name}' claims nothing in this compile")
+            notes.append(message)
+            return []
+        return [p for result in results for p in (result or [])]
+
+    return patterns_of
+
+
+def _warn(message: str) -> None:
+    from umahub.hub import UmahubWarning
+
+    warnings.warn(f"umahub: {message}", UmahubWarning, stacklevel=4)
+
+
+def _check_pins(part: Partitioned, pins: Pins, hub: Hub, planned_names: dict[str, list[str]],
+                notes: list[str]) -> None:
+    """Every pin selects some operator, and every pinned operator is where its pin says."""
+    selected = {selector: False for selector, _ in pins.ordered}
+    for op in part.operators:
+        hit = pins.resolve(op.name, op.op, op.pattern)
+        if hit is None:
+            continue
+        selector, pin = hit
+        selected[selector] = True
+        accel, _, instance = op.device.partition(":")
+        ok = accel == pin.accelerator and (pin.instance is None or str(pin.instance) == instance)
+        if ok:
+            continue
+        if pin.accelerator == HOST:
+            continue  # only a pattern pin that a plugin check overrode could land here
+        names = ", ".join(planned_names.get(pin.accelerator, [])) or "none"
+        message = (f"pin {selector!r} -> '{pin}': operator '{op.name}' ({op.op}) runs on "
+                   f"{op.device}, because the patterns of '{pin.accelerator}' ({names}) do not "
+                   "take it; pin it elsewhere or extend the plugin's patterns")
+        if hub.config.on_error == "error":
+            raise PlacementError(message)
+        _warn(message)
+        notes.append(message)
+    candidates = {n for o in part.operators for n in (o.name, o.op, o.pattern) if n}
+    for selector, used in selected.items():
+        if not used and not any(ch in selector for ch in "*?["):
+            raise PlacementError(
+                f"pin {selector!r} selects no operator of the model"
+                f"{did_you_mean(selector, candidates)}; a pin names a node, an op "
+                "('relax.nn.conv2d' or 'nn.conv2d') or a pattern"
+            )
+
+
+def _need(part: Partitioned, p: Partition, scope_policy: str) -> Need:
+    """What partition ``p`` needs of its pool (see :mod:`umahub.memory`)."""
+    func = next(f for gv, f in part.mod.functions.items()
+                if isinstance(f, relax.Function) and f.attrs and "global_symbol" in f.attrs
+                and str(f.attrs["global_symbol"]) == p.symbol)
+    call_args = _call_args(part.mod, p.symbol)
+    resident = transient = 0
+    if scope_policy == "io":
+        for param, arg in zip(func.params, call_args):
+            size = tensor_bytes(type_of(param))
+            if isinstance(arg, Constant):
+                resident += size
+            else:
+                transient += size
+    intermediates = 0
+
+    def visit(expr: Any) -> None:
+        nonlocal intermediates
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            intermediates += tensor_bytes(type_of(expr))
+
+    relax.analysis.post_order_visit(func.body, visit)
+    transient += max(intermediates, tensor_bytes(ret_type(func)))
+    return Need(resident, transient)
+
+
+def _call_args(mod: tvm.IRModule, symbol: str) -> list[Any]:
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                f = mod[value.op]
+                if f.attrs and "global_symbol" in f.attrs and str(
+                        f.attrs["global_symbol"]) == symbol:
+                    return list(value.args)
+    return []
+
+
+def _host_plan(part: Partitioned) -> tuple[int, int]:
+    """(peak live bytes, constant bytes) of the host's tensors in ``main``."""
+    main = part.mod["main"]
+    last_use: dict[Any, int] = {}
+    bindings = [b for block in main.body.blocks for b in block.bindings]
+    for i, b in enumerate(bindings):
+        for v in relax.analysis.free_vars(b.value):
+            last_use[v] = i
+    for v in relax.analysis.free_vars(main.body.body):
+        last_use[v] = len(bindings)
+    live = {p: tensor_bytes(type_of(p)) for p in main.params}
+    peak = sum(live.values())
+    constants = 0
+    for i, b in enumerate(bindings):
+        live[b.var] = tensor_bytes(type_of(b.var))
+
+        def count(expr: Any) -> None:
+            nonlocal constants
+            if isinstance(expr, Constant):
+                constants += tensor_bytes(type_of(expr))
+
+        relax.analysis.post_order_visit(b.value, count)
+        peak = max(peak, sum(live.values()))
+        live = {v: s for v, s in live.items() if last_use.get(v, -1) > i}
+    return peak, constants
+
+
+def _lowering_order(hub: Hub, part: Partitioned) -> list[str]:
+    """Accelerator names (and "host") in the order in which they are lowered."""
+    order = list(hub.config.lowering_order or [HOST, *[a.name for a in hub.accelerators]])
+    present = {p.accelerator for p in part.partitions}
+    order += [a for a in sorted(present) if a not in order]
+    if HOST not in order:
+        order.insert(0, HOST)
+    return order
+
+
+def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any, list[str]]:
+    """relax_to_tir -> schedule -> tir_passes -> codegen for one partition."""
+    acc = ctx.accelerator
+    tir_mod = hub.hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
+    if tir_mod is None:
+        tir_mod = default_relax_to_tir(func, ctx.symbol, acc.name)
+    elif not isinstance(tir_mod, tvm.IRModule) or ctx.symbol not in [
+            name_of(gv) for gv in tir_mod.get_global_vars()]:
+        raise CompileError(f"umahub_relax_to_tir for '{acc.name}' must return a tvm.IRModule "
+                           f"with a PrimFunc named '{ctx.symbol}', got {type(tir_mod).__name__}")
+    schedule = tvm.s_tir.Schedule(tir_mod)
+    said = [s for s in hub.hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
+            if isinstance(s, str)]
+    scheduled = schedule.mod
+    phase_passes = {}
+    for phase in PHASES:
+        results = hub.hook.umahub_tir_passes(accelerator=acc, phase=phase, context=ctx)
+        phase_passes[phase] = [p for r in results for p in (r or [])]
+    with use_phase_passes(phase_passes) as pipeline:
+        ctx = replace(ctx, tir_pipeline=pipeline)
+        module = hub.hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
+        if module is None:
+            module = codegen_stage.build_default(acc, scheduled, ctx.symbol, pipeline)
+    return module, said
+
+
+def _plan_and_partition(hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None,
+                        clock: _Clock, notes: list[str]) -> Partitioned:
+    if "main" not in [name_of(gv) for gv in mod.get_global_vars()]:
+        raise CompileError("the module has no 'main' function to compile")
+    with clock.stage("plan"):
+        pins = _pins(hub, mod, placement)
+        claimants = hub.claimants
+        claiming = {a.name for a in claimants}
+        pinned_only = [hub.accelerator(n) for n in sorted(pinned_accelerators(pins))
+                       if n not in claiming]
+        planned = plan_patterns(claimants, pinned_only, _patterns_getter(hub, notes))
+    with clock.stage("partition"):
+        accelerators = {a.name: a for a in hub.accelerators}
+        part = partition(mod, planned, pins, accelerators)
+        names: dict[str, list[str]] = {}
+        for p in planned:
+            names.setdefault(p.accelerator.name, []).append(p.name)
+        _check_pins(part, pins, hub, names, notes)
+    return part
+
+
+def _fail(hub: Hub, message: str, exc: BaseException | None, error_type: type) -> str:
+    if hub.config.on_error == "error":
+        raise error_type(message) from exc
+    _warn(f"{message}; its partition runs on the host")
+    return message
+
+
+def _memory(hub: Hub, part: Partitioned, order: list[str],
+            notes: list[str]) -> tuple[MemoryPlan, dict[str, Need], dict[str, str]]:
+    """Plan every pool in lowering order; return the plan, each need, and misfits."""
+    pools = []
+    for acc in hub.accelerators:
+        for i in range(acc.instances):
+            pools += [PoolUse(f"{acc.name}:{i}", p.scope, p.size_bytes, p.copy)
+                      for p in acc.memory]
+    plan = MemoryPlan.for_devices(pools)
+    needs: dict[str, Need] = {}
+    misfits: dict[str, str] = {}
+    for name in order:
+        if name == HOST:
+            plan = plan.with_host(*_host_plan(part))
+            continue
+        acc = hub.accelerator(name)
+        for p in (p for p in part.partitions if p.accelerator == name):
+            needs[p.symbol] = need = _need(part, p, hub.config.scope_policy)
+            pool = acc.pool
+            if pool is None:
+                continue
+            use = plan.pool(p.device, pool.scope)
+            if not use.fits(need):
+                misfits[p.symbol] = _fail(
+                    hub,
+                    f"partition {p.symbol} ({', '.join(p.patterns)}) needs {need.total} bytes "
+                    f"of pool '{pool.scope}' on {p.device} ({need.resident} resident + "
+                    f"{need.transient} working), but only {use.free} of {use.size_bytes} are "
+                    "free", None, MemoryPoolError)
+                notes.append(misfits[p.symbol])
+                continue
+            plan = plan.add(p.device, pool.scope, need)
+    return plan, needs, misfits
+
+
+def _report_partitions(part: Partitioned) -> list[PartitionReport]:
+    return [PartitionReport(p.symbol, p.accelerator, p.device, p.patterns, len(p.operators))
+            for p in part.partitions]
+
+
+def explain(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None = None,
+            progress: Progress | None = None) -> Report:
+    """Plan placement, memory and copies of ``mod`` without lowering or building it."""
+    clock, notes = _Clock(progress), []
+    part = _plan_and_partition(hub, mod, placement, clock, notes)
+    with clock.stage("memory"):
+        plan, _, misfits = _memory(hub, part, _lowering_order(hub, part), notes)
+    reports = _report_partitions(part)
+    for r in reports:
+        r.fallback = misfits.get(r.symbol, "")
+    part = to_host(part, set(misfits))
+    with clock.stage("copies"):
+        devices, device_of, kinds = _devices(hub, part)
+        _, copies = place_on_devices(part.mod, device_of, devices, kinds)
+    return Report(list(part.operators), reports, devices, copies, plan, clock.stages,
+                  clock.hooks, notes, built=False)
+
+
+def _devices(hub: Hub, part: Partitioned) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    used = {p.device for p in part.partitions}
+    devices = [HOST] + [d for a in hub.accelerators for d in a.devices if d in used]
+    device_of = {p.symbol: p.device for p in part.partitions}
+    kinds = {d: (hub.accelerator(d.split(":")[0]).pool.copy
+                 if hub.accelerator(d.split(":")[0]).pool else "sync") for d in devices[1:]}
+    return devices, device_of, kinds
+
+
+def compile(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None = None,
+            progress: Progress | None = None) -> Compiled:
+    """Compile ``mod`` through the hub's plugins.
+
+    Args:
+        hub: the plugins and config.
+        mod: a Relax IRModule with a ``main`` (a dataflow graph; weights may be
+            bound as constants).
+        placement: pins for this compile, ``{selector: "accel[:i]" | "host"}``;
+            they override the config's and the model's.
+        progress: called as ``progress(stage, detail)`` when a stage starts.
+
+    Raises:
+        CompileError: a stage failed and ``on-error = "error"`` (or the failure
+            cannot fall back, like a model without ``main``).
+    """
+    clock, notes = _Clock(progress), []
+    part = _plan_and_partition(hub, mod, placement, clock, notes)
+    order = _lowering_order(hub, part)
+    with clock.stage("memory"):
+        plan, needs, misfits = _memory(hub, part, order, notes)
+    reports = {r.symbol: r for r in _report_partitions(part)}
+    for symbol, why in misfits.items():
+        reports[symbol].fallback = why
+    functions = {str(f.attrs["global_symbol"]): f for f in part.mod.functions.values()
+                 if isinstance(f, relax.Function) and f.attrs and "Codegen" in f.attrs}
+    modules: dict[str, Any] = {}
+    lowered_plan = MemoryPlan(pools=tuple(
+        PoolUse(p.device, p.scope, p.size_bytes, p.copy) for p in plan.pools),
+        host_bytes=plan.host_bytes, host_constants=plan.host_constants)
+    for name in order:
+        for p in (p for p in part.partitions if p.accelerator == name):
+            if p.symbol in misfits:
+                continue
+            acc = hub.accelerator(name)
+            ctx = CompileContext(hub.config, acc, p.instance, p.symbol, p.operators, lowered_plan)
+            with clock.stage("lower", f"{p.symbol} on {p.device}"), recording() as calls:
+                start = time.perf_counter()
+                try:
+                    modules[p.symbol], said = _lower_one(hub, ctx, functions[p.symbol])
+                except Exception as exc:
+                    plugin, hook = getattr(exc, "umahub_culprit", (None, None))
+                    who = (f"plugin '{plugin}' failed in {hook}" if plugin
+                           else f"lowering of '{acc.name}' failed")
+                    error_type = type(exc) if isinstance(exc, CompileError) else CompileError
+                    detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                    reports[p.symbol].fallback = _fail(
+                        hub, f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on "
+                        f"{p.device}: {type(exc).__name__}: {detail}", exc, error_type)
+                    notes.append(reports[p.symbol].fallback)
+                    modules.pop(p.symbol, None)
+                    said = []
+                reports[p.symbol].seconds["lower"] = time.perf_counter() - start
+            clock.count(calls)
+            reports[p.symbol].hooks = hooks_that_acted(calls)
+            reports[p.symbol].schedule = said
+            if p.symbol in modules and acc.pool is not None:
+                lowered_plan = lowered_plan.add(p.device, acc.pool.scope, needs[p.symbol])
+    fallen = {s for s, r in reports.items() if r.fallback}
+    part = to_host(part, fallen)
+    with clock.stage("build"):
+        for acc in hub.accelerators:
+            codegen_stage.register_ext_codegen(acc)
+        with codegen_stage.serving(modules):
+            host = relax.transform.RunCodegen()(part.mod)
+        devices, device_of, kinds = _devices(hub, part)
+        host, copies = place_on_devices(host, device_of, devices, kinds)
+        host = relax.transform.LambdaLift()(host)  # fallen-back composites are local functions
+        executable = tvm.compile(host, target="llvm")
+    used = [hub.accelerator(p.accelerator) for p in part.partitions]
+    options = codegen_stage.export_options(used)
+    report = Report(list(part.operators), list(reports.values()), devices, copies, lowered_plan,
+                    clock.stages, clock.hooks, notes)
+    inputs = [(tuple(int(d) for d in type_of(p).shape.values), str(type_of(p).dtype))
+              for p in mod["main"].params]
+    return Compiled(executable, devices, inputs, options, report)

@@ -1,0 +1,206 @@
+"""Stage 1, placement planning: who may claim what.
+
+The plan is the list of patterns that partitioning will match, in claiming
+order: the ``priority`` accelerators first (first claimant wins, the host takes
+the rest), then accelerators that claim only what is pinned to them. Pins are
+carried in the patterns' checks: a match that holds an operator pinned
+elsewhere is rejected, so the operator goes on to its pinned accelerator (or
+stays on the host).
+
+A pin selector matches an operator by its node name (``"lv3"``), its op name
+(``"relax.nn.conv2d"``, or without the ``relax.`` prefix: ``"nn.conv2d"``), or
+the name of the pattern that claims it (``"npu.matmul"``); globs
+(``"conv*"``) are allowed. Exact selectors win over globs; among equals, the
+first written wins. Pins come from ``[tool.umahub.placement]``, from the
+model (the ``main`` function's attribute ``"umahub.placement"``, see
+:func:`annotate`) and from ``hub.compile(mod, placement=...)``, the latter
+overriding the former.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from umahub._tvm import name_of
+
+from umahub.accelerator import Accelerator
+from umahub.config import HOST, Pin, parse_pin
+from umahub.errors import CompileError
+
+__all__ = ["MODEL_PLACEMENT_ATTR", "Pins", "PlannedPattern", "annotate", "plan_patterns"]
+
+#: The ``main`` attribute that carries pins written into the model.
+MODEL_PLACEMENT_ATTR = "umahub.placement"
+
+
+def annotate(mod: tvm.IRModule, placement: Mapping[str, str]) -> tvm.IRModule:
+    """Return ``mod`` with pins written into its ``main`` (selector -> ``"accel[:i]"``/``"host"``).
+
+    The pins travel with the model: every hub that compiles it honours them,
+    unless its config or the ``compile`` call pins the same selector elsewhere.
+    """
+    for value in placement.values():
+        parse_pin(value, "umahub.annotate")
+    main = mod["main"]
+    old = dict(main.attrs[MODEL_PLACEMENT_ATTR]) if main.attrs and (
+        MODEL_PLACEMENT_ATTR in main.attrs) else {}
+    merged = {**{str(k): str(v) for k, v in old.items()}, **dict(placement)}
+    new = mod.copy() if hasattr(mod, "copy") else tvm.IRModule(mod.functions, attrs=mod.attrs)
+    new[mod.get_global_var("main")] = main.with_attr(MODEL_PLACEMENT_ATTR, merged)
+    return new
+
+
+def model_pins(mod: tvm.IRModule) -> dict[str, Pin]:
+    """The pins written into ``mod`` by :func:`annotate`."""
+    main = mod["main"]
+    if not main.attrs or MODEL_PLACEMENT_ATTR not in main.attrs:
+        return {}
+    return {str(k): parse_pin(str(v), f"model attribute {MODEL_PLACEMENT_ATTR}")
+            for k, v in main.attrs[MODEL_PLACEMENT_ATTR].items()}
+
+
+def _op_names(op: str) -> tuple[str, ...]:
+    short = op.removeprefix("relax.")
+    return (op, short) if short != op else (op,)
+
+
+class Pins:
+    """Pin selectors in precedence order, resolved per operator."""
+
+    def __init__(self, layers: Sequence[Mapping[str, Pin]]):
+        merged: dict[str, Pin] = {}
+        for layer in layers:  # later layers override earlier ones, selector by selector
+            merged.update(layer)
+        exact = [(s, p) for s, p in merged.items() if not _is_glob(s)]
+        globs = [(s, p) for s, p in merged.items() if _is_glob(s)]
+        self.ordered: list[tuple[str, Pin]] = exact + globs
+
+    def __bool__(self) -> bool:
+        return bool(self.ordered)
+
+    def resolve(self, node: str, op: str, pattern: str = "") -> tuple[str, Pin] | None:
+        """The (selector, pin) that places this operator, or None."""
+        names = (node, *_op_names(op), *((pattern,) if pattern else ()))
+        for selector, pin in self.ordered:
+            if any(fnmatch.fnmatchcase(n, selector) for n in names):
+                return selector, pin
+        return None
+
+    def for_pattern(self, pattern: str) -> Pin | None:
+        """A pin whose selector names (or globs) the pattern itself."""
+        for selector, pin in self.ordered:
+            if fnmatch.fnmatchcase(pattern, selector):
+                return pin
+        return None
+
+
+def _is_glob(selector: str) -> bool:
+    return any(ch in selector for ch in "*?[")
+
+
+@dataclass(frozen=True)
+class PlannedPattern:
+    """One pattern of the plan, with its accelerator and whether it claims freely."""
+
+    accelerator: Accelerator
+    name: str
+    pattern: Any
+    annotations: Mapping[str, Any]
+    check: Callable[[Any], bool] | None
+    claims: bool  # False: the accelerator takes only what is pinned to it
+
+    def fusion_pattern(self, pins: Pins) -> relax.transform.FusionPattern:
+        """The FusionPattern with a check that also enforces the pins."""
+        return relax.transform.FusionPattern(
+            self.name, self.pattern, dict(self.annotations), _guard(self, pins)
+        )
+
+
+def matched_operators(ctx: Any) -> list[tuple[str, str]]:
+    """(node name, op name) of every operator in a pattern match."""
+    nodes = []
+    for var, value in ctx.matched_bindings.items():
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            nodes.append((name_of(var), value.op.name))
+    return nodes
+
+
+def _guard(planned: PlannedPattern, pins: Pins) -> Callable[[Any], bool]:
+    accel = planned.accelerator.name
+    check = planned.check
+
+    def guarded(ctx: Any) -> bool:
+        if pins:
+            pattern_pin = pins.for_pattern(planned.name)
+            if pattern_pin is not None and pattern_pin.accelerator != accel:
+                return False
+            wanted = False
+            for node, op in matched_operators(ctx):
+                hit = pins.resolve(node, op, planned.name)
+                if hit is None:
+                    continue
+                if hit[1].accelerator != accel:
+                    return False
+                wanted = True
+            if not planned.claims and not (wanted or pattern_pin is not None):
+                return False
+        elif not planned.claims:
+            return False
+        return bool(check(ctx)) if check is not None else True
+
+    return guarded
+
+
+def normalise_pattern(accelerator: Accelerator, item: Any) -> tuple[str, Any, dict, Any]:
+    """(name, pattern, annotations, check) of a pattern in either accepted form."""
+    if isinstance(item, relax.transform.FusionPattern):
+        name, pattern = str(item.name), item.pattern
+        annotations, check = dict(item.annotation_patterns), item.check
+    elif isinstance(item, tuple) and 2 <= len(item) <= 4:
+        name, pattern = item[0], item[1]
+        annotations = dict(item[2]) if len(item) > 2 and item[2] else {}
+        check = item[3] if len(item) > 3 else None
+    else:
+        raise CompileError(
+            f"umahub_patterns for '{accelerator.name}' returned {item!r}: expected a "
+            "FusionPattern or a tuple (name, pattern[, annotations[, check]])"
+        )
+    if not str(name).startswith(f"{accelerator.name}."):
+        raise CompileError(
+            f"umahub_patterns for '{accelerator.name}' returned a pattern named '{name}': "
+            f"pattern names must start with '{accelerator.name}.' (e.g. "
+            f"'{accelerator.name}.{str(name).rsplit('.', 1)[-1]}')"
+        )
+    return str(name), pattern, annotations, check
+
+
+def plan_patterns(
+    claimants: Sequence[Accelerator],
+    pinned_only: Sequence[Accelerator],
+    patterns_of: Callable[[Accelerator], list[Any]],
+) -> list[PlannedPattern]:
+    """The patterns in claiming order.
+
+    Args:
+        claimants: accelerators that claim operators, in priority order.
+        pinned_only: accelerators outside ``priority`` that pins name.
+        patterns_of: the accelerator's patterns (the ``umahub_patterns`` hook).
+    """
+    planned = []
+    for accelerators, claims in ((claimants, True), (pinned_only, False)):
+        for acc in accelerators:
+            for item in patterns_of(acc):
+                name, pattern, annotations, check = normalise_pattern(acc, item)
+                planned.append(PlannedPattern(acc, name, pattern, annotations, check, claims))
+    return planned
+
+
+def pinned_accelerators(pins: Pins) -> set[str]:
+    """Names of the accelerators some pin sends operators to."""
+    return {pin.accelerator for _, pin in pins.ordered if pin.accelerator != HOST}
