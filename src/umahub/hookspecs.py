@@ -151,7 +151,9 @@ def umahub_schedule(
     ``parallel``...); the scheduled module goes on to the TIR passes.
 
     :param accelerator: the accelerator the partition is placed on.
-    :param schedule: a ``tvm.s_tir.Schedule`` over the partition's TIR module.
+    :param schedule: a ``tvm.s_tir.Schedule`` over the partition's TIR module,
+        working on the PrimFunc named ``context.symbol`` (so
+        ``schedule.get_sblock("root")`` needs no ``func_name``).
     :param context: the compile context; ``context.pool_free`` tells how much of
         the accelerator's memory pool is left for tiles.
     :return: ``None``, or a short description of what was done (``"tiled

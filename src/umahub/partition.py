@@ -73,12 +73,14 @@ def _ops_in(func: relax.Function) -> list[tuple[str, str]]:
     return found
 
 
-def _tag_instances(mod: tvm.IRModule, pins: Pins) -> tvm.IRModule:
-    """Rename the Composite of instance-pinned composites so that merging keeps them apart."""
-    if not pins:
-        return mod
+def _tag_composites(mod: tvm.IRModule, pins: Pins) -> tvm.IRModule:
+    """Prepare the composites for merging.
+
+    Composites pinned to an instance get their Composite name tagged with it,
+    so that merging keeps instances apart.
+    """
     updates = {}
-    for name, func in _composites(mod).items():
+    for index, (name, func) in enumerate(sorted(_composites(mod).items())):
         pattern = str(func.attrs["Composite"])
         accel, _, what = pattern.partition(".")
         instances = {hit[1].instance for node, op in _ops_in(func)
@@ -88,8 +90,8 @@ def _tag_instances(mod: tvm.IRModule, pins: Pins) -> tvm.IRModule:
             instances.add(pattern_pin.instance)
         instances.discard(None)
         if len(instances) == 1:
-            tagged = f"{accel}{_INSTANCE_TAG}{instances.pop()}.{what}"
-            updates[mod.get_global_var(name)] = func.with_attr("Composite", tagged)
+            func = func.with_attr("Composite", f"{accel}{_INSTANCE_TAG}{instances.pop()}.{what}")
+        updates[mod.get_global_var(name)] = func
     if not updates:
         return mod
     funcs = dict(mod.functions)
@@ -108,30 +110,81 @@ def _pattern_of(composite: relax.Function) -> str:
     return f"{_untag(accel_tag)[0]}.{what}"
 
 
-def _name_nodes(mod: tvm.IRModule) -> tvm.IRModule:
-    """Write each operator's node name into its call's span.
+def _with_span_names(func: relax.Function, names: list[str] | None = None) -> relax.Function:
+    """``func`` with each operator call's span naming its node.
 
     Partitioning renames the variables it moves into composites (``gv``,
     ``lv``); spans travel with the calls, so the report can still name every
-    operator as the model named it.
+    operator as the model named it. ``names`` gives the names in binding order;
+    by default each call is named after the variable it binds.
     """
-    main = mod["main"]
+    pending = list(names) if names is not None else None
     blocks = []
-    for block in main.body.blocks:
+    for block in func.body.blocks:
         bindings = []
         for binding in block.bindings:
             value = binding.value
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-                span = tvm.ir.Span(tvm.ir.SourceName(name_of(binding.var)), 0, 0, 0, 0)
+                name = pending.pop(0) if pending is not None else name_of(binding.var)
+                span = tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
                 value = relax.Call(value.op, value.args, value.attrs, _type_args(value), span=span)
             bindings.append(relax.VarBinding(binding.var, value))
         blocks.append(type(block)(bindings))
-    named = relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), ret_type(main),
-                           main.is_pure, main.attrs)
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), ret_type(func),
+                          func.is_pure, func.attrs)
+
+
+def _name_nodes(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every operator of ``main`` named in its span (see _with_span_names)."""
     funcs = {name_of(gv): f for gv, f in mod.functions.items()}
-    funcs["main"] = named
+    funcs["main"] = _with_span_names(mod["main"])
     return relax.transform.Normalize()(tvm.IRModule(funcs, attrs=mod.attrs,
                                                     global_infos=mod.global_infos))
+
+
+def _one_composite_per_call(mod: tvm.IRModule, accepted: list, position: dict[str, int]
+                            ) -> tvm.IRModule:
+    """Give every composite call site a composite function of its own, with its own names.
+
+    FuseOpsByPattern shares one function between structurally equal matches
+    (two identical relus); each call site must be its own partition, so shared
+    composites are copied, and each copy's operators are named after the match
+    that made it (matches of one pattern are taken in model order).
+    """
+    queues: dict[str, list[list[str]]] = {}
+    for pattern, nodes in sorted(accepted, key=lambda m: max(position.get(n, -1)
+                                                              for n, _ in m[1])):
+        ordered = sorted(nodes, key=lambda node: position.get(node[0], -1))
+        queues.setdefault(pattern, []).append([n for n, _ in ordered])
+    bb = relax.BlockBuilder(tvm.IRModule(
+        {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}, attrs=mod.attrs))
+    main = mod["main"]
+    blocks = []
+    count = 0
+    for block in main.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                func = mod[value.op]
+                if isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs:
+                    queue = queues.get(str(func.attrs["Composite"]), [])
+                    names = queue.pop(0) if queue else None
+                    if names is not None and len(names) != len(_ops_in(func)):
+                        names = None
+                    copy = _with_span_names(func, names) if names else func
+                    gv = bb.add_func(copy.with_attr("umahub.match", count),
+                                     f"{name_of(value.op)}_{count}")
+                    count += 1
+                    value = relax.Call(gv, value.args, value.attrs, _type_args(value),
+                                       span=value.span)
+            bindings.append(relax.VarBinding(binding.var, value))
+        blocks.append(type(block)(bindings))
+    bb.add_func(relax.Function(main.params, relax.SeqExpr(blocks, main.body.body),
+                               ret_type(main), main.is_pure, main.attrs), "main")
+    funcs = {gv: f for gv, f in bb.get().functions.items()
+             if not (f.attrs and "Composite" in f.attrs and "umahub.match" not in f.attrs)}
+    return tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 def _type_args(call: relax.Call):
@@ -197,10 +250,13 @@ def partition(
     """Partition ``mod`` by the planned patterns; place every partition on an instance."""
     mod = _name_nodes(relax.transform.ConvertToDataflow()(mod))
     if planned:
-        patterns = [p.fusion_pattern(pins) for p in planned]
+        position = {node: i for i, (node, _) in enumerate(_ops_in(mod["main"]))}
+        accepted: list = []
+        patterns = [p.fusion_pattern(pins, accepted) for p in planned]
         mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False,
                                                annotate_codegen=False)(mod)
-        mod = _tag_instances(mod, pins)
+        mod = _one_composite_per_call(mod, accepted, position)
+        mod = _tag_composites(mod, pins)
         mod = relax.transform.MergeCompositeFunctions()(mod)
     funcs = dict(mod.functions)
     order: list[relax.GlobalVar] = []

@@ -232,6 +232,7 @@ def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any
         raise CompileError(f"umahub_relax_to_tir for '{acc.name}' must return a tvm.IRModule "
                            f"with a PrimFunc named '{ctx.symbol}', got {type(tir_mod).__name__}")
     schedule = tvm.s_tir.Schedule(tir_mod)
+    schedule.work_on(ctx.symbol)
     said = [s for s in hub.hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
             if isinstance(s, str)]
     scheduled = schedule.mod

@@ -115,10 +115,15 @@ class PlannedPattern:
     check: Callable[[Any], bool] | None
     claims: bool  # False: the accelerator takes only what is pinned to it
 
-    def fusion_pattern(self, pins: Pins) -> relax.transform.FusionPattern:
-        """The FusionPattern with a check that also enforces the pins."""
+    def fusion_pattern(self, pins: Pins, accepted: list | None = None
+                       ) -> relax.transform.FusionPattern:
+        """The FusionPattern with a check that also enforces the pins.
+
+        Every accepted match is appended to ``accepted`` as
+        ``(pattern name, [(node, op), ...])``.
+        """
         return relax.transform.FusionPattern(
-            self.name, self.pattern, dict(self.annotations), _guard(self, pins)
+            self.name, self.pattern, dict(self.annotations), _guard(self, pins, accepted)
         )
 
 
@@ -131,30 +136,35 @@ def matched_operators(ctx: Any) -> list[tuple[str, str]]:
     return nodes
 
 
-def _guard(planned: PlannedPattern, pins: Pins) -> Callable[[Any], bool]:
-    accel = planned.accelerator.name
-    check = planned.check
-
+def _guard(planned: PlannedPattern, pins: Pins, accepted: list | None) -> Callable[[Any], bool]:
     def guarded(ctx: Any) -> bool:
-        if pins:
-            pattern_pin = pins.for_pattern(planned.name)
-            if pattern_pin is not None and pattern_pin.accelerator != accel:
+        ok = _allowed(planned, pins, ctx)
+        if ok and accepted is not None:
+            accepted.append((planned.name, matched_operators(ctx)))
+        return ok
+
+    return guarded
+
+
+def _allowed(planned: PlannedPattern, pins: Pins, ctx: Any) -> bool:
+    """Pins first (a match holding an operator pinned elsewhere is refused), then the check."""
+    accel = planned.accelerator.name
+    wanted = False
+    if pins:
+        pattern_pin = pins.for_pattern(planned.name)
+        if pattern_pin is not None:
+            if pattern_pin.accelerator != accel:
                 return False
-            wanted = False
-            for node, op in matched_operators(ctx):
-                hit = pins.resolve(node, op, planned.name)
-                if hit is None:
-                    continue
+            wanted = True
+        for node, op in matched_operators(ctx):
+            hit = pins.resolve(node, op, planned.name)
+            if hit is not None:
                 if hit[1].accelerator != accel:
                     return False
                 wanted = True
-            if not planned.claims and not (wanted or pattern_pin is not None):
-                return False
-        elif not planned.claims:
-            return False
-        return bool(check(ctx)) if check is not None else True
-
-    return guarded
+    if not planned.claims and not wanted:
+        return False
+    return bool(planned.check(ctx)) if planned.check is not None else True
 
 
 def normalise_pattern(accelerator: Accelerator, item: Any) -> tuple[str, Any, dict, Any]:

@@ -1,0 +1,80 @@
+"""umahub-dsp: a two-core DSP with a small tightly coupled memory (TCM).
+
+Accelerator ``dsp_cpu``: two instances (``dsp_cpu:0``, ``dsp_cpu:1``), TVM's C
+codegen, a 64 KiB TCM per core filled by the CPU (synchronous copies).
+
+* patterns: elementwise operators and activations (add, subtract, multiply,
+  relu, sigmoid, tanh, clip). The check takes a match only when every tensor it
+  touches fits a quarter of the TCM, so big tensors stay on the host: the
+  pattern check decides, never an out-of-memory at run time.
+* schedule: each block's loops are fused and the innermost split by the
+  vector width and vectorized. The C codegen lowers the vector loop to a plain
+  loop that the C compiler vectorizes at -O2.
+"""
+
+from __future__ import annotations
+
+import umahub
+from umahub.patterns import dtype_of, match_bytes
+
+UMAHUB_API = 1
+
+NAME = "dsp_cpu"
+TCM_BYTES = 64 * 1024
+VECTOR_LANES = 8
+#: A match may use at most this much of the TCM (merged partitions add up).
+MATCH_BUDGET = TCM_BYTES // 4
+
+ELEMENTWISE = {
+    "add": "relax.add",
+    "subtract": "relax.subtract",
+    "multiply": "relax.multiply",
+    "relu": "relax.nn.relu",
+    "sigmoid": "relax.sigmoid",
+    "tanh": "relax.tanh",
+    "clip": "relax.clip",
+}
+
+
+@umahub.hookimpl
+def umahub_accelerators():
+    """The DSP: two cores, each with its own 64 KiB TCM."""
+    return [umahub.Accelerator(
+        NAME, codegen="c", instances=2,
+        memory=[umahub.MemoryPool("dsp.tcm", TCM_BYTES, copy="sync")],
+        description="two-core DSP, elementwise operators, 64 KiB TCM per core",
+    )]
+
+
+def fits_tcm(ctx) -> bool:
+    """Take float32 matches whose tensors fit the budget; leave the rest to others."""
+    values = list(ctx.matched_bindings.values())
+    if any(dtype_of(v) != "float32" for v in values):
+        return False
+    return 0 < match_bytes(ctx) <= MATCH_BUDGET
+
+
+@umahub.hookimpl
+def umahub_patterns(accelerator):
+    """One pattern per elementwise operator."""
+    if accelerator.name != NAME:
+        return None
+    from tvm.relax.dpl import is_op, wildcard
+
+    patterns = []
+    for what, op in ELEMENTWISE.items():
+        arity = 2 if what in ("add", "subtract", "multiply") else 1
+        pattern = is_op(op)(*[wildcard() for _ in range(arity)])
+        patterns.append((f"{NAME}.{what}", pattern, {}, fits_tcm))
+    return patterns
+
+
+@umahub.hookimpl
+def umahub_schedule(accelerator, schedule):
+    """Vectorize every block's innermost (fused) loop by the DSP's vector width."""
+    if accelerator.name != NAME:
+        return None
+    from umahub_dsp.schedule import vectorize_blocks
+
+    count = vectorize_blocks(schedule, VECTOR_LANES)
+    return f"vectorized {count} block(s) by {VECTOR_LANES} lanes"

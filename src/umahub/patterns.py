@@ -1,0 +1,60 @@
+"""Helpers for writing a plugin's patterns and their checks.
+
+A pattern's ``check`` receives a ``tvm.relax.transform.PatternCheckContext``;
+these functions read what checks usually need from it (shapes, dtypes,
+attributes, the bytes a match touches), the same way on every supported TVM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from umahub._tvm import TensorType, type_of
+from umahub.memory import tensor_bytes
+
+__all__ = ["calls", "dtype_of", "match_bytes", "shape_of"]
+
+
+def shape_of(expr: Any) -> tuple[int, ...] | None:
+    """The static shape of a tensor expression, or None when it is not static."""
+    ty = type_of(expr)
+    if not isinstance(ty, TensorType) or ty.shape is None:
+        return None
+    values = getattr(ty.shape, "values", None)
+    if values is None or not all(hasattr(v, "value") for v in values):
+        return None
+    return tuple(int(v.value) for v in values)
+
+
+def dtype_of(expr: Any) -> str:
+    """The dtype of a tensor expression (``"float32"``)."""
+    return str(type_of(expr).dtype)
+
+
+def calls(ctx: Any, op_name: str | None = None) -> list[relax.Call]:
+    """The operator calls of a match (only those of ``op_name`` if given)."""
+    found = []
+    for value in ctx.matched_bindings.values():
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
+                op_name is None or value.op.name == op_name):
+            found.append(value)
+    return found
+
+
+def match_bytes(ctx: Any) -> int:
+    """Bytes of every tensor a match reads or writes: inputs, intermediates, outputs."""
+    produced = list(ctx.matched_bindings.keys())
+    total = sum(tensor_bytes(type_of(v)) for v in ctx.matched_bindings.values())
+    inputs: list[Any] = []
+    for value in ctx.matched_bindings.values():
+        args = value.args if isinstance(value, relax.Call) else ()
+        for arg in args:
+            for a in (arg.fields if isinstance(arg, relax.Tuple) else [arg]):
+                if any(a.same_as(v) for v in produced) or any(a.same_as(i) for i in inputs):
+                    continue
+                inputs.append(a)
+    return total + sum(tensor_bytes(type_of(a)) for a in inputs
+                       if isinstance(type_of(a), TensorType))
