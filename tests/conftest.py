@@ -45,3 +45,21 @@ def install(tmp_path, monkeypatch):
         return site
 
     return _install
+
+
+_REFERENCES: dict = {}
+
+
+def host_reference(name: str, mod=None, inputs=None):
+    """Outputs of the model compiled by plain ``tvm.compile`` on the host (cached by name)."""
+    if name not in _REFERENCES:
+        import tvm
+
+        import umahub.models as zoo
+
+        mod = mod if mod is not None else zoo.get(name)
+        inputs = inputs if inputs is not None else zoo.inputs(name)
+        vm = tvm.relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
+        _REFERENCES[name] = out.numpy() if hasattr(out, "numpy") else [o.numpy() for o in out]
+    return _REFERENCES[name]

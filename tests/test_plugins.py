@@ -20,10 +20,17 @@ def loaded(hub):
     return [p.name for p in hub.plugins if p.loaded]
 
 
+def installed(hub):
+    """The plugins this test file is about (the environment may hold more)."""
+    return [p.name for p in hub.plugins if p.name in GOOD + BROKEN]
+
+
 def test_installed_plugins_are_found_sorted_by_entry_point_name():
     with pytest.warns(umahub.UmahubWarning):
         hub = umahub.Hub()
-    assert [p.name for p in hub.plugins] == GOOD + BROKEN
+    names = [p.name for p in hub.plugins]
+    assert names == sorted(names)
+    assert installed(hub) == GOOD + BROKEN
     alpha = hub.plugins[0]
     assert (alpha.distribution, alpha.version, alpha.api_version) == (
         "umahub-test-alpha", "1.0.0", 1)
@@ -34,8 +41,8 @@ def test_installed_plugins_are_found_sorted_by_entry_point_name():
 def test_each_broken_plugin_is_skipped_with_its_cause_and_the_rest_work():
     with pytest.warns(umahub.UmahubWarning) as warned:
         hub = umahub.Hub()
-    assert loaded(hub) == GOOD
-    assert [a.name for a in hub.accelerators] == ["alpha_accel", "beta_accel"]
+    assert [n for n in loaded(hub) if n in GOOD + BROKEN] == GOOD
+    assert [a.name for a in hub.accelerators][:2] == ["alpha_accel", "beta_accel"]
     errors = {p.name: p.error for p in hub.plugins if not p.loaded}
     assert errors == {
         "zz_bad_argument": "umahub_patterns(accelerator, flavour) takes 'flavour', which umahub "
@@ -49,8 +56,8 @@ def test_each_broken_plugin_is_skipped_with_its_cause_and_the_rest_work():
         "umahub_patterns, umahub_relax_to_tir, umahub_schedule, umahub_tir_passes",
     }
     messages = [str(w.message) for w in warned]
-    assert ("umahub: skipped plugin 'zz_broken_import' (distribution umahub-test-broken "
-            "0.0.1): failed to import") in messages[1]
+    assert any(m.startswith("umahub: skipped plugin 'zz_broken_import' (distribution "
+                            "umahub-test-broken 0.0.1): failed to import") for m in messages)
     broken = next(p for p in hub.plugins if p.name == "zz_broken_import")
     assert "raise ImportError" in broken.traceback
 
@@ -71,7 +78,7 @@ def test_allowlist_selects_and_orders_plugins():
 
 
 def test_disable_removes_plugins():
-    hub = umahub.Hub(config={"disable": ["beta", *BROKEN]})
+    hub = umahub.Hub(config={"plugins": GOOD, "disable": ["beta"]})
     assert loaded(hub) == ["alpha"]
 
 

@@ -29,6 +29,7 @@ from umahub.markers import API_VERSION, hookimpl, hookspec
 if TYPE_CHECKING:
     from umahub.compiled import Compiled, load
     from umahub.context import CompileContext
+    from umahub.placement import annotate
     from umahub.vdevice import VirtualDevice
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __all__ = [
     "Hub",
     "MemoryPool",
     "UmahubWarning",
+    "annotate",
     "VirtualDevice",
     "__version__",
     "errors",
@@ -55,6 +57,7 @@ _LAZY = {
     "load": "umahub.compiled",
     "CompileContext": "umahub.context",
     "VirtualDevice": "umahub.vdevice",
+    "annotate": "umahub.placement",
 }
 
 

@@ -27,8 +27,12 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest candidate, or ``""``.
 
     Used by every "unknown name" message so that a typo is answered with its fix.
+    A candidate that starts with the word (``beta`` -> ``beta_accel``) is the
+    closest; otherwise the most similar spelling, if it is similar enough.
     """
-    matches = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
+    options = sorted(set(candidates))
+    prefixed = [c for c in options if c.startswith(word) and c != word] if word else []
+    matches = prefixed[:1] or difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f" (did you mean '{matches[0]}'?)" if matches else ""
 
 

@@ -17,6 +17,7 @@ from tvm import relax
 from umahub._tvm import name_of, type_of
 
 from umahub.errors import UnsupportedOperatorError
+from umahub.partition import node_name
 
 __all__ = ["default_relax_to_tir", "single_primfunc"]
 
@@ -37,7 +38,7 @@ def _unlowered(func: relax.Function) -> list[tuple[str, str]]:
             value = binding.value
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
                     value.op.name not in ("relax.call_tir", "relax.call_tir_inplace")):
-                left.append((name_of(binding.var), value.op.name))
+                left.append((node_name(binding), value.op.name))
     return left
 
 

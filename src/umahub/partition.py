@@ -69,7 +69,7 @@ def _ops_in(func: relax.Function) -> list[tuple[str, str]]:
         for binding in block.bindings:
             value = binding.value
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-                found.append((name_of(binding.var), value.op.name))
+                found.append((node_name(binding), value.op.name))
     return found
 
 
@@ -192,7 +192,8 @@ def _type_args(call: relax.Call):
     return args if args is not None else call.ty_args
 
 
-def _node_name(binding: relax.VarBinding) -> str:
+def node_name(binding: relax.VarBinding) -> str:
+    """The model's name of the operator a binding computes (its span, else its variable)."""
     span = binding.value.span
     if span is not None and span.source_name is not None:
         return str(span.source_name.name)
@@ -213,7 +214,7 @@ def _walk(func: relax.Function, mod: tvm.IRModule, pattern: str = "") -> list[tu
                 continue
             callee = None
             if isinstance(value.op, tvm.ir.Op):
-                rows.append((_node_name(binding), value.op.name, pattern))
+                rows.append((node_name(binding), value.op.name, pattern))
                 continue
             if isinstance(value.op, relax.GlobalVar):
                 callee = mod[value.op]
@@ -301,7 +302,7 @@ def partition(
             if isinstance(value.op, relax.GlobalVar) and value.op.name_hint in partitions:
                 operators.extend(partitions[value.op.name_hint].operators)
             elif isinstance(value.op, tvm.ir.Op):
-                node, op = _node_name(binding), value.op.name
+                node, op = node_name(binding), value.op.name
                 hit = pins.resolve(node, op)
                 operators.append(Operator(node, op, pinned=hit[0] if hit else ""))
     return Partitioned(mod, tuple(partitions.values()), tuple(operators))

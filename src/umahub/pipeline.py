@@ -311,6 +311,18 @@ def _memory(hub: Hub, part: Partitioned, order: list[str],
     return plan, needs, misfits
 
 
+def _lowering_failure(exc: Exception, p: Partition, acc: Any) -> tuple[str, Exception, type]:
+    """The message, cause and error type for a partition whose lowering failed."""
+    if isinstance(exc, CompileError):  # umahub's own message already names the culprit
+        return str(exc), exc, type(exc)
+    plugin, hook = getattr(exc, "umahub_culprit", (None, None))
+    who = f"plugin '{plugin}' failed in {hook}" if plugin else f"lowering of '{acc.name}' failed"
+    text = str(exc).strip()
+    detail = text.splitlines()[-1] if text else ""  # TVM errors carry a long trace first
+    return (f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on {p.device}: "
+            f"{type(exc).__name__}: {detail}", exc, CompileError)
+
+
 def _report_partitions(part: Partitioned) -> list[PartitionReport]:
     return [PartitionReport(p.symbol, p.accelerator, p.device, p.patterns, len(p.operators))
             for p in part.partitions]
@@ -384,14 +396,7 @@ def compile(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None 
                 try:
                     modules[p.symbol], said = _lower_one(hub, ctx, functions[p.symbol])
                 except Exception as exc:
-                    plugin, hook = getattr(exc, "umahub_culprit", (None, None))
-                    who = (f"plugin '{plugin}' failed in {hook}" if plugin
-                           else f"lowering of '{acc.name}' failed")
-                    error_type = type(exc) if isinstance(exc, CompileError) else CompileError
-                    detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-                    reports[p.symbol].fallback = _fail(
-                        hub, f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on "
-                        f"{p.device}: {type(exc).__name__}: {detail}", exc, error_type)
+                    reports[p.symbol].fallback = _fail(hub, *_lowering_failure(exc, p, acc))
                     notes.append(reports[p.symbol].fallback)
                     modules.pop(p.symbol, None)
                     said = []

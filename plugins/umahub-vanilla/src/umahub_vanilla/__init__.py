@@ -1,0 +1,78 @@
+"""umahub-vanilla: TVM UMA's "vanilla accelerator", on today's TVM.
+
+Accelerator ``vanilla_accel``: one instance, TVM's C codegen, a kernel library
+of its own (``kernels/vanilla_conv2d.{h,c}``) compiled and linked into the
+exported model.
+
+* patterns: ``conv2d`` alone and ``conv2d`` + bias ``add``, when the
+  convolution is float32, NCHW/OIHW, groups 1, dilation 1 (any stride, any
+  zero padding). The check refuses anything else, which then stays with the
+  next claimant or the host.
+* TIR pass at phase 0: the convolution's loop nest (and its padding) is
+  replaced by ``T.call_extern("vanilla_conv2d_nchw", ...)``; the bias add stays
+  TIR. Every partition calls the one library function.
+* ``c_includes`` puts the library's header on top of the generated C;
+  ``c_sources`` and ``include_dirs`` compile and link the library on export.
+* no schedule hook: the pass matches the unscheduled loop nest.
+"""
+
+from __future__ import annotations
+
+import umahub
+
+from umahub_vanilla.passes import C_INCLUDES, C_SOURCES, INCLUDE_DIRS, conv2d_to_extern
+
+UMAHUB_API = 1
+
+NAME = "vanilla_accel"
+
+
+@umahub.hookimpl
+def umahub_accelerators():
+    """The vanilla accelerator, with its kernel library."""
+    return [umahub.Accelerator(
+        NAME, codegen="c",
+        memory=[umahub.MemoryPool("vanilla.mem", 8 * 1024 * 1024, copy="sync")],
+        c_includes=C_INCLUDES, c_sources=C_SOURCES, include_dirs=INCLUDE_DIRS,
+        description="UMA's vanilla accelerator: conv2d through a C kernel library",
+    )]
+
+
+def supported_conv2d(ctx) -> bool:
+    """float32 NCHW/OIHW convolution, groups 1, dilation 1: what the kernel computes."""
+    from umahub.patterns import calls, dtype_of
+
+    for conv in calls(ctx, "relax.nn.conv2d"):
+        attrs = conv.attrs
+        if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW"):
+            return False
+        if int(attrs.groups) != 1 or any(int(d) != 1 for d in attrs.dilation):
+            return False
+        if str(attrs.out_layout) not in ("NCHW", ""):
+            return False
+        if any(dtype_of(a) != "float32" for a in conv.args) or dtype_of(conv) != "float32":
+            return False
+    return True
+
+
+@umahub.hookimpl
+def umahub_patterns(accelerator):
+    """conv2d + bias add first (the larger match wins), then conv2d alone."""
+    if accelerator.name != NAME:
+        return None
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
+    bias = is_op("relax.add")(conv, is_const() | wildcard())
+    return [
+        (f"{NAME}.conv2d_bias", bias, {}, supported_conv2d),
+        (f"{NAME}.conv2d", conv, {}, supported_conv2d),
+    ]
+
+
+@umahub.hookimpl
+def umahub_tir_passes(accelerator, phase):
+    """Phase 0: swap the convolution loop nest for the kernel library call."""
+    if accelerator.name == NAME and phase == 0:
+        return [conv2d_to_extern()]
+    return None

@@ -1,0 +1,510 @@
+"""TIR passes of umahub-vanilla ("vanilla_accel").
+
+``conv2d_to_extern()`` is a phase-0 pass (it runs on the S-TIR PrimFunc as
+LegalizeOps/FuseTIR produced it, blocks still there, before TVM's lowering
+passes).  It finds the loop nests LegalizeOps emits for ``R.nn.conv2d``::
+
+    pad_temp[i0, i1, i2, i3] = T.if_then_else(pt <= i2 < pt + H and pl <= i3 < pl + W,
+                                              x[i0, i1, i2 - pt, i3 - pl], 0.0)   # optional
+    conv[nn, ff, yy, xx] += pad_temp[nn, rc, yy * sh + ry, xx * sw + rx] * w[ff, rc, ry, rx]
+
+and replaces both (the padding block is dropped: the kernel pads by itself)
+with one opaque block around::
+
+    T.call_extern("int32", "vanilla_conv2d_nchw", x.data, w.data, conv.data,
+                  N, C, H, W, K, R, S, pad_top, pad_left, pad_bottom, pad_right, sh, sw)
+
+Whatever follows the convolution in the same PrimFunc (the bias add, a relu,
+... that FuseOps put in the partition) stays TIR and reads the conv buffer.
+
+The pass is conservative: it rewrites only what it has proven to be a
+float32, NCHW/OIHW, groups = 1, dilation = 1 convolution with zero padding,
+static shapes and untouched (unscheduled) loop nests, and leaves every other
+PrimFunc and every other loop nest exactly as it was.
+
+The extern's pointer arguments are the buffers' ``.data`` (TVM's C codegen
+prints them as ``float*`` and declares the callee as
+``int32_t vanilla_conv2d_nchw(float*, float*, float*, int32_t, ...)``);
+the kernel's header is written to agree with that prototype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.sym.pattern import detect_linear_equation
+
+__all__ = [
+    "EXTERN_NAME",
+    "KERNEL_DIR",
+    "C_SOURCES",
+    "INCLUDE_DIRS",
+    "C_INCLUDES",
+    "ConvMatch",
+    "match_conv2d",
+    "conv2d_to_extern",
+]
+
+#: Name of the C function the pass calls (declared in kernels/vanilla_conv2d.h).
+EXTERN_NAME = "vanilla_conv2d_nchw"
+#: Directory of the kernel library shipped with the package.
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+#: C sources to compile and link into the exported library.
+C_SOURCES = [str(KERNEL_DIR / "vanilla_conv2d.c")]
+#: Include directories (``-I``) for the generated C and the kernel sources.
+INCLUDE_DIRS = [str(KERNEL_DIR)]
+#: Text to put at the top of the generated C source.
+C_INCLUDES = '#include "vanilla_conv2d.h"\n'
+
+_DATA_PAR = 0  # IterVar.DataPar
+_COMM_REDUCE = 2  # IterVar.CommReduce
+
+
+class _NoMatch(Exception):
+    """Raised internally when a loop nest is not a convolution we handle."""
+
+
+@dataclasses.dataclass
+class ConvMatch:
+    """A recognised convolution inside a PrimFunc's root block."""
+
+    conv_index: int  # position of the conv loop nest in the root block's body
+    pad_index: int | None  # position of the pad loop nest, None without padding
+    pad_buffer: object | None  # the pad_temp buffer (root alloc), dropped
+    data: object  # unpadded input buffer
+    weight: object
+    out: object
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    r: int
+    s: int
+    pad_top: int
+    pad_left: int
+    pad_bottom: int
+    pad_right: int
+    stride_h: int
+    stride_w: int
+
+    def extern_args(self):
+        ints = (
+            self.n, self.c, self.h, self.w, self.k, self.r, self.s,
+            self.pad_top, self.pad_left, self.pad_bottom, self.pad_right,
+            self.stride_h, self.stride_w,
+        )  # fmt: skip
+        return [self.data.data, self.weight.data, self.out.data] + [
+            tirx.const(v, "int32") for v in ints
+        ]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _int(expr) -> int:
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    raise _NoMatch(f"not a constant: {expr}")
+
+
+def _dtype(obj) -> str:
+    dt = getattr(obj, "dtype", None)
+    if dt is None:
+        dt = obj.ty
+    return str(dt)
+
+
+def _is_zero_float(expr) -> bool:
+    return isinstance(expr, tirx.FloatImm) and float(expr.value) == 0.0
+
+
+def _unwrap_loops(stmt):
+    """A perfect nest of plain serial loops ending in one SBlockRealize."""
+    loops = []
+    while isinstance(stmt, tirx.For):
+        if int(stmt.kind) != int(tirx.ForKind.SERIAL) or stmt.annotations:
+            raise _NoMatch("loop is not a plain serial loop")
+        if _int(stmt.min) != 0:
+            raise _NoMatch("loop does not start at 0")
+        loops.append(stmt)
+        stmt = stmt.body
+    if not isinstance(stmt, s_tir.SBlockRealize):
+        raise _NoMatch("loop nest does not end in a block")
+    return loops, stmt
+
+
+def _check_trivial_binding(loops, realize):
+    block = realize.block
+    if not (isinstance(realize.predicate, tirx.IntImm) and int(realize.predicate.value) == 1):
+        raise _NoMatch("block has a predicate")
+    if len(loops) != len(block.iter_vars) or len(realize.iter_values) != len(loops):
+        raise _NoMatch("block is not bound one loop per iterator")
+    for loop, iv, val in zip(loops, block.iter_vars, realize.iter_values):
+        if not val.same_as(loop.loop_var):
+            raise _NoMatch("block iterator not bound to its loop")
+        if _int(iv.dom.min) != 0 or _int(iv.dom.extent) != _int(loop.extent):
+            raise _NoMatch("block iterator domain differs from its loop")
+    if block.match_buffers or block.alloc_buffers:
+        raise _NoMatch("block has match/alloc buffers")
+
+
+def _static_shape(buf) -> list[int]:
+    return [_int(d) for d in buf.shape]
+
+
+def _check_dense_f32_4d(buf, what):
+    if not tirx.is_buffer_var(buf):
+        raise _NoMatch(f"{what} is not a buffer")
+    if _dtype(buf) != "float32":
+        raise _NoMatch(f"{what} is not float32")
+    if len(buf.shape) != 4:
+        raise _NoMatch(f"{what} is not 4-D")
+    _static_shape(buf)
+    if len(buf.strides) != 0:
+        raise _NoMatch(f"{what} is strided")
+    if _int(buf.elem_offset) != 0:
+        raise _NoMatch(f"{what} has an element offset")
+    if buf.scope() not in ("global", ""):
+        raise _NoMatch(f"{what} is not in global memory")
+
+
+def _same_vars(indices, ivs) -> bool:
+    return len(indices) == len(ivs) and all(
+        isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(indices, ivs)
+    )
+
+
+def _linear(expr, var_list):
+    coeffs = detect_linear_equation(expr, var_list)
+    if len(coeffs) != len(var_list) + 1:
+        raise _NoMatch(f"index not linear: {expr}")
+    return [_int(c) for c in coeffs]
+
+
+def _conjuncts(cond):
+    if isinstance(cond, tirx.And):
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
+
+
+def _interval_of(cond, ivars, extents):
+    """Intersect, per iterator, the intervals the conjunction of simple
+    comparisons ``const <op> var`` / ``var <op> const`` allows; returns a list
+    of [lo, hi) (starting from the iterators' full domain)."""
+    ranges = [[0, e] for e in extents]
+    for cj in _conjuncts(cond):
+        if not isinstance(cj, tirx.LE | tirx.LT | tirx.GE | tirx.GT):
+            raise _NoMatch(f"unsupported padding condition: {cj}")
+        a, b = cj.a, cj.b
+        op = type(cj)
+        # normalise to `var <op> const`
+        if isinstance(b, tirx.Var) and not isinstance(a, tirx.Var):
+            a, b = b, a
+            op = {tirx.LE: tirx.GE, tirx.LT: tirx.GT, tirx.GE: tirx.LE, tirx.GT: tirx.LT}[op]
+        idx = next((i for i, v in enumerate(ivars) if isinstance(a, tirx.Var) and a.same_as(v)), None)
+        if idx is None:
+            raise _NoMatch(f"padding condition on an unknown variable: {cj}")
+        c = _int(b)
+        lo, hi = ranges[idx]
+        if op is tirx.LE:  # v <= c
+            hi = min(hi, c + 1)
+        elif op is tirx.LT:  # v < c
+            hi = min(hi, c)
+        elif op is tirx.GE:  # v >= c
+            lo = max(lo, c)
+        else:  # v > c
+            lo = max(lo, c + 1)
+        ranges[idx] = [lo, hi]
+    return ranges
+
+
+def _root_of(func):
+    body = func.body
+    if not isinstance(body, s_tir.SBlockRealize):
+        raise _NoMatch("PrimFunc has no root block (already lowered?)")
+    root = body.block
+    if root.iter_vars or root.init is not None or root.match_buffers:
+        raise _NoMatch("unexpected root block")
+    stmts = list(root.body) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    return body, root, stmts
+
+
+# ---------------------------------------------------------------- matching
+
+
+def _match_conv_block(loops, realize):
+    """The reduction block of a conv2d; returns (A, W, O, numbers)."""
+    _check_trivial_binding(loops, realize)
+    block = realize.block
+    ivs = [iv.var for iv in block.iter_vars]
+    types = [int(iv.iter_type) for iv in block.iter_vars]
+    if types != [_DATA_PAR] * 4 + [_COMM_REDUCE] * 3:
+        raise _NoMatch("not an SSSSRRR block")
+    vn, vf, vy, vx, vc, vr, vs = ivs
+    ext = [_int(iv.dom.extent) for iv in block.iter_vars]
+
+    init, store = block.init, block.body
+    if not isinstance(init, tirx.BufferStore) or not isinstance(store, tirx.BufferStore):
+        raise _NoMatch("not a single init + update store")
+    out = store.buffer
+    if not init.buffer.same_as(out) or not _same_vars(init.indices, ivs[:4]):
+        raise _NoMatch("init does not write the output")
+    if not _is_zero_float(init.value):
+        raise _NoMatch("init is not 0.0")
+    if not _same_vars(store.indices, ivs[:4]):
+        raise _NoMatch("output not indexed [n, k, y, x]")
+    val = store.value
+    if not isinstance(val, tirx.Add):
+        raise _NoMatch("update is not an accumulation")
+    acc, prod = val.a, val.b
+    if not isinstance(acc, tvm.ir.expr.TensorLoad):
+        acc, prod = prod, acc
+    if not (
+        isinstance(acc, tvm.ir.expr.TensorLoad)
+        and acc.source.same_as(out)
+        and _same_vars(acc.indices, ivs[:4])
+    ):
+        raise _NoMatch("update does not read the accumulator")
+    if not isinstance(prod, tirx.Mul):
+        raise _NoMatch("update is not a product")
+    loads = [prod.a, prod.b]
+    if not all(isinstance(x, tvm.ir.expr.TensorLoad) for x in loads):
+        raise _NoMatch("product operands are not plain loads (cast, scale, ...)")
+    # weight: [ff, rc, ry, rx]; data: [nn, rc, yy*sh + ry*dh, xx*sw + rx*dw]
+    if _same_vars(loads[0].indices, [vf, vc, vr, vs]):
+        wload, aload = loads
+    elif _same_vars(loads[1].indices, [vf, vc, vr, vs]):
+        aload, wload = loads
+    else:
+        raise _NoMatch("weight not indexed [k, c, r, s] (layout or groups)")
+    a_idx = aload.indices
+    if len(a_idx) != 4 or not _same_vars([a_idx[0], a_idx[1]], [vn, vc]):
+        raise _NoMatch("data not indexed [n, c, ...] (layout or groups)")
+    sh, dh, *others_h, base_h = _linear(a_idx[2], [vy, vr, vn, vf, vx, vc, vs])
+    sw, dw, *others_w, base_w = _linear(a_idx[3], [vx, vs, vn, vf, vy, vc, vr])
+    if any(others_h) or any(others_w):
+        raise _NoMatch("spatial index depends on other iterators")
+    if dh != 1 or dw != 1:
+        raise _NoMatch("dilation != 1")
+    if sh < 1 or sw < 1 or base_h != 0 or base_w != 0:
+        raise _NoMatch("unexpected stride/offset")
+
+    A, Wt = aload.source, wload.source
+    for buf, what in ((A, "data"), (Wt, "weight"), (out, "output")):
+        _check_dense_f32_4d(buf, what)
+    if A.same_as(out) or Wt.same_as(out):
+        raise _NoMatch("output aliases an input")
+    n, k, oh, ow, c, r, s = ext
+    if _static_shape(out) != [n, k, oh, ow]:
+        raise _NoMatch("output shape differs from the loop extents")
+    if _static_shape(Wt) != [k, c, r, s]:
+        raise _NoMatch("weight shape differs from the loop extents (groups?)")
+    a_shape = _static_shape(A)
+    if a_shape[0] != n or a_shape[1] != c:
+        raise _NoMatch("data batch/channels differ from the loop extents (groups?)")
+    return A, Wt, out, dict(n=n, k=k, oh=oh, ow=ow, c=c, r=r, s=s, sh=sh, sw=sw)
+
+
+def _match_pad_block(loops, realize, pad_buf):
+    """The block that writes pad_buf = zero-padded copy of some X; returns
+    (X, pad_top, pad_left)."""
+    _check_trivial_binding(loops, realize)
+    block = realize.block
+    ivs = [iv.var for iv in block.iter_vars]
+    if [int(iv.iter_type) for iv in block.iter_vars] != [_DATA_PAR] * 4:
+        raise _NoMatch("pad block is not SSSS")
+    if block.init is not None:
+        raise _NoMatch("pad block has an init")
+    store = block.body
+    if not (
+        isinstance(store, tirx.BufferStore)
+        and store.buffer.same_as(pad_buf)
+        and _same_vars(store.indices, ivs)
+    ):
+        raise _NoMatch("pad block does not write pad_temp[i0, i1, i2, i3]")
+    ext = _static_shape(pad_buf)
+    val = store.value
+    if isinstance(val, tvm.ir.expr.TensorLoad):
+        cond_ranges = [[0, e] for e in ext]
+        load = val
+    elif (
+        isinstance(val, tvm.ir.expr.Call)
+        and isinstance(val.op, tvm.ir.Op)
+        and val.op.name.endswith("if_then_else")
+        and len(val.args) == 3
+        and isinstance(val.args[1], tvm.ir.expr.TensorLoad)
+        and _is_zero_float(val.args[2])
+    ):
+        load = val.args[1]
+        cond_ranges = _interval_of(val.args[0], ivs, ext)
+    else:
+        raise _NoMatch("pad value is not if_then_else(cond, x[...], 0.0)")
+    X = load.source
+    _check_dense_f32_4d(X, "pad source")
+    idx = load.indices
+    if len(idx) != 4 or not _same_vars([idx[0], idx[1]], ivs[:2]):
+        raise _NoMatch("padding on batch/channel axes")
+    ch, *others_h, off_h = _linear(idx[2], [ivs[2], ivs[0], ivs[1], ivs[3]])
+    cw, *others_w, off_w = _linear(idx[3], [ivs[3], ivs[0], ivs[1], ivs[2]])
+    if any(others_h) or any(others_w):
+        raise _NoMatch("pad index depends on other iterators")
+    if ch != 1 or cw != 1 or off_h > 0 or off_w > 0:
+        raise _NoMatch("pad source not indexed [i0, i1, i2 - pt, i3 - pl]")
+    pt, pl = -off_h, -off_w
+    xn, xc, xh, xw = _static_shape(X)
+    if [xn, xc] != ext[:2]:
+        raise _NoMatch("pad changes batch/channels")
+    # exactly the rows/columns of X are copied, the rest is 0
+    if cond_ranges[0] != [0, ext[0]] or cond_ranges[1] != [0, ext[1]]:
+        raise _NoMatch("padding condition on batch/channel axes")
+    if cond_ranges[2] != [pt, pt + xh] or cond_ranges[3] != [pl, pl + xw]:
+        raise _NoMatch("padding condition does not match the source offsets")
+    pb, pr = ext[2] - xh - pt, ext[3] - xw - pl
+    if pb < 0 or pr < 0:
+        raise _NoMatch("negative padding (a crop)")
+    return X, pt, pl, pb, pr
+
+
+def _reads_writes(stmt):
+    """Buffers named in the reads/writes of every block under stmt."""
+    out = []
+    try:
+        _, realize = _unwrap_loops(stmt)
+    except _NoMatch:
+        return None
+    for region in list(realize.block.reads) + list(realize.block.writes):
+        out.append(region.source)
+    return out
+
+
+def match_conv2d(func) -> list[ConvMatch]:
+    """All the convolutions of ``func`` that ``conv2d_to_extern`` would
+    replace (an empty list when there is none or the function is not the
+    unscheduled S-TIR LegalizeOps emits)."""
+    try:
+        _, root, stmts = _root_of(func)
+    except _NoMatch:
+        return []
+    allocs = list(root.alloc_buffers)
+    params = [p for p in func.params if tirx.is_buffer_var(p)]
+    matches = []
+    for i, stmt in enumerate(stmts):
+        try:
+            loops, realize = _unwrap_loops(stmt)
+            A, Wt, out, d = _match_conv_block(loops, realize)
+            for buf in (A, Wt, out):
+                if not any(buf.same_as(b) for b in params + allocs):
+                    raise _NoMatch("buffer is neither a parameter nor a root allocation")
+            pad_index = pad_buf = None
+            if any(A.same_as(b) for b in allocs):
+                # A must be the pad_temp written by the loop nest just before,
+                # and read by no other block.
+                if i == 0:
+                    raise _NoMatch("conv input is an intermediate not written just before")
+                ploops, prealize = _unwrap_loops(stmts[i - 1])
+                X, pt, pl, pb, pr = _match_pad_block(ploops, prealize, A)
+                for j, other in enumerate(stmts):
+                    if j in (i, i - 1):
+                        continue
+                    used = _reads_writes(other)
+                    if used is None or any(A.same_as(b) for b in used):
+                        raise _NoMatch("pad_temp used elsewhere")
+                pad_index, pad_buf = i - 1, A
+            else:
+                X, pt, pl, pb, pr = A, 0, 0, 0, 0
+            n, c, h, w = _static_shape(X)
+            if X.same_as(out) or Wt.same_as(out):
+                raise _NoMatch("output aliases an input")
+            # the kernel derives the output size from these numbers
+            if (h + pt + pb - d["r"]) // d["sh"] + 1 != d["oh"] or (
+                w + pl + pr - d["s"]
+            ) // d["sw"] + 1 != d["ow"]:
+                raise _NoMatch("output size does not follow from shape/padding/stride")
+            if h + pt + pb < d["r"] or w + pl + pr < d["s"]:
+                raise _NoMatch("kernel larger than the padded input")
+            if max(n, c, h, w, d["k"], d["r"], d["s"], pt, pl, pb, pr) >= 2**31:
+                raise _NoMatch("sizes exceed int32")
+            matches.append(
+                ConvMatch(
+                    conv_index=i, pad_index=pad_index, pad_buffer=pad_buf,
+                    data=X, weight=Wt, out=out,
+                    n=n, c=c, h=h, w=w, k=d["k"], r=d["r"], s=d["s"],
+                    pad_top=pt, pad_left=pl, pad_bottom=pb, pad_right=pr,
+                    stride_h=d["sh"], stride_w=d["sw"],
+                )  # fmt: skip
+            )
+        except _NoMatch:
+            continue
+    return matches
+
+
+# ---------------------------------------------------------------- rewriting
+
+
+def _full_region(buf):
+    return tirx.BufferRegion(
+        buf, [tvm.ir.Range.from_min_extent(tirx.const(0, _dtype(d)), d) for d in buf.shape]
+    )
+
+
+def _extern_block(m: ConvMatch):
+    call = tirx.call_extern("int32", EXTERN_NAME, *m.extern_args())
+    block = s_tir.SBlock(
+        [],
+        [_full_region(m.data), _full_region(m.weight)],
+        [_full_region(m.out)],
+        EXTERN_NAME,
+        tirx.Evaluate(call),
+    )
+    return s_tir.SBlockRealize([], True, block)
+
+
+def rewrite_conv2d(func):
+    """``func`` with every recognised convolution replaced by the extern call
+    (``func`` itself when there is none)."""
+    matches = match_conv2d(func)
+    if not matches:
+        return func
+    realize, root, stmts = _root_of(func)
+    replace = {m.conv_index: _extern_block(m) for m in matches}
+    drop = {m.pad_index for m in matches if m.pad_index is not None}
+    dropped_bufs = [m.pad_buffer for m in matches if m.pad_buffer is not None]
+    new_stmts = []
+    for i, stmt in enumerate(stmts):
+        if i in drop:
+            continue
+        new_stmts.append(replace.get(i, stmt))
+    body = new_stmts[0] if len(new_stmts) == 1 else tirx.SeqStmt(new_stmts)
+    allocs = [b for b in root.alloc_buffers if not any(b.same_as(d) for d in dropped_bufs)]
+    new_root = s_tir.SBlock(
+        root.iter_vars,
+        root.reads,
+        root.writes,
+        root.name_hint,
+        body,
+        root.init,
+        allocs,
+        root.match_buffers,
+        root.annotations,
+    )
+    new_realize = s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root)
+    return func.with_body(new_realize)
+
+
+def conv2d_to_extern() -> tvm.transform.Pass:
+    """Phase-0 TIR pass: replace LegalizeOps' pad + conv2d_nchw loop nests by
+    ``T.call_extern("int32", "vanilla_conv2d_nchw", ...)``; everything it
+    does not recognise is left unchanged."""
+
+    def _transform(func, _mod, _ctx):
+        return rewrite_conv2d(func)
+
+    return tirx.transform.prim_func_pass(
+        _transform, opt_level=0, name="umahub_vanilla.Conv2dToExtern"
+    )
