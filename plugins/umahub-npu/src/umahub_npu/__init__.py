@@ -1,0 +1,133 @@
+"""umahub-npu: a matrix engine with a 256 KiB scratchpad, emulated on the CPU.
+
+Accelerator ``npu``: one instance, LLVM codegen for this host's CPU, two pools:
+``npu.dram`` where its partitions' tensors live, and ``npu.sram``, the
+scratchpad that tiles are brought into by DMA (asynchronous copies).
+
+* patterns: matmul / dense with optional bias add and activation (relu, gelu,
+  clip), batched matmul (attention), conv2d with optional bias and activation,
+  including depthwise. The conv2d check needs the input channels to fill the
+  engine's 8-wide array (a multiple of 8), or a depthwise convolution; a
+  convolution on 3 RGB channels is left to others.
+* schedule: :func:`umahub_npu.schedules.schedule` tiles the computation so a
+  tile's working set fits ``npu.sram``, keeps the accumulator local, computes
+  the epilogue per tile, vectorizes and parallelizes: this plugin is what a
+  schedule hook is for.
+* codegen: LLVM for this host's CPU (``-mcpu`` of the host), so the vector
+  units (AVX2/FMA) the schedule counts on are used.
+"""
+
+from __future__ import annotations
+
+import umahub
+
+UMAHUB_API = 1
+
+NAME = "npu"
+SRAM_BYTES = 256 * 1024
+DRAM_BYTES = 1024 * 1024 * 1024
+ARRAY_WIDTH = 8
+
+ACTIVATIONS = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.clip")
+
+
+@umahub.hookimpl
+def umahub_accelerators():
+    """The npu: DRAM for tensors, a 256 KiB scratchpad for tiles, DMA copies."""
+    return [umahub.Accelerator(
+        NAME, codegen="llvm",
+        memory=[umahub.MemoryPool("npu.dram", DRAM_BYTES, copy="async"),
+                umahub.MemoryPool("npu.sram", SRAM_BYTES, copy="async")],
+        description="matrix engine with a 256 KiB scratchpad: matmul and conv2d",
+    )]
+
+
+def _float32_static(ctx) -> bool:
+    from umahub.patterns import dtype_of, shape_of
+
+    for value in ctx.matched_bindings.values():
+        if dtype_of(value) != "float32" or shape_of(value) is None:
+            return False
+    return True
+
+
+def matmul_ok(ctx) -> bool:
+    """float32, static shapes, 2-D to 4-D operands."""
+    from umahub.patterns import calls, shape_of
+
+    if not _float32_static(ctx):
+        return False
+    for mm in calls(ctx, "relax.matmul"):
+        shapes = [shape_of(a) for a in mm.args]
+        if any(s is None or not 2 <= len(s) <= 4 for s in shapes):
+            return False
+    return True
+
+
+def conv2d_ok(ctx) -> bool:
+    """NCHW/OIHW, dilation 1, and input channels a multiple of 8 or depthwise."""
+    from umahub.patterns import calls, shape_of
+
+    if not _float32_static(ctx):
+        return False
+    for conv in calls(ctx, "relax.nn.conv2d"):
+        attrs = conv.attrs
+        if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW"):
+            return False
+        if any(int(d) != 1 for d in attrs.dilation):
+            return False
+        channels = shape_of(conv.args[0])[1]
+        groups = int(attrs.groups)
+        depthwise = groups == channels and shape_of(conv.args[1])[0] == channels
+        if not depthwise and (groups != 1 or channels % ARRAY_WIDTH):
+            return False
+    return True
+
+
+@umahub.hookimpl
+def umahub_patterns(accelerator):
+    """Largest matches first: op + bias + activation, op + bias, op."""
+    if accelerator.name != NAME:
+        return None
+    from tvm.relax.dpl import is_op, wildcard
+
+    def with_epilogues(kind, op, check):
+        bias = is_op("relax.add")(op, wildcard()) | is_op("relax.add")(wildcard(), op)
+        act = None
+        for name in ACTIVATIONS:
+            arity = 3 if name == "relax.clip" else 1
+            pattern = is_op(name)(bias, *[wildcard() for _ in range(arity - 1)])
+            act = pattern if act is None else act | pattern
+        return [(f"{NAME}.{kind}_bias_act", act, {}, check),
+                (f"{NAME}.{kind}_bias", bias, {}, check),
+                (f"{NAME}.{kind}", op, {}, check)]
+
+    matmul = is_op("relax.matmul")(wildcard(), wildcard())
+    conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
+    return with_epilogues("matmul", matmul, matmul_ok) + with_epilogues("conv2d", conv, conv2d_ok)
+
+
+@umahub.hookimpl
+def umahub_schedule(accelerator, schedule, context):
+    """Tile to the scratchpad, vectorize, parallelize (see umahub_npu.schedules)."""
+    if accelerator.name != NAME:
+        return None
+    from umahub_npu.schedules import schedule as npu_schedule
+
+    sram = next(p.size_bytes for p in accelerator.memory if p.scope == "npu.sram")
+    strategy = npu_schedule(schedule, sram_bytes=sram)
+    return f"{strategy}: tiles fit npu.sram ({sram // 1024} KiB)" if strategy != "none" else (
+        "not recognised: left unscheduled")
+
+
+@umahub.hookimpl
+def umahub_codegen(accelerator, module, context):
+    """LLVM for the host's CPU, so that the AVX2/FMA the schedule counts on are there."""
+    if accelerator.name != NAME:
+        return None
+    import tvm
+
+    from umahub_npu.schedules import recommended_target
+
+    return tvm.tirx.build(module, target=tvm.target.Target(recommended_target()),
+                          pipeline=context.tir_pipeline)

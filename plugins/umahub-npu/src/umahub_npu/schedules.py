@@ -1,0 +1,688 @@
+"""Scheduling strategies of the ``npu`` accelerator (umahub-npu).
+
+The npu is a matrix engine with a scratchpad ("npu.sram"); here it is emulated
+on the host CPU and generated through LLVM, so a schedule that is good for the
+npu is one that is good for a CPU core with a cache of ``sram_bytes``: tile so
+that one tile's working set stays in the scratchpad, keep the accumulator of a
+tile local, compute the epilogue (bias, activation) while the tile is hot,
+vectorize the innermost loop, run the outer tiles in parallel.
+
+Public entry point: :func:`schedule`.  It is what the plugin's
+``umahub_schedule`` hook calls on the ``tvm.s_tir.Schedule`` umahub gives it
+(one PrimFunc per partition, produced by LegalizeOps + AnnotateTIROpPattern +
+FuseOps + FuseTIR).
+
+Strategies
+----------
+``"matmul"``
+    ``C[b.., i, j] += A[b.., i, k] * B[b.., k, j]`` (2-D dense, and batched
+    3-D / 4-D matmul as in attention; a transposed ``B[b.., j, k]`` is packed
+    tile by tile into ``[k, j]``), with any chain of elementwise epilogue
+    blocks (bias add, relu, gelu, residual add...) inlined into one epilogue
+    computed per tile.
+``"conv2d"``
+    NCHW conv2d (groups == 1 or grouped), padding block kept as a separate
+    parallel, vectorized stage, bias/relu/clip epilogue per tile.
+``"depthwise"``
+    NCHW conv2d with groups == channels (one input channel per output).
+``"none"``
+    Not recognised, or a schedule primitive refused: the function is left
+    exactly as it was.  :func:`schedule` never raises.
+
+Tile-size logic (``sram_bytes``, float32 = 4 bytes)
+---------------------------------------------------
+matmul, per (batch, i-tile, j-tile) task::
+
+    working set = 4 * (ti*tk  +  tk*tj  +  ti*tj)   <= sram_bytes
+                      A tile    B tile    C tile (accumulator)
+
+* micro-kernel ``mr x nr``: ``nr`` = two vectors (16 lanes with AVX2, 32 with
+  AVX-512) along ``j``, ``mr`` = 4 rows (``mr * nr/lanes`` = 8 accumulator
+  registers of the 16 ymm registers);
+* ``tj``: a multiple of ``nr`` dividing N, at most 256; ``ti``: a multiple of
+  ``mr`` dividing M, at most 32 (a C tile of 32 KiB); both shrink while there are
+  fewer parallel tasks than ``2 * threads``;
+* ``tk``: the largest divisor of K, at most 256, for which the working set
+  fits ``sram_bytes``;
+* the B tile of each (i, j, k) step is packed into panels ``[tj/nr][tk][nr]``
+  (and transposed when B is stored ``[.., j, k]``), the accumulator is the C
+  tile (``cache_write`` when the matmul writes the output itself), the
+  epilogue is ``reverse_compute_at`` the (i, j) tile, loop order
+  ``[batch,i0,j0] (parallel) k0 | pack B | i1 j1 k1 i2 (unroll) j2 (vector)``.  With the default 256 KiB, 128x768 @ 768x3072 gives
+  ti=32, tj=256, tk=192: 24 KiB + 192 KiB + 32 KiB = 248 KiB.
+
+conv2d (NCHW) is scheduled as an implicit GEMM: rows = output positions
+p = (y, x) (P = OH*OW), columns = output channels f, reduction = (c, kh, kw);
+per (f-tile, p-tile) task::
+
+    working set = 4 * (tc*rows_in*((OW-1)*s+KW)   input rows the tile reads
+                       + tf*tc*KH*KW              weight tile, packed [f/nr][c][kh][kw][nr]
+                       + tp*tf)                   accumulator, layout [y, x, f]
+
+* micro-kernel ``mr`` positions (unrolled, input broadcast) x ``nr`` channels
+  (1 or 2 vectors): the (mr, nr) with mr | P, at most 12 accumulator vectors,
+  and the most FMAs per load (56x56: 4x16, 7x7: 7x8);
+* ``tp``: whole output rows (or a divisor of one row), <= 256 positions: a
+  tile must be a rectangle of the output, because reverse_compute_at of the
+  epilogue covers the bounding box of what the tile produces;
+* ``tf`` <= 64 channels; tiles shrink until there are ``2 * threads`` tasks;
+* ``tc``: the largest divisor of C/groups that fits ``sram_bytes``.
+  (1,64,56,56) 3x3: tf=64, tp=224 (4 rows), tc=32: 51 KiB + 72 KiB + 56 KiB.
+* the padding block stays a separate stage (parallel, vectorized) at the root.
+
+depthwise: each channel is independent; the tile is ``ty`` full rows of one
+channel (input rows + 9 weights + output rows), always far below the budget.
+
+Target: build with ``recommended_target()`` (``{"kind": "llvm", "mcpu":
+<host cpu>}``).  In this TVM wheel, ``"llvm"`` alone is x86-64 generic (SSE2,
+no FMA) and ``mcpu="native"`` is rejected by LLVM for the wheel's conda
+``mtriple`` and silently falls back to ``generic`` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+__all__ = ["schedule", "recommended_target", "vector_lanes", "plan"]
+
+log = logging.getLogger("umahub_npu.schedules")
+
+_DTYPE_BYTES = 4  # the npu computes in float32
+
+
+# --------------------------------------------------------------------------- host facts
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def vector_lanes() -> int:
+    """float32 lanes of one vector register of this host: 16 (AVX-512), 8 (AVX2), 4."""
+    flags = _cpu_flags()
+    if "avx512f" in flags:
+        return 16
+    if "avx2" in flags or "avx" in flags:
+        return 8
+    return 4
+
+
+def recommended_target() -> dict:
+    """The LLVM target to build npu kernels with (this host's CPU, so AVX2/FMA are used)."""
+    try:
+        cpu = str(tvm.target.codegen.llvm_get_system_cpu())
+    except Exception:  # pylint: disable=broad-except
+        cpu = ""
+    if not cpu or cpu == "generic":
+        return {"kind": "llvm"}
+    return {"kind": "llvm", "mcpu": cpu}
+
+
+def _default_threads() -> int:
+    env = os.environ.get("TVM_NUM_THREADS")
+    if env and env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, os.cpu_count() or 1)
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+@dataclass
+class Plan:
+    """What :func:`plan` found in a PrimFunc: the strategy and the block roles."""
+
+    kind: str  # "matmul" | "conv2d" | "depthwise"
+    func_name: str
+    reduction: str  # name of the reduction block
+    prologue: list[str] = field(default_factory=list)  # blocks before it
+    epilogue: list[str] = field(default_factory=list)  # blocks after it
+    extents: dict = field(default_factory=dict)  # role -> extent
+    b_transposed: bool = False  # matmul: B is indexed [.., j, k]
+    b_buffer_index: int = -1  # matmul: index of B in the block's reads
+    stride: int = 1  # conv2d
+    kernel: tuple = (1, 1)  # conv2d
+
+
+# In this wheel a buffer load is ``tvm.ir.expr.TensorLoad`` (``tirx.BufferLoad`` is a
+# constructor function, not a class) and names its buffer ``source``; a store is
+# ``tirx.BufferStore`` with ``buffer``; a read region is a TensorRegion with ``source``.
+_LOAD = tirx.BufferLoad if isinstance(tirx.BufferLoad, type) else tvm.ir.expr.TensorLoad
+
+
+def _buf(node):
+    return node.buffer if hasattr(node, "buffer") else node.source
+
+
+def _strip_cast(e):
+    while isinstance(e, tirx.Cast):
+        e = e.value
+    return e
+
+
+def _is_var(e, var) -> bool:
+    return isinstance(e, tirx.Var) and e.same_as(var)
+
+
+def _vars_in(e) -> list:
+    found: list = []
+    tvm_ffi.structural_walk(e, (tirx.Var, found.append), order="post")
+    return found
+
+
+def _uses(e, var) -> bool:
+    return any(v.same_as(var) for v in _vars_in(e))
+
+
+def _func_name(sch: s_tir.Schedule) -> str:
+    gv = sch.func_working_on
+    if gv is None:
+        names = [gv.name_hint for gv, f in sch.mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+        if len(names) != 1:
+            raise ValueError(f"expected one PrimFunc, found {names}")
+        sch.work_on(names[0])
+        return names[0]
+    return gv.name_hint
+
+
+def _mul_operands(value):
+    """C + X*Y (any order) -> (C load, X load, Y load) or None."""
+    value = _strip_cast(value)
+    if not isinstance(value, tirx.Add):
+        return None
+    for acc, prod in ((value.a, value.b), (value.b, value.a)):
+        acc, prod = _strip_cast(acc), _strip_cast(prod)
+        if isinstance(acc, _LOAD) and isinstance(prod, tirx.Mul):
+            x, y = _strip_cast(prod.a), _strip_cast(prod.b)
+            if isinstance(x, _LOAD) and isinstance(y, _LOAD):
+                return acc, x, y
+    return None
+
+
+def plan(sch: s_tir.Schedule) -> Plan | None:
+    """Recognise the function; None when no strategy applies.  Does not modify ``sch``."""
+    func_name = _func_name(sch)
+    func = sch.mod[func_name]
+    root = func.body.block
+    root_rv = sch.get_sblock(root.name_hint, func_name)
+    children = sch.get_child_blocks(root_rv)
+    blocks = [sch.get(b) for b in children]
+    if len({b.name_hint for b in blocks}) != len(blocks):
+        return None
+    red = [
+        i
+        for i, b in enumerate(blocks)
+        if any(iv.iter_type == tirx.IterVar.CommReduce for iv in b.iter_vars)
+    ]
+    if len(red) != 1:
+        return None
+    ri = red[0]
+    rb = blocks[ri]
+    for i, b in enumerate(blocks):
+        if i != ri and any(iv.iter_type != tirx.IterVar.DataPar for iv in b.iter_vars):
+            return None
+    if rb.init is None or not isinstance(rb.body, tirx.BufferStore):
+        return None
+    if str(rb.body.buffer.dtype) != "float32":
+        return None
+    ops = _mul_operands(rb.body.value)
+    if ops is None:
+        return None
+    acc, x, y = ops
+    if not _buf(acc).same_as(rb.body.buffer):
+        return None
+    spatial = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce_ = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    idx = list(rb.body.indices)
+    if len(idx) != len(spatial) or not all(_is_var(e, iv.var) for e, iv in zip(idx, spatial)):
+        return None
+    if [iv.var for iv in rb.iter_vars[: len(spatial)]] != [iv.var for iv in spatial]:
+        return None  # spatial iterators must come first
+    ext = lambda iv: int(iv.dom.extent)  # noqa: E731
+    common = dict(
+        func_name=func_name,
+        reduction=rb.name_hint,
+        prologue=[b.name_hint for b in blocks[:ri]],
+        epilogue=[b.name_hint for b in blocks[ri + 1 :]],
+    )
+    read_bufs = [_buf(r) for r in rb.reads]
+
+    if len(reduce_) == 1 and len(spatial) >= 2:
+        k = reduce_[0].var
+        iv_i, iv_j = spatial[-2], spatial[-1]
+        # A: the operand indexed by i and k; B: the one indexed by j and k
+        a = b = None
+        for cand in (x, y):
+            ci = list(cand.indices)
+            if len(ci) < 2:
+                continue
+            if _is_var(ci[-1], k) and _is_var(ci[-2], iv_i.var):
+                a = cand
+            elif _is_var(ci[-2], k) and _is_var(ci[-1], iv_j.var):
+                b, bt = cand, False
+            elif _is_var(ci[-1], k) and _is_var(ci[-2], iv_j.var):
+                b, bt = cand, True
+        if a is None or b is None:
+            return None
+        bidx = next((n for n, buf in enumerate(read_bufs) if buf.same_as(_buf(b))), -1)
+        return Plan(
+            kind="matmul",
+            extents=dict(
+                batch=[ext(iv) for iv in spatial[:-2]],
+                M=ext(iv_i),
+                N=ext(iv_j),
+                K=ext(reduce_[0]),
+            ),
+            b_transposed=bt,
+            b_buffer_index=bidx,
+            **common,
+        )
+
+    if len(reduce_) == 3 and len(spatial) == 4:
+        n, f, yy, xx = (iv.var for iv in spatial)
+        rc, ry, rx = (iv.var for iv in reduce_)
+        data = weight = None
+        for cand in (x, y):
+            ci = list(cand.indices)
+            if len(ci) != 4:
+                continue
+            if all(_is_var(e, v) for e, v in zip(ci[1:], (rc, ry, rx))) or (
+                _is_var(ci[2], ry) and _is_var(ci[3], rx) and _uses(ci[0], f)
+            ):
+                weight = cand
+            elif _uses(ci[2], yy) and _uses(ci[2], ry) and _uses(ci[3], xx) and _uses(ci[3], rx):
+                data = cand
+        if data is None or weight is None:
+            return None
+        # stride: coefficient of xx in data's last index (x*s + rx)
+        stride = 1
+        last = data.indices[3]
+        try:
+            coef = tvm.sym.pattern.detect_linear_equation(last, [xx])
+            if len(coef) == 2:
+                stride = int(coef[0])
+        except Exception:  # pylint: disable=broad-except
+            pass
+        C = ext(reduce_[0])
+        kind = "depthwise" if C == 1 and _uses(data.indices[1], f) else "conv2d"
+        return Plan(
+            kind=kind,
+            extents=dict(
+                N=ext(spatial[0]),
+                F=ext(spatial[1]),
+                OH=ext(spatial[2]),
+                OW=ext(spatial[3]),
+                C=C,
+                KH=ext(reduce_[1]),
+                KW=ext(reduce_[2]),
+            ),
+            stride=stride,
+            kernel=(ext(reduce_[1]), ext(reduce_[2])),
+            **common,
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- tile choice
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _pick_nr(n: int, lanes: int) -> int:
+    for cand in (2 * lanes, lanes):
+        if n % cand == 0:
+            return cand
+    return max(d for d in _divisors(n) if d <= 2 * lanes)
+
+
+def _pick_mr(m: int) -> int:
+    for cand in (4, 6, 3, 2):
+        if m % cand == 0:
+            return cand
+    return 1
+
+
+def matmul_tiles(batch: int, M: int, N: int, K: int, lanes: int, sram_bytes: int, threads: int):
+    """(ti, tj, tk, mr, nr) for one matmul; see the module docstring."""
+    nr = _pick_nr(N, lanes)
+    mr = _pick_mr(M)
+    tjs = [d for d in _divisors(N) if d % nr == 0 and d <= max(256, nr)] or [nr]
+    tis = [d for d in _divisors(M) if d % mr == 0 and d <= max(32, mr)] or [mr]
+    tj, ti = max(tjs), max(tis)
+    # enough tasks for the threads: shrink j-tile first, then i-tile
+    while batch * (M // ti) * (N // tj) < 2 * threads:
+        smaller_j = [d for d in tjs if d < tj and d >= 64]
+        smaller_i = [d for d in tis if d < ti and d >= 8]
+        if smaller_j:
+            tj = max(smaller_j)
+        elif smaller_i:
+            ti = max(smaller_i)
+        else:
+            break
+
+    def ws(tk):
+        return _DTYPE_BYTES * (ti * tk + tk * tj + ti * tj)
+
+    tks = [d for d in _divisors(K) if d <= 256]
+    fitting = [d for d in tks if ws(d) <= sram_bytes]
+    while not fitting and (tj > nr or ti > mr):  # tiny scratchpad: shrink C tile
+        if tj > nr:
+            tj = max(d for d in tjs if d < tj) if any(d < tj for d in tjs) else nr
+        else:
+            ti = max(d for d in tis if d < ti) if any(d < ti for d in tis) else mr
+        fitting = [d for d in tks if ws(d) <= sram_bytes]
+    tk = max(fitting) if fitting else 1
+    return ti, tj, tk, mr, nr
+
+
+def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
+    """(tf, tp, tc, nr, mr) for NCHW conv2d as an implicit GEMM; see the module docstring.
+
+    Rows of the GEMM are output positions p = (y, x) (P = OH*OW), columns are
+    output channels f, the reduction is (c, kh, kw).
+    """
+    e = p.extents
+    F, OH, OW, C, KH, KW = e["F"], e["OH"], e["OW"], e["C"], e["KH"], e["KW"]
+    s = p.stride
+    P = OH * OW
+    # micro-kernel mr positions x nr channels: at most 12 accumulator vectors
+    # (of 16 registers); best FMA per load (mr broadcasts + nr/lanes loads)
+    best = (0.0, 1, lanes)
+    for nv in (2, 1):
+        nr_c = nv * lanes
+        if F % nr_c:
+            continue
+        for m in range(1, 13):
+            if P % m == 0 and m * nv <= 12:
+                best = max(best, ((m * nv) / (m + nv), m, nr_c))
+    _, mr, nr = best
+    if F % nr:
+        nr = _pick_nr(F, lanes)
+    tfs = [d for d in _divisors(F) if d % nr == 0 and d <= max(64, nr)] or [nr]
+    # a position tile must be a rectangle of the output (whole rows, or part of
+    # one row): reverse_compute_at of the epilogue covers the bounding box of
+    # the positions a tile produces, and a ragged tile would make it read
+    # accumulators another tile has not produced yet
+    tps = [d for d in _divisors(P) if d % mr == 0 and (d % OW == 0 or OW % d == 0)]
+    tps = [d for d in tps if d <= max(256, OW)] or [max(tps or [mr])]
+    tf, tp = max(tfs), max(tps)
+    while e["N"] * (F // tf) * (P // tp) < 2 * threads:
+        if any(d < tp and d >= 32 for d in tps):
+            tp = max(d for d in tps if d < tp and d >= 32)
+        elif any(d < tf for d in tfs):
+            tf = max(d for d in tfs if d < tf)
+        else:
+            break
+
+    def ws(tc):
+        rows = (math.ceil(tp / OW) + 1 - 1) * s + KH
+        inp = tc * min(rows, (OH - 1) * s + KH) * ((OW - 1) * s + KW)
+        return _DTYPE_BYTES * (inp + tf * tc * KH * KW + tp * tf)
+
+    tcs = _divisors(C)
+    fitting = [d for d in tcs if ws(d) <= sram_bytes]
+    while not fitting and (tp > mr or tf > nr):
+        if tp > mr:
+            tp = max(d for d in tps if d < tp) if any(d < tp for d in tps) else mr
+        else:
+            tf = max(d for d in tfs if d < tf) if any(d < tf for d in tfs) else nr
+        fitting = [d for d in tcs if ws(d) <= sram_bytes]
+    tc = max(fitting) if fitting else 1
+    return tf, tp, tc, nr, mr
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+def _inline_chain(sch: s_tir.Schedule, names: list[str], keep_last: bool) -> list[str]:
+    """compute_inline every block of ``names`` that allows it (the last one kept)."""
+    todo = names[:-1] if keep_last else list(names)
+    left = []
+    for name in todo:
+        try:
+            sch.compute_inline(sch.get_sblock(name))
+        except tvm.TVMError:
+            left.append(name)
+    return left + (names[-1:] if keep_last and names else [])
+
+
+def _vectorize_inner(sch: s_tir.Schedule, loop, extent: int, lanes: int):
+    """vectorize a loop of ``extent``: split it into vector-sized pieces when longer."""
+    if extent <= 2 * lanes:
+        sch.vectorize(loop)
+        return
+    width = lanes if extent % lanes == 0 else next(
+        (d for d in range(2 * lanes, 0, -1) if extent % d == 0), 1
+    )
+    if width > 1:
+        _, inner = sch.split(loop, [None, width])
+        sch.vectorize(inner)
+
+
+def _parallel_spatial(sch: s_tir.Schedule, block, lanes: int):
+    """Elementwise block at root: parallel outer loops, vectorized innermost."""
+    loops = sch.get_loops(block)
+    exts = [int(sch.get(l).extent) for l in loops]
+    if len(loops) > 1:
+        outer = sch.fuse(*loops[:-1])
+        sch.parallel(outer)
+    _vectorize_inner(sch, loops[-1], exts[-1], lanes)
+
+
+def _accumulator_and_epilogue(sch: s_tir.Schedule, p: Plan):
+    """Inline the epilogue chain; return (reduction rv, output-writing epilogue rv)."""
+    red = sch.get_sblock(p.reduction)
+    left = _inline_chain(sch, p.epilogue, keep_last=True) if p.epilogue else []
+    if not left:
+        # the reduction writes the function output: accumulate in a local copy
+        out = sch.cache_write(red, 0, "global")
+        return red, out, []
+    return red, sch.get_sblock(left[-1]), left[:-1]
+
+
+def _pack_b(sch, red, p: Plan, k0, tk: int, tj: int, nr: int, lanes: int):
+    """Copy the B tile of a (i, j, k0) step into panels ``[tj/nr][tk][nr]``.
+
+    The micro-kernel then reads B as one contiguous stream (64 B per k for
+    nr=16) instead of ``tk`` rows ``N*4`` bytes apart, which for N a multiple
+    of 1024 all fall into the same L1 set.  A transposed B (``[j, k]``) gets
+    its transpose here too.  Cost: tk*tj copies per ti*tk*tj FMAs (1/ti).
+    """
+    bp = sch.cache_read(red, p.b_buffer_index, "global")
+    sch.compute_at(bp, k0, preserve_unit_loops=True)
+    *_, l_outer, l_inner = sch.get_loops(bp)
+    # loop order of the copy: j panel, k, j within panel (contiguous writes)
+    if p.b_transposed:  # cache block iterates (j, k)
+        jl, kl = l_outer, l_inner
+    else:  # (k, j)
+        kl, jl = l_outer, l_inner
+    jo, ji = sch.split(jl, [None, nr])
+    sch.reorder(jo, kl, ji)
+    sch.vectorize(ji)
+
+    def panel(*ax):
+        *b, r, c = ax
+        if p.b_transposed:
+            j, k = r, c
+        else:
+            k, j = r, c
+        return (*b, j // nr, k, j % nr)
+
+    sch.transform_layout(bp, ("write", 0), panel)
+
+
+def _schedule_matmul(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int):
+    for name in p.prologue:  # e.g. a transpose feeding the matmul
+        try:
+            sch.compute_inline(sch.get_sblock(name))
+        except tvm.TVMError:
+            _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    red, out, rest = _accumulator_and_epilogue(sch, p)
+    e = p.extents
+    batch = math.prod(e["batch"]) if e["batch"] else 1
+    M, N, K = e["M"], e["N"], e["K"]
+    ti, tj, tk, mr, nr = matmul_tiles(batch, M, N, K, lanes, sram, threads)
+    loops = sch.get_loops(red)
+    *bl, i, j, k = loops
+    i0, i1, i2 = sch.split(i, [None, ti // mr, mr])
+    j0, j1, j2 = sch.split(j, [None, tj // nr, nr])
+    k0, k1 = sch.split(k, [None, tk])
+    sch.reorder(*bl, i0, j0, k0, i1, j1, k1, i2, j2)
+    if p.b_buffer_index >= 0:
+        _pack_b(sch, red, p, k0, tk, tj, nr, lanes)
+    sch.reverse_compute_at(out, j0)
+    outer = sch.fuse(*bl, i0, j0)
+    sch.parallel(outer)
+    sch.unroll(i2)
+    sch.vectorize(j2)
+    # last: after decompose_reduction the update block is no longer a
+    # "reduction block" and parallel/vectorize over it are refused
+    sch.decompose_reduction(red, k0)
+    ol = sch.get_loops(out)[1:]  # below the parallel loop: [rows(ti), cols(tj)]
+    if ol:
+        _vectorize_inner(sch, ol[-1], int(sch.get(ol[-1]).extent), lanes)
+    for name in rest:  # epilogue blocks that could not be inlined
+        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    return "matmul"
+
+
+def _schedule_pad(sch: s_tir.Schedule, p: Plan, lanes: int):
+    for name in p.prologue:
+        blk = sch.get_sblock(name)
+        _parallel_spatial(sch, blk, lanes)
+
+
+def _schedule_conv2d(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int):
+    """Implicit GEMM: positions x channels micro-kernel, weights packed per tile."""
+    _schedule_pad(sch, p, lanes)
+    red, out, rest = _accumulator_and_epilogue(sch, p)
+    tf, tp, tc, nr, mr = conv_tiles(p, lanes, sram, threads)
+    # accumulator layout [n, y, x, f]: the channel vector of a position is contiguous
+    sch.transform_layout(red, ("write", 0), lambda n, f, y, x: (n, y, x, f))
+    n, f, y, x, rc, ry, rx = sch.get_loops(red)
+    pos = sch.fuse(y, x)
+    f0, f1, f2 = sch.split(f, [None, tf // nr, nr])
+    p0, p1, p2 = sch.split(pos, [None, tp // mr, mr])
+    rc0, rc1 = sch.split(rc, [None, tc])
+    sch.reorder(n, f0, p0, rc0, f1, p1, rc1, ry, rx, p2, f2)
+    # weights of the (f-tile, c-step) packed as [f/nr][c][kh][kw][nr]
+    w_index = next(
+        i
+        for i, r in enumerate(sch.get(red).reads)
+        if len(r.region) == 4 and not _buf(r).same_as(sch.get(red).writes[0].source)
+        and str(_buf(r).name) != str(_data_buffer_name(sch, p))
+    )
+    wp = sch.cache_read(red, w_index, "global")
+    sch.compute_at(wp, rc0, preserve_unit_loops=True)
+    wl = sch.get_loops(wp)[-4:]  # f, c, kh, kw of the tile
+    wf0, wf1 = sch.split(wl[0], [None, nr])
+    sch.reorder(wf0, wl[1], wl[2], wl[3], wf1)
+    sch.vectorize(wf1)
+    sch.transform_layout(wp, ("write", 0), lambda f, c, kh, kw: (f // nr, c, kh, kw, f % nr))
+    sch.reverse_compute_at(out, p0)
+    outer = sch.fuse(n, f0, p0)
+    sch.parallel(outer)
+    sch.unroll(p2)
+    sch.vectorize(f2)
+    sch.decompose_reduction(red, rc0)
+    ol = sch.get_loops(out)[1:]
+    if ol:
+        _vectorize_inner(sch, ol[-1], int(sch.get(ol[-1]).extent), lanes)
+    for name in rest:
+        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    return "conv2d"
+
+
+def _data_buffer_name(sch: s_tir.Schedule, p: Plan) -> str:
+    """Name of the buffer the conv reads its (padded) input from."""
+    blk = sch.get(sch.get_sblock(p.reduction))
+    ops = _mul_operands(blk.body.value)
+    _, x, y = ops
+    # the weight is indexed by (.., rc, ry, rx) directly; the data by y + ry, x + rx
+    for cand in (x, y):
+        if not all(isinstance(e, tirx.Var) for e in cand.indices):
+            return str(_buf(cand).name)
+    return ""
+
+
+def _schedule_depthwise(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int):
+    _schedule_pad(sch, p, lanes)
+    red, out, rest = _accumulator_and_epilogue(sch, p)
+    e = p.extents
+    OH, OW = e["OH"], e["OW"]
+    xr = OW if OW <= 2 * lanes else max(
+        [d for d in _divisors(OW) if d <= 2 * lanes and d % lanes == 0]
+        or [d for d in _divisors(OW) if d <= 2 * lanes]
+    )
+    yr = next(d for d in (4, 2, 1) if OH % d == 0 and d * math.ceil(xr / lanes) <= 8)
+    # rows per task: the tile (input rows + output rows of one channel) is tiny
+    ty = max(d for d in _divisors(OH) if d % yr == 0 and d * OW <= max(OW * yr, 1024))
+    n, f, y, x, rc, ry, rx = sch.get_loops(red)
+    y0, y1, y2 = sch.split(y, [None, ty // yr, yr])
+    x0, x1 = sch.split(x, [None, xr])
+    sch.reorder(n, f, y0, y1, x0, rc, ry, rx, y2, x1)
+    sch.reverse_compute_at(out, y0)
+    outer = sch.fuse(n, f, y0)
+    sch.parallel(outer)
+    sch.unroll(ry)
+    sch.unroll(rx)
+    sch.unroll(y2)
+    sch.vectorize(x1)
+    sch.decompose_reduction(red, y1)
+    ol = sch.get_loops(out)[1:]
+    if ol:
+        _vectorize_inner(sch, ol[-1], int(sch.get(ol[-1]).extent), lanes)
+    for name in rest:
+        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    return "depthwise"
+
+
+_STRATEGIES = {
+    "matmul": _schedule_matmul,
+    "conv2d": _schedule_conv2d,
+    "depthwise": _schedule_depthwise,
+}
+
+
+def schedule(sch: s_tir.Schedule, sram_bytes: int = 256 * 1024, threads: int | None = None) -> str:
+    """Schedule the (single) PrimFunc of ``sch`` for the npu; return the strategy name.
+
+    Returns ``"matmul"``, ``"conv2d"``, ``"depthwise"``, or ``"none"`` when the
+    function is not recognised or a primitive refuses (``sch`` is then left
+    untouched).  Never raises.
+    """
+    threads = threads or _default_threads()
+    lanes = vector_lanes()
+    try:
+        p = plan(sch)
+    except Exception as err:  # pylint: disable=broad-except
+        log.debug("npu schedule: analysis failed: %s", err)
+        return "none"
+    if p is None:
+        return "none"
+    strategy = _STRATEGIES[p.kind]
+    # dry run on a copy: a primitive that refuses half way must not leave a
+    # half-scheduled function behind
+    try:
+        strategy(sch.copy(), p, sram_bytes, threads, lanes)
+    except Exception as err:  # pylint: disable=broad-except
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        log.warning("npu schedule: %s strategy refused for %s: %s", p.kind, p.func_name, first)
+        return "none"
+    return strategy(sch, p, sram_bytes, threads, lanes)
