@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["CODEGENS", "COPY_KINDS", "Accelerator", "MemoryPool"]
@@ -65,6 +65,10 @@ class Accelerator:
             the exported library.
         include_dirs: directories searched for the headers of ``c_includes``.
         description: one line shown by ``umahub plugins``.
+        merge: neighbouring matches of this accelerator become one partition
+            (fused into one kernel by the default lowering). False keeps one
+            pattern match per partition, for backends whose schedules handle
+            one kernel at a time.
     """
 
     name: str
@@ -75,7 +79,7 @@ class Accelerator:
     c_sources: tuple[str, ...] = ()
     include_dirs: tuple[str, ...] = ()
     description: str = ""
-    options: dict = field(default_factory=dict, compare=False, hash=False)
+    merge: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):

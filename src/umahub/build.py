@@ -37,6 +37,7 @@ class Copy:
     bytes: int
     kind: str  # "sync" or "async"
     constant: bool = False
+    when: str = "inference"  # "inference": at every inference; "load": once, at load time
 
     def to_dict(self) -> dict:
         """JSON-ready form for the report."""
@@ -56,6 +57,13 @@ class _Substitute(relax.PyExprMutator):
         return self.mapping.get(var, var)
 
 
+def _on(ty, vdevice):
+    """A tensor type placed on ``vdevice`` (other types as they are)."""
+    if isinstance(ty, TensorType):
+        return TensorType(ty.shape, ty.dtype, vdevice)
+    return ty
+
+
 def _partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | None:
     """(symbol, args) of a partition call: ``call_dps_packed`` after RunCodegen, or a
     call of the partition function itself (before codegen, as ``explain`` sees it)."""
@@ -71,13 +79,33 @@ def _partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | 
     return None
 
 
+def _device_weights(mod: tvm.IRModule, device_of: Mapping[str, str]) -> list[tuple]:
+    """(constant, device) of every weight a partition on an accelerator reads, once each."""
+    found: list[tuple] = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            call = _partition_call(mod, binding.value)
+            if call is None or call[0] not in device_of:
+                continue
+            for arg in call[1]:
+                if isinstance(arg, Constant) and isinstance(type_of(arg), TensorType) and not any(
+                        arg.same_as(c) and device_of[call[0]] == d for c, d in found):
+                    found.append((arg, device_of[call[0]]))
+    return found
+
+
 def place_on_devices(
     mod: tvm.IRModule,
     device_of: Mapping[str, str],
     devices: Sequence[str],
     copy_kind: Mapping[str, str],
-) -> tuple[tvm.IRModule, list[Copy]]:
+) -> tuple[tvm.IRModule, list[Copy], list[int]]:
     """Put each partition (by symbol) on its device and insert the copies.
+
+    Weights (constants) that partitions read are not copied at every
+    inference: they become extra parameters of ``main``, placed on their
+    device, and the function ``umahub_weights`` returns their values, so that
+    the runner copies them to their devices once, when the model is loaded.
 
     Args:
         mod: the module after ``RunCodegen`` (partitions are ``call_dps_packed``).
@@ -86,20 +114,32 @@ def place_on_devices(
         copy_kind: virtual device -> "sync" or "async" (how its pool is filled).
 
     Returns:
-        The module and the copies, in the order they happen.
+        The module, the copies (in the order they happen), and the runtime
+        device index of each weight parameter.
     """
     vdevices = [VDevice("llvm", i, "global") for i in range(len(devices))]
     index = {name: i for i, name in enumerate(devices)}
     main = mod["main"]
     others = {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}
     bb = relax.BlockBuilder(tvm.IRModule(others, attrs=mod.attrs))
-    params = [relax.Var(name_of(p), type_of(p)) for p in main.params]
+    params = [relax.Var(name_of(p), _on(type_of(p), vdevices[0])) for p in main.params]
+    weights = _device_weights(mod, device_of)
+    weight_params = [relax.Var(f"umahub_w{i}", _on(type_of(c), vdevices[index[d]]))
+                     for i, (c, d) in enumerate(weights)]
     remap: dict = dict(zip(main.params, params))
-    where: dict = {}  # new var -> device name (absent: host)
+    where: dict = {w: d for w, (_, d) in zip(weight_params, weights)}
     fetched: dict = {}
     copies: list[Copy] = []
+    for (constant, device), param in zip(weights, weight_params):
+        fetched[(constant, device)] = param
+        copies.append(Copy("weight", HOST, device, tensor_bytes(type_of(constant)),
+                           copy_kind.get(device, "sync"), constant=True, when="load"))
 
     def fetch(expr: relax.Expr, device: str) -> relax.Expr:
+        if isinstance(expr, Constant):
+            for (constant, on), param in fetched.items():
+                if on == device and constant.same_as(expr):
+                    return param
         source = where.get(expr, HOST)
         if source == device or not isinstance(type_of(expr), TensorType):
             return expr
@@ -121,8 +161,7 @@ def place_on_devices(
         return _Substitute(mapping).visit_expr(value) if mapping else value
 
     attrs = {str(k): v for k, v in main.attrs.items()} if main.attrs else None
-    with bb.function("main", params, attrs=attrs, pure=main.is_pure):
-        outputs = None
+    with bb.function("main", params + weight_params, attrs=attrs, pure=main.is_pure):
         for block in main.body.blocks:
             if not isinstance(block, relax.DataflowBlock):
                 raise CompileError("umahub compiles a main made of dataflow blocks only "
@@ -137,8 +176,7 @@ def place_on_devices(
                         symbol, call_args = call
                         device = device_of[symbol]
                         args = [fetch(remap.get(a, a), device) for a in call_args]
-                        ty = type_of(value)
-                        out_ty = TensorType(ty.shape, ty.dtype, vdevices[index[device]])
+                        out_ty = _on(type_of(value), vdevices[index[device]])
                         new = relax.op.call_dps_packed(relax.ExternFunc(symbol),
                                                        relax.Tuple(args), out_ty=out_ty)
                     else:
@@ -155,12 +193,14 @@ def place_on_devices(
                             new = fetch(on_device, HOST)
                         var = bb.emit_output(new, name)
                     remap[binding.var] = var
-            outputs = remap.get(main.body.body, main.body.body)
-        result = _Substitute(remap).visit_expr(main.body.body) if outputs is None else outputs
-        bb.emit_func_output(result)
+        bb.emit_func_output(_Substitute(remap).visit_expr(main.body.body))
+    if weights:
+        with bb.function("umahub_weights", []):
+            bb.emit_func_output(relax.Tuple([c for c, _ in weights]))
     placed = bb.get()
     for key, value in (mod.global_infos or {}).items():
         if key != "vdevice":
             placed.update_global_info(key, value)
     placed.update_global_info("vdevice", vdevices)
-    return relax.transform.RealizeVDevice()(placed), copies
+    return (relax.transform.RealizeVDevice()(placed), copies,
+            [index[d] for _, d in weights])

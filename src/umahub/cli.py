@@ -162,8 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = str(message).removeprefix("umahub: ")
+    print(f"umahub: warning: {text}", file=file or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``umahub`` command; return its exit code."""
+    import warnings
+
+    warnings.showwarning = _show_warning
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

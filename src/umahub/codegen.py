@@ -63,8 +63,7 @@ def build_default(accelerator: Accelerator, module: tvm.IRModule, symbol: str,
                   pipeline: str) -> Any:
     """Build ``module`` with the accelerator's default codegen and the phased TIR pipeline."""
     if accelerator.codegen == "llvm":
-        return tvm.tirx.build(module, target=accelerator.options.get("target", "llvm"),
-                              pipeline=pipeline)
+        return tvm.tirx.build(module, target="llvm", pipeline=pipeline)
     with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
         built = tvm.tirx.build(module, target="c", pipeline=pipeline)
     return prepend_c(built, accelerator.c_includes, symbol)

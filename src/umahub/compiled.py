@@ -48,21 +48,31 @@ def _read_metadata(path: str) -> dict[str, Any] | None:
 
 
 class _Runner:
-    """A Relax VM over a loaded library, with numpy in and out."""
+    """A Relax VM over a loaded library, with numpy in and out.
 
-    def __init__(self, library: Any, devices: int):
+    Weights that partitions read on accelerators are extra parameters of
+    ``main`` (see :func:`umahub.build.place_on_devices`): they are copied to
+    their devices once, here, not at every inference.
+    """
+
+    def __init__(self, library: Any, devices: int, weight_devices: Sequence[int] = ()):
         import tvm
         from tvm import relax
 
         self.devices = [tvm.cpu(i) for i in range(devices)]
         self.vm = relax.VirtualMachine(library, self.devices)
         self._main = self.vm["main"]
+        self.weights: list[Any] = []
+        if weight_devices:
+            values = self.vm["umahub_weights"]()
+            self.weights = [values[i].copyto(self.devices[d])
+                            for i, d in enumerate(weight_devices)]
 
     def __call__(self, *arrays: Any) -> Any:
         import tvm
 
         args = [tvm.runtime.tensor(np.ascontiguousarray(a), self.devices[0]) for a in arrays]
-        return _to_numpy(self._main(*args))
+        return _to_numpy(self._main(*args, *self.weights))
 
 
 def _to_numpy(value: Any) -> Any:
@@ -109,7 +119,8 @@ def load(path: str | os.PathLike) -> LoadedModel:
         raise UmahubError(f"{path} was not written by umahub (no umahub metadata at its end)")
     library = tvm.runtime.load_module(path)
     info = [(tuple(s), d) for s, d in meta["inputs"]]
-    return LoadedModel(path, meta["devices"], info, _Runner(library, len(meta["devices"])))
+    runner = _Runner(library, len(meta["devices"]), meta.get("weights", []))
+    return LoadedModel(path, meta["devices"], info, runner)
 
 
 class Compiled:
@@ -124,8 +135,9 @@ class Compiled:
 
     def __init__(self, executable: Any, devices: list[str],
                  input_info: list[tuple[tuple[int, ...], str]], export_options: list[str],
-                 report: Any):
+                 report: Any, weight_devices: Sequence[int] = ()):
         self.executable = executable
+        self.weight_devices = list(weight_devices)
         self.devices = devices
         self.input_info = input_info
         self.export_options = export_options
@@ -140,6 +152,7 @@ class Compiled:
         _append_metadata(str(path), {
             "devices": self.devices,
             "inputs": [[list(s), d] for s, d in self.input_info],
+            "weights": self.weight_devices,
             "umahub": 1,
         })
         return path
@@ -157,5 +170,6 @@ class Compiled:
             self._tmp = tempfile.TemporaryDirectory(prefix="umahub-")
             lib_path = os.path.join(self._tmp.name, "model.so")
             self.executable.export_library(lib_path, options=list(self.export_options))
-            self._runner = _Runner(tvm.runtime.load_module(lib_path), len(self.devices))
+            self._runner = _Runner(tvm.runtime.load_module(lib_path), len(self.devices),
+                                   self.weight_devices)
         return self._runner(*arrays)

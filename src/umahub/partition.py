@@ -25,11 +25,13 @@ from umahub._tvm import name_of, ret_type
 
 from umahub.accelerator import Accelerator
 from umahub.context import Operator
+from umahub.errors import PlacementError
 from umahub.placement import Pins, PlannedPattern
+from umahub.vdevice import VirtualDevice
 
 __all__ = ["Partition", "Partitioned", "partition"]
 
-_INSTANCE_TAG = "__instance"
+_TAG = "__umahub_"
 
 
 @dataclass(frozen=True)
@@ -73,25 +75,56 @@ def _ops_in(func: relax.Function) -> list[tuple[str, str]]:
     return found
 
 
-def _tag_composites(mod: tvm.IRModule, pins: Pins) -> tvm.IRModule:
+def _pinned_device(func: relax.Function, pattern: str, pins: Pins, accel: str) -> int | None:
+    """The instance the pins on a composite's operators agree on (None: unconstrained).
+
+    Each pin is a virtual-device constraint; they are joined, and a conflict
+    (two operators of one match pinned to two instances) names both pins.
+    """
+    constraints = [(selector, pin) for node, op in _ops_in(func)
+                   if (hit := pins.resolve(node, op, pattern)) is not None
+                   for selector, pin in [hit]]
+    pattern_pin = pins.for_pattern(pattern)
+    if pattern_pin is not None:
+        constraints.append((pattern, pattern_pin))
+    joined, first = VirtualDevice(), None
+    for selector, pin in constraints:
+        device = VirtualDevice("cpu", pin.instance, None, None)
+        merged = joined.join(device)
+        if merged is None:
+            raise PlacementError(
+                f"one match of pattern '{pattern}' holds operators pinned to two instances: "
+                f"{first[0]!r} -> '{first[1]}' and {selector!r} -> '{pin}' "
+                f"({joined.conflict(device)}); pin them to one instance"
+            )
+        if first is None or pin.instance is not None:
+            first = (selector, pin)
+        joined = merged
+    return joined.virtual_device_id
+
+
+def _tag_composites(mod: tvm.IRModule, pins: Pins,
+                    accelerators: Mapping[str, Accelerator]) -> tvm.IRModule:
     """Prepare the composites for merging.
 
-    Composites pinned to an instance get their Composite name tagged with it,
-    so that merging keeps instances apart.
+    MergeCompositeFunctions groups composites by the accelerator prefix of
+    their Composite name. The prefix is tagged so that merging keeps apart
+    what must stay apart: composites pinned to different instances, and every
+    composite of an accelerator that does not merge (``Accelerator.merge``).
     """
     updates = {}
     for index, (name, func) in enumerate(sorted(_composites(mod).items())):
         pattern = str(func.attrs["Composite"])
         accel, _, what = pattern.partition(".")
-        instances = {hit[1].instance for node, op in _ops_in(func)
-                     if (hit := pins.resolve(node, op, pattern)) is not None}
-        pattern_pin = pins.for_pattern(pattern)
-        if pattern_pin is not None:
-            instances.add(pattern_pin.instance)
-        instances.discard(None)
-        if len(instances) == 1:
-            func = func.with_attr("Composite", f"{accel}{_INSTANCE_TAG}{instances.pop()}.{what}")
-        updates[mod.get_global_var(name)] = func
+        instance = _pinned_device(func, pattern, pins, accel)
+        tag = ""
+        if instance is not None:
+            tag += f"i{instance}"
+        if not accelerators[accel].merge:
+            tag += f"m{index}"
+        if tag:
+            updates[mod.get_global_var(name)] = func.with_attr(
+                "Composite", f"{accel}{_TAG}{tag}.{what}")
     if not updates:
         return mod
     funcs = dict(mod.functions)
@@ -100,8 +133,11 @@ def _tag_composites(mod: tvm.IRModule, pins: Pins) -> tvm.IRModule:
 
 
 def _untag(name: str) -> tuple[str, int | None]:
-    accel, sep, index = name.partition(_INSTANCE_TAG)
-    return (accel, int(index)) if sep else (name, None)
+    """(accelerator, pinned instance or None) of a tagged Composite/Codegen prefix."""
+    accel, sep, tag = name.partition(_TAG)
+    if not sep or not tag.startswith("i"):
+        return accel, None
+    return accel, int(tag[1:].split("m")[0])
 
 
 def _pattern_of(composite: relax.Function) -> str:
@@ -257,7 +293,7 @@ def partition(
         mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False,
                                                annotate_codegen=False)(mod)
         mod = _one_composite_per_call(mod, accepted, position)
-        mod = _tag_composites(mod, pins)
+        mod = _tag_composites(mod, pins, accelerators)
         mod = relax.transform.MergeCompositeFunctions()(mod)
     funcs = dict(mod.functions)
     order: list[relax.GlobalVar] = []

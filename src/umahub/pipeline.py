@@ -138,12 +138,15 @@ def _check_pins(part: Partitioned, pins: Pins, hub: Hub, planned_names: dict[str
         notes.append(message)
     candidates = {n for o in part.operators for n in (o.name, o.op, o.pattern) if n}
     for selector, used in selected.items():
-        if not used and not any(ch in selector for ch in "*?["):
-            raise PlacementError(
-                f"pin {selector!r} selects no operator of the model"
-                f"{did_you_mean(selector, candidates)}; a pin names a node, an op "
-                "('relax.nn.conv2d' or 'nn.conv2d') or a pattern"
-            )
+        if used or any(ch in selector for ch in "*?["):
+            continue
+        message = (f"pin {selector!r} selects no operator of the model"
+                   f"{did_you_mean(selector, candidates)}; a pin names a node, an op "
+                   "('relax.nn.conv2d' or 'nn.conv2d') or a pattern")
+        if hub.config.on_error == "error":
+            raise PlacementError(message)
+        _warn(message)
+        notes.append(message)
 
 
 def _need(part: Partitioned, p: Partition, scope_policy: str) -> Need:
@@ -341,7 +344,7 @@ def explain(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None 
     part = to_host(part, set(misfits))
     with clock.stage("copies"):
         devices, device_of, kinds = _devices(hub, part)
-        _, copies = place_on_devices(part.mod, device_of, devices, kinds)
+        _, copies, _ = place_on_devices(part.mod, device_of, devices, kinds)
     return Report(list(part.operators), reports, devices, copies, plan, clock.stages,
                   clock.hooks, notes, built=False)
 
@@ -353,6 +356,19 @@ def _devices(hub: Hub, part: Partitioned) -> tuple[list[str], dict[str, str], di
     kinds = {d: (hub.accelerator(d.split(":")[0]).pool.copy
                  if hub.accelerator(d.split(":")[0]).pool else "sync") for d in devices[1:]}
     return devices, device_of, kinds
+
+
+def _build_host(mod: tvm.IRModule, multi_device: bool) -> Any:
+    """``tvm.compile`` of the host part.
+
+    With several devices, Relax's StaticPlanBlockMemory (TVM 0.25-0.27) would
+    let a tensor on one device reuse storage allocated on another (it plans by
+    size and scope, not by device), so it is disabled: each tensor is then
+    allocated by the VM's pooled allocator of its own device.
+    """
+    disabled = ["StaticPlanBlockMemory"] if multi_device else []
+    with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled):
+        return tvm.compile(mod, target="llvm")
 
 
 def compile(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None = None,
@@ -414,13 +430,13 @@ def compile(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None 
         with codegen_stage.serving(modules):
             host = relax.transform.RunCodegen()(part.mod)
         devices, device_of, kinds = _devices(hub, part)
-        host, copies = place_on_devices(host, device_of, devices, kinds)
+        host, copies, weight_devices = place_on_devices(host, device_of, devices, kinds)
         host = relax.transform.LambdaLift()(host)  # fallen-back composites are local functions
-        executable = tvm.compile(host, target="llvm")
+        executable = _build_host(host, multi_device=len(devices) > 1)
     used = [hub.accelerator(p.accelerator) for p in part.partitions]
     options = codegen_stage.export_options(used)
     report = Report(list(part.operators), list(reports.values()), devices, copies, lowered_plan,
                     clock.stages, clock.hooks, notes)
     inputs = [(tuple(int(d) for d in type_of(p).shape.values), str(type_of(p).dtype))
               for p in mod["main"].params]
-    return Compiled(executable, devices, inputs, options, report)
+    return Compiled(executable, devices, inputs, options, report, weight_devices)

@@ -71,10 +71,14 @@ class Report:
             counts[op.device] += 1
         return dict(counts)
 
-    def copy_edges(self) -> list[dict[str, Any]]:
-        """Copies grouped by (src, dst): count, bytes, kind."""
+    def copy_edges(self, when: str = "inference") -> list[dict[str, Any]]:
+        """Copies grouped by (src, dst): count, bytes, kind.
+
+        ``when="inference"``: the copies of every inference; ``"load"``: the
+        weights copied to their accelerators once, when the model is loaded.
+        """
         edges: dict[tuple[str, str], dict[str, Any]] = {}
-        for c in self.copies:
+        for c in (c for c in self.copies if c.when == when):
             e = edges.setdefault((c.src, c.dst), {"src": c.src, "dst": c.dst, "count": 0,
                                                   "bytes": 0, "kind": c.kind})
             e["count"] += 1
@@ -89,6 +93,7 @@ class Report:
             "partitions": [p.to_dict() for p in self.partitions],
             "copies": [c.to_dict() for c in self.copies],
             "copy_edges": self.copy_edges(),
+            "load_copy_edges": self.copy_edges("load"),
             "memory": self.memory.to_dict() if self.memory else None,
             "stages": self.stages,
             "hook_seconds": self.hook_seconds,
@@ -131,9 +136,11 @@ class Report:
                     lines.append(f"      {hook}: {', '.join(plugins)}")
                 for said in p.schedule:
                     lines.append(f"      schedule: {said}")
-        edges = self.copy_edges()
-        if edges:
-            lines.append("copies per inference:")
+        for when, title in (("inference", "copies per inference:"),
+                            ("load", "weights copied once, at load:")):
+            edges = self.copy_edges(when)
+            if edges:
+                lines.append(title)
             for e in edges:
                 lines.append(f"  {e['src']} -> {e['dst']}: {e['count']} copies, "
                              f"{e['bytes']} bytes, {e['kind']}")

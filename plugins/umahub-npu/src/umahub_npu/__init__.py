@@ -39,6 +39,7 @@ def umahub_accelerators():
         memory=[umahub.MemoryPool("npu.dram", DRAM_BYTES, copy="async"),
                 umahub.MemoryPool("npu.sram", SRAM_BYTES, copy="async")],
         description="matrix engine with a 256 KiB scratchpad: matmul and conv2d",
+        merge=False,  # its schedules take one matmul or conv2d (with epilogue) at a time
     )]
 
 
@@ -86,20 +87,24 @@ def conv2d_ok(ctx) -> bool:
 
 @umahub.hookimpl
 def umahub_patterns(accelerator):
-    """Largest matches first: op + bias + activation, op + bias, op."""
+    """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
     if accelerator.name != NAME:
         return None
     from tvm.relax.dpl import is_op, wildcard
 
+    def activated(producer):
+        alternatives = [is_op(name)(producer, *([wildcard()] * (2 if name == "relax.clip" else 0)))
+                        for name in ACTIVATIONS]
+        pattern = alternatives[0]
+        for alternative in alternatives[1:]:
+            pattern = pattern | alternative
+        return pattern
+
     def with_epilogues(kind, op, check):
         bias = is_op("relax.add")(op, wildcard()) | is_op("relax.add")(wildcard(), op)
-        act = None
-        for name in ACTIVATIONS:
-            arity = 3 if name == "relax.clip" else 1
-            pattern = is_op(name)(bias, *[wildcard() for _ in range(arity - 1)])
-            act = pattern if act is None else act | pattern
-        return [(f"{NAME}.{kind}_bias_act", act, {}, check),
+        return [(f"{NAME}.{kind}_bias_act", activated(bias), {}, check),
                 (f"{NAME}.{kind}_bias", bias, {}, check),
+                (f"{NAME}.{kind}_act", activated(op), {}, check),
                 (f"{NAME}.{kind}", op, {}, check)]
 
     matmul = is_op("relax.matmul")(wildcard(), wildcard())
