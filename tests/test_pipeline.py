@@ -426,3 +426,68 @@ def test_report_json_has_the_same_facts(model):
     assert data["copy_edges"] == report.copy_edges()
     assert data["built"] is False
     assert "\n  n0    relax.nn.relu  beta_accel:0   beta_accel.relu\n" in str(report)
+
+
+def test_same_size_tensors_alternating_between_host_and_accelerators():
+    """Host and accelerator tensors of one size, alternating, with two instances.
+
+    (The storage-reuse-across-devices failure this guards against showed on the
+    BERT layer; ``test_zoo_models.py`` compiles it with the plugins, marked slow.)"""
+    mod = chain(shape=(64, 64), ops=("sigmoid", "tanh", "relu", "tanh", "relu", "sigmoid"))
+    xs = inputs_for(mod)
+    compiled = umahub.Hub(config={"plugins": ["alpha"]}).compile(mod)
+    assert [d for _, _, d in placement(compiled)] == [
+        "host", "host", "alpha_accel:0", "host", "alpha_accel:1", "host"]
+    np.testing.assert_allclose(compiled.run(*xs), reference(mod, xs), **TOL)
+
+
+def test_one_match_pinned_to_two_instances_names_both_pins():
+    mod = chain(ops=("relu", "sigmoid"))
+
+    class Fused(_Base):
+        @umahub.hookimpl
+        def umahub_accelerators(self):
+            return [umahub.Accelerator("fused", instances=2)]
+
+        @umahub.hookimpl
+        def umahub_patterns(self, accelerator):
+            from tvm.relax.dpl import is_op, wildcard
+
+            if accelerator.name == "fused":
+                relu = is_op("relax.nn.relu")(wildcard())
+                return [("fused.relu_sigmoid", is_op("relax.sigmoid")(relu))]
+            return None
+
+    hub = umahub.Hub(autoload=False, plugins=[Fused()],
+                     config={"placement": {"n0": "fused:0", "n1": "fused:1"}})
+    with pytest.raises(PlacementError) as info:
+        hub.explain(mod)
+    assert str(info.value) == (
+        "one match of pattern 'fused.relu_sigmoid' holds operators pinned to two instances: "
+        "'n0' -> 'fused:0' and 'n1' -> 'fused:1' (virtual_device_id 0 vs 1); pin them to "
+        "one instance"
+    )
+
+
+def test_an_accelerator_that_does_not_merge_keeps_one_match_per_partition(model):
+    mod, _, _ = model
+
+    class Single(_Base):
+        @umahub.hookimpl
+        def umahub_accelerators(self):
+            return [umahub.Accelerator("single", merge=False)]
+
+        @umahub.hookimpl
+        def umahub_patterns(self, accelerator):
+            from tvm.relax.dpl import is_op, wildcard
+
+            if accelerator.name == "single":
+                return [("single.relu", is_op("relax.nn.relu")(wildcard())),
+                        ("single.add", is_op("relax.add")(wildcard(), wildcard()))]
+            return None
+
+    report = umahub.Hub(autoload=False, plugins=[Single()]).explain(mod)
+    assert [p.patterns for p in report.partitions] == [
+        ("single.relu",), ("single.add",), ("single.relu",), ("single.add",)]
+    merged = umahub.Hub(config={"plugins": ["alpha"], "priority": ["alpha_accel"]}).explain(mod)
+    assert len(merged.partitions) == 1
