@@ -1,0 +1,75 @@
+"""The three plugins of plugins/ together, as the README's demo uses them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import host_reference
+
+import umahub
+import umahub.models as zoo
+
+THREE = ["npu", "vanilla", "dsp"]
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+@pytest.fixture(scope="module")
+def cnn_across_three():
+    hub = umahub.Hub(config={"plugins": THREE, "priority": ["npu", "vanilla_accel", "dsp_cpu"]})
+    return hub.compile(zoo.get("cnn"))
+
+
+def test_small_cnn_is_split_across_the_three_and_the_host(cnn_across_three):
+    rows = [(o.name, o.device, o.pattern) for o in cnn_across_three.report.placement]
+    assert rows == [
+        # 3 input channels do not fill the npu's 8-wide array: vanilla takes conv1.
+        ("conv1", "vanilla_accel:0", "vanilla_accel.conv2d_bias"),
+        ("conv1_bias_add", "vanilla_accel:0", "vanilla_accel.conv2d_bias"),
+        ("conv1_relu", "dsp_cpu:0", "dsp_cpu.relu"),
+        ("conv2", "npu:0", "npu.conv2d_bias_act"),
+        ("conv2_bias_add", "npu:0", "npu.conv2d_bias_act"),
+        ("conv2_relu", "npu:0", "npu.conv2d_bias_act"),
+        # 3 x 8 KiB: more than the DSP's 16 KiB budget per match, stays on the host.
+        ("residual", "host", ""),
+        ("flatten", "host", ""),
+        ("fc", "npu:0", "npu.matmul_bias"),
+        ("gv", "npu:0", "npu.matmul_bias"),
+    ]
+
+
+def test_small_cnn_across_the_three_matches_the_host(cnn_across_three):
+    np.testing.assert_allclose(cnn_across_three.run(*zoo.inputs("cnn")), host_reference("cnn"),
+                               **TOL)
+
+
+def test_each_plugin_did_its_part(cnn_across_three):
+    by_accel = {p.accelerator: p for p in cnn_across_three.report.partitions}
+    assert by_accel["vanilla_accel"].hooks == {"umahub_tir_passes": ["vanilla"]}
+    assert by_accel["dsp_cpu"].hooks == {"umahub_schedule": ["dsp"]}
+    assert by_accel["dsp_cpu"].schedule == ["vectorized 1 block(s) by 8 lanes"]
+    npu = by_accel["npu"]
+    assert npu.hooks == {"umahub_schedule": ["npu"], "umahub_codegen": ["npu"]}
+
+
+def test_changing_priority_changes_placement():
+    hub = umahub.Hub(config={"plugins": THREE, "priority": ["vanilla_accel", "npu", "dsp_cpu"]})
+    devices = {o.name: o.device for o in hub.explain(zoo.get("cnn")).placement}
+    assert (devices["conv1"], devices["conv2"], devices["fc"]) == (
+        "vanilla_accel:0", "vanilla_accel:0", "npu:0")
+    hub = umahub.Hub(config={"plugins": THREE, "priority": ["dsp_cpu"]})
+    devices = {o.name: o.device for o in hub.explain(zoo.get("cnn")).placement}
+    assert set(devices.values()) == {"host", "dsp_cpu:0", "dsp_cpu:1"}
+
+
+def test_the_vanilla_kernel_library_is_called_from_the_generated_c(cnn_across_three):
+    sources = [m.inspect_source() for m in _imported(cnn_across_three.executable.mod)
+               if m.kind == "c"]
+    vanilla = [s for s in sources if "vanilla_conv2d_nchw(" in s]
+    assert len(vanilla) == 1
+    assert vanilla[0].startswith('#include "vanilla_conv2d.h"')
+
+
+def _imported(module):
+    yield module
+    for m in module.imports:
+        yield from _imported(m)
