@@ -118,6 +118,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Show placement, copies and memory of MODEL without building it."""
+    if args.out:
+        from umahub.picture import SUFFIXES
+
+        if Path(args.out).suffix.lower() not in SUFFIXES:
+            raise UmahubError(f"--out {args.out}: the picture is written as "
+                              f"{' or '.join(SUFFIXES)}; give a file name ending in one of them")
     hub = _hub(args)
     report = hub.explain(_load_model(args.model))
     print(report)
