@@ -278,6 +278,14 @@ def _strip_tags(func: relax.Function) -> relax.Function:
     return _Untag().visit_expr(func)
 
 
+def _symbol(accelerator: str, index: int, ops: list[str]) -> str:
+    """A partition's symbol: ``<accelerator>_<index>_<its ops>``, e.g. ``npu_2_conv2d_add_relu``."""
+    short = "_".join(op.rsplit(".", 1)[-1] for op in ops)
+    if len(short) > 48:
+        short = short[:48].rstrip("_") + "_etc"
+    return f"{accelerator}_{index}_{short}"
+
+
 def partition(
     mod: tvm.IRModule,
     planned: Sequence[PlannedPattern],
@@ -314,10 +322,10 @@ def partition(
             count = accelerators[accel_name].instances
             instance = next_instance.get(accel_name, 0) % count
             next_instance[accel_name] = instance + 1
-        func = _strip_tags(func)
-        funcs[gv] = func
-        symbol = str(func.attrs["global_symbol"])
         rows = _walk(func, mod)
+        symbol = _symbol(accel_name, len(partitions), [op for _, op, _ in rows])
+        func = _strip_tags(func).with_attr("global_symbol", symbol)
+        funcs[gv] = func
         device = f"{accel_name}:{instance}"
         operators = tuple(
             Operator(node, op, device, pat, symbol,
