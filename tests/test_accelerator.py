@@ -43,3 +43,13 @@ def test_import_umahub_does_not_import_tvm():
     code = "import sys, umahub; print('tvm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_loading_the_bundled_plugins_does_not_import_tvm():
+    import subprocess
+    import sys
+
+    code = ("import sys, umahub; umahub.Hub(config={'plugins': ['npu', 'vanilla', 'dsp']}); "
+            "print('tvm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

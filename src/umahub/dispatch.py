@@ -6,11 +6,12 @@ with pluggy's public API only, each implementation is registered on its own, as
 a one-hook *shim*, in the order wanted for that hook. Calling a hook is then
 plain pluggy: the ordering costs nothing per call.
 
-Each implementation is wrapped so that, while a compile records (see
-:func:`recording`), every call is logged with its plugin, hook, duration and
-whether it returned something: that is what the report shows per partition.
-An exception leaving an implementation gets ``exc.umahub_culprit = (plugin,
-hook)``, so that errors name the plugin at fault.
+In the traced manager the pipeline uses, each implementation is wrapped so
+that, while a compile records (see :func:`recording`), every call is logged
+with its plugin, hook, duration and whether it returned something: that is
+what the report shows per partition. An exception leaving an implementation
+gets ``exc.umahub_culprit = (plugin, hook)``, so that errors name the plugin at
+fault. ``hub.hook`` is untraced: plain pluggy dispatch, nothing added per call.
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ class PluginManager(pluggy.PluginManager):
         """Check a loaded plugin's hook implementations against the specs.
 
         Returns hook name -> (function, hookimpl options). Raises ValueError
-        (unknown hook name) or pluggy.PluginValidationError (an argument that
-        no spec has), both with a message for the user.
+        with a message for the user for an unknown hook name or an argument that
+        umahub does not pass; pluggy checks the rest when the implementations
+        are registered.
         """
         found: dict[str, tuple[Any, dict[str, Any]]] = {}
         for attr in dir(info.obj):
@@ -131,10 +133,6 @@ class PluginManager(pluggy.PluginManager):
                     f"which umahub does not pass to {hook}; it passes: {', '.join(spec_args)}"
                 )
             found[hook] = (function, dict(opts))
-        # A trial registration is pluggy's own argument check; it changes nothing on failure.
-        probe = pluggy.PluginManager(PROJECT_NAME)
-        probe.add_hookspecs(hookspecs)
-        probe.register(info.obj, name=info.name)
         return found
 
     def register_ordered(
@@ -142,6 +140,7 @@ class PluginManager(pluggy.PluginManager):
         plugins: Sequence[PluginInfo],
         impls: Mapping[str, Mapping[str, tuple[Any, dict[str, Any]]]],
         hook_order: Mapping[str, Sequence[str]],
+        traced: bool = False,
     ) -> None:
         """Register every implementation so that each hook runs in its order.
 
@@ -150,6 +149,11 @@ class PluginManager(pluggy.PluginManager):
             impls: plugin name -> what :meth:`implementations` returned.
             hook_order: hook name -> plugin names that go first, in that order;
                 for such a hook the authors' ``tryfirst``/``trylast`` are ignored.
+            traced: wrap each implementation to log its calls (see
+                :func:`recording`) and name the culprit of an exception; costs a
+                fraction of a microsecond per implementation and call, so the
+                hub keeps a traced manager for its pipeline and an untraced one
+                for ``hub.hook``.
         """
         for hook in HOOK_NAMES:
             names = [p.name for p in plugins if hook in impls[p.name]]
@@ -162,7 +166,7 @@ class PluginManager(pluggy.PluginManager):
                 function, opts = impls[name][hook]
                 if configured is not None:
                     opts = {**opts, "tryfirst": False, "trylast": False}
-                if not (opts.get("wrapper") or opts.get("hookwrapper")):
+                if traced and not (opts.get("wrapper") or opts.get("hookwrapper")):
                     function = _recorded(name, hook, function)
                 self.register(_Shim(hook, function, opts), name=f"{name}::{hook}")
 

@@ -82,6 +82,8 @@ class Hub:
             {name: acc.instances for name, acc in self._accelerators.items()}
         )
         self._pm.register_ordered(loaded, impls, cfg.hook_order)
+        self._registration = (loaded, impls)
+        self._traced: PluginManager | None = None
 
     def _load_one(
         self, candidate, owners: dict[str, tuple[PluginInfo, Accelerator]]
@@ -151,6 +153,15 @@ class Hub:
     def hook(self) -> Any:
         """pluggy's hook relay: ``hub.hook.umahub_patterns(accelerator=acc)``."""
         return self._pm.hook
+
+    @property
+    def traced_hook(self) -> Any:
+        """The same hooks, each call logged for the report (what the pipeline uses)."""
+        if self._traced is None:
+            self._traced = PluginManager()
+            self._traced.register_ordered(*self._registration, self.config.hook_order,
+                                          traced=True)
+        return self._traced.hook
 
     def call_order(self, hook: str) -> list[str]:
         """The plugins whose implementation of ``hook`` runs, in running order."""

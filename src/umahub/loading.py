@@ -16,6 +16,7 @@ error in a :class:`PluginInfo` and skipped (or stops the hub in strict mode).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import traceback
@@ -34,20 +35,56 @@ __all__ = ["ENTRY_POINT_GROUP", "Candidate", "PluginInfo", "find", "load", "sele
 ENTRY_POINT_GROUP = "umahub.plugins"
 
 
+class Distribution:
+    """The installed distribution a plugin came from; its metadata is read when first asked.
+
+    Reading METADATA parses an e-mail style header block: for twenty plugins
+    that is most of the cost of discovery, and it is only needed for display.
+    """
+
+    def __init__(self, dist: Any):
+        self._dist = dist
+
+    @functools.cached_property
+    def name(self) -> str:
+        """The distribution's name."""
+        return str(self._dist.name)
+
+    @functools.cached_property
+    def version(self) -> str:
+        """The distribution's version."""
+        return str(self._dist.version)
+
+
+class _FromDistribution:
+    """``distribution`` and ``version`` properties over a lazily read :class:`Distribution`."""
+
+    dist: Distribution | None
+
+    @property
+    def distribution(self) -> str | None:
+        """The distribution's name, or None for a plugin not installed as one."""
+        return self.dist.name if self.dist is not None else None
+
+    @property
+    def version(self) -> str | None:
+        """The distribution's version, or None."""
+        return self.dist.version if self.dist is not None else None
+
+
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(_FromDistribution):
     """A plugin found but not yet imported."""
 
     name: str
     origin: str  # "entry point", "UMAHUB_PLUGINS" or "Hub(plugins=...)"
     load: Callable[[], Any] = field(repr=False, compare=False)
-    distribution: str | None = None
-    version: str | None = None
+    dist: Distribution | None = field(default=None, repr=False, compare=False)
     target: str = ""  # "module:attr" for messages
 
 
 @dataclass(frozen=True)
-class PluginInfo:
+class PluginInfo(_FromDistribution):
     """What ``hub.plugins`` and ``umahub plugins`` show of one plugin.
 
     Attributes:
@@ -64,8 +101,7 @@ class PluginInfo:
 
     name: str
     origin: str
-    distribution: str | None = None
-    version: str | None = None
+    dist: Distribution | None = field(default=None, repr=False, compare=False)
     target: str = ""
     api_version: int | None = None
     accelerators: tuple[str, ...] = ()
@@ -114,8 +150,7 @@ def _entry_point_candidates() -> dict[str, list[Candidate]]:
                 name=ep.name,
                 origin="entry point",
                 load=ep.load,
-                distribution=dist.name if dist else None,
-                version=dist.version if dist else None,
+                dist=Distribution(dist) if dist is not None else None,
                 target=ep.value,
             )
         )
@@ -192,8 +227,7 @@ def load(candidate: Candidate) -> PluginInfo:
     info = PluginInfo(
         name=candidate.name,
         origin=candidate.origin,
-        distribution=candidate.distribution,
-        version=candidate.version,
+        dist=candidate.dist,
         target=candidate.target,
     )
     try:

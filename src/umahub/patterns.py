@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import tvm
-from tvm import relax
-
-from umahub._tvm import TensorType, type_of
-from umahub.memory import tensor_bytes
+# TVM is imported inside the functions: plugins import this module when they
+# are loaded, and loading a plugin must not import TVM.
 
 __all__ = ["calls", "dtype_of", "match_bytes", "shape_of"]
 
 
 def shape_of(expr: Any) -> tuple[int, ...] | None:
     """The static shape of a tensor expression, or None when it is not static."""
+    from umahub._tvm import TensorType, type_of
+
     ty = type_of(expr)
     if not isinstance(ty, TensorType) or ty.shape is None:
         return None
@@ -31,11 +30,16 @@ def shape_of(expr: Any) -> tuple[int, ...] | None:
 
 def dtype_of(expr: Any) -> str:
     """The dtype of a tensor expression (``"float32"``)."""
+    from umahub._tvm import type_of
+
     return str(type_of(expr).dtype)
 
 
-def calls(ctx: Any, op_name: str | None = None) -> list[relax.Call]:
+def calls(ctx: Any, op_name: str | None = None) -> list[Any]:
     """The operator calls of a match (only those of ``op_name`` if given)."""
+    import tvm
+    from tvm import relax
+
     found = []
     for value in ctx.matched_bindings.values():
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
@@ -46,6 +50,11 @@ def calls(ctx: Any, op_name: str | None = None) -> list[relax.Call]:
 
 def match_bytes(ctx: Any) -> int:
     """Bytes of every tensor a match reads or writes: inputs, intermediates, outputs."""
+    from tvm import relax
+
+    from umahub._tvm import TensorType, type_of
+    from umahub.memory import tensor_bytes
+
     produced = list(ctx.matched_bindings.keys())
     total = sum(tensor_bytes(type_of(v)) for v in ctx.matched_bindings.values())
     inputs: list[Any] = []

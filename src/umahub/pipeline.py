@@ -91,7 +91,7 @@ def _pins(hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None) -> P
 def _patterns_getter(hub: Hub, notes: list[str]) -> Callable[[Any], list[Any]]:
     def patterns_of(acc: Any) -> list[Any]:
         try:
-            results = hub.hook.umahub_patterns(accelerator=acc)
+            results = hub.traced_hook.umahub_patterns(accelerator=acc)
         except Exception as exc:
             plugin, hook = getattr(exc, "umahub_culprit", (hub.owner(acc.name), "umahub_patterns"))
             message = (f"plugin '{plugin}' failed in {hook} for accelerator '{acc.name}': "
@@ -227,7 +227,7 @@ def _lowering_order(hub: Hub, part: Partitioned) -> list[str]:
 def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any, list[str]]:
     """relax_to_tir -> schedule -> tir_passes -> codegen for one partition."""
     acc = ctx.accelerator
-    tir_mod = hub.hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
+    tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
     if tir_mod is None:
         tir_mod = default_relax_to_tir(func, ctx.symbol, acc.name)
     elif not isinstance(tir_mod, tvm.IRModule) or ctx.symbol not in [
@@ -236,16 +236,16 @@ def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any
                            f"with a PrimFunc named '{ctx.symbol}', got {type(tir_mod).__name__}")
     schedule = tvm.s_tir.Schedule(tir_mod)
     schedule.work_on(ctx.symbol)
-    said = [s for s in hub.hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
+    said = [s for s in hub.traced_hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
             if isinstance(s, str)]
     scheduled = schedule.mod
     phase_passes = {}
     for phase in PHASES:
-        results = hub.hook.umahub_tir_passes(accelerator=acc, phase=phase, context=ctx)
+        results = hub.traced_hook.umahub_tir_passes(accelerator=acc, phase=phase, context=ctx)
         phase_passes[phase] = [p for r in results for p in (r or [])]
     with use_phase_passes(phase_passes) as pipeline:
         ctx = replace(ctx, tir_pipeline=pipeline)
-        module = hub.hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
+        module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
         if module is None:
             module = codegen_stage.build_default(acc, scheduled, ctx.symbol, pipeline)
     return module, said

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import umahub
 
-from umahub_vanilla.passes import C_INCLUDES, C_SOURCES, INCLUDE_DIRS, conv2d_to_extern
+from umahub_vanilla.library import C_INCLUDES, C_SOURCES, INCLUDE_DIRS
 
 UMAHUB_API = 1
 
@@ -74,5 +74,7 @@ def umahub_patterns(accelerator):
 def umahub_tir_passes(accelerator, phase):
     """Phase 0: swap the convolution loop nest for the kernel library call."""
     if accelerator.name == NAME and phase == 0:
+        from umahub_vanilla.passes import conv2d_to_extern
+
         return [conv2d_to_extern()]
     return None

@@ -48,16 +48,13 @@ __all__ = [
     "conv2d_to_extern",
 ]
 
-#: Name of the C function the pass calls (declared in kernels/vanilla_conv2d.h).
-EXTERN_NAME = "vanilla_conv2d_nchw"
-#: Directory of the kernel library shipped with the package.
-KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
-#: C sources to compile and link into the exported library.
-C_SOURCES = [str(KERNEL_DIR / "vanilla_conv2d.c")]
-#: Include directories (``-I``) for the generated C and the kernel sources.
-INCLUDE_DIRS = [str(KERNEL_DIR)]
-#: Text to put at the top of the generated C source.
-C_INCLUDES = '#include "vanilla_conv2d.h"\n'
+from umahub_vanilla.library import (  # noqa: E402 - re-exported
+    C_INCLUDES,
+    C_SOURCES,
+    EXTERN_NAME,
+    INCLUDE_DIRS,
+    KERNEL_DIR,
+)
 
 _DATA_PAR = 0  # IterVar.DataPar
 _COMM_REDUCE = 2  # IterVar.CommReduce

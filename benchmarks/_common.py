@@ -1,0 +1,61 @@
+"""Shared by the benchmarks: the machine's details and the results files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), "")
+    except OSError:
+        pass
+    versions = {}
+    for name in ("tvm", "pluggy", "numpy", "torch"):
+        try:
+            module = __import__(name)
+            versions[name] = getattr(module, "__version__", "?")
+        except ImportError:
+            versions[name] = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"),
+        "versions": versions,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def median_time(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def write(name: str, data: dict[str, Any]) -> Path:
+    """Write ``results/<name>.json`` with the machine's details; return the path."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **data}, indent=2) + "\n")
+    return path

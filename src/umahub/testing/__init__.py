@@ -1,0 +1,126 @@
+"""umahub's conformance kit for accelerator vendors: a pytest plugin.
+
+Installed with umahub (entry point ``pytest11``: ``umahub = "umahub.testing"``),
+so every pytest run in an environment with umahub has it; it costs nothing
+until asked for (no TVM, no plugin, no model is imported at start-up).
+
+Run it on the command line
+--------------------------
+
+::
+
+    pytest --umahub-conformance=npu                 # a plugin: all its accelerators
+    pytest --umahub-conformance=dsp_cpu --umahub-conformance-models=all
+
+``--umahub-conformance=NAME[,NAME]``
+    umahub plugins or accelerators to check; an unknown name is a usage error
+    that lists the known ones and suggests the closest. The checks are added to
+    the session's tests (``-k`` and ``-m`` select among them as usual), as
+    ``.../umahub/testing/conformance.py::TestConformance::test_<check>[<accel>-<model>]``.
+``--umahub-conformance-models=LIST``
+    comma-separated zoo models, or ``all`` (default ``mlp,cnn``; resnet18 and
+    bert take 10-60 s each to compile).
+``--umahub-conformance-report=PATH``
+    the JSON report (default ``umahub-conformance.json`` in the rootdir).
+``--umahub-conformance-examples=N``
+    random graphs per accelerator (default 8).
+
+The checks, for each accelerator (and each model where it applies):
+
+``partition``
+    the accelerator's patterns partition the model: every operator it takes is
+    in one of its partitions, by one of its patterns.
+``compile``
+    every partition compiles, with ``on-error = "error"``, where the plan put it.
+``matches_host``
+    the outputs match plain ``tvm.compile(target="llvm")`` within :data:`TOLERANCE`.
+``export_and_reload``
+    ``export_library`` then :func:`umahub.load` gives the same outputs.
+``pin_instance:<i>``
+    with every operator it takes pinned to instance ``i``, it takes the same
+    operators, all on ``accel:i``, and the outputs match.
+``random_graphs``
+    hypothesis draws small graphs (2-6 operators, tensors of at most 16 KiB)
+    of the operators its patterns mention; each compiles and matches the host,
+    and over all of them the accelerator takes at least one operator.
+    Deterministic (``derandomize=True``), no example database, no shrinking.
+
+Only the accelerator under test claims operators, from a hub that loads only
+its plugin; the project's ``[tool.umahub]`` cannot change what is checked. The
+JSON report gives, per accelerator and model, the operators it took of the
+total, its partitions, the largest absolute error, whether it passed and the
+message of each failed check; plus the random graphs' summary, the tolerance
+and the umahub, TVM, hypothesis and Python versions.
+
+Use it from a vendor's own tests
+--------------------------------
+
+Subclass :class:`ConformanceSuite` and say which accelerator with the marker::
+
+    import pytest
+    from umahub.testing import ConformanceSuite
+
+    @pytest.mark.umahub_conformance(accelerator="npu", models=["mlp", "cnn"], examples=6)
+    class TestNpuConformance(ConformanceSuite):
+        pass
+
+or write checks of your own with the fixtures:
+
+``umahub_conformance_accelerator``
+    the accelerator named by the closest ``umahub_conformance`` marker (else
+    by ``--umahub-conformance``).
+``umahub_conformance_hub``
+    factory ``make(accelerator=None, **config) -> umahub.Hub``: only this
+    accelerator claims, ``on-error = "error"``.
+``umahub_host_reference``
+    ``reference(model_name)``: plain-TVM outputs of a zoo model on
+    ``umahub.models.inputs(name)``, computed once per session.
+``umahub_conformance_report``
+    the recorder behind the JSON report, for checks of your own.
+
+With ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, load the kit with ``-p umahub.testing``
+or ``pytest_plugins = ["umahub.testing"]`` in a ``conftest.py``.
+
+The marker ``umahub_conformance(accelerator, models=None, examples=None)``
+names an accelerator or a plugin; ``models`` and ``examples`` default to the
+options'. ``--umahub-conformance-report=PATH`` writes the report also when the
+suite runs only through a vendor's subclass. :func:`assert_matches_host` and
+:func:`compare` apply :data:`TOLERANCE` to outputs of your own.
+"""
+
+from __future__ import annotations
+
+from umahub.testing._compare import TOLERANCE, Tolerance, assert_matches_host, compare
+from umahub.testing._plugin import (
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_itemcollected,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    umahub_conformance_accelerator,
+    umahub_conformance_hub,
+    umahub_conformance_report,
+    umahub_host_reference,
+)
+from umahub.testing._suite import ConformanceSuite
+
+__all__ = [
+    "TOLERANCE",
+    "ConformanceSuite",
+    "Tolerance",
+    "assert_matches_host",
+    "compare",
+    "pytest_addoption",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_itemcollected",
+    "pytest_runtest_makereport",
+    "pytest_sessionfinish",
+    "pytest_terminal_summary",
+    "umahub_conformance_accelerator",
+    "umahub_conformance_hub",
+    "umahub_conformance_report",
+    "umahub_host_reference",
+]

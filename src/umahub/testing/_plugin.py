@@ -1,0 +1,284 @@
+"""The pytest hooks and fixtures of the conformance kit (loaded by the ``pytest11`` entry point).
+
+Without ``--umahub-conformance`` the hooks only add the options and the marker:
+nothing of TVM, the zoo or the plugins is imported until a fixture of the kit
+is requested or a :class:`~umahub.testing.ConformanceSuite` is collected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from umahub.testing._session import (
+    DEFAULT_EXAMPLES,
+    DEFAULT_MODELS,
+    ConformanceSession,
+    UsageProblem,
+)
+from umahub.testing._suite import ConformanceSuite
+
+__all__ = [
+    "SESSION_KEY",
+    "pytest_addoption",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_itemcollected",
+    "pytest_runtest_makereport",
+    "pytest_sessionfinish",
+    "pytest_terminal_summary",
+    "umahub_conformance_accelerator",
+    "umahub_conformance_hub",
+    "umahub_conformance_report",
+    "umahub_host_reference",
+]
+
+#: Where the :class:`ConformanceSession` of a run lives: ``config.stash[SESSION_KEY]``.
+SESSION_KEY = pytest.StashKey[ConformanceSession]()
+#: (accelerator, model or None, check) of a conformance test item.
+_CASE_KEY = pytest.StashKey[tuple[str, Any, str]]()
+
+_REPORT_NAME = "umahub-conformance.json"
+#: The node id of the added test module: ``umahub-conformance::TestConformance::test_...``.
+_SUITE_NODEID = "umahub-conformance"
+
+
+def _split(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The ``--umahub-conformance*`` options."""
+    group = parser.getgroup("umahub", "umahub conformance kit")
+    group.addoption(
+        "--umahub-conformance",
+        metavar="NAME[,NAME]",
+        default=None,
+        help="run umahub's conformance checks for these umahub plugins or accelerators "
+        "(a plugin means all its accelerators)",
+    )
+    group.addoption(
+        "--umahub-conformance-models",
+        metavar="LIST",
+        default=",".join(DEFAULT_MODELS),
+        help="zoo models to check, comma-separated, or 'all' (default: %(default)s)",
+    )
+    group.addoption(
+        "--umahub-conformance-report",
+        metavar="PATH",
+        default=None,
+        help=f"where to write the JSON report (default: {_REPORT_NAME} in the rootdir)",
+    )
+    group.addoption(
+        "--umahub-conformance-examples",
+        metavar="N",
+        type=int,
+        default=DEFAULT_EXAMPLES,
+        help="random graphs per accelerator (hypothesis examples; default: %(default)s)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker; resolve ``--umahub-conformance`` (a usage error if unknown)."""
+    config.addinivalue_line(
+        "markers",
+        "umahub_conformance(accelerator, models=None, examples=None): the umahub accelerator "
+        "(or plugin) that the kit's fixtures and a ConformanceSuite subclass check",
+    )
+    names = _split(config.getoption("umahub_conformance", None))
+    explicit_report = config.getoption("umahub_conformance_report", None)
+    report = None
+    if names or explicit_report:
+        report = Path(explicit_report) if explicit_report else config.rootpath / _REPORT_NAME
+    examples = config.getoption("umahub_conformance_examples", DEFAULT_EXAMPLES)
+    if examples < 1:
+        raise pytest.UsageError(f"--umahub-conformance-examples={examples}: must be at least 1")
+    session = ConformanceSession(
+        names,
+        _split(config.getoption("umahub_conformance_models", None)) or DEFAULT_MODELS,
+        examples,
+        report,
+    )
+    config.stash[SESSION_KEY] = session
+    if names:
+        try:
+            session.targets  # noqa: B018 - resolve now: an unknown name is a usage error
+            session.models()
+        except UsageProblem as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """With ``--umahub-conformance``, add the suite's tests to the session.
+
+    Runs first, so that ``-k``, ``-m`` and other plugins see the added tests as
+    if they had been collected from a file.
+    """
+    if not config.stash[SESSION_KEY].names:
+        return
+    from umahub.testing import conformance
+
+    # A fixed node id: the module's path may be anywhere (site-packages, an
+    # editable checkout), and the ids should read the same everywhere.
+    module = pytest.Module.from_parent(
+        session, path=Path(conformance.__file__), nodeid=_SUITE_NODEID
+    )
+    items.extend(session.genitems(module))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Tag the tests of a ConformanceSuite with (accelerator, model, check) for the report."""
+    cls = getattr(item, "cls", None)
+    if cls is None or not issubclass(cls, ConformanceSuite):
+        return
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "accelerator" not in params:
+        return
+    check = item.originalname.removeprefix("test_")
+    if "instance" in params:
+        check = f"{check}:{params['instance']}"
+    item.stash[_CASE_KEY] = (params["accelerator"], params.get("model"), check)
+
+
+def _message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    if report.skipped and isinstance(report.longrepr, tuple):
+        text = str(report.longrepr[2])
+    text = text.strip().removeprefix("AssertionError: ").removeprefix("Skipped: ")
+    lines = [line for line in text.splitlines() if line.strip()]
+    text = lines[0] if lines else text
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Record the outcome of every conformance check (and its message) for the report."""
+    report = yield
+    case = item.stash.get(_CASE_KEY, None)
+    if case is not None and (report.when == "call" or not report.passed):
+        accelerator, model, check = case
+        session = item.config.stash[SESSION_KEY]
+        target = session.target(accelerator)
+        session.recorder.accelerator(
+            accelerator, plugin=target.plugin, instances=target.instances, codegen=target.codegen
+        )
+        message = "" if report.passed else _message(report)
+        session.recorder.outcome(accelerator, model, check, report.outcome, message)
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Write the JSON report, when asked for and when some check ran."""
+    state = session.config.stash.get(SESSION_KEY, None)
+    if state is None or state.report_path is None or not state.recorder:
+        return
+    from umahub.testing._compare import TOLERANCE
+
+    state.recorder.write(
+        state.report_path,
+        TOLERANCE.to_dict(),
+        options={
+            "conformance": list(state.names),
+            "models": list(state.requested_models),
+            "examples": state.examples,
+        },
+    )
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """A short table per accelerator and model, and where the report is."""
+    state = config.stash.get(SESSION_KEY, None)
+    if state is None or not state.recorder:
+        return
+    from umahub.testing._compare import TOLERANCE
+
+    data = state.recorder.to_dict(TOLERANCE.to_dict())
+    terminalreporter.section("umahub conformance")
+    for name, acc in data["accelerators"].items():
+        verdict = "passed" if acc["passed"] else "FAILED"
+        terminalreporter.write_line(f"{name} (plugin {acc.get('plugin', '?')}): {verdict}")
+        rows = list(acc["models"].items())
+        if "random_graphs" in acc:
+            rows.append(("random graphs", acc["random_graphs"]))
+        for model, entry in rows:
+            taken = entry.get("operators_taken")
+            total = entry.get("operators_total")
+            error = entry["largest_error"]
+            terminalreporter.write_line(
+                f"  {model:<14} took {'?' if taken is None else taken}/"
+                f"{'?' if total is None else total} ops, largest error "
+                f"{'-' if error is None else f'{error:.2g}'}, "
+                f"{'passed' if entry['passed'] else 'FAILED: ' + '; '.join(entry['failures'])}"
+            )
+    if state.report_path is not None:
+        terminalreporter.write_line(f"report: {state.report_path}")
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+def _session(request: pytest.FixtureRequest) -> ConformanceSession:
+    return request.config.stash[SESSION_KEY]
+
+
+@pytest.fixture
+def umahub_conformance_accelerator(request: pytest.FixtureRequest) -> str:
+    """The accelerator under test: the ``umahub_conformance`` marker's, else the option's.
+
+    Exactly one accelerator must be meant (a plugin with one accelerator is fine).
+    """
+    from umahub.testing._suite import suite_options
+
+    try:
+        targets, _, _ = suite_options(request.node, request.config)
+    except UsageProblem as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if len(targets) != 1:
+        pytest.fail(
+            f"umahub_conformance_accelerator: {len(targets)} accelerators are meant "
+            f"({', '.join(t.accelerator for t in targets)}); name one",
+            pytrace=False,
+        )
+    return targets[0].accelerator
+
+
+@pytest.fixture
+def umahub_conformance_hub(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """A factory ``make(accelerator=None, **config) -> umahub.Hub``.
+
+    The hub loads only the accelerator's plugin, lets only that accelerator
+    claim, and stops the compile on any plugin failure (``on-error = "error"``);
+    the project's ``[tool.umahub]`` cannot change that. ``accelerator``
+    defaults to :func:`umahub_conformance_accelerator`'s; ``config`` adds
+    ``[tool.umahub]`` keys (``placement={...}``, ``scope-policy="outputs"``).
+    """
+
+    def make(accelerator: str | None = None, **config: Any) -> Any:
+        name = accelerator or request.getfixturevalue("umahub_conformance_accelerator")
+        try:
+            return _session(request).hub(name, {k.replace("_", "-"): v for k, v in config.items()})
+        except UsageProblem as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def umahub_host_reference(request: pytest.FixtureRequest) -> Callable[[str], Any]:
+    """``reference(model_name)``: the outputs of plain ``tvm.compile(target="llvm")`` on the
+    zoo model's ``inputs(name, seed=0)``, computed once per session."""
+    return _session(request).reference
+
+
+@pytest.fixture(scope="session")
+def umahub_conformance_report(request: pytest.FixtureRequest) -> Any:
+    """The session's report recorder: ``numbers(accel, model, ...)``, ``error(accel, model,
+    value)``, ``outcome(accel, model, check, outcome, message)``."""
+    return _session(request).recorder

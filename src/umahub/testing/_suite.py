@@ -1,0 +1,336 @@
+"""The conformance checks, as the methods of :class:`ConformanceSuite`.
+
+Each check is a test parametrized by accelerator and model (the pin check by
+instance too, the random graphs by accelerator only); which accelerators and
+models comes from the class's ``umahub_conformance`` marker or, without one,
+from ``--umahub-conformance`` and ``--umahub-conformance-models``.
+
+A check whose model did not compile is skipped with the compile's error (the
+compile check is the one that fails), so a broken lowering is one failure, not
+four.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from umahub.testing._compare import compare
+from umahub.testing._session import ConformanceSession, Target, UsageProblem
+
+__all__ = ["ConformanceSuite", "suite_options"]
+
+#: The marker that names the accelerator a ConformanceSuite subclass or a fixture checks.
+MARKER = "umahub_conformance"
+
+
+def session_of(config: pytest.Config) -> ConformanceSession:
+    """The kit's :class:`ConformanceSession` of this pytest run."""
+    from umahub.testing._plugin import SESSION_KEY
+
+    return config.stash[SESSION_KEY]
+
+
+def _names(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [n.strip() for n in value.split(",") if n.strip()]
+    return [str(v) for v in value]
+
+
+def suite_options(node: Any, config: pytest.Config) -> tuple[list[Target], list[str], int]:
+    """``(accelerators, models, examples)`` for a test: its marker's, else the options'.
+
+    Raises:
+        UsageProblem: no accelerator named anywhere, or a name that does not resolve.
+    """
+    session = session_of(config)
+    marker = node.get_closest_marker(MARKER)
+    if marker is not None:
+        names = marker.kwargs.get("accelerator", marker.args[0] if marker.args else None)
+        if not names:
+            raise UsageProblem(
+                f"@pytest.mark.{MARKER}(...) needs accelerator='name' (an accelerator or a plugin)"
+            )
+        targets = session.resolve(_names(names), f"@pytest.mark.{MARKER}(accelerator)")
+        models = marker.kwargs.get("models")
+        models = session.models(
+            None if models is None else _names(models), f"@pytest.mark.{MARKER}(models)"
+        )
+        examples = int(marker.kwargs.get("examples", session.examples))
+        return targets, models, examples
+    if not session.names:
+        raise UsageProblem(
+            f"no accelerator to check: run pytest with --umahub-conformance=NAME "
+            f"or mark the test class with @pytest.mark.{MARKER}(accelerator=...)"
+        )
+    return session.targets, session.models(), session.examples
+
+
+def _taken(report: Any, accelerator: str) -> list[Any]:
+    return [o for o in report.placement if o.device.split(":")[0] == accelerator]
+
+
+def _compiled_or_skip(session: ConformanceSession, accelerator: str, model: str) -> Any:
+    try:
+        return session.compiled(accelerator, model)
+    except Exception as exc:
+        pytest.skip(
+            f"{model} did not compile for {accelerator} (the compile check fails): "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        )
+
+
+def _fail_if(problem: Any) -> None:
+    """Fail the check with ``problem`` (a sentence) unless it is empty."""
+    if problem:
+        raise AssertionError(problem)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else ""
+
+
+class ConformanceSuite:
+    """umahub's conformance checks for an accelerator; subclass it in a test module.
+
+    The accelerator (or plugin), the models and the number of random graphs come
+    from the ``umahub_conformance`` marker on the subclass (or its module)::
+
+        @pytest.mark.umahub_conformance(accelerator="npu", models=["mlp", "cnn"], examples=6)
+        class TestNpuConformance(ConformanceSuite):
+            pass
+
+    and, where it does not say, from the ``--umahub-conformance*`` options. Each
+    check records into the session's JSON report (``--umahub-conformance-report``).
+    """
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Parametrize the checks by accelerator, model and instance."""
+        try:
+            targets, models, _ = suite_options(metafunc.definition, metafunc.config)
+        except UsageProblem as exc:
+            pytest.fail(str(exc), pytrace=False)
+        names = [n for n in ("accelerator", "model", "instance") if n in metafunc.fixturenames]
+        values: list[tuple[Any, ...]] = []
+        for t in targets:
+            if "model" not in names:
+                values.append((t.accelerator,))
+                continue
+            for m in models:
+                if "instance" in names:
+                    values += [(t.accelerator, m, i) for i in range(t.instances)]
+                else:
+                    values.append((t.accelerator, m))
+        ids = ["-".join(str(v) for v in row) for row in values]
+        metafunc.parametrize(names, values, ids=ids)
+
+    # ------------------------------------------------------------------ per model
+
+    def test_partition(self, request: pytest.FixtureRequest, accelerator: str, model: str) -> None:
+        """Its patterns partition the model: what it takes is in its partitions, by its patterns."""
+        session = session_of(request.config)
+        report = session.explained(accelerator, model)
+        taken = _taken(report, accelerator)
+        partitions = [p for p in report.partitions if p.accelerator == accelerator]
+        session.recorder.numbers(
+            accelerator,
+            model,
+            operators_total=len(report.placement),
+            operators_taken=len(taken),
+            partitions=len(partitions),
+        )
+        problems = []
+        for o in report.placement:
+            if o.device != "host" and o.device.split(":")[0] != accelerator:
+                problems.append(
+                    f"{o.name} ({o.op}) is on {o.device}, but only '{accelerator}' claims"
+                )
+        for o in taken:
+            if not o.pattern.startswith(f"{accelerator}.") or not o.partition:
+                problems.append(
+                    f"{o.name} ({o.op}) on {o.device} has pattern "
+                    f"{o.pattern!r}, partition {o.partition!r}"
+                )
+        symbols = {p.symbol: p for p in partitions}
+        for p in partitions:
+            count = sum(o.partition == p.symbol for o in taken)
+            if count != p.operators or not p.operators:
+                problems.append(
+                    f"partition {p.symbol} reports {p.operators} operator(s), "
+                    f"the placement puts {count} in it"
+                )
+        for o in taken:
+            if o.partition not in symbols:
+                problems.append(
+                    f"{o.name} ({o.op}) names partition {o.partition}, which the "
+                    "report does not list"
+                )
+        _fail_if("; ".join(problems))
+
+    def test_compile(self, request: pytest.FixtureRequest, accelerator: str, model: str) -> None:
+        """Every partition compiles (on-error = "error"), where the plan put it."""
+        session = session_of(request.config)
+        compiled = session.compiled(accelerator, model)
+        fallen = [f"{p.symbol}: {p.fallback}" for p in compiled.report.partitions if p.fallback]
+        _fail_if(fallen and f"partitions fell back to the host: {'; '.join(fallen)}")
+        plan = {o.name: o.device for o in session.explained(accelerator, model).placement}
+        built = {o.name: o.device for o in compiled.report.placement}
+        moved = [
+            f"{n}: planned {plan.get(n)}, built {d}" for n, d in built.items() if plan.get(n) != d
+        ]
+        _fail_if(moved and f"the build placed operators elsewhere than explain: {'; '.join(moved)}")
+
+    def test_matches_host(
+        self, request: pytest.FixtureRequest, accelerator: str, model: str
+    ) -> None:
+        """Its outputs match plain TVM on the host within the kit's tolerance."""
+        import umahub.models as zoo
+
+        session = session_of(request.config)
+        compiled = _compiled_or_skip(session, accelerator, model)
+        largest, problem = compare(compiled.run(*zoo.inputs(model)), session.reference(model))
+        session.recorder.error(accelerator, model, largest)
+        _fail_if(problem)
+
+    def test_export_and_reload(
+        self, request: pytest.FixtureRequest, accelerator: str, model: str, tmp_path: Any
+    ) -> None:
+        """``export_library`` then :func:`umahub.load` in a fresh runtime gives the same outputs."""
+        import umahub
+        import umahub.models as zoo
+
+        session = session_of(request.config)
+        compiled = _compiled_or_skip(session, accelerator, model)
+        path = compiled.export_library(tmp_path / f"{model}.so")
+        loaded = umahub.load(path)
+        _fail_if(
+            list(loaded.devices) != list(compiled.devices)
+            and f"reloaded devices {loaded.devices}, compiled {compiled.devices}"
+        )
+        largest, problem = compare(
+            loaded.run(*zoo.inputs(model)), session.reference(model), "reloaded output"
+        )
+        session.recorder.error(accelerator, model, largest)
+        _fail_if(problem)
+
+    def test_pin_instance(
+        self, request: pytest.FixtureRequest, accelerator: str, model: str, instance: int
+    ) -> None:
+        """Pinned to one instance it takes the same operators, all on that instance, and matches."""
+        import umahub.models as zoo
+
+        session = session_of(request.config)
+        used = session.patterns_used(accelerator, model)
+        if not used:
+            pytest.skip(f"{accelerator} takes no operator of {model}: nothing to pin")
+        _compiled_or_skip(session, accelerator, model)
+        device = f"{accelerator}:{instance}"
+        compiled = session.compiled(accelerator, model, instance)
+        plan = {o.name for o in _taken(session.explained(accelerator, model), accelerator)}
+        taken = _taken(compiled.report, accelerator)
+        elsewhere = [f"{o.name} on {o.device}" for o in taken if o.device != device]
+        _fail_if(elsewhere and f"pinned to {device}, yet {', '.join(elsewhere)}")
+        _fail_if(
+            {o.name for o in taken} != plan
+            and f"pinned to {device} it takes {sorted(o.name for o in taken)}, unpinned "
+            f"{sorted(plan)}"
+        )
+        _fail_if(
+            device not in compiled.devices
+            and f"{device} is not among the devices {compiled.devices}"
+        )
+        largest, problem = compare(
+            compiled.run(*zoo.inputs(model)), session.reference(model), f"output pinned to {device}"
+        )
+        session.recorder.error(accelerator, model, largest)
+        _fail_if(problem)
+
+    # ------------------------------------------------------------------ random graphs
+
+    def test_random_graphs(self, request: pytest.FixtureRequest, accelerator: str) -> None:
+        """Random small graphs of the operators its patterns name compile and match the host.
+
+        Deterministic (``derandomize=True``), no example database, no shrinking
+        (each example is a compile): a failing graph is printed as it was drawn.
+        At least one operator must be taken over all the graphs.
+        """
+        pytest.importorskip(
+            "hypothesis", reason="random graphs need hypothesis (pip install 'umahub[test]')"
+        )
+        from hypothesis import HealthCheck, Phase, given, settings
+
+        from umahub.placement import normalise_pattern
+        from umahub.testing._graphs import build, graph_inputs, graphs, pattern_ops, vocabulary
+        from umahub.testing._session import host_outputs
+
+        session = session_of(request.config)
+        _, _, examples = suite_options(request.node, request.config)
+        hub = session.hub(accelerator)
+        acc = hub.accelerator(accelerator)
+        patterns = [
+            normalise_pattern(acc, p)[1]
+            for result in hub.hook.umahub_patterns(accelerator=acc)
+            for p in (result or [])
+        ]
+        mentioned = pattern_ops(patterns)
+        ops = vocabulary(mentioned)
+        record = session.recorder
+        record.numbers(
+            accelerator,
+            None,
+            vocabulary=list(ops),
+            examples=0,
+            graphs_taken=0,
+            operators_total=0,
+            operators_taken=0,
+        )
+        if not ops:
+            pytest.skip(
+                f"the patterns of {accelerator} mention no operator the graph "
+                f"generator knows (they mention: {', '.join(sorted(mentioned)) or 'none'})"
+            )
+        seen: dict[str, tuple[int, int]] = {}
+
+        @settings(
+            max_examples=examples,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            phases=[Phase.generate],
+            report_multiple_bugs=False,
+            print_blob=False,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(graphs(ops))
+        def check(spec: Any) -> None:
+            mod, xs = build(spec), graph_inputs(spec)
+            try:
+                compiled = hub.compile(mod)
+            except Exception as exc:
+                raise AssertionError(
+                    f"{spec!r} did not compile: {type(exc).__name__}: {_first_line(exc)}"
+                ) from exc
+            taken = len(_taken(compiled.report, accelerator))
+            seen[repr(spec)] = (len(compiled.report.placement), taken)
+            largest, problem = compare(compiled.run(*xs), host_outputs(mod, xs), repr(spec))
+            record.error(accelerator, None, largest)
+            _fail_if(problem)
+
+        try:
+            check()
+        finally:
+            record.numbers(
+                accelerator,
+                None,
+                examples=len(seen),
+                graphs_taken=sum(1 for _, t in seen.values() if t),
+                operators_total=sum(n for n, _ in seen.values()),
+                operators_taken=sum(t for _, t in seen.values()),
+            )
+        _fail_if(
+            not any(t for _, t in seen.values())
+            and f"{accelerator} took no operator of {len(seen)} random graph(s) of "
+            f"{', '.join(ops)}: its pattern checks refuse every small float32 case"
+        )
