@@ -73,3 +73,15 @@ def _imported(module):
     yield module
     for m in module.imports:
         yield from _imported(m)
+
+
+def test_report_carries_the_data_edges_and_flops(cnn_across_three):
+    ops = {o.name: o for o in cnn_across_three.report.placement}
+    assert ops["conv1"].inputs == ()  # reads the model input and a weight
+    assert ops["conv1_relu"].inputs == ("conv1_bias_add",)
+    assert ops["residual"].inputs == ("conv2_relu", "conv1_relu")
+    assert ops["fc"].inputs == ("flatten",)
+    # conv2: 8 output channels x 16 x 16 positions x (8 x 3 x 3) multiply-adds.
+    assert ops["conv2"].flops == 2 * 8 * 16 * 16 * 8 * 3 * 3
+    assert ops["fc"].flops == 2 * 10 * 2048
+    assert ops["conv1_relu"].flops == 8 * 16 * 16

@@ -24,6 +24,10 @@ class Operator:
         pattern: the pattern that claimed it (``"npu.conv2d"``); "" on the host.
         partition: the symbol of its partition; "" on the host.
         pinned: the pin that placed it (``"conv*"``), or "".
+        inputs: the nodes whose outputs it reads (model inputs and constants
+            left out), in argument order.
+        flops: floating-point operations of one call, from static shapes (0
+            when unknown).
     """
 
     name: str
@@ -32,6 +36,8 @@ class Operator:
     pattern: str = ""
     partition: str = ""
     pinned: str = ""
+    inputs: tuple[str, ...] = ()
+    flops: int = 0
 
 
 @dataclass(frozen=True)

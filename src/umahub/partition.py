@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -236,30 +237,78 @@ def node_name(binding: relax.VarBinding) -> str:
     return name_of(binding.var)
 
 
-def _walk(func: relax.Function, mod: tvm.IRModule, pattern: str = "") -> list[tuple[str, str, str]]:
-    """(node, op, pattern) of every operator reachable from func, composites expanded."""
-    rows: list[tuple[str, str, str]] = []
-    local: dict[relax.Var, relax.Function] = {}
+@dataclass(frozen=True)
+class _Row:
+    node: str
+    op: str
+    pattern: str
+    inputs: tuple[str, ...]
+    flops: int
+
+
+def _producers(expr: relax.Expr, env: Mapping) -> tuple[str, ...]:
+    names: list[str] = []
+    for var in relax.analysis.free_vars(expr):
+        names.extend(n for n in env.get(var, ()) if n not in names)
+    return tuple(names)
+
+
+def _flops(call: relax.Call) -> int:
+    """Floating-point operations of one call, from static shapes (0 when unknown)."""
+    from umahub.patterns import shape_of
+
+    out = shape_of(call)
+    if out is None:
+        return 0
+    elements = int(np.prod(out)) if out else 1
+    op = call.op.name
+    if op == "relax.matmul":
+        lhs = shape_of(call.args[0])
+        return 2 * elements * lhs[-1] if lhs else 0
+    if op == "relax.nn.conv2d":
+        weight = shape_of(call.args[1])
+        return 2 * elements * int(np.prod(weight[1:])) if weight else 0
+    return elements
+
+
+def _walk(func: relax.Function, mod: tvm.IRModule, pattern: str = "",
+          env: Mapping | None = None) -> tuple[list[_Row], tuple[str, ...]]:
+    """Every operator reachable from ``func`` (composites expanded) and its producers.
+
+    ``env`` maps the function's free variables and parameters to the node
+    names that produced them. Returns the rows and the producers of the
+    function's result.
+    """
+    env = dict(env or {})
+    rows: list[_Row] = []
+    local: dict = {}
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
             if isinstance(value, relax.Function):
                 local[binding.var] = value
                 continue
-            if not isinstance(value, relax.Call):
-                continue
             callee = None
-            if isinstance(value.op, tvm.ir.Op):
-                rows.append((node_name(binding), value.op.name, pattern))
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                name = node_name(binding)
+                rows.append(_Row(name, value.op.name, pattern, _producers(value, env),
+                                 _flops(value)))
+                env[binding.var] = (name,)
                 continue
-            if isinstance(value.op, relax.GlobalVar):
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
                 callee = mod[value.op]
-            elif isinstance(value.op, relax.Var):
+            elif isinstance(value, relax.Call) and isinstance(value.op, relax.Var):
                 callee = local.get(value.op)
             if isinstance(callee, relax.Function):
                 is_composite = callee.attrs and "Composite" in callee.attrs
-                rows.extend(_walk(callee, mod, _pattern_of(callee) if is_composite else pattern))
-    return rows
+                inner = {p: _producers(a, env) for p, a in zip(callee.params, value.args)}
+                sub, out = _walk(callee, mod, _pattern_of(callee) if is_composite else pattern,
+                                 inner)
+                rows.extend(sub)
+                env[binding.var] = out
+            else:  # tuples, tuple items: pass their producers on
+                env[binding.var] = _producers(value, env)
+    return rows, _producers(func.body.body, env)
 
 
 def _strip_tags(func: relax.Function) -> relax.Function:
@@ -314,7 +363,7 @@ def partition(
                     if value.op not in order:
                         order.append(value.op)
     next_instance: dict[str, int] = {}
-    partitions: dict[str, Partition] = {}
+    placed: dict[str, tuple[str, str, int]] = {}  # gv name -> symbol, accelerator, instance
     for gv in order:
         func = mod[gv]
         accel_name, instance = _untag(str(func.attrs["Codegen"]))
@@ -322,33 +371,45 @@ def partition(
             count = accelerators[accel_name].instances
             instance = next_instance.get(accel_name, 0) % count
             next_instance[accel_name] = instance + 1
-        rows = _walk(func, mod)
-        symbol = _symbol(accel_name, len(partitions), [op for _, op, _ in rows])
-        func = _strip_tags(func).with_attr("global_symbol", symbol)
-        funcs[gv] = func
-        device = f"{accel_name}:{instance}"
-        operators = tuple(
-            Operator(node, op, device, pat, symbol,
-                     (hit[0] if (hit := pins.resolve(node, op, pat)) else ""))
-            for node, op, pat in rows
-        )
-        partitions[gv.name_hint] = Partition(
-            symbol, accel_name, instance,
-            tuple(dict.fromkeys(o.pattern for o in operators)), operators,
-        )
+        rows, _ = _walk(func, mod)
+        symbol = _symbol(accel_name, len(placed), [r.op for r in rows])
+        funcs[gv] = _strip_tags(func).with_attr("global_symbol", symbol)
+        placed[name_of(gv)] = (symbol, accel_name, instance)
     mod = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
+
+    def operator(row: _Row, device: str = "host", symbol: str = "") -> Operator:
+        hit = pins.resolve(row.node, row.op, row.pattern)
+        return Operator(row.node, row.op, device, row.pattern, symbol, hit[0] if hit else "",
+                        row.inputs, row.flops)
+
     operators: list[Operator] = []
+    by_partition: dict[str, list[Operator]] = {}
+    env: dict = {}
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
             value = binding.value
-            if not isinstance(value, relax.Call):
-                continue
-            if isinstance(value.op, relax.GlobalVar) and value.op.name_hint in partitions:
-                operators.extend(partitions[value.op.name_hint].operators)
-            elif isinstance(value.op, tvm.ir.Op):
-                node, op = node_name(binding), value.op.name
-                hit = pins.resolve(node, op)
-                operators.append(Operator(node, op, pinned=hit[0] if hit else ""))
+            if (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)
+                    and name_of(value.op) in placed):
+                symbol, accel_name, instance = placed[name_of(value.op)]
+                inner = {p: _producers(a, env) for p, a in zip(mod[value.op].params, value.args)}
+                rows, out = _walk(mod[value.op], mod, "", inner)
+                ops = [operator(r, f"{accel_name}:{instance}", symbol) for r in rows]
+                by_partition[symbol] = ops
+                operators.extend(ops)
+                env[binding.var] = out
+            elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                name = node_name(binding)
+                operators.append(operator(_Row(name, value.op.name, "", _producers(value, env),
+                                               _flops(value))))
+                env[binding.var] = (name,)
+            else:
+                env[binding.var] = _producers(value, env)
+    partitions = {
+        symbol: Partition(symbol, accel, instance,
+                          tuple(dict.fromkeys(o.pattern for o in by_partition[symbol])),
+                          tuple(by_partition[symbol]))
+        for symbol, accel, instance in placed.values()
+    }
     return Partitioned(mod, tuple(partitions.values()), tuple(operators))
 
 
