@@ -136,3 +136,12 @@ def test_invalid_toml_names_the_file(isolated):
     write_pyproject(isolated, "[tool.umahub\n")
     with pytest.raises(ConfigError, match="pyproject.toml: not valid TOML"):
         load_config()
+
+
+def test_hub_can_ignore_the_project_config(isolated):
+    import umahub
+
+    write_pyproject(isolated, '[tool.umahub]\npriority = ["nope"]\n')
+    hub = umahub.Hub(config={"on-error": "error"}, autoload=False, project_config=False)
+    assert (hub.config.priority, hub.config.on_error, hub.config.source) == (
+        None, "error", "<defaults> + config=")

@@ -81,17 +81,16 @@ def _partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | 
 
 def _device_weights(mod: tvm.IRModule, device_of: Mapping[str, str]) -> list[tuple]:
     """(constant, device) of every weight a partition on an accelerator reads, once each."""
-    found: list[tuple] = []
+    found: dict[tuple, None] = {}  # TVM objects hash by identity
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
             call = _partition_call(mod, binding.value)
             if call is None or call[0] not in device_of:
                 continue
             for arg in call[1]:
-                if isinstance(arg, Constant) and isinstance(type_of(arg), TensorType) and not any(
-                        arg.same_as(c) and device_of[call[0]] == d for c, d in found):
-                    found.append((arg, device_of[call[0]]))
-    return found
+                if isinstance(arg, Constant) and isinstance(type_of(arg), TensorType):
+                    found.setdefault((arg, device_of[call[0]]), None)
+    return list(found)
 
 
 def place_on_devices(
@@ -136,10 +135,8 @@ def place_on_devices(
                            copy_kind.get(device, "sync"), constant=True, when="load"))
 
     def fetch(expr: relax.Expr, device: str) -> relax.Expr:
-        if isinstance(expr, Constant):
-            for (constant, on), param in fetched.items():
-                if on == device and constant.same_as(expr):
-                    return param
+        if (expr, device) in fetched:  # a copy made before, or a weight parameter
+            return fetched[(expr, device)]
         source = where.get(expr, HOST)
         if source == device or not isinstance(type_of(expr), TensorType):
             return expr

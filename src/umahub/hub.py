@@ -36,6 +36,9 @@ class Hub:
         plugins: modules or objects to use as plugins as well.
         strict: a plugin that fails to load is an error instead of being
             skipped with a warning (default: the config's ``strict``).
+        project_config: read ``[tool.umahub]`` from the project (or
+            ``UMAHUB_CONFIG``); False uses ``config`` alone, e.g. in a test kit
+            that must not depend on the project it runs in.
 
     Raises:
         ConfigError: an unknown key or name in the configuration.
@@ -50,8 +53,9 @@ class Hub:
         plugins: Sequence[Any] = (),
         *,
         strict: bool | None = None,
+        project_config: bool = True,
     ):
-        cfg = load_config(config)
+        cfg = load_config(config) if project_config else Config().merged(config)
         if strict is not None:
             cfg = replace(cfg, strict=strict)
         self.config: Config = cfg

@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from umahub._tvm import name_of, ret_type
+from umahub._tvm import name_of, ret_type, type_of
 
 from umahub.accelerator import Accelerator
 from umahub.context import Operator
@@ -131,6 +131,42 @@ def _tag_composites(mod: tvm.IRModule, pins: Pins,
     funcs = dict(mod.functions)
     funcs.update(updates)
     return tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def _wrap_each(mod: tvm.IRModule) -> tvm.IRModule:
+    """One partition per composite, shaped as MergeCompositeFunctions shapes them.
+
+    Each composite call of ``main`` becomes a call of an outer function
+    (``Codegen`` = the composite's accelerator, tag included) that holds the
+    composite as a local function.
+    """
+    composites = _composites(mod)
+    keep = {gv: f for gv, f in mod.functions.items()
+            if name_of(gv) != "main" and name_of(gv) not in composites}
+    bb = relax.BlockBuilder(tvm.IRModule(keep, attrs=mod.attrs))
+    main = mod["main"]
+    blocks = []
+    for block in main.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            value = binding.value
+            if (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)
+                    and name_of(value.op) in composites):
+                comp = composites[name_of(value.op)]
+                codegen = str(comp.attrs["Composite"]).split(".", 1)[0]
+                name = f"{name_of(value.op)}_{codegen}"
+                params = [relax.Var(name_of(p), type_of(p)) for p in comp.params]
+                with bb.function(name, params, attrs={"Codegen": codegen}, private=False):
+                    local = bb.emit(comp.without_attr("Primitive"))
+                    bb.emit_func_output(bb.emit(relax.Call(local, params)))
+                outer = bb.get().get_global_var(name)
+                value = relax.Call(outer, value.args, value.attrs, _type_args(value),
+                                   span=value.span)
+            bindings.append(relax.VarBinding(binding.var, value))
+        blocks.append(type(block)(bindings))
+    bb.add_func(relax.Function(main.params, relax.SeqExpr(blocks, main.body.body),
+                               ret_type(main), main.is_pure, main.attrs), "main")
+    return relax.transform.Normalize()(bb.get())
 
 
 def _untag(name: str) -> tuple[str, int | None]:
@@ -351,7 +387,10 @@ def partition(
                                                annotate_codegen=False)(mod)
         mod = _one_composite_per_call(mod, accepted, position)
         mod = _tag_composites(mod, pins, accelerators)
-        mod = relax.transform.MergeCompositeFunctions()(mod)
+        if any(p.accelerator.merge for p in planned):
+            mod = relax.transform.MergeCompositeFunctions()(mod)
+        else:  # TVM's merge pass grows quadratically with the model: skip it when unused
+            mod = _wrap_each(mod)
     funcs = dict(mod.functions)
     order: list[relax.GlobalVar] = []
     for block in mod["main"].body.blocks:

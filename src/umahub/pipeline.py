@@ -17,6 +17,7 @@ stops the compile with the same message.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -47,6 +48,24 @@ if TYPE_CHECKING:
 __all__ = ["compile", "explain"]
 
 Progress = Callable[[str, str], None]
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause Python's cycle collector while a stage creates many short-lived objects.
+
+    Planning a large model allocates hundreds of thousands of small wrappers
+    of TVM objects; with the collector running, its passes over an ever larger
+    heap make partitioning grow faster than the model. Reference counting still
+    frees everything; the cycles are collected once, at the end.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Clock:
@@ -149,12 +168,21 @@ def _check_pins(part: Partitioned, pins: Pins, hub: Hub, planned_names: dict[str
         notes.append(message)
 
 
-def _need(part: Partitioned, p: Partition, scope_policy: str) -> Need:
-    """What partition ``p`` needs of its pool (see :mod:`umahub.memory`)."""
-    func = next(f for gv, f in part.mod.functions.items()
-                if isinstance(f, relax.Function) and f.attrs and "global_symbol" in f.attrs
-                and str(f.attrs["global_symbol"]) == p.symbol)
-    call_args = _call_args(part.mod, p.symbol)
+def _partition_calls(part: Partitioned) -> dict[str, tuple[relax.Function, list[Any]]]:
+    """symbol -> (partition function, the arguments main calls it with)."""
+    found = {}
+    for block in part.mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                func = part.mod[value.op]
+                if isinstance(func, relax.Function) and func.attrs and "Codegen" in func.attrs:
+                    found[str(func.attrs["global_symbol"])] = (func, list(value.args))
+    return found
+
+
+def _need(func: relax.Function, call_args: list[Any], scope_policy: str) -> Need:
+    """What a partition needs of its pool (see :mod:`umahub.memory`)."""
     resident = transient = 0
     if scope_policy == "io":
         for param, arg in zip(func.params, call_args):
@@ -173,18 +201,6 @@ def _need(part: Partitioned, p: Partition, scope_policy: str) -> Need:
     relax.analysis.post_order_visit(func.body, visit)
     transient += max(intermediates, tensor_bytes(ret_type(func)))
     return Need(resident, transient)
-
-
-def _call_args(mod: tvm.IRModule, symbol: str) -> list[Any]:
-    for block in mod["main"].body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
-                f = mod[value.op]
-                if f.attrs and "global_symbol" in f.attrs and str(
-                        f.attrs["global_symbol"]) == symbol:
-                    return list(value.args)
-    return []
 
 
 def _host_plan(part: Partitioned) -> tuple[int, int]:
@@ -290,13 +306,14 @@ def _memory(hub: Hub, part: Partitioned, order: list[str],
     plan = MemoryPlan.for_devices(pools)
     needs: dict[str, Need] = {}
     misfits: dict[str, str] = {}
+    calls = _partition_calls(part)
     for name in order:
         if name == HOST:
             plan = plan.with_host(*_host_plan(part))
             continue
         acc = hub.accelerator(name)
         for p in (p for p in part.partitions if p.accelerator == name):
-            needs[p.symbol] = need = _need(part, p, hub.config.scope_policy)
+            needs[p.symbol] = need = _need(*calls[p.symbol], hub.config.scope_policy)
             pool = acc.pool
             if pool is None:
                 continue
@@ -334,6 +351,12 @@ def _report_partitions(part: Partitioned) -> list[PartitionReport]:
 def explain(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None = None,
             progress: Progress | None = None) -> Report:
     """Plan placement, memory and copies of ``mod`` without lowering or building it."""
+    with _gc_paused():
+        return _explain(hub, mod, placement, progress)
+
+
+def _explain(hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None,
+             progress: Progress | None) -> Report:
     clock, notes = _Clock(progress), []
     part = _plan_and_partition(hub, mod, placement, clock, notes)
     with clock.stage("memory"):
@@ -388,7 +411,8 @@ def compile(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None 
             cannot fall back, like a model without ``main``).
     """
     clock, notes = _Clock(progress), []
-    part = _plan_and_partition(hub, mod, placement, clock, notes)
+    with _gc_paused():
+        part = _plan_and_partition(hub, mod, placement, clock, notes)
     order = _lowering_order(hub, part)
     with clock.stage("memory"):
         plan, needs, misfits = _memory(hub, part, order, notes)

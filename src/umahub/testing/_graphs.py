@@ -205,13 +205,14 @@ def build(spec: GraphSpec) -> Any:
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", TensorType(spec.shape, "float32"))
+    # Looked up when called: an op missing from some TVM version only fails a graph using it.
     unary = {
-        "relax.nn.relu": relax.op.nn.relu,
-        "relax.sigmoid": relax.op.sigmoid,
-        "relax.tanh": relax.op.tanh,
-        "relax.nn.gelu": relax.op.nn.gelu,
-        "relax.nn.gelu_tanh": relax.op.nn.gelu_tanh,
-        "relax.nn.silu": relax.op.nn.silu,
+        "relax.nn.relu": lambda v: relax.op.nn.relu(v),
+        "relax.sigmoid": lambda v: relax.op.sigmoid(v),
+        "relax.tanh": lambda v: relax.op.tanh(v),
+        "relax.nn.gelu": lambda v: relax.op.nn.gelu(v),
+        "relax.nn.gelu_tanh": lambda v: relax.op.nn.gelu_tanh(v),
+        "relax.nn.silu": lambda v: relax.op.nn.silu(v),
         "relax.clip": lambda v: relax.op.clip(v, -1.0, 1.0),
     }
     binary = {

@@ -104,7 +104,7 @@ class ConformanceSession:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # a broken plugin is reported if named
-                    hub = umahub.Hub(config=config, strict=False)
+                    hub = umahub.Hub(config=config, strict=False, project_config=False)
             except UmahubError as exc:
                 raise UsageProblem(f"cannot load the installed umahub plugins: {exc}") from exc
             self._targets = {}
@@ -200,11 +200,13 @@ class ConformanceSession:
         target = self.target(accelerator)
         if config:
             return umahub.Hub(
-                config=isolated_config(target.plugin, accelerator, **config), strict=True
+                config=isolated_config(target.plugin, accelerator, **config), strict=True,
+                project_config=False,
             )
         if accelerator not in self._hubs:
             self._hubs[accelerator] = umahub.Hub(
-                config=isolated_config(target.plugin, accelerator), strict=True
+                config=isolated_config(target.plugin, accelerator), strict=True,
+                project_config=False,
             )
         return self._hubs[accelerator]
 

@@ -1,0 +1,264 @@
+"""The conformance kit (``umahub.testing``), run the way a vendor runs it: pytest in pytest.
+
+Each test starts an inner pytest session with ``pytester`` (in this process,
+so TVM is imported once) and checks its outcomes and its JSON report. Kept
+small: the test plugin ``alpha`` (accelerator ``alpha_accel``: LLVM, two
+instances, claims relu and add), the mlp only, two or three random graphs.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm(tmp_path_factory):
+    """Import now, outside pytester's snapshot of ``sys.modules``, every module a run needs.
+
+    An inline run removes the modules it imported when it ends; numpy and TVM's
+    FFI registrations cannot be imported twice in a process, so they must be
+    there before the first inline run.
+    """
+    import hypothesis  # noqa: F401
+    from tvm import te  # noqa: F401
+
+    import umahub
+    import umahub.models as zoo
+    from umahub.testing import _graphs  # noqa: F401
+
+    hub = umahub.Hub(config={"plugins": ["alpha"], "priority": ["alpha_accel"]})
+    compiled = hub.compile(zoo.get("mlp"))
+    path = compiled.export_library(tmp_path_factory.mktemp("warm") / "mlp.so")
+    umahub.load(path).run(*zoo.inputs("mlp"))
+
+
+#: An accelerator that computes relu(x) as x + 1: it partitions and compiles
+#: fine, and every numeric check must catch it.
+WRONG_PLUGIN = """
+    import umahub
+
+    UMAHUB_API = 1
+
+
+    @umahub.hookimpl
+    def umahub_accelerators():
+        return [umahub.Accelerator("wrong_accel", codegen="llvm")]
+
+
+    @umahub.hookimpl
+    def umahub_patterns(accelerator):
+        if accelerator.name != "wrong_accel":
+            return None
+        from tvm.relax.dpl import is_op, wildcard
+
+        return [("wrong_accel.relu", is_op("relax.nn.relu")(wildcard()))]
+
+
+    @umahub.hookimpl
+    def umahub_relax_to_tir(accelerator, function, context):
+        if accelerator.name != "wrong_accel":
+            return None
+        import tvm
+        from tvm import te
+
+        from umahub._tvm import type_of
+
+        shape = [int(d) for d in type_of(function.params[0]).shape.values]
+        x = te.placeholder(shape, "float32", "x")
+        y = te.compute(shape, lambda *i: x(*i) + 1.0, "y")
+        prim = te.create_prim_func([x, y]).with_attr("global_symbol", context.symbol)
+        return tvm.IRModule({context.symbol: prim})
+"""
+
+
+def test_option_runs_the_suite_for_a_plugin_and_writes_the_report(pytester):
+    """--umahub-conformance=alpha: seven checks pass; the report has the numbers."""
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--umahub-conformance=alpha",
+        "--umahub-conformance-models=mlp",
+        "--umahub-conformance-examples=3",
+        "-v",
+    )
+    result.assert_outcomes(passed=7)
+    result.stdout.fnmatch_lines(
+        [
+            "umahub-conformance::TestConformance::test_partition[[]alpha_accel-mlp[]] PASSED*",
+            "umahub-conformance::TestConformance::test_pin_instance[[]alpha_accel-mlp-1[]] PASSED*",
+            "umahub-conformance::TestConformance::test_random_graphs[[]alpha_accel[]] PASSED*",
+            "alpha_accel (plugin alpha): passed",
+        ]
+    )
+    report = json.loads((pytester.path / "umahub-conformance.json").read_text())
+    assert report["passed"] is True
+    assert report["tolerance"]["rtol"] == 1e-4
+    assert report["umahub"] and report["tvm"] and report["python"]
+    assert report["options"] == {"conformance": ["alpha"], "models": ["mlp"], "examples": 3}
+    alpha = report["accelerators"]["alpha_accel"]
+    assert (alpha["plugin"], alpha["instances"], alpha["codegen"]) == ("alpha", 2, "llvm")
+    mlp = alpha["models"]["mlp"]
+    # mlp: matmul, add, relu, matmul, add -> alpha takes the two adds and the relu.
+    assert (mlp["operators_total"], mlp["operators_taken"], mlp["partitions"]) == (5, 3, 2)
+    assert mlp["passed"] is True and mlp["failures"] == []
+    assert 0 <= mlp["largest_error"] < 1e-4
+    assert mlp["checks"] == dict.fromkeys(
+        [
+            "partition",
+            "compile",
+            "matches_host",
+            "export_and_reload",
+            "pin_instance:0",
+            "pin_instance:1",
+        ],
+        "passed",
+    )
+    graphs = alpha["random_graphs"]
+    assert graphs["vocabulary"] == ["relax.add", "relax.nn.relu"]
+    assert graphs["examples"] == 3 and graphs["passed"] is True
+    assert 0 < graphs["operators_taken"] <= graphs["operators_total"]
+
+
+def test_selection_and_report_path(pytester):
+    """-k selects among the added tests; the report goes where it is told."""
+    target = pytester.path / "out" / "conformance.json"
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--umahub-conformance=alpha_accel",
+        "--umahub-conformance-models=mlp",
+        f"--umahub-conformance-report={target}",
+        "-k",
+        "partition",
+    )
+    result.assert_outcomes(passed=1, deselected=6)
+    report = json.loads(target.read_text())
+    assert report["accelerators"]["alpha_accel"]["models"]["mlp"]["checks"] == {
+        "partition": "passed"
+    }
+    assert not (pytester.path / "umahub-conformance.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (
+            "--umahub-conformance=nope",
+            [
+                "ERROR: --umahub-conformance=nope: no umahub plugin or accelerator is named 'nope';"
+                " plugins: *alpha*; accelerators: *alpha_accel*"
+            ],
+        ),
+        ("--umahub-conformance=alpah", ["ERROR: *named 'alpah' (did you mean 'alpha'?)*"]),
+        (
+            "--umahub-conformance=zz_broken_import",
+            ["ERROR: *plugin 'zz_broken_import' did not load: *"],
+        ),
+    ],
+)
+def test_unknown_names_are_usage_errors(pytester, option, expected):
+    """An unknown or broken name stops pytest before collection, naming what is known."""
+    result = pytester.runpytest("-p", "no:cacheprovider", option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(expected)
+
+
+def test_unknown_model_is_a_usage_error(pytester):
+    """A model the zoo does not know is a usage error with the closest name."""
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--umahub-conformance=alpha",
+        "--umahub-conformance-models=mlp,cnnn",
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: *unknown model 'cnnn' (did you mean 'cnn'?)*"])
+
+
+def test_nothing_heavy_is_imported_without_the_option(pytester):
+    """The plugin is loaded in every session, but imports neither TVM nor the zoo."""
+    pytester.makepyfile(
+        test_light="""
+        import sys
+
+        def test_light():
+            assert "umahub.testing" in sys.modules
+            assert "tvm" not in sys.modules
+            assert "umahub.models" not in sys.modules
+    """
+    )
+    # In a fresh interpreter: this one has imported TVM long ago.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_suite_subclass_and_fixtures_catch_a_wrong_accelerator(pytester, monkeypatch):
+    """A vendor's own test module: a ConformanceSuite subclass and the fixtures, no option."""
+    pytester.makepyfile(wrong_plugin=textwrap.dedent(WRONG_PLUGIN))
+    pytester.syspathinsert()
+    monkeypatch.setenv("UMAHUB_PLUGINS", "wrong_plugin")
+    pytester.makepyfile(
+        test_vendor="""
+        import pytest
+
+        import umahub.models as zoo
+        from umahub.testing import ConformanceSuite, assert_matches_host
+
+        pytestmark = pytest.mark.umahub_conformance(accelerator="wrong_plugin")
+
+
+        @pytest.mark.umahub_conformance(accelerator="wrong_accel", models="mlp", examples=2)
+        class TestWrong(ConformanceSuite):
+            pass
+
+
+        def test_fixtures(umahub_conformance_accelerator, umahub_conformance_hub,
+                          umahub_host_reference):
+            assert umahub_conformance_accelerator == "wrong_accel"
+            hub = umahub_conformance_hub()
+            assert [a.name for a in hub.claimants] == ["wrong_accel"]
+            assert hub.config.on_error == "error"
+            compiled = hub.compile(zoo.get("mlp"))
+            with pytest.raises(AssertionError, match="differ from the host"):
+                assert_matches_host(compiled.run(*zoo.inputs("mlp")), umahub_host_reference("mlp"))
+    """
+    )
+    target = pytester.path / "report.json"
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--umahub-conformance-report={target}")
+    # partition and compile pass; host match, reload, the pin and random graphs fail.
+    result.assert_outcomes(passed=3, failed=4)
+    result.stdout.fnmatch_lines(["wrong_accel (plugin wrong_plugin): FAILED"])
+    wrong = json.loads(target.read_text())["accelerators"]["wrong_accel"]
+    mlp = wrong["models"]["mlp"]
+    assert mlp["passed"] is False and mlp["operators_taken"] == 1
+    assert mlp["largest_error"] > 0.1
+    assert [f.split(":")[0] for f in mlp["failures"]] == [
+        "matches_host",
+        "export_and_reload",
+        "pin_instance",
+    ]
+    assert "differ from the host" in mlp["failures"][0]
+    assert wrong["random_graphs"]["passed"] is False
+    assert "GraphSpec(" in wrong["random_graphs"]["failures"][0]
+
+
+def test_suite_without_an_accelerator_is_a_collection_error(pytester):
+    """A ConformanceSuite subclass with no marker and no option says what it needs."""
+    pytester.makepyfile(
+        test_vendor="""
+        from umahub.testing import ConformanceSuite
+
+        class TestNothing(ConformanceSuite):
+            pass
+    """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*no accelerator to check: run pytest with --umahub-conformance=NAME*"]
+    )
