@@ -19,8 +19,9 @@ def machine() -> dict[str, Any]:
     cpu = ""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), "")
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), ""
+            )
     except OSError:
         pass
     versions = {}

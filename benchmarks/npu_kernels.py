@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins" / "umahub-npu" / "src"))
 from umahub_npu import schedules  # noqa: E402
 
-
 # ----------------------------------------------------------------- PrimFunc as umahub makes it
 
 
@@ -90,7 +89,9 @@ def conv_mod(C, H, O, k, s, p, groups=1):
         return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b))))
 
     return primfunc_from_relax(
-        relax_function([("x", (1, C, H, H)), ("w", (O, C // groups, k, k)), ("b", (1, O, 1, 1))], body)
+        relax_function(
+            [("x", (1, C, H, H)), ("w", (O, C // groups, k, k)), ("b", (1, O, 1, 1))], body
+        )
     )
 
 
@@ -113,7 +114,11 @@ def im2col_conv(x, w, s, p, groups):
     for g in range(groups):
         xs = xp[0, g * Cg : (g + 1) * Cg]
         cols = np.stack(
-            [xs[:, kh : kh + s * OH : s, kw : kw + s * OW : s] for kh in range(KH) for kw in range(KW)],
+            [
+                xs[:, kh : kh + s * OH : s, kw : kw + s * OW : s]
+                for kh in range(KH)
+                for kw in range(KW)
+            ],
             axis=1,
         ).reshape(Cg * KH * KW, OH * OW)
         outs.append(np.matmul(w[g * og : (g + 1) * og].reshape(og, -1), cols))
@@ -139,29 +144,60 @@ def kernels(quick: bool):
             y = np.matmul(x, w) + b
             return np.maximum(y, 0) if act == "relu" else y  # gelu: matmul+bias only
 
-        out.append(dict(name=name, mod=lambda: dense_mod(M, K, N, act), args=[x, w, b],
-                        out_shape=(M, N), flops=2 * M * N * K, ref=ref, np_run=np_run,
-                        expect="matmul"))
+        out.append(
+            dict(
+                name=name,
+                mod=lambda: dense_mod(M, K, N, act),
+                args=[x, w, b],
+                out_shape=(M, N),
+                flops=2 * M * N * K,
+                ref=ref,
+                np_run=np_run,
+                expect="matmul",
+            )
+        )
 
     def bmm(name, a_shape, b_shape):
         a, b = f32(*a_shape), f32(*b_shape)
         shape = a_shape[:-1] + b_shape[-1:]
-        out.append(dict(name=name, mod=lambda: bmm_mod(a_shape, b_shape), args=[a, b],
-                        out_shape=shape, flops=2 * math.prod(shape) * a_shape[-1],
-                        ref=lambda: a.astype(np.float64) @ b.astype(np.float64),
-                        np_run=lambda: np.matmul(a, b), expect="matmul"))
+        out.append(
+            dict(
+                name=name,
+                mod=lambda: bmm_mod(a_shape, b_shape),
+                args=[a, b],
+                out_shape=shape,
+                flops=2 * math.prod(shape) * a_shape[-1],
+                ref=lambda: a.astype(np.float64) @ b.astype(np.float64),
+                np_run=lambda: np.matmul(a, b),
+                expect="matmul",
+            )
+        )
 
     def conv(name, C, H, O, k, s, p, g=1):
-        x, w, b = f32(1, C, H, H), f32(O, C // g, k, k) * (1 / math.sqrt(C // g * k * k)), f32(1, O, 1, 1)
+        x, w, b = (
+            f32(1, C, H, H),
+            f32(O, C // g, k, k) * (1 / math.sqrt(C // g * k * k)),
+            f32(1, O, 1, 1),
+        )
         OH = (H + 2 * p - k) // s + 1
 
         def ref():
-            return np.maximum(im2col_conv(x.astype(np.float64), w.astype(np.float64), s, p, g) + b, 0)
+            return np.maximum(
+                im2col_conv(x.astype(np.float64), w.astype(np.float64), s, p, g) + b, 0
+            )
 
-        out.append(dict(name=name, mod=lambda: conv_mod(C, H, O, k, s, p, g), args=[x, w, b],
-                        out_shape=(1, O, OH, OH), flops=2 * O * OH * OH * (C // g) * k * k, ref=ref,
-                        np_run=lambda: np.maximum(im2col_conv(x, w, s, p, g) + b, 0),
-                        expect="depthwise" if g == C and g > 1 else "conv2d"))
+        out.append(
+            dict(
+                name=name,
+                mod=lambda: conv_mod(C, H, O, k, s, p, g),
+                args=[x, w, b],
+                out_shape=(1, O, OH, OH),
+                flops=2 * O * OH * OH * (C // g) * k * k,
+                ref=ref,
+                np_run=lambda: np.maximum(im2col_conv(x, w, s, p, g) + b, 0),
+                expect="depthwise" if g == C and g > 1 else "conv2d",
+            )
+        )
 
     dense("dense 128x768 @ 768x768 +bias", 128, 768, 768, None)
     dense("dense 128x768 @ 768x3072 +bias+gelu", 128, 768, 3072, "gelu")
@@ -198,15 +234,22 @@ def build(mod, target):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a subset of the kernels")
-    ap.add_argument("--repeat", type=int, default=15, help="timed runs of the scheduled kernel and numpy")
-    ap.add_argument("--default-repeat", type=int, default=3, help="timed runs of the unscheduled kernel")
+    ap.add_argument(
+        "--repeat", type=int, default=15, help="timed runs of the scheduled kernel and numpy"
+    )
+    ap.add_argument(
+        "--default-repeat", type=int, default=3, help="timed runs of the unscheduled kernel"
+    )
     ap.add_argument("--sram", type=int, default=256 * 1024)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "npu_kernels.json"))
     args = ap.parse_args()
 
     target = schedules.recommended_target()
     threads = int(os.environ["TVM_NUM_THREADS"])
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    cpu = next(
+        (l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
+        "?",
+    )
     meta = dict(
         tvm_version=tvm.__version__,
         TVM_NUM_THREADS=threads,
@@ -239,34 +282,52 @@ def main():
         got = out_npu.numpy()
         ok = bool(np.allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max())))
         err = float(np.abs(got - ref).max() / max(1e-30, float(np.abs(ref).max())))
-        t_npu = median_time(lambda: f_npu(*targs, out_npu), args.repeat, min_time=0.3)
-        t_def = median_time(lambda: f_def(*targs, out_def), args.default_repeat)
+        t_npu = median_time(lambda f=f_npu, a=targs, o=out_npu: f(*a, o), args.repeat, min_time=0.3)
+        t_def = median_time(lambda f=f_def, a=targs, o=out_def: f(*a, o), args.default_repeat)
         t_np = median_time(k["np_run"], args.repeat, min_time=0.3)
         row = dict(
-            kernel=k["name"], strategy=strategy, expected_strategy=k["expect"], gflop=k["flops"] / 1e9,
-            default_ms=t_def * 1e3, npu_ms=t_npu * 1e3, numpy_ms=t_np * 1e3,
-            default_gflops=k["flops"] / t_def / 1e9, npu_gflops=k["flops"] / t_npu / 1e9,
-            numpy_gflops=k["flops"] / t_np / 1e9, speedup_vs_default=t_def / t_npu,
-            npu_vs_numpy=t_np / t_npu, max_rel_err=err, allclose_rtol_1e_4=ok,
+            kernel=k["name"],
+            strategy=strategy,
+            expected_strategy=k["expect"],
+            gflop=k["flops"] / 1e9,
+            default_ms=t_def * 1e3,
+            npu_ms=t_npu * 1e3,
+            numpy_ms=t_np * 1e3,
+            default_gflops=k["flops"] / t_def / 1e9,
+            npu_gflops=k["flops"] / t_npu / 1e9,
+            numpy_gflops=k["flops"] / t_np / 1e9,
+            speedup_vs_default=t_def / t_npu,
+            npu_vs_numpy=t_np / t_npu,
+            max_rel_err=err,
+            allclose_rtol_1e_4=ok,
             schedule_seconds=t_sched,
         )
         rows.append(row)
         print(
             f"{row['kernel']:<46} {strategy:<9} default {row['default_ms']:9.2f} ms "
-            f"({row['default_gflops']:5.1f} GF/s)  npu {row['npu_ms']:8.3f} ms ({row['npu_gflops']:5.1f} GF/s)  "
-            f"numpy {row['numpy_ms']:8.3f} ms ({row['numpy_gflops']:5.1f} GF/s)  x{row['speedup_vs_default']:.0f}  "
+            f"({row['default_gflops']:5.1f} GF/s)  npu {row['npu_ms']:8.3f} ms "
+            f"({row['npu_gflops']:5.1f} GF/s)  numpy {row['numpy_ms']:8.3f} ms "
+            f"({row['numpy_gflops']:5.1f} GF/s)  x{row['speedup_vs_default']:.0f}  "
             f"{'ok' if ok else 'MISMATCH'}",
             flush=True,
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, kernels=rows), f, indent=2)
-    print(f"\nTVM {meta['tvm_version']}, TVM_NUM_THREADS={threads}, CPU {cpu} ({meta['llvm_cpu']}), "
-          f"target {json.dumps(target)}; wrote {args.out}")
+    print(
+        f"\nTVM {meta['tvm_version']}, TVM_NUM_THREADS={threads}, CPU {cpu} ({meta['llvm_cpu']}), "
+        f"target {json.dumps(target)}; wrote {args.out}"
+    )
     tot = {c: sum(r[c] for r in rows) for c in ("default_ms", "npu_ms", "numpy_ms")}
-    print(f"sum over kernels: default {tot['default_ms']:.1f} ms, npu {tot['npu_ms']:.2f} ms, "
-          f"numpy {tot['numpy_ms']:.2f} ms")
-    return 0 if all(r["allclose_rtol_1e_4"] and r["strategy"] == r["expected_strategy"] for r in rows) else 1
+    print(
+        f"sum over kernels: default {tot['default_ms']:.1f} ms, npu {tot['npu_ms']:.2f} ms, "
+        f"numpy {tot['numpy_ms']:.2f} ms"
+    )
+    return (
+        0
+        if all(r["allclose_rtol_1e_4"] and r["strategy"] == r["expected_strategy"] for r in rows)
+        else 1
+    )
 
 
 if __name__ == "__main__":

@@ -51,9 +51,17 @@ def in_fresh_process(site: Path, code: str, runs: int = 7) -> float:
     """Median seconds that ``code`` reports, each run in a new interpreter."""
     times = []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin",
-                                              "UMAHUB_CONFIG": str(site / "umahub.toml")})
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={
+                "PYTHONPATH": str(site),
+                "PATH": "/usr/bin:/bin",
+                "UMAHUB_CONFIG": str(site / "umahub.toml"),
+            },
+        )
         times.append(float(out.stdout.strip().splitlines()[-1]))
     return statistics.median(times)
 
@@ -76,14 +84,32 @@ def dispatch(site: Path, names: list[str]) -> dict[str, float]:
         plain.register(module)
     acc = hub.accelerators[0]
     loops = 20000
-    ours = min(timeit.repeat(lambda: hub.hook.umahub_schedule(accelerator=acc, schedule=None,
-                                                              context=None),
-                             number=loops, repeat=5)) / loops
-    theirs = min(timeit.repeat(lambda: plain.hook.umahub_schedule(accelerator=acc, schedule=None,
-                                                                  context=None),
-                               number=loops, repeat=5)) / loops
-    return {"umahub_us": ours * 1e6, "pluggy_us": theirs * 1e6,
-            "overhead_us": (ours - theirs) * 1e6, "implementations": len(modules)}
+    ours = (
+        min(
+            timeit.repeat(
+                lambda: hub.hook.umahub_schedule(accelerator=acc, schedule=None, context=None),
+                number=loops,
+                repeat=5,
+            )
+        )
+        / loops
+    )
+    theirs = (
+        min(
+            timeit.repeat(
+                lambda: plain.hook.umahub_schedule(accelerator=acc, schedule=None, context=None),
+                number=loops,
+                repeat=5,
+            )
+        )
+        / loops
+    )
+    return {
+        "umahub_us": ours * 1e6,
+        "pluggy_us": theirs * 1e6,
+        "overhead_us": (ours - theirs) * 1e6,
+        "implementations": len(modules),
+    }
 
 
 def main() -> None:
@@ -95,10 +121,14 @@ def main() -> None:
         (site / "umahub.toml").write_text(f"plugins = [{listed}]\n")
         imports = ";".join(f"import {n}" for n in names)
         base = "import time, umahub, umahub.hub; "
-        hub_s = in_fresh_process(site, base + "t=time.perf_counter(); h=umahub.Hub(); "
-                                 "assert len(h.plugins) >= 20; print(time.perf_counter()-t)")
-        import_s = in_fresh_process(site, base + f"t=time.perf_counter(); {imports}; "
-                                    "print(time.perf_counter()-t)")
+        hub_s = in_fresh_process(
+            site,
+            base + "t=time.perf_counter(); h=umahub.Hub(); "
+            "assert len(h.plugins) >= 20; print(time.perf_counter()-t)",
+        )
+        import_s = in_fresh_process(
+            site, base + f"t=time.perf_counter(); {imports}; print(time.perf_counter()-t)"
+        )
         calls = dispatch(site, names)
     result = {
         "plugins": PLUGINS,
@@ -110,12 +140,16 @@ def main() -> None:
         "target_hook_overhead_us": 2,
     }
     path = write("plugin_loading", result)
-    print(f"Hub() with {PLUGINS} plugins: {hub_s * 1e3:.1f} ms; their imports alone: "
-          f"{import_s * 1e3:.1f} ms; discovery overhead {result['discovery_overhead_ms']:.1f} ms "
-          "(target < 30 ms)")
-    print(f"umahub_schedule with {calls['implementations']} implementations: umahub "
-          f"{calls['umahub_us']:.2f} us, plain pluggy {calls['pluggy_us']:.2f} us, overhead "
-          f"{calls['overhead_us']:.2f} us per call (target <= 2 us)")
+    print(
+        f"Hub() with {PLUGINS} plugins: {hub_s * 1e3:.1f} ms; their imports alone: "
+        f"{import_s * 1e3:.1f} ms; discovery overhead {result['discovery_overhead_ms']:.1f} ms "
+        "(target < 30 ms)"
+    )
+    print(
+        f"umahub_schedule with {calls['implementations']} implementations: umahub "
+        f"{calls['umahub_us']:.2f} us, plain pluggy {calls['pluggy_us']:.2f} us, overhead "
+        f"{calls['overhead_us']:.2f} us per call (target <= 2 us)"
+    )
     print(f"wrote {path}")
 
 

@@ -30,15 +30,23 @@ class Chainer:
 
     @umahub.hookimpl
     def umahub_accelerators(self):
-        return [umahub.Accelerator("chain", instances=2, merge=self.merge,
-                                   memory=[umahub.MemoryPool("chain.mem", 1 << 30)])]
+        return [
+            umahub.Accelerator(
+                "chain",
+                instances=2,
+                merge=self.merge,
+                memory=[umahub.MemoryPool("chain.mem", 1 << 30)],
+            )
+        ]
 
     @umahub.hookimpl
     def umahub_patterns(self, accelerator):
         from tvm.relax.dpl import is_op, wildcard
 
-        return [("chain.relu", is_op("relax.nn.relu")(wildcard())),
-                ("chain.add", is_op("relax.add")(wildcard(), wildcard()))]
+        return [
+            ("chain.relu", is_op("relax.nn.relu")(wildcard())),
+            ("chain.add", is_op("relax.add")(wildcard(), wildcard())),
+        ]
 
 
 def chain(length: int):
@@ -55,8 +63,13 @@ def chain(length: int):
             h = x
             for i in range(length):
                 kind = i % 3
-                value = (relax.op.nn.relu(h) if kind == 0 else relax.op.add(h, c) if kind == 1
-                         else relax.op.sigmoid(h))
+                value = (
+                    relax.op.nn.relu(h)
+                    if kind == 0
+                    else relax.op.add(h, c)
+                    if kind == 1
+                    else relax.op.sigmoid(h)
+                )
                 h = bb.emit_output(value) if i == length - 1 else bb.emit(value)
         bb.emit_func_output(h)
     return bb.get()
@@ -71,12 +84,21 @@ def measure(merge: bool, sizes) -> list[dict]:
         start = time.perf_counter()
         report = hub.explain(mod)
         seconds = time.perf_counter() - start
-        rows.append({"operators": size, "seconds": seconds, "stages_s": report.stages,
-                     "partitions": len(report.partitions),
-                     "per_operator_us": seconds / size * 1e6})
-        print(f"merge={merge!s:5} {size:>6} operators: {seconds:.2f} s "
-              f"({seconds / size * 1e6:.0f} us per operator), {len(report.partitions)} "
-              "partitions", flush=True)
+        rows.append(
+            {
+                "operators": size,
+                "seconds": seconds,
+                "stages_s": report.stages,
+                "partitions": len(report.partitions),
+                "per_operator_us": seconds / size * 1e6,
+            }
+        )
+        print(
+            f"merge={merge!s:5} {size:>6} operators: {seconds:.2f} s "
+            f"({seconds / size * 1e6:.0f} us per operator), {len(report.partitions)} "
+            "partitions",
+            flush=True,
+        )
     return rows
 
 
@@ -86,12 +108,18 @@ def main() -> None:
     growth = rows[-1]["per_operator_us"] / rows[1]["per_operator_us"]
     # With merging, TVM's MergeCompositeFunctions runs too; it grows faster than
     # linearly, so the largest size is left out.
-    merged = measure(True, SIZES[:-1] + (3000,))
+    merged = measure(True, (*SIZES[:-1], 3000))
     merged_growth = merged[-1]["per_operator_us"] / merged[1]["per_operator_us"]
-    path = write("scaling", {"rows": rows, "per_operator_growth_1k_to_10k": growth,
-                             "merged_rows": merged,
-                             "merged_per_operator_growth_1k_to_3k": merged_growth,
-                             "target_10k_seconds": 10})
+    path = write(
+        "scaling",
+        {
+            "rows": rows,
+            "per_operator_growth_1k_to_10k": growth,
+            "merged_rows": merged,
+            "merged_per_operator_growth_1k_to_3k": merged_growth,
+            "target_10k_seconds": 10,
+        },
+    )
     print(f"per-operator time from 1,000 to 10,000 operators: x{growth:.2f} (1.0 = linear)")
     print(f"with MergeCompositeFunctions, from 1,000 to 3,000: x{merged_growth:.2f}")
     print(f"wrote {path}")

@@ -17,8 +17,8 @@ import time
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
-import numpy as np  # noqa: E402
-from _common import median_time, write  # noqa: E402
+import numpy as np
+from _common import median_time, write
 
 PRIORITY = ["npu", "vanilla_accel", "dsp_cpu"]
 PLUGINS = ["npu", "vanilla", "dsp"]
@@ -37,8 +37,11 @@ def plain(name: str, repeat: int) -> dict:
     vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
     args = [tvm.runtime.tensor(x) for x in xs]
     out = vm["main"](*args).numpy()
-    return {"compile_s": compile_s, "run_ms": median_time(lambda: vm["main"](*args),
-                                                         repeat=repeat) * 1e3, "out": out}
+    return {
+        "compile_s": compile_s,
+        "run_ms": median_time(lambda: vm["main"](*args), repeat=repeat) * 1e3,
+        "out": out,
+    }
 
 
 def through_umahub(name: str, plugins: list[str], repeat: int) -> dict:
@@ -54,12 +57,16 @@ def through_umahub(name: str, plugins: list[str], repeat: int) -> dict:
     compile_s = time.perf_counter() - start
     out = compiled.run(*xs)  # the first run exports and loads the library
     taken = sum(1 for o in compiled.report.placement if o.device != "host")
-    return {"compile_s": compile_s,
-            "run_ms": median_time(lambda: compiled.run(*xs), repeat=repeat) * 1e3,
-            "stages_s": compiled.report.stages, "hooks_s": compiled.report.hook_seconds,
-            "operators": len(compiled.report.placement), "offloaded": taken,
-            "fallbacks": sum(1 for p in compiled.report.partitions if p.fallback),
-            "out": out}
+    return {
+        "compile_s": compile_s,
+        "run_ms": median_time(lambda: compiled.run(*xs), repeat=repeat) * 1e3,
+        "stages_s": compiled.report.stages,
+        "hooks_s": compiled.report.hook_seconds,
+        "operators": len(compiled.report.placement),
+        "offloaded": taken,
+        "fallbacks": sum(1 for p in compiled.report.partitions if p.fallback),
+        "out": out,
+    }
 
 
 def torch_eager(name: str, repeat: int) -> dict | None:
@@ -74,8 +81,10 @@ def torch_eager(name: str, repeat: int) -> dict | None:
     module, inputs = torch_zoo.torch_module(name)
     module.eval()
     with torch.no_grad():
-        return {"run_ms": median_time(lambda: module(*inputs), repeat=repeat) * 1e3,
-                "threads": torch.get_num_threads()}
+        return {
+            "run_ms": median_time(lambda: module(*inputs), repeat=repeat) * 1e3,
+            "threads": torch.get_num_threads(),
+        }
 
 
 def main() -> None:
@@ -96,18 +105,25 @@ def main() -> None:
         for result in (bare, three):
             result["max_error"] = float(np.abs(np.asarray(result.pop("out")) - reference).max())
         rows[name] = {
-            "plain_tvm": base, "umahub_no_plugins": bare, "umahub_three_plugins": three,
+            "plain_tvm": base,
+            "umahub_no_plugins": bare,
+            "umahub_three_plugins": three,
             "torch_eager": eager,
-            "umahub_overhead_pct": 100 * (bare["compile_s"] - base["compile_s"]) / base["compile_s"],
+            "umahub_overhead_pct": 100
+            * (bare["compile_s"] - base["compile_s"])
+            / base["compile_s"],
             "speedup_vs_plain": base["run_ms"] / three["run_ms"],
             "output_scale": scale,
         }
         t = f"{eager['run_ms']:.1f}" if eager else "-"
-        print(f"{name:12} compile plain {base['compile_s']:.2f}s, umahub {bare['compile_s']:.2f}s "
-              f"({rows[name]['umahub_overhead_pct']:+.1f}%), 3 plugins {three['compile_s']:.2f}s | "
-              f"run plain {base['run_ms']:.1f} ms, 3 plugins {three['run_ms']:.1f} ms "
-              f"(x{rows[name]['speedup_vs_plain']:.1f}), torch {t} ms | offloaded "
-              f"{three['offloaded']}/{three['operators']}", flush=True)
+        print(
+            f"{name:12} compile plain {base['compile_s']:.2f}s, umahub {bare['compile_s']:.2f}s "
+            f"({rows[name]['umahub_overhead_pct']:+.1f}%), 3 plugins {three['compile_s']:.2f}s | "
+            f"run plain {base['run_ms']:.1f} ms, 3 plugins {three['run_ms']:.1f} ms "
+            f"(x{rows[name]['speedup_vs_plain']:.1f}), torch {t} ms | offloaded "
+            f"{three['offloaded']}/{three['operators']}",
+            flush=True,
+        )
     path = write("zoo", {"models": rows, "priority": PRIORITY})
     print(f"wrote {path}")
 

@@ -30,13 +30,12 @@ def install(tmp_path, monkeypatch):
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
 
-    def _install(dist: str, version: str, entry_points: dict[str, str],
-                 modules: dict[str, str]) -> Path:
+    def _install(
+        dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]
+    ) -> Path:
         info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
-        )
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
         lines = "".join(f"{k} = {v}\n" for k, v in entry_points.items())
         (info / "entry_points.txt").write_text(f"[umahub.plugins]\n{lines}")
         for name, source in modules.items():

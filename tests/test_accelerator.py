@@ -8,21 +8,31 @@ import umahub
 
 
 def test_instances_are_named_virtual_devices():
-    acc = umahub.Accelerator("dsp_cpu", codegen="c", instances=2,
-                             memory=[umahub.MemoryPool("dsp.tcm", 65536)])
+    acc = umahub.Accelerator(
+        "dsp_cpu", codegen="c", instances=2, memory=[umahub.MemoryPool("dsp.tcm", 65536)]
+    )
     assert acc.devices == ("dsp_cpu:0", "dsp_cpu:1")
     assert acc.pool == umahub.MemoryPool("dsp.tcm", 65536, "sync")
-    assert hash(acc) == hash(umahub.Accelerator("dsp_cpu", codegen="c", instances=2,
-                                                memory=(umahub.MemoryPool("dsp.tcm", 65536),)))
+    assert hash(acc) == hash(
+        umahub.Accelerator(
+            "dsp_cpu", codegen="c", instances=2, memory=(umahub.MemoryPool("dsp.tcm", 65536),)
+        )
+    )
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"name": "NPU"}, "Accelerator name 'NPU' must start with a lower-case letter"),
-    ({"name": "host"}, "'host' is reserved"),
-    ({"name": "npu", "codegen": "cuda"}, "codegen must be one of ('c', 'llvm'), got 'cuda'"),
-    ({"name": "npu", "instances": 0}, "instances must be an int >= 1, got 0"),
-    ({"name": "npu", "memory": [("sram", 1)]}, "memory holds ('sram', 1), not a umahub.MemoryPool"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "NPU"}, "Accelerator name 'NPU' must start with a lower-case letter"),
+        ({"name": "host"}, "'host' is reserved"),
+        ({"name": "npu", "codegen": "cuda"}, "codegen must be one of ('c', 'llvm'), got 'cuda'"),
+        ({"name": "npu", "instances": 0}, "instances must be an int >= 1, got 0"),
+        (
+            {"name": "npu", "memory": [("sram", 1)]},
+            "memory holds ('sram', 1), not a umahub.MemoryPool",
+        ),
+    ],
+)
 def test_bad_accelerator_is_refused_with_the_reason(kwargs, message):
     with pytest.raises(ValueError) as info:
         umahub.Accelerator(**kwargs)
@@ -49,7 +59,9 @@ def test_loading_the_bundled_plugins_does_not_import_tvm():
     import subprocess
     import sys
 
-    code = ("import sys, umahub; umahub.Hub(config={'plugins': ['npu', 'vanilla', 'dsp']}); "
-            "print('tvm' in sys.modules)")
+    code = (
+        "import sys, umahub; umahub.Hub(config={'plugins': ['npu', 'vanilla', 'dsp']}); "
+        "print('tvm' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -38,8 +38,9 @@ def test_small_cnn_is_split_across_the_three_and_the_host(cnn_across_three):
 
 
 def test_small_cnn_across_the_three_matches_the_host(cnn_across_three):
-    np.testing.assert_allclose(cnn_across_three.run(*zoo.inputs("cnn")), host_reference("cnn"),
-                               **TOL)
+    np.testing.assert_allclose(
+        cnn_across_three.run(*zoo.inputs("cnn")), host_reference("cnn"), **TOL
+    )
 
 
 def test_each_plugin_did_its_part(cnn_across_three):
@@ -55,15 +56,19 @@ def test_changing_priority_changes_placement():
     hub = umahub.Hub(config={"plugins": THREE, "priority": ["vanilla_accel", "npu", "dsp_cpu"]})
     devices = {o.name: o.device for o in hub.explain(zoo.get("cnn")).placement}
     assert (devices["conv1"], devices["conv2"], devices["fc"]) == (
-        "vanilla_accel:0", "vanilla_accel:0", "npu:0")
+        "vanilla_accel:0",
+        "vanilla_accel:0",
+        "npu:0",
+    )
     hub = umahub.Hub(config={"plugins": THREE, "priority": ["dsp_cpu"]})
     devices = {o.name: o.device for o in hub.explain(zoo.get("cnn")).placement}
     assert set(devices.values()) == {"host", "dsp_cpu:0", "dsp_cpu:1"}
 
 
 def test_the_vanilla_kernel_library_is_called_from_the_generated_c(cnn_across_three):
-    sources = [m.inspect_source() for m in _imported(cnn_across_three.executable.mod)
-               if m.kind == "c"]
+    sources = [
+        m.inspect_source() for m in _imported(cnn_across_three.executable.mod) if m.kind == "c"
+    ]
     vanilla = [s for s in sources if "vanilla_conv2d_nchw(" in s]
     assert len(vanilla) == 1
     assert vanilla[0].startswith('#include "vanilla_conv2d.h"')

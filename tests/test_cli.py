@@ -8,8 +8,13 @@ import sys
 
 
 def run(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "umahub", *args], capture_output=True,
-                          text=True, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "umahub", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
 
 
 def test_plugins_lists_every_plugin_in_order_with_errors():
@@ -20,8 +25,10 @@ def test_plugins_lists_every_plugin_in_order_with_errors():
     assert lines[1] == " 1. alpha            ok     umahub-test-alpha 1.0.0  (API 1)"
     assert "      accelerators: alpha_accel" in lines
     assert "      hooks:        accelerators, patterns, schedule" in lines
-    assert any(line.endswith(". zz_broken_import FAILED umahub-test-broken 0.0.1  (API -)")
-               for line in lines)
+    assert any(
+        line.endswith(". zz_broken_import FAILED umahub-test-broken 0.0.1  (API -)")
+        for line in lines
+    )
 
 
 def test_plugins_json_has_names_versions_hooks_and_errors():
@@ -29,8 +36,7 @@ def test_plugins_json_has_names_versions_hooks_and_errors():
     data = json.loads(result.stdout)
     by_name = {p["name"]: p for p in data["plugins"]}
     assert by_name["beta"]["distribution"] == "umahub-test-beta"
-    assert by_name["beta"]["hooks"] == ["umahub_accelerators", "umahub_patterns",
-                                        "umahub_schedule"]
+    assert by_name["beta"]["hooks"] == ["umahub_accelerators", "umahub_patterns", "umahub_schedule"]
     assert by_name["zz_old_api"]["loaded"] is False
     assert by_name["zz_old_api"]["api_version"] == 0
     assert data["hook_order"]["umahub_schedule"][:2] == ["alpha", "beta"]

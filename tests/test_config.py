@@ -41,7 +41,9 @@ def test_umahub_config_names_another_file(isolated, monkeypatch):
 
 def test_umahub_config_that_is_not_a_file_is_an_error(monkeypatch):
     monkeypatch.setenv("UMAHUB_CONFIG", "nowhere.toml")
-    with pytest.raises(ConfigError, match="UMAHUB_CONFIG names 'nowhere.toml', which is not a file"):
+    with pytest.raises(
+        ConfigError, match=r"UMAHUB_CONFIG names 'nowhere\.toml', which is not a file"
+    ):
         load_config()
 
 
@@ -53,21 +55,25 @@ def test_config_dict_overrides_the_file_key_by_key(isolated):
 
 
 def test_every_key_is_parsed():
-    cfg = Config.from_mapping({
-        "plugins": ["a", "b"],
-        "disable": ["c"],
-        "priority": ["npu", "dsp_cpu"],
-        "hook-order": {"umahub_schedule": ["b", "a"]},
-        "lowering-order": ["npu", "host"],
-        "placement": {"relax.nn.relu": "dsp_cpu:1", "conv*": "host", "npu.matmul": "npu"},
-        "on-error": "error",
-        "scope-policy": "outputs",
-        "strict": True,
-    })
+    cfg = Config.from_mapping(
+        {
+            "plugins": ["a", "b"],
+            "disable": ["c"],
+            "priority": ["npu", "dsp_cpu"],
+            "hook-order": {"umahub_schedule": ["b", "a"]},
+            "lowering-order": ["npu", "host"],
+            "placement": {"relax.nn.relu": "dsp_cpu:1", "conv*": "host", "npu.matmul": "npu"},
+            "on-error": "error",
+            "scope-policy": "outputs",
+            "strict": True,
+        }
+    )
     assert cfg.plugins == ("a", "b")
     assert cfg.hook_order == {"umahub_schedule": ("b", "a")}
     assert cfg.placement == {
-        "relax.nn.relu": Pin("dsp_cpu", 1), "conv*": Pin("host"), "npu.matmul": Pin("npu"),
+        "relax.nn.relu": Pin("dsp_cpu", 1),
+        "conv*": Pin("host"),
+        "npu.matmul": Pin("npu"),
     }
     assert (cfg.on_error, cfg.scope_policy, cfg.strict) == ("error", "outputs", True)
 
@@ -94,8 +100,11 @@ def test_wrong_type_names_the_key_and_what_it_expects():
 
 
 def test_wrong_choice_suggests_the_closest():
-    with pytest.raises(ConfigError, match=r"on-error: expected one of 'fallback', 'error', "
-                                          r"got 'fallbak' \(did you mean 'fallback'\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"on-error: expected one of 'fallback', 'error', "
+        r"got 'fallbak' \(did you mean 'fallback'\?\)",
+    ):
         Config.from_mapping({"on-error": "fallbak"})
 
 
@@ -127,14 +136,17 @@ def test_pin_to_a_missing_instance_is_an_error():
 
 def test_unknown_hook_in_hook_order_suggests_the_closest():
     cfg = Config.from_mapping({"hook-order": {"umahub_schedul": ["a"]}}, "cfg")
-    with pytest.raises(ConfigError, match=r"unknown hook 'umahub_schedul' \(did you mean "
-                                          r"'umahub_schedule'\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown hook 'umahub_schedul' \(did you mean "
+        r"'umahub_schedule'\?\)",
+    ):
         cfg.check_plugin_names(["a"], ["umahub_schedule", "umahub_patterns"])
 
 
 def test_invalid_toml_names_the_file(isolated):
     write_pyproject(isolated, "[tool.umahub\n")
-    with pytest.raises(ConfigError, match="pyproject.toml: not valid TOML"):
+    with pytest.raises(ConfigError, match=r"pyproject\.toml: not valid TOML"):
         load_config()
 
 
@@ -144,4 +156,7 @@ def test_hub_can_ignore_the_project_config(isolated):
     write_pyproject(isolated, '[tool.umahub]\npriority = ["nope"]\n')
     hub = umahub.Hub(config={"on-error": "error"}, autoload=False, project_config=False)
     assert (hub.config.priority, hub.config.on_error, hub.config.source) == (
-        None, "error", "<defaults> + config=")
+        None,
+        "error",
+        "<defaults> + config=",
+    )

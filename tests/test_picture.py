@@ -67,10 +67,13 @@ def small_report() -> Report:
         PartitionReport("p_npu", "npu", "npu:0", ("npu.matmul",), 1),
         PartitionReport("p_dsp", "dsp", "dsp:0", ("dsp.relu",), 1),
     ]
-    memory = MemoryPlan(pools=(
-        PoolUse("npu:0", "npu.sram", 262144, "async", resident=123_456),
-        PoolUse("dsp:0", "dsp.tcm", 65536, "sync"),
-    ), host_bytes=1024)
+    memory = MemoryPlan(
+        pools=(
+            PoolUse("npu:0", "npu.sram", 262144, "async", resident=123_456),
+            PoolUse("dsp:0", "dsp.tcm", 65536, "sync"),
+        ),
+        host_bytes=1024,
+    )
     return Report(ops, partitions, ["host", "npu:0", "dsp:0"], copies, memory, built=False)
 
 
@@ -89,7 +92,8 @@ def test_timeline_sequential_program_exact_numbers():
     spans = timeline(small_report())
     by = {(s.lane, s.label): s for s in spans}
     assert by["npu:0 DMA", "copy constant host->npu:0"] == pytest.approx(
-        Span("npu:0 DMA", 0.0, 0.4 * MS, "copy constant host->npu:0"))
+        Span("npu:0 DMA", 0.0, 0.4 * MS, "copy constant host->npu:0")
+    )
     assert by["host", "conv"][1:3] == pytest.approx((0.0, 10 * MS))
     assert by["npu:0 DMA", "copy conv host->npu:0"][1:3] == pytest.approx((10 * MS, 10.1 * MS))
     assert by["npu:0", "mm"][1:3] == pytest.approx((10.1 * MS, 10.3 * MS))
@@ -99,7 +103,8 @@ def test_timeline_sequential_program_exact_numbers():
     assert by["dsp:0", "act"][1:3] == pytest.approx((10.31 * MS, 10.311 * MS))
     # the output copy goes back to the host after the last operator
     assert by["host", "copy act dsp:0->host"][1:3] == pytest.approx(
-        (10.311 * MS, 10.311 * MS + 400 / BANDWIDTH))
+        (10.311 * MS, 10.311 * MS + 400 / BANDWIDTH)
+    )
     assert len(spans) == 9
     assert max(s.end for s in spans) == pytest.approx(10.311 * MS + 4e-8)
 
@@ -123,8 +128,9 @@ def test_sync_copy_blocks_both_ends_and_the_program():
 
 
 def test_throughput_and_bandwidth_can_be_given():
-    spans = timeline(small_report(), throughput={"host": 1e9, "npu": 1e10, "dsp:0": 1e5},
-                     bandwidth=1e9)
+    spans = timeline(
+        small_report(), throughput={"host": 1e9, "npu": 1e10, "dsp:0": 1e5}, bandwidth=1e9
+    )
     assert spans_of(spans, "conv")[0].end == pytest.approx(0.1)  # 100 MFLOP at 1 GFLOP/s
     mm = spans_of(spans, "mm")[0]
     assert mm.end - mm.start == pytest.approx(2 * MS)
@@ -150,8 +156,12 @@ def test_edges_let_independent_operators_run_side_by_side():
         EdgeOperator("c", "relax.add", "host", inputs=("a", "b")),
     ]
     copies = [Copy("lv", "npu:0", "host", 1000, "async")]
-    report = Report(ops, [PartitionReport("p_npu", "npu", "npu:0", ("npu.matmul",), 1)],
-                    ["host", "npu:0"], copies)
+    report = Report(
+        ops,
+        [PartitionReport("p_npu", "npu", "npu:0", ("npu.matmul",), 1)],
+        ["host", "npu:0"],
+        copies,
+    )
     spans = {s.label: s for s in timeline(report)}
     assert spans["a"][1:3] == pytest.approx((0.0, 10 * MS))
     assert spans["b"][1:3] == pytest.approx((0.0, 0.2 * MS))  # not after a: no edge a -> b
@@ -160,8 +170,7 @@ def test_edges_let_independent_operators_run_side_by_side():
     assert spans["c"][1:3] == pytest.approx((10 * MS, 10.01 * MS))
     # without edges the same operators are a sequential program
     plain = [Operator(o.name, o.op, o.device, o.pattern, o.partition) for o in ops]
-    spans = {s.label: s for s in timeline(Report(plain, report.partitions, report.devices,
-                                                 copies))}
+    spans = {s.label: s for s in timeline(Report(plain, report.partitions, report.devices, copies))}
     assert spans["b"].start == pytest.approx(10 * MS)
 
 
@@ -172,15 +181,15 @@ def test_named_producer_and_consumer_place_the_copy():
         Operator("m2", "relax.matmul", "npu:0", "npu.matmul", "p2"),
     ]
     # without names, the weights would go to the first NPU group (p1); named, to m2's
-    copies = [NamedCopy("constant", "host", "npu:0", 2_000_000, "async", True,
-                        consumer="p2")]
+    copies = [NamedCopy("constant", "host", "npu:0", 2_000_000, "async", True, consumer="p2")]
     report = Report(ops, [], ["host", "npu:0"], copies)
     spans = {s.label: s for s in timeline(report)}
     assert spans["m1"].start == 0.0
     assert spans["copy constant host->npu:0"][1:3] == pytest.approx((0.0, 0.2 * MS))
     assert spans["m2"].start == pytest.approx(max(0.2 * MS, spans["r"].end))
-    plain = Report(ops, [], ["host", "npu:0"],
-                   [Copy("constant", "host", "npu:0", 2_000_000, "async", True)])
+    plain = Report(
+        ops, [], ["host", "npu:0"], [Copy("constant", "host", "npu:0", 2_000_000, "async", True)]
+    )
     assert {s.label: s for s in timeline(plain)}["m1"].start == pytest.approx(0.2 * MS)
 
 
@@ -207,8 +216,11 @@ def test_copy_markers_say_bytes_and_kind():
     root = parse(render_svg(small_report()))
     copies = [g for g in root.iter(f"{SVG}g") if g.get("class") == "copy"]
     assert [(g.get("data-tensor"), g.get("data-bytes"), g.get("data-kind")) for g in copies] == [
-        ("constant", "4000000", "async"), ("conv", "1000000", "async"),
-        ("lv1", "100000", "sync"), ("act", "400", "sync")]
+        ("constant", "4000000", "async"),
+        ("conv", "1000000", "async"),
+        ("lv1", "100000", "sync"),
+        ("act", "400", "sync"),
+    ]
     labels = ["".join(t.itertext()) for g in copies for t in g.iter(f"{SVG}text")]
     assert labels == ["3.8 MiB async", "977 KiB async", "98 KiB sync", "400 B sync"]
     dashed = [g.find(f"{SVG}line").get("stroke-dasharray") for g in copies]
@@ -230,11 +242,16 @@ def test_timeline_has_a_lane_per_device_and_a_dma_lane_per_async_accelerator():
 
 
 def test_long_groups_collapse_but_keep_every_operator():
-    ops = [Operator(f"conv{i}", "relax.nn.conv2d", "npu:0", "npu.conv2d", "p_big")
-           for i in range(120)]
+    ops = [
+        Operator(f"conv{i}", "relax.nn.conv2d", "npu:0", "npu.conv2d", "p_big") for i in range(120)
+    ]
     ops += [Operator(f"h{i}", "relax.add", "host") for i in range(150)]
-    report = Report(ops, [PartitionReport("p_big", "npu", "npu:0", ("npu.conv2d",), 120)],
-                    ["host", "npu:0"], [Copy("lv", "npu:0", "host", 8, "async")])
+    report = Report(
+        ops,
+        [PartitionReport("p_big", "npu", "npu:0", ("npu.conv2d",), 120)],
+        ["host", "npu:0"],
+        [Copy("lv", "npu:0", "host", 8, "async")],
+    )
     root = parse(render_svg(report))
     rects = [e for e in root.iter(f"{SVG}rect") if e.get("class") == "op"]
     assert len(rects) == 270
@@ -249,23 +266,30 @@ def test_many_groups_wrap_into_rows_within_the_width():
     for i in range(120):
         ops.append(Operator(f"c{i}", "relax.nn.conv2d", "npu:0", "npu.conv2d", f"p{i}"))
         ops.append(Operator(f"r{i}", "relax.nn.relu", "host"))
-    copies = [c for i in range(120) for c in (Copy(f"r{i - 1}", "host", "npu:0", 64, "async"),
-                                               Copy(f"lv{i}", "npu:0", "host", 64, "async"))]
+    copies = [
+        c
+        for i in range(120)
+        for c in (
+            Copy(f"r{i - 1}", "host", "npu:0", 64, "async"),
+            Copy(f"lv{i}", "npu:0", "host", 64, "async"),
+        )
+    ]
     report = Report(ops, [], ["host", "npu:0"], copies)
     root = parse(render_svg(report, width=1400))
     assert root.get("width") == "1400"
     boxes = [g for g in root.iter(f"{SVG}g") if g.get("class") == "group"]
     assert len(boxes) == 240
-    xs = [float(r.get("x")) + float(r.get("width")) for g in boxes
-          for r in g.iter(f"{SVG}rect")]
+    xs = [float(r.get("x")) + float(r.get("width")) for g in boxes for r in g.iter(f"{SVG}rect")]
     assert max(xs) <= 1400
 
 
 def test_edges_are_drawn_when_the_report_has_them():
-    ops = [EdgeOperator("a", "relax.nn.conv2d", "host"),
-           EdgeOperator("b", "relax.matmul", "npu:0", "npu.matmul", "p1", inputs=("a",)),
-           EdgeOperator("c", "relax.nn.relu", "host", inputs=("b",)),
-           EdgeOperator("d", "relax.add", "dsp:0", "dsp.add", "p2", inputs=("c", "a"))]
+    ops = [
+        EdgeOperator("a", "relax.nn.conv2d", "host"),
+        EdgeOperator("b", "relax.matmul", "npu:0", "npu.matmul", "p1", inputs=("a",)),
+        EdgeOperator("c", "relax.nn.relu", "host", inputs=("b",)),
+        EdgeOperator("d", "relax.add", "dsp:0", "dsp.add", "p2", inputs=("c", "a")),
+    ]
     root = parse(render_svg(Report(ops, [], ["host", "npu:0", "dsp:0"], [])))
     edges = [p for p in root.iter(f"{SVG}path") if p.get("class") == "edge"]
     assert ["".join(p.itertext()) for p in edges] == ["a -> d"]  # only the one that skips
@@ -285,8 +309,9 @@ def test_weights_loaded_once_stay_out_of_the_inference():
     assert "npu:0 (1 op, weights 121 KiB)" in text
     assert not [g for g in root.iter(f"{SVG}g") if g.get("class") == "load-copy"]
     # a load copy that names its partition is shown on that partition's box
-    report.copies[0] = NamedCopy("weight", "host", "npu:0", 123_456, "async", True, "load",
-                                 consumer="p_npu")
+    report.copies[0] = NamedCopy(
+        "weight", "host", "npu:0", 123_456, "async", True, "load", consumer="p_npu"
+    )
     root = parse(render_svg(report))
     badges = [g for g in root.iter(f"{SVG}g") if g.get("class") == "load-copy"]
     assert [b.get("data-bytes") for b in badges] == ["123456"]
@@ -295,8 +320,9 @@ def test_weights_loaded_once_stay_out_of_the_inference():
 
 def test_fallbacks_are_named_and_an_empty_report_still_draws():
     report = small_report()
-    report.partitions.append(PartitionReport("p_gone", "dsp", "dsp:1", ("dsp.add",), 2,
-                                             fallback="needs 9 bytes, 1 free"))
+    report.partitions.append(
+        PartitionReport("p_gone", "dsp", "dsp:1", ("dsp.add",), 2, fallback="needs 9 bytes, 1 free")
+    )
     text = " ".join(parse(render_svg(report)).itertext())
     assert "1 partition(s) fell back" in text and "needs 9 bytes, 1 free" in text
     empty = parse(render_svg(Report([], [], ["host"])))

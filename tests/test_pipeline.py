@@ -69,24 +69,40 @@ def test_priority_decides_the_claimant(model):
     report = hub.explain(mod)
     # alpha claims relu and add: neighbouring claims merge into one partition.
     assert placement(report)[:4] == [
-        ("n0", "nn.relu", "alpha_accel:0"), ("n1", "add", "alpha_accel:0"),
-        ("n2", "nn.relu", "alpha_accel:0"), ("n3", "add", "alpha_accel:0")]
-    assert [p.patterns for p in report.partitions] == [
-        ("alpha_accel.relu", "alpha_accel.add")]
+        ("n0", "nn.relu", "alpha_accel:0"),
+        ("n1", "add", "alpha_accel:0"),
+        ("n2", "nn.relu", "alpha_accel:0"),
+        ("n3", "add", "alpha_accel:0"),
+    ]
+    assert [p.patterns for p in report.partitions] == [("alpha_accel.relu", "alpha_accel.add")]
 
 
 def test_an_accelerator_not_in_priority_claims_nothing(model):
     mod, _, _ = model
     report = umahub.Hub(config={**BOTH, "priority": ["beta_accel"]}).explain(mod)
     assert [d for _, _, d in placement(report)] == [
-        "beta_accel:0", "host", "beta_accel:0", "host", "host"]
+        "beta_accel:0",
+        "host",
+        "beta_accel:0",
+        "host",
+        "host",
+    ]
 
 
 def test_four_operators_pinned_to_four_virtual_devices(model):
     """The seed question: C on cpu1, D on accelerator1, E on cpu2 ..."""
     mod, xs, ref = model
-    hub = umahub.Hub(config={**BOTH, "placement": {
-        "n0": "alpha_accel:1", "n1": "alpha_accel:0", "n2": "beta_accel", "n3": "host"}})
+    hub = umahub.Hub(
+        config={
+            **BOTH,
+            "placement": {
+                "n0": "alpha_accel:1",
+                "n1": "alpha_accel:0",
+                "n2": "beta_accel",
+                "n3": "host",
+            },
+        }
+    )
     compiled = hub.compile(mod)
     assert placement(compiled) == [
         ("n0", "nn.relu", "alpha_accel:1"),
@@ -98,14 +114,15 @@ def test_four_operators_pinned_to_four_virtual_devices(model):
     assert compiled.devices == ["host", "alpha_accel:0", "alpha_accel:1", "beta_accel:0"]
     edges = [(e["src"], e["dst"], e["count"]) for e in compiled.report.copy_edges()]
     assert edges == [
-        ("host", "alpha_accel:1", 1),           # x
+        ("host", "alpha_accel:1", 1),  # x
         ("alpha_accel:1", "alpha_accel:0", 1),  # n0
-        ("alpha_accel:0", "beta_accel:0", 1),   # n1
-        ("beta_accel:0", "host", 1),            # n2
+        ("alpha_accel:0", "beta_accel:0", 1),  # n1
+        ("beta_accel:0", "host", 1),  # n2
     ]
     # n1's constant operand is a weight: copied to alpha_accel:0 once, at load.
     assert [(e["src"], e["dst"], e["count"]) for e in compiled.report.copy_edges("load")] == [
-        ("host", "alpha_accel:0", 1)]
+        ("host", "alpha_accel:0", 1)
+    ]
     assert sum(c.bytes for c in compiled.report.copies) == 5 * 4 * 16 * 4
     np.testing.assert_allclose(compiled.run(*xs), ref, **TOL)
 
@@ -114,20 +131,37 @@ def test_pins_by_op_glob_and_pattern(model):
     mod, _, _ = model
     hub = umahub.Hub(config={**BOTH, "placement": {"nn.relu": "beta_accel", "*add": "host"}})
     assert [d for _, _, d in placement(hub.explain(mod))] == [
-        "beta_accel:0", "host", "beta_accel:0", "host", "host"]
+        "beta_accel:0",
+        "host",
+        "beta_accel:0",
+        "host",
+        "host",
+    ]
     # A pattern pinned to an instance; the unpinned relus go round robin (0, then 1).
     hub = umahub.Hub(config={**BOTH, "placement": {"alpha_accel.add": "alpha_accel:1"}})
     assert [d for _, _, d in placement(hub.explain(mod))] == [
-        "alpha_accel:0", "alpha_accel:1", "alpha_accel:1", "alpha_accel:1", "host"]
+        "alpha_accel:0",
+        "alpha_accel:1",
+        "alpha_accel:1",
+        "alpha_accel:1",
+        "host",
+    ]
 
 
 def test_api_pins_override_config_pins_override_model_pins(model):
     mod, _, _ = model
     annotated = umahub.annotate(mod, {"n0": "host", "n2": "host"})
-    hub = umahub.Hub(config={**BOTH, "priority": ["alpha_accel"], "placement": {"n2": "beta_accel"}})
+    hub = umahub.Hub(
+        config={**BOTH, "priority": ["alpha_accel"], "placement": {"n2": "beta_accel"}}
+    )
     report = hub.explain(annotated, placement={"n1": "host"})
     assert [d for _, _, d in placement(report)] == [
-        "host", "host", "beta_accel:0", "alpha_accel:0", "host"]
+        "host",
+        "host",
+        "beta_accel:0",
+        "alpha_accel:0",
+        "host",
+    ]
     assert [o.pinned for o in report.placement] == ["n0", "n1", "n2", "", ""]
 
 
@@ -135,7 +169,12 @@ def test_partitions_are_spread_over_instances_round_robin():
     mod = chain(ops=("relu", "sigmoid", "relu", "sigmoid", "relu"))
     report = umahub.Hub(config={"plugins": ["alpha"]}).explain(mod)
     assert [d for _, _, d in placement(report)] == [
-        "alpha_accel:0", "host", "alpha_accel:1", "host", "alpha_accel:0"]
+        "alpha_accel:0",
+        "host",
+        "alpha_accel:1",
+        "host",
+        "alpha_accel:0",
+    ]
 
 
 def test_pin_the_accelerator_cannot_take_is_an_error_or_falls_back(model):
@@ -166,8 +205,11 @@ def test_pin_that_selects_nothing_warns_and_suggests_a_name(model):
 
 def test_api_pin_to_unknown_accelerator_suggests_the_closest(model):
     mod, _, _ = model
-    with pytest.raises(umahub.errors.ConfigError, match=r"unknown accelerator 'beta' "
-                                                        r"\(did you mean 'beta_accel'\?\)"):
+    with pytest.raises(
+        umahub.errors.ConfigError,
+        match=r"unknown accelerator 'beta' "
+        r"\(did you mean 'beta_accel'\?\)",
+    ):
         umahub.Hub(config=BOTH).explain(mod, placement={"n0": "beta"})
 
 
@@ -184,8 +226,9 @@ class _Base:
 
     @umahub.hookimpl
     def umahub_accelerators(self):
-        return [umahub.Accelerator("flaky", memory=[umahub.MemoryPool("flaky.mem",
-                                                                      self.pool_bytes)])]
+        return [
+            umahub.Accelerator("flaky", memory=[umahub.MemoryPool("flaky.mem", self.pool_bytes)])
+        ]
 
     @umahub.hookimpl
     def umahub_patterns(self, accelerator):
@@ -209,8 +252,10 @@ def test_failing_hook_falls_back_to_the_host_with_a_warning(model):
     with pytest.warns(umahub.UmahubWarning) as warned:
         compiled = hub.compile(mod)
     assert {d for _, _, d in placement(compiled)} == {"host"}
-    message = ("plugin 'ScheduleRaises' failed in umahub_schedule for partition "
-               "flaky_0_relu (flaky.relu) on flaky:0: RuntimeError: tile size 0")
+    message = (
+        "plugin 'ScheduleRaises' failed in umahub_schedule for partition "
+        "flaky_0_relu (flaky.relu) on flaky:0: RuntimeError: tile size 0"
+    )
     assert str(warned[0].message) == f"umahub: {message}; its partition runs on the host"
     assert compiled.report.partitions[0].fallback == message
     assert message in str(compiled.report)
@@ -220,8 +265,10 @@ def test_failing_hook_falls_back_to_the_host_with_a_warning(model):
 def test_failing_hook_stops_the_compile_with_on_error_error(model):
     mod, _, _ = model
     hub = umahub.Hub(config={"on-error": "error"}, autoload=False, plugins=[ScheduleRaises()])
-    with pytest.raises(CompileError, match="plugin 'ScheduleRaises' failed in umahub_schedule "
-                                           "for partition flaky_0_relu"):
+    with pytest.raises(
+        CompileError,
+        match="plugin 'ScheduleRaises' failed in umahub_schedule for partition flaky_0_relu",
+    ):
         hub.compile(mod)
 
 
@@ -249,8 +296,10 @@ def test_claimed_operator_without_a_lowering_is_named():
     hub = umahub.Hub(config={"on-error": "error"}, autoload=False, plugins=[ClaimsFma()])
     with pytest.raises(UnsupportedOperatorError) as info:
         hub.compile(bb.get())
-    assert "accelerator 'flaky' claimed operators that the default lowering cannot turn into " \
-           "TIR: fma (relax.ewise_fma)" in str(info.value)
+    assert (
+        "accelerator 'flaky' claimed operators that the default lowering cannot turn into "
+        "TIR: fma (relax.ewise_fma)" in str(info.value)
+    )
 
 
 def test_partition_that_does_not_fit_its_pool(model):
@@ -288,8 +337,15 @@ class Recorder(_Base):
 
     @umahub.hookimpl
     def umahub_relax_to_tir(self, accelerator, function, context):
-        self.seen.append(("relax_to_tir", context.device, context.symbol,
-                          [o.name for o in context.operators], context.pool_free))
+        self.seen.append(
+            (
+                "relax_to_tir",
+                context.device,
+                context.symbol,
+                [o.name for o in context.operators],
+                context.pool_free,
+            )
+        )
 
     @umahub.hookimpl
     def umahub_tir_passes(self, accelerator, phase, context):
@@ -318,8 +374,12 @@ def test_hooks_get_the_context_and_phases_sit_where_documented(model):
     phases = [s for s in plugin.seen if s[0].startswith("phase")][:4]
     # phase 0 still has blocks; from phase 1 on they are lowered; the packed API
     # (3 params instead of input + output) is made after phase 3.
-    assert phases == [("phase0", True, 2), ("phase1", False, 2), ("phase2", False, 2),
-                      ("phase3", False, 2)]
+    assert phases == [
+        ("phase0", True, 2),
+        ("phase1", False, 2),
+        ("phase2", False, 2),
+        ("phase3", False, 2),
+    ]
     np.testing.assert_allclose(compiled.run(*xs), ref, **TOL)
 
 
@@ -368,8 +428,9 @@ def test_lowering_order_orders_the_hooks(model):
                 return [("second.add", is_op("relax.add")(wildcard(), wildcard()))]
             return None
 
-    hub = umahub.Hub(autoload=False, plugins=[plugin, Second()],
-                     config={"lowering-order": ["second", "flaky"]})
+    hub = umahub.Hub(
+        autoload=False, plugins=[plugin, Second()], config={"lowering-order": ["second", "flaky"]}
+    )
     hub.compile(mod)
     # The recorder's relax_to_tir hook is called for every partition, in lowering order.
     order = [s[1] for s in plugin.seen if s[0] == "relax_to_tir"]
@@ -392,8 +453,11 @@ def test_export_and_load_in_a_new_process(model, tmp_path):
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(path), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
-        capture_output=True, text=True, env={"UMAHUB_DISABLE_PLUGIN_AUTOLOAD": "1",
-                                             "PATH": "/usr/bin:/bin"}, check=False)
+        capture_output=True,
+        text=True,
+        env={"UMAHUB_DISABLE_PLUGIN_AUTOLOAD": "1", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     # Devices follow the accelerators' priority order.
     assert result.stdout.strip() == "['host', 'beta_accel:0', 'alpha_accel:0', 'alpha_accel:1']"
@@ -410,8 +474,10 @@ def test_load_refuses_a_file_umahub_did_not_write(tmp_path):
 def test_run_checks_input_shapes(model):
     mod, _, _ = model
     compiled = umahub.Hub(autoload=False).compile(mod)
-    with pytest.raises(umahub.errors.UmahubError,
-                       match=r"input 0: expected shape \(4, 16\) float32, got \(2, 2\) float32"):
+    with pytest.raises(
+        umahub.errors.UmahubError,
+        match=r"input 0: expected shape \(4, 16\) float32, got \(2, 2\) float32",
+    ):
         compiled.run(np.zeros((2, 2), "float32"))
 
 
@@ -422,7 +488,8 @@ def test_report_json_has_the_same_facts(model):
     report = umahub.Hub(config={**BOTH, "priority": ["beta_accel", "alpha_accel"]}).explain(mod)
     data = json.loads(report.to_json())
     assert [(o["name"], o["device"]) for o in data["placement"]] == [
-        (o.name, o.device) for o in report.placement]
+        (o.name, o.device) for o in report.placement
+    ]
     assert data["copy_edges"] == report.copy_edges()
     assert data["built"] is False
     assert "\n  n0    relax.nn.relu  beta_accel:0   beta_accel.relu\n" in str(report)
@@ -437,7 +504,13 @@ def test_same_size_tensors_alternating_between_host_and_accelerators():
     xs = inputs_for(mod)
     compiled = umahub.Hub(config={"plugins": ["alpha"]}).compile(mod)
     assert [d for _, _, d in placement(compiled)] == [
-        "host", "host", "alpha_accel:0", "host", "alpha_accel:1", "host"]
+        "host",
+        "host",
+        "alpha_accel:0",
+        "host",
+        "alpha_accel:1",
+        "host",
+    ]
     np.testing.assert_allclose(compiled.run(*xs), reference(mod, xs), **TOL)
 
 
@@ -458,8 +531,9 @@ def test_one_match_pinned_to_two_instances_names_both_pins():
                 return [("fused.relu_sigmoid", is_op("relax.sigmoid")(relu))]
             return None
 
-    hub = umahub.Hub(autoload=False, plugins=[Fused()],
-                     config={"placement": {"n0": "fused:0", "n1": "fused:1"}})
+    hub = umahub.Hub(
+        autoload=False, plugins=[Fused()], config={"placement": {"n0": "fused:0", "n1": "fused:1"}}
+    )
     with pytest.raises(PlacementError) as info:
         hub.explain(mod)
     assert str(info.value) == (
@@ -482,12 +556,18 @@ def test_an_accelerator_that_does_not_merge_keeps_one_match_per_partition(model)
             from tvm.relax.dpl import is_op, wildcard
 
             if accelerator.name == "single":
-                return [("single.relu", is_op("relax.nn.relu")(wildcard())),
-                        ("single.add", is_op("relax.add")(wildcard(), wildcard()))]
+                return [
+                    ("single.relu", is_op("relax.nn.relu")(wildcard())),
+                    ("single.add", is_op("relax.add")(wildcard(), wildcard())),
+                ]
             return None
 
     report = umahub.Hub(autoload=False, plugins=[Single()]).explain(mod)
     assert [p.patterns for p in report.partitions] == [
-        ("single.relu",), ("single.add",), ("single.relu",), ("single.add",)]
+        ("single.relu",),
+        ("single.add",),
+        ("single.relu",),
+        ("single.add",),
+    ]
     merged = umahub.Hub(config={"plugins": ["alpha"], "priority": ["alpha_accel"]}).explain(mod)
     assert len(merged.partitions) == 1

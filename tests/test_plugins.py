@@ -33,7 +33,10 @@ def test_installed_plugins_are_found_sorted_by_entry_point_name():
     assert installed(hub) == GOOD + BROKEN
     alpha = hub.plugins[0]
     assert (alpha.distribution, alpha.version, alpha.api_version) == (
-        "umahub-test-alpha", "1.0.0", 1)
+        "umahub-test-alpha",
+        "1.0.0",
+        1,
+    )
     assert alpha.accelerators == ("alpha_accel",)
     assert alpha.hooks == ("umahub_accelerators", "umahub_patterns", "umahub_schedule")
 
@@ -56,8 +59,13 @@ def test_each_broken_plugin_is_skipped_with_its_cause_and_the_rest_work():
         "umahub_patterns, umahub_relax_to_tir, umahub_schedule, umahub_tir_passes",
     }
     messages = [str(w.message) for w in warned]
-    assert any(m.startswith("umahub: skipped plugin 'zz_broken_import' (distribution "
-                            "umahub-test-broken 0.0.1): failed to import") for m in messages)
+    assert any(
+        m.startswith(
+            "umahub: skipped plugin 'zz_broken_import' (distribution "
+            "umahub-test-broken 0.0.1): failed to import"
+        )
+        for m in messages
+    )
     broken = next(p for p in hub.plugins if p.name == "zz_broken_import")
     assert "raise ImportError" in broken.traceback
 
@@ -88,8 +96,11 @@ def test_unknown_plugin_name_in_config_suggests_the_closest():
 
 
 def test_unknown_accelerator_in_priority_is_an_error():
-    with pytest.raises(ConfigError, match=r"unknown accelerator 'alpha' \(did you mean "
-                                          r"'alpha_accel'\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown accelerator 'alpha' \(did you mean "
+        r"'alpha_accel'\?\)",
+    ):
         umahub.Hub(config={"plugins": GOOD, "priority": ["alpha"]})
 
 
@@ -100,8 +111,7 @@ def test_author_tryfirst_is_respected_without_hook_order():
 
 
 def test_hook_order_reorders_one_hook_and_overrides_tryfirst():
-    hub = umahub.Hub(config={"plugins": GOOD,
-                             "hook-order": {"umahub_schedule": ["beta", "alpha"]}})
+    hub = umahub.Hub(config={"plugins": GOOD, "hook-order": {"umahub_schedule": ["beta", "alpha"]}})
     assert hub.call_order("umahub_schedule") == ["beta", "alpha"]
     assert hub.call_order("umahub_patterns") == ["alpha", "beta"]
 
@@ -114,8 +124,7 @@ def test_hook_order_is_the_real_call_order():
     umahub_test_beta.CALLS.clear()
     calls = []
     umahub_test_alpha.CALLS = umahub_test_beta.CALLS = calls
-    hub = umahub.Hub(config={"plugins": GOOD,
-                             "hook-order": {"umahub_schedule": ["beta", "alpha"]}})
+    hub = umahub.Hub(config={"plugins": GOOD, "hook-order": {"umahub_schedule": ["beta", "alpha"]}})
     acc = hub.accelerator("alpha_accel")
     hub.hook.umahub_schedule(accelerator=acc, schedule=None, context=None)
     assert calls == [("beta", "alpha_accel"), ("alpha", "alpha_accel")]
@@ -156,8 +165,9 @@ def test_objects_given_in_code_are_plugins():
 
 
 def test_plugin_modules_are_imported_only_when_a_hub_is_made(install):
-    install("lazy-plugin", "1.0", {"lazy": "lazy_mod"},
-            {"lazy_mod": "import umahub\nIMPORTED = True\n"})
+    install(
+        "lazy-plugin", "1.0", {"lazy": "lazy_mod"}, {"lazy_mod": "import umahub\nIMPORTED = True\n"}
+    )
     import sys
 
     import umahub.loading
@@ -180,12 +190,19 @@ def test_two_distributions_with_one_plugin_name_is_an_error_naming_both(install)
 
 
 def test_two_plugins_with_one_accelerator_name_is_an_error_naming_both(install):
-    install("vendor-two", "3.1", {"alpha_clone": "vendor_two"}, {"vendor_two": """
+    install(
+        "vendor-two",
+        "3.1",
+        {"alpha_clone": "vendor_two"},
+        {
+            "vendor_two": """
         import umahub
         @umahub.hookimpl
         def umahub_accelerators():
             return [umahub.Accelerator("alpha_accel")]
-    """})
+    """
+        },
+    )
     with pytest.raises(PluginConflictError) as info:
         umahub.Hub(config={"plugins": ["alpha", "alpha_clone"]})
     assert str(info.value) == (
@@ -196,12 +213,19 @@ def test_two_plugins_with_one_accelerator_name_is_an_error_naming_both(install):
 
 
 def test_a_plugin_whose_accelerators_hook_raises_is_skipped(install):
-    install("vendor-three", "1.0", {"raising": "vendor_three"}, {"vendor_three": """
+    install(
+        "vendor-three",
+        "1.0",
+        {"raising": "vendor_three"},
+        {
+            "vendor_three": """
         import umahub
         @umahub.hookimpl
         def umahub_accelerators():
             raise RuntimeError("no licence")
-    """})
+    """
+        },
+    )
     with pytest.warns(umahub.UmahubWarning, match="no licence"):
         hub = umahub.Hub(config={"plugins": ["raising", "alpha"]})
     assert loaded(hub) == ["alpha"]

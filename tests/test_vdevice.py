@@ -31,26 +31,32 @@ def test_targets_compare_by_value():
     assert hash(VD(CPU, 0, "llvm")) == hash(VD(CPU, 0, tvm.target.Target("llvm")))
 
 
-@pytest.mark.parametrize(("lhs", "rhs", "expected"), [
-    # TVM: join((CUDA,3,-,""), (CUDA,-1,cuda,"global")) = (CUDA,3,cuda,"global")
-    (VD(CUDA, 3), VD(CUDA, -1, "cuda", "global"), VD(CUDA, 3, "cuda", "global")),
-    (VD(CUDA, -1, "cuda", "global"), VD(CUDA, 3), VD(CUDA, 3, "cuda", "global")),
-    (VD(CUDA), VD(CUDA, 2, "cuda"), VD(CUDA, 2, "cuda")),
-    (VD(), VD(CUDA, 3, "cuda", "local"), VD(CUDA, 3, "cuda", "local")),
-    # Targets equal by value join (TVM, comparing by identity, would refuse).
-    (VD(CUDA, 3, "cuda"), VD(CUDA, 3, "cuda"), VD(CUDA, 3, "cuda")),
-])
+@pytest.mark.parametrize(
+    ("lhs", "rhs", "expected"),
+    [
+        # TVM: join((CUDA,3,-,""), (CUDA,-1,cuda,"global")) = (CUDA,3,cuda,"global")
+        (VD(CUDA, 3), VD(CUDA, -1, "cuda", "global"), VD(CUDA, 3, "cuda", "global")),
+        (VD(CUDA, -1, "cuda", "global"), VD(CUDA, 3), VD(CUDA, 3, "cuda", "global")),
+        (VD(CUDA), VD(CUDA, 2, "cuda"), VD(CUDA, 2, "cuda")),
+        (VD(), VD(CUDA, 3, "cuda", "local"), VD(CUDA, 3, "cuda", "local")),
+        # Targets equal by value join (TVM, comparing by identity, would refuse).
+        (VD(CUDA, 3, "cuda"), VD(CUDA, 3, "cuda"), VD(CUDA, 3, "cuda")),
+    ],
+)
 def test_join_defined(lhs, rhs, expected):
     assert lhs.join(rhs) == expected
     assert rhs.join(lhs) == expected
 
 
-@pytest.mark.parametrize(("lhs", "rhs"), [
-    (VD(CUDA), VD(CPU)),
-    (VD(CUDA, 3), VD(CUDA, 4)),
-    (VD(CUDA, 3, "cuda", "local"), VD(CUDA, 3, "cuda", "global")),
-    (VD(CPU, 0, "llvm"), VD(CPU, 0, "c")),
-])
+@pytest.mark.parametrize(
+    ("lhs", "rhs"),
+    [
+        (VD(CUDA), VD(CPU)),
+        (VD(CUDA, 3), VD(CUDA, 4)),
+        (VD(CUDA, 3, "cuda", "local"), VD(CUDA, 3, "cuda", "global")),
+        (VD(CPU, 0, "llvm"), VD(CPU, 0, "c")),
+    ],
+)
 def test_join_conflict_is_none(lhs, rhs):
     assert lhs.join(rhs) is None
     assert rhs.join(lhs) is None
@@ -65,7 +71,8 @@ def test_conflict_names_the_fields():
 def test_default():
     # TVM: default((CPU,-1,llvm,"local"), (CPU,3,-,"global")) = (CPU,3,llvm,"local")
     assert VD(CPU, -1, "llvm", "local").default(VD(CPU, 3, None, "global")) == VD(
-        CPU, 3, "llvm", "local")
+        CPU, 3, "llvm", "local"
+    )
 
 
 def test_default_takes_a_target_only_for_the_same_device_type():

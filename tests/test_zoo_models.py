@@ -19,8 +19,9 @@ PRIORITY = ["npu", "vanilla_accel", "dsp_cpu"]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "mobilenetv2", "bert", "bert2"])
 def test_zoo_model_through_the_three_plugins_matches_the_host(name):
-    hub = umahub.Hub(config={"plugins": ["npu", "vanilla", "dsp"], "priority": PRIORITY,
-                             "on-error": "error"})
+    hub = umahub.Hub(
+        config={"plugins": ["npu", "vanilla", "dsp"], "priority": PRIORITY, "on-error": "error"}
+    )
     compiled = hub.compile(zoo.get(name))
     taken = [o for o in compiled.report.placement if o.device != "host"]
     assert taken, "the plugins took no operator"

@@ -50,10 +50,10 @@ class _Substitute(relax.PyExprMutator):
         super().__init__()
         self.mapping = mapping
 
-    def visit_var_(self, var):  # noqa: D102 - mutator hook
+    def visit_var_(self, var):
         return self.mapping.get(var, var)
 
-    def visit_dataflow_var_(self, var):  # noqa: D102 - mutator hook
+    def visit_dataflow_var_(self, var):
         return self.mapping.get(var, var)
 
 
@@ -69,8 +69,11 @@ def _partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | 
     call of the partition function itself (before codegen, as ``explain`` sees it)."""
     if not isinstance(value, relax.Call):
         return None
-    if (isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_dps_packed"
-            and isinstance(value.args[0], relax.ExternFunc)):
+    if (
+        isinstance(value.op, tvm.ir.Op)
+        and value.op.name == "relax.call_dps_packed"
+        and isinstance(value.args[0], relax.ExternFunc)
+    ):
         return str(value.args[0].global_symbol), list(value.args[1].fields)
     if isinstance(value.op, relax.GlobalVar):
         func = mod[value.op]
@@ -123,16 +126,27 @@ def place_on_devices(
     bb = relax.BlockBuilder(tvm.IRModule(others, attrs=mod.attrs))
     params = [relax.Var(name_of(p), _on(type_of(p), vdevices[0])) for p in main.params]
     weights = _device_weights(mod, device_of)
-    weight_params = [relax.Var(f"umahub_w{i}", _on(type_of(c), vdevices[index[d]]))
-                     for i, (c, d) in enumerate(weights)]
+    weight_params = [
+        relax.Var(f"umahub_w{i}", _on(type_of(c), vdevices[index[d]]))
+        for i, (c, d) in enumerate(weights)
+    ]
     remap: dict = dict(zip(main.params, params))
     where: dict = {w: d for w, (_, d) in zip(weight_params, weights)}
     fetched: dict = {}
     copies: list[Copy] = []
     for (constant, device), param in zip(weights, weight_params):
         fetched[(constant, device)] = param
-        copies.append(Copy("weight", HOST, device, tensor_bytes(type_of(constant)),
-                           copy_kind.get(device, "sync"), constant=True, when="load"))
+        copies.append(
+            Copy(
+                "weight",
+                HOST,
+                device,
+                tensor_bytes(type_of(constant)),
+                copy_kind.get(device, "sync"),
+                constant=True,
+                when="load",
+            )
+        )
 
     def fetch(expr: relax.Expr, device: str) -> relax.Expr:
         if (expr, device) in fetched:  # a copy made before, or a weight parameter
@@ -144,12 +158,16 @@ def place_on_devices(
         if key not in fetched:
             fetched[key] = bb.emit(relax.op.to_vdevice(expr, vdevices[index[device]]))
             accelerator_end = device if device != HOST else source
-            copies.append(Copy(
-                tensor=name_of(expr) if isinstance(expr, relax.Var) else "constant",
-                src=source, dst=device, bytes=tensor_bytes(type_of(expr)),
-                kind=copy_kind.get(accelerator_end, "sync"),
-                constant=isinstance(expr, Constant),
-            ))
+            copies.append(
+                Copy(
+                    tensor=name_of(expr) if isinstance(expr, relax.Var) else "constant",
+                    src=source,
+                    dst=device,
+                    bytes=tensor_bytes(type_of(expr)),
+                    kind=copy_kind.get(accelerator_end, "sync"),
+                    constant=isinstance(expr, Constant),
+                )
+            )
         return fetched[key]
 
     def host_value(value: relax.Expr) -> relax.Expr:
@@ -161,8 +179,10 @@ def place_on_devices(
     with bb.function("main", params + weight_params, attrs=attrs, pure=main.is_pure):
         for block in main.body.blocks:
             if not isinstance(block, relax.DataflowBlock):
-                raise CompileError("umahub compiles a main made of dataflow blocks only "
-                                   "(no control flow); got a plain binding block")
+                raise CompileError(
+                    "umahub compiles a main made of dataflow blocks only "
+                    "(no control flow); got a plain binding block"
+                )
             with bb.dataflow():
                 for binding in block.bindings:
                     if not isinstance(binding, relax.VarBinding):
@@ -174,8 +194,9 @@ def place_on_devices(
                         device = device_of[symbol]
                         args = [fetch(remap.get(a, a), device) for a in call_args]
                         out_ty = _on(type_of(value), vdevices[index[device]])
-                        new = relax.op.call_dps_packed(relax.ExternFunc(symbol),
-                                                       relax.Tuple(args), out_ty=out_ty)
+                        new = relax.op.call_dps_packed(
+                            relax.ExternFunc(symbol), relax.Tuple(args), out_ty=out_ty
+                        )
                     else:
                         device, new = HOST, host_value(value)
                     name = name_of(binding.var)
@@ -199,5 +220,4 @@ def place_on_devices(
         if key != "vdevice":
             placed.update_global_info(key, value)
     placed.update_global_info("vdevice", vdevices)
-    return (relax.transform.RealizeVDevice()(placed), copies,
-            [index[d] for _, d in weights])
+    return (relax.transform.RealizeVDevice()(placed), copies, [index[d] for _, d in weights])

@@ -32,9 +32,13 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             "config": hub.config.source,
             "plugins": [p.to_dict() for p in hub.plugins],
             "accelerators": [
-                {"name": a.name, "plugin": hub.owner(a.name), "codegen": a.codegen,
-                 "instances": a.instances,
-                 "memory": [vars(p) for p in a.memory]}
+                {
+                    "name": a.name,
+                    "plugin": hub.owner(a.name),
+                    "codegen": a.codegen,
+                    "instances": a.instances,
+                    "memory": [vars(p) for p in a.memory],
+                }
                 for a in hub.accelerators
             ],
             "hook_order": {h: hub.call_order(h) for h in _hook_names()},
@@ -43,8 +47,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         return 0
     print(f"config: {hub.config.source}")
     if not hub.plugins:
-        print("no plugins found (pip install one that declares an entry point in "
-              "the group 'umahub.plugins')")
+        print(
+            "no plugins found (pip install one that declares an entry point in "
+            "the group 'umahub.plugins')"
+        )
     for i, p in enumerate(hub.plugins, 1):
         dist = f"{p.distribution} {p.version}" if p.distribution else p.origin
         api = p.api_version if p.api_version is not None else "-"
@@ -108,8 +114,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     outputs = model.run(*arrays)
     for i, out in enumerate(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
         flat = np.asarray(out).ravel()
-        print(f"output {i}: shape {tuple(np.shape(out))} dtype {np.asarray(out).dtype} "
-              f"first {np.array2string(flat[:5], precision=4)}")
+        print(
+            f"output {i}: shape {tuple(np.shape(out))} dtype {np.asarray(out).dtype} "
+            f"first {np.array2string(flat[:5], precision=4)}"
+        )
     if args.output:
         np.savez(args.output, *(outputs if isinstance(outputs, (list, tuple)) else [outputs]))
         print(f"wrote {args.output}")
@@ -122,8 +130,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from umahub.picture import SUFFIXES
 
         if Path(args.out).suffix.lower() not in SUFFIXES:
-            raise UmahubError(f"--out {args.out}: the picture is written as "
-                              f"{' or '.join(SUFFIXES)}; give a file name ending in one of them")
+            raise UmahubError(
+                f"--out {args.out}: the picture is written as "
+                f"{' or '.join(SUFFIXES)}; give a file name ending in one of them"
+            )
     hub = _hub(args)
     report = hub.explain(_load_model(args.model))
     print(report)
@@ -140,8 +150,11 @@ def _progress(stage: str, detail: str = "") -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``umahub`` command."""
     parser = argparse.ArgumentParser(prog="umahub", description=__doc__)
-    parser.add_argument("--strict", action="store_true",
-                        help="a plugin that fails to load is an error, not a warning")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="a plugin that fails to load is an error, not a warning",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plugins", help="what is installed, in what order, and what failed")

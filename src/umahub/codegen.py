@@ -34,8 +34,10 @@ from umahub.errors import CompileError
 __all__ = ["build_default", "export_options", "prepend_c", "register_ext_codegen", "serving"]
 
 _WEAK = (
-    ("void* __tvm_ffi__library_ctx = NULL;",
-     "__attribute__((weak)) void* __tvm_ffi__library_ctx = NULL;"),
+    (
+        "void* __tvm_ffi__library_ctx = NULL;",
+        "__attribute__((weak)) void* __tvm_ffi__library_ctx = NULL;",
+    ),
     ("TVM_DLL int32_t __tvm_ffi_main(", "__attribute__((weak)) TVM_DLL int32_t __tvm_ffi_main("),
 )
 
@@ -59,8 +61,9 @@ def prepend_c(module: Any, text: str, symbol: str) -> Any:
     return create(header + source, "c", _function_names(module, symbol), [])
 
 
-def build_default(accelerator: Accelerator, module: tvm.IRModule, symbol: str,
-                  pipeline: str) -> Any:
+def build_default(
+    accelerator: Accelerator, module: tvm.IRModule, symbol: str, pipeline: str
+) -> Any:
     """Build ``module`` with the accelerator's default codegen and the phased TIR pipeline."""
     if accelerator.codegen == "llvm":
         return tvm.tirx.build(module, target="llvm", pipeline=pipeline)

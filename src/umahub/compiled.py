@@ -65,8 +65,7 @@ class _Runner:
         self.weights: list[Any] = []
         if weight_devices:
             values = self.vm["umahub_weights"]()
-            self.weights = [values[i].copyto(self.devices[d])
-                            for i, d in enumerate(weight_devices)]
+            self.weights = [values[i].copyto(self.devices[d]) for i, d in enumerate(weight_devices)]
 
     def __call__(self, *arrays: Any) -> Any:
         import tvm
@@ -133,9 +132,15 @@ class Compiled:
         input_info: ``(shape, dtype)`` of each input.
     """
 
-    def __init__(self, executable: Any, devices: list[str],
-                 input_info: list[tuple[tuple[int, ...], str]], export_options: list[str],
-                 report: Any, weight_devices: Sequence[int] = ()):
+    def __init__(
+        self,
+        executable: Any,
+        devices: list[str],
+        input_info: list[tuple[tuple[int, ...], str]],
+        export_options: list[str],
+        report: Any,
+        weight_devices: Sequence[int] = (),
+    ):
         self.executable = executable
         self.weight_devices = list(weight_devices)
         self.devices = devices
@@ -149,12 +154,15 @@ class Compiled:
         """Write one shared library that :func:`umahub.load` runs, without the plugins."""
         path = Path(path)
         self.executable.export_library(str(path), options=list(self.export_options))
-        _append_metadata(str(path), {
-            "devices": self.devices,
-            "inputs": [[list(s), d] for s, d in self.input_info],
-            "weights": self.weight_devices,
-            "umahub": 1,
-        })
+        _append_metadata(
+            str(path),
+            {
+                "devices": self.devices,
+                "inputs": [[list(s), d] for s, d in self.input_info],
+                "weights": self.weight_devices,
+                "umahub": 1,
+            },
+        )
         return path
 
     def run(self, *arrays: Any) -> Any:
@@ -170,6 +178,7 @@ class Compiled:
             self._tmp = tempfile.TemporaryDirectory(prefix="umahub-")
             lib_path = os.path.join(self._tmp.name, "model.so")
             self.executable.export_library(lib_path, options=list(self.export_options))
-            self._runner = _Runner(tvm.runtime.load_module(lib_path), len(self.devices),
-                                   self.weight_devices)
+            self._runner = _Runner(
+                tvm.runtime.load_module(lib_path), len(self.devices), self.weight_devices
+            )
         return self._runner(*arrays)

@@ -53,8 +53,7 @@ def parse_pin(value: str, key: str = "placement") -> Pin:
     """Parse ``"host"``, ``"accel"`` or ``"accel:1"`` into a :class:`Pin`."""
     if not isinstance(value, str) or not value:
         raise ConfigError(
-            f"[tool.umahub] {key}: expected 'accelerator', 'accelerator:N' or 'host', "
-            f"got {value!r}"
+            f"[tool.umahub] {key}: expected 'accelerator', 'accelerator:N' or 'host', got {value!r}"
         )
     name, sep, index = value.partition(":")
     if not sep:
@@ -123,8 +122,13 @@ class Config:
         other = Config.from_mapping(overrides, source)
         given = {str(k).replace("-", "_") for k in overrides}
         changes = {f.name: getattr(other, f.name) for f in fields(self) if f.name in given}
-        return Config(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes,
-                         "source": f"{self.source} + {source}"})
+        return Config(
+            **{
+                **{f.name: getattr(self, f.name) for f in fields(self)},
+                **changes,
+                "source": f"{self.source} + {source}",
+            }
+        )
 
     def check_plugin_names(self, plugins: Iterable[str], hooks: Iterable[str]) -> None:
         """Check the plugin and hook names the config uses against those found."""
@@ -147,8 +151,13 @@ class Config:
             _known(name, accelerators, "[tool.umahub] priority", "accelerator", self.source)
         for name in self.lowering_order or ():
             if name != HOST:
-                _known(name, [*accelerators, HOST], "[tool.umahub] lowering-order",
-                       "accelerator", self.source)
+                _known(
+                    name,
+                    [*accelerators, HOST],
+                    "[tool.umahub] lowering-order",
+                    "accelerator",
+                    self.source,
+                )
         for selector, pin in self.placement.items():
             if pin.accelerator == HOST:
                 continue
@@ -201,15 +210,18 @@ def _bool(value: Any, where: str) -> bool:
 
 def _hook_order(value: Any, where: str) -> dict[str, tuple[str, ...]]:
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: expected a table of hook name = [plugins], got "
-                          f"{_type_name(value)}")
+        raise ConfigError(
+            f"{where}: expected a table of hook name = [plugins], got {_type_name(value)}"
+        )
     return {str(k): _str_list(v, f"{where}.{k}") for k, v in value.items()}
 
 
 def _placement(value: Any, where: str) -> dict[str, Pin]:
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: expected a table of selector = 'accelerator[:N]' | 'host', "
-                          f"got {_type_name(value)}")
+        raise ConfigError(
+            f"{where}: expected a table of selector = 'accelerator[:N]' | 'host', "
+            f"got {_type_name(value)}"
+        )
     return {str(k): parse_pin(v, f"{where} {k!r}") for k, v in value.items()}
 
 

@@ -123,7 +123,8 @@ class PluginManager(pluggy.PluginManager):
             function = getattr(info.obj, attr)
             spec_args = getattr(self.hook, hook).spec.argnames
             wanted = [
-                n for n, p in inspect.signature(function).parameters.items()
+                n
+                for n, p in inspect.signature(function).parameters.items()
                 if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
             ]
             extra = [n for n in wanted if n not in spec_args]

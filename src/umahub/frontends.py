@@ -33,19 +33,28 @@ def _from_python(path: Path) -> Any:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise UmahubError(f"{path}: executing the file failed: {type(exc).__name__}: {exc}") from exc
-    found = {name: value for name, value in vars(module).items()
-             if isinstance(value, tvm.IRModule) and "main" in [
-                 gv.name_hint for gv in value.get_global_vars()]}
+        raise UmahubError(
+            f"{path}: executing the file failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    found = {
+        name: value
+        for name, value in vars(module).items()
+        if isinstance(value, tvm.IRModule)
+        and "main" in [gv.name_hint for gv in value.get_global_vars()]
+    }
     if not found:
-        raise UmahubError(f"{path}: no tvm.IRModule with a 'main' function at module level "
-                          "(write one with @tvm.script.ir_module)")
+        raise UmahubError(
+            f"{path}: no tvm.IRModule with a 'main' function at module level "
+            "(write one with @tvm.script.ir_module)"
+        )
     for preferred in ("Module", "mod", "model"):
         if preferred in found:
             return found[preferred]
     if len(found) > 1:
-        raise UmahubError(f"{path}: several IRModules ({', '.join(sorted(found))}); name the one "
-                          "to compile 'Module', 'mod' or 'model'")
+        raise UmahubError(
+            f"{path}: several IRModules ({', '.join(sorted(found))}); name the one "
+            "to compile 'Module', 'mod' or 'model'"
+        )
     return next(iter(found.values()))
 
 
@@ -53,8 +62,9 @@ def _from_onnx(path: Path) -> Any:
     try:
         import onnx
     except ImportError:
-        raise UmahubError(f"{path}: reading ONNX needs the 'onnx' package: "
-                          "pip install 'umahub[onnx]'") from None
+        raise UmahubError(
+            f"{path}: reading ONNX needs the 'onnx' package: pip install 'umahub[onnx]'"
+        ) from None
     from tvm.relax.frontend.onnx import from_onnx
 
     model = onnx.load(str(path))

@@ -105,8 +105,9 @@ class Hub:
             try:
                 declared = _accelerators_of(hooks["umahub_accelerators"][0]())
             except Exception as exc:  # a plugin's own code failing is the plugin's error
-                return info.failed(f"umahub_accelerators failed: {type(exc).__name__}: {exc}",
-                                   exc), {}
+                return info.failed(
+                    f"umahub_accelerators failed: {type(exc).__name__}: {exc}", exc
+                ), {}
         for acc in declared:
             if acc.name in owners:
                 other = owners[acc.name][0]
@@ -163,8 +164,7 @@ class Hub:
         """The same hooks, each call logged for the report (what the pipeline uses)."""
         if self._traced is None:
             self._traced = PluginManager()
-            self._traced.register_ordered(*self._registration, self.config.hook_order,
-                                          traced=True)
+            self._traced.register_ordered(*self._registration, self.config.hook_order, traced=True)
         return self._traced.hook
 
     def call_order(self, hook: str) -> list[str]:
@@ -206,8 +206,6 @@ def _who(info: PluginInfo) -> str:
 def _accelerators_of(result: Any) -> list[Accelerator]:
     if result is None:
         return []
-    if not isinstance(result, (list, tuple)) or not all(
-        isinstance(a, Accelerator) for a in result
-    ):
+    if not isinstance(result, (list, tuple)) or not all(isinstance(a, Accelerator) for a in result):
         raise UmahubError(f"must return a list of umahub.Accelerator, got {result!r}")
     return list(result)

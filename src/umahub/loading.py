@@ -181,8 +181,9 @@ def find(autoload: bool = True, objects: Sequence[Any] = ()) -> list[Candidate]:
             candidates.extend(replace(c, origin="UMAHUB_PLUGINS") for c in entry_points[name])
         else:
             candidates.append(
-                Candidate(name, "UMAHUB_PLUGINS", lambda n=name: importlib.import_module(n),
-                          target=name)
+                Candidate(
+                    name, "UMAHUB_PLUGINS", lambda n=name: importlib.import_module(n), target=name
+                )
             )
     for obj in objects:
         candidates.append(Candidate(_object_name(obj), "Hub(plugins=...)", lambda o=obj: o))
@@ -233,8 +234,10 @@ def load(candidate: Candidate) -> PluginInfo:
     try:
         obj = candidate.load()
     except Exception as exc:  # any failure of third-party import code is the plugin's
-        return info.failed(f"failed to import {candidate.target or candidate.name}: "
-                           f"{type(exc).__name__}: {exc}", exc)
+        return info.failed(
+            f"failed to import {candidate.target or candidate.name}: {type(exc).__name__}: {exc}",
+            exc,
+        )
     api = getattr(obj, "UMAHUB_API", None)
     info = replace(info, obj=obj, api_version=api)
     if api is not None and api not in SUPPORTED_API_VERSIONS:

@@ -15,19 +15,20 @@ import tvm
 from tvm import relax
 
 from umahub._tvm import name_of, type_of
-
 from umahub.errors import UnsupportedOperatorError
 from umahub.partition import node_name
 
 __all__ = ["default_relax_to_tir", "single_primfunc"]
 
-_PREPARE = tvm.transform.Sequential([
-    relax.transform.LambdaLift(),          # composites are local functions: lift, then inline
-    relax.transform.InlinePrivateFunctions(),
-    relax.transform.ConvertToDataflow(),
-    relax.transform.LegalizeOps(),
-    relax.transform.DeadCodeElimination(),
-])
+_PREPARE = tvm.transform.Sequential(
+    [
+        relax.transform.LambdaLift(),  # composites are local functions: lift, then inline
+        relax.transform.InlinePrivateFunctions(),
+        relax.transform.ConvertToDataflow(),
+        relax.transform.LegalizeOps(),
+        relax.transform.DeadCodeElimination(),
+    ]
+)
 
 
 def _unlowered(func: relax.Function) -> list[tuple[str, str]]:
@@ -36,8 +37,11 @@ def _unlowered(func: relax.Function) -> list[tuple[str, str]]:
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
-            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
-                    value.op.name not in ("relax.call_tir", "relax.call_tir_inplace")):
+            if (
+                isinstance(value, relax.Call)
+                and isinstance(value.op, tvm.ir.Op)
+                and (value.op.name not in ("relax.call_tir", "relax.call_tir_inplace"))
+            ):
                 left.append((node_name(binding), value.op.name))
     return left
 
@@ -65,15 +69,17 @@ def default_relax_to_tir(function: relax.Function, symbol: str, accelerator: str
 def single_primfunc(mod: tvm.IRModule, symbol: str) -> tvm.IRModule:
     """Fuse the call_tir kernels of ``mod["main"]`` into one PrimFunc named ``symbol``."""
     main = mod["main"]
-    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions.items()
-                                          if name_of(gv) != "main"}))
+    bb = relax.BlockBuilder(
+        tvm.IRModule({gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"})
+    )
     fused = bb.add_func(main.without_attr("global_symbol").with_attr("Primitive", True), symbol)
     params = [relax.Var(name_of(p), type_of(p)) for p in main.params]
     with bb.function("main", params):
         out = bb.emit(relax.Call(fused, params))
         bb.emit_func_output(out)
     lowered = relax.transform.FuseTIR()(bb.get())
-    prims = {name_of(gv): f for gv, f in lowered.functions.items()
-             if isinstance(f, tvm.tirx.PrimFunc)}
+    prims = {
+        name_of(gv): f for gv, f in lowered.functions.items() if isinstance(f, tvm.tirx.PrimFunc)
+    }
     prim = prims[symbol]
     return tvm.IRModule({symbol: prim.with_attr("global_symbol", symbol)})

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["MemoryPlan", "PoolUse", "Need", "tensor_bytes"]
+__all__ = ["MemoryPlan", "Need", "PoolUse", "tensor_bytes"]
 
 
 def tensor_bytes(struct_info: Any) -> int:
@@ -92,14 +92,24 @@ class PoolUse:
 
     def add(self, need: Need) -> PoolUse:
         """The pool with ``need`` planned in it."""
-        return replace(self, resident=self.resident + need.resident,
-                       peak_transient=max(self.peak_transient, need.transient))
+        return replace(
+            self,
+            resident=self.resident + need.resident,
+            peak_transient=max(self.peak_transient, need.transient),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for the report."""
-        return {"device": self.device, "scope": self.scope, "size_bytes": self.size_bytes,
-                "copy": self.copy, "resident": self.resident,
-                "peak_transient": self.peak_transient, "used": self.used, "free": self.free}
+        return {
+            "device": self.device,
+            "scope": self.scope,
+            "size_bytes": self.size_bytes,
+            "copy": self.copy,
+            "resident": self.resident,
+            "peak_transient": self.peak_transient,
+            "used": self.used,
+            "free": self.free,
+        }
 
 
 @dataclass(frozen=True)
@@ -134,16 +144,20 @@ class MemoryPlan:
 
     def add(self, device: str, scope: str, need: Need) -> MemoryPlan:
         """The plan with ``need`` added to the pool of ``scope`` on ``device``."""
-        pools = tuple(p.add(need) if (p.device, p.scope) == (device, scope) else p
-                      for p in self.pools)
+        pools = tuple(
+            p.add(need) if (p.device, p.scope) == (device, scope) else p for p in self.pools
+        )
         return replace(self, pools=pools, order=(*self.order, device))
 
     def with_host(self, host_bytes: int, host_constants: int) -> MemoryPlan:
         """The plan with the host's planned bytes set."""
-        return replace(self, host_bytes=host_bytes, host_constants=host_constants,
-                       order=(*self.order, "host"))
+        return replace(
+            self, host_bytes=host_bytes, host_constants=host_constants, order=(*self.order, "host")
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for the report."""
-        return {"host": {"bytes": self.host_bytes, "constants": self.host_constants},
-                "pools": [p.to_dict() for p in self.pools]}
+        return {
+            "host": {"bytes": self.host_bytes, "constants": self.host_constants},
+            "pools": [p.to_dict() for p in self.pools],
+        }

@@ -23,7 +23,6 @@ import tvm
 from tvm import relax
 
 from umahub._tvm import name_of, ret_type, type_of
-
 from umahub.accelerator import Accelerator
 from umahub.context import Operator
 from umahub.errors import PlacementError
@@ -61,8 +60,11 @@ class Partitioned:
 
 
 def _composites(mod: tvm.IRModule) -> dict[str, relax.Function]:
-    return {gv.name_hint: f for gv, f in mod.functions.items()
-            if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs}
+    return {
+        gv.name_hint: f
+        for gv, f in mod.functions.items()
+        if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs
+    }
 
 
 def _ops_in(func: relax.Function) -> list[tuple[str, str]]:
@@ -82,9 +84,12 @@ def _pinned_device(func: relax.Function, pattern: str, pins: Pins, accel: str) -
     Each pin is a virtual-device constraint; they are joined, and a conflict
     (two operators of one match pinned to two instances) names both pins.
     """
-    constraints = [(selector, pin) for node, op in _ops_in(func)
-                   if (hit := pins.resolve(node, op, pattern)) is not None
-                   for selector, pin in [hit]]
+    constraints = [
+        (selector, pin)
+        for node, op in _ops_in(func)
+        if (hit := pins.resolve(node, op, pattern)) is not None
+        for selector, pin in [hit]
+    ]
     pattern_pin = pins.for_pattern(pattern)
     if pattern_pin is not None:
         constraints.append((pattern, pattern_pin))
@@ -104,8 +109,9 @@ def _pinned_device(func: relax.Function, pattern: str, pins: Pins, accel: str) -
     return joined.virtual_device_id
 
 
-def _tag_composites(mod: tvm.IRModule, pins: Pins,
-                    accelerators: Mapping[str, Accelerator]) -> tvm.IRModule:
+def _tag_composites(
+    mod: tvm.IRModule, pins: Pins, accelerators: Mapping[str, Accelerator]
+) -> tvm.IRModule:
     """Prepare the composites for merging.
 
     MergeCompositeFunctions groups composites by the accelerator prefix of
@@ -125,7 +131,8 @@ def _tag_composites(mod: tvm.IRModule, pins: Pins,
             tag += f"m{index}"
         if tag:
             updates[mod.get_global_var(name)] = func.with_attr(
-                "Composite", f"{accel}{_TAG}{tag}.{what}")
+                "Composite", f"{accel}{_TAG}{tag}.{what}"
+            )
     if not updates:
         return mod
     funcs = dict(mod.functions)
@@ -141,8 +148,11 @@ def _wrap_each(mod: tvm.IRModule) -> tvm.IRModule:
     composite as a local function.
     """
     composites = _composites(mod)
-    keep = {gv: f for gv, f in mod.functions.items()
-            if name_of(gv) != "main" and name_of(gv) not in composites}
+    keep = {
+        gv: f
+        for gv, f in mod.functions.items()
+        if name_of(gv) != "main" and name_of(gv) not in composites
+    }
     bb = relax.BlockBuilder(tvm.IRModule(keep, attrs=mod.attrs))
     main = mod["main"]
     blocks = []
@@ -150,8 +160,11 @@ def _wrap_each(mod: tvm.IRModule) -> tvm.IRModule:
         bindings = []
         for binding in block.bindings:
             value = binding.value
-            if (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)
-                    and name_of(value.op) in composites):
+            if (
+                isinstance(value, relax.Call)
+                and isinstance(value.op, relax.GlobalVar)
+                and name_of(value.op) in composites
+            ):
                 comp = composites[name_of(value.op)]
                 codegen = str(comp.attrs["Composite"]).split(".", 1)[0]
                 name = f"{name_of(value.op)}_{codegen}"
@@ -160,12 +173,21 @@ def _wrap_each(mod: tvm.IRModule) -> tvm.IRModule:
                     local = bb.emit(comp.without_attr("Primitive"))
                     bb.emit_func_output(bb.emit(relax.Call(local, params)))
                 outer = bb.get().get_global_var(name)
-                value = relax.Call(outer, value.args, value.attrs, _type_args(value),
-                                   span=value.span)
+                value = relax.Call(
+                    outer, value.args, value.attrs, _type_args(value), span=value.span
+                )
             bindings.append(relax.VarBinding(binding.var, value))
         blocks.append(type(block)(bindings))
-    bb.add_func(relax.Function(main.params, relax.SeqExpr(blocks, main.body.body),
-                               ret_type(main), main.is_pure, main.attrs), "main")
+    bb.add_func(
+        relax.Function(
+            main.params,
+            relax.SeqExpr(blocks, main.body.body),
+            ret_type(main),
+            main.is_pure,
+            main.attrs,
+        ),
+        "main",
+    )
     return relax.transform.Normalize()(bb.get())
 
 
@@ -203,20 +225,23 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
                 value = relax.Call(value.op, value.args, value.attrs, _type_args(value), span=span)
             bindings.append(relax.VarBinding(binding.var, value))
         blocks.append(type(block)(bindings))
-    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), ret_type(func),
-                          func.is_pure, func.attrs)
+    return relax.Function(
+        func.params, relax.SeqExpr(blocks, func.body.body), ret_type(func), func.is_pure, func.attrs
+    )
 
 
 def _name_nodes(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every operator of ``main`` named in its span (see _with_span_names)."""
     funcs = {name_of(gv): f for gv, f in mod.functions.items()}
     funcs["main"] = _with_span_names(mod["main"])
-    return relax.transform.Normalize()(tvm.IRModule(funcs, attrs=mod.attrs,
-                                                    global_infos=mod.global_infos))
+    return relax.transform.Normalize()(
+        tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
+    )
 
 
-def _one_composite_per_call(mod: tvm.IRModule, accepted: list, position: dict[str, int]
-                            ) -> tvm.IRModule:
+def _one_composite_per_call(
+    mod: tvm.IRModule, accepted: list, position: dict[str, int]
+) -> tvm.IRModule:
     """Give every composite call site a composite function of its own, with its own names.
 
     FuseOpsByPattern shares one function between structurally equal matches
@@ -225,12 +250,14 @@ def _one_composite_per_call(mod: tvm.IRModule, accepted: list, position: dict[st
     that made it (matches of one pattern are taken in model order).
     """
     queues: dict[str, list[list[str]]] = {}
-    for pattern, nodes in sorted(accepted, key=lambda m: max(position.get(n, -1)
-                                                              for n, _ in m[1])):
+    for pattern, nodes in sorted(accepted, key=lambda m: max(position.get(n, -1) for n, _ in m[1])):
         ordered = sorted(nodes, key=lambda node: position.get(node[0], -1))
         queues.setdefault(pattern, []).append([n for n, _ in ordered])
-    bb = relax.BlockBuilder(tvm.IRModule(
-        {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}, attrs=mod.attrs))
+    bb = relax.BlockBuilder(
+        tvm.IRModule(
+            {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}, attrs=mod.attrs
+        )
+    )
     main = mod["main"]
     blocks = []
     count = 0
@@ -246,17 +273,30 @@ def _one_composite_per_call(mod: tvm.IRModule, accepted: list, position: dict[st
                     if names is not None and len(names) != len(_ops_in(func)):
                         names = None
                     copy = _with_span_names(func, names) if names else func
-                    gv = bb.add_func(copy.with_attr("umahub.match", count),
-                                     f"{name_of(value.op)}_{count}")
+                    gv = bb.add_func(
+                        copy.with_attr("umahub.match", count), f"{name_of(value.op)}_{count}"
+                    )
                     count += 1
-                    value = relax.Call(gv, value.args, value.attrs, _type_args(value),
-                                       span=value.span)
+                    value = relax.Call(
+                        gv, value.args, value.attrs, _type_args(value), span=value.span
+                    )
             bindings.append(relax.VarBinding(binding.var, value))
         blocks.append(type(block)(bindings))
-    bb.add_func(relax.Function(main.params, relax.SeqExpr(blocks, main.body.body),
-                               ret_type(main), main.is_pure, main.attrs), "main")
-    funcs = {gv: f for gv, f in bb.get().functions.items()
-             if not (f.attrs and "Composite" in f.attrs and "umahub.match" not in f.attrs)}
+    bb.add_func(
+        relax.Function(
+            main.params,
+            relax.SeqExpr(blocks, main.body.body),
+            ret_type(main),
+            main.is_pure,
+            main.attrs,
+        ),
+        "main",
+    )
+    funcs = {
+        gv: f
+        for gv, f in bb.get().functions.items()
+        if not (f.attrs and "Composite" in f.attrs and "umahub.match" not in f.attrs)
+    }
     return tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
@@ -307,8 +347,9 @@ def _flops(call: relax.Call) -> int:
     return elements
 
 
-def _walk(func: relax.Function, mod: tvm.IRModule, pattern: str = "",
-          env: Mapping | None = None) -> tuple[list[_Row], tuple[str, ...]]:
+def _walk(
+    func: relax.Function, mod: tvm.IRModule, pattern: str = "", env: Mapping | None = None
+) -> tuple[list[_Row], tuple[str, ...]]:
     """Every operator reachable from ``func`` (composites expanded) and its producers.
 
     ``env`` maps the function's free variables and parameters to the node
@@ -327,8 +368,9 @@ def _walk(func: relax.Function, mod: tvm.IRModule, pattern: str = "",
             callee = None
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                 name = node_name(binding)
-                rows.append(_Row(name, value.op.name, pattern, _producers(value, env),
-                                 _flops(value)))
+                rows.append(
+                    _Row(name, value.op.name, pattern, _producers(value, env), _flops(value))
+                )
                 env[binding.var] = (name,)
                 continue
             if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
@@ -338,8 +380,9 @@ def _walk(func: relax.Function, mod: tvm.IRModule, pattern: str = "",
             if isinstance(callee, relax.Function):
                 is_composite = callee.attrs and "Composite" in callee.attrs
                 inner = {p: _producers(a, env) for p, a in zip(callee.params, value.args)}
-                sub, out = _walk(callee, mod, _pattern_of(callee) if is_composite else pattern,
-                                 inner)
+                sub, out = _walk(
+                    callee, mod, _pattern_of(callee) if is_composite else pattern, inner
+                )
                 rows.extend(sub)
                 env[binding.var] = out
             else:  # tuples, tuple items: pass their producers on
@@ -383,8 +426,9 @@ def partition(
         position = {node: i for i, (node, _) in enumerate(_ops_in(mod["main"]))}
         accepted: list = []
         patterns = [p.fusion_pattern(pins, accepted) for p in planned]
-        mod = relax.transform.FuseOpsByPattern(patterns, bind_constants=False,
-                                               annotate_codegen=False)(mod)
+        mod = relax.transform.FuseOpsByPattern(
+            patterns, bind_constants=False, annotate_codegen=False
+        )(mod)
         mod = _one_composite_per_call(mod, accepted, position)
         mod = _tag_composites(mod, pins, accelerators)
         if any(p.accelerator.merge for p in planned):
@@ -418,8 +462,16 @@ def partition(
 
     def operator(row: _Row, device: str = "host", symbol: str = "") -> Operator:
         hit = pins.resolve(row.node, row.op, row.pattern)
-        return Operator(row.node, row.op, device, row.pattern, symbol, hit[0] if hit else "",
-                        row.inputs, row.flops)
+        return Operator(
+            row.node,
+            row.op,
+            device,
+            row.pattern,
+            symbol,
+            hit[0] if hit else "",
+            row.inputs,
+            row.flops,
+        )
 
     operators: list[Operator] = []
     by_partition: dict[str, list[Operator]] = {}
@@ -427,8 +479,11 @@ def partition(
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
             value = binding.value
-            if (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)
-                    and name_of(value.op) in placed):
+            if (
+                isinstance(value, relax.Call)
+                and isinstance(value.op, relax.GlobalVar)
+                and name_of(value.op) in placed
+            ):
                 symbol, accel_name, instance = placed[name_of(value.op)]
                 inner = {p: _producers(a, env) for p, a in zip(mod[value.op].params, value.args)}
                 rows, out = _walk(mod[value.op], mod, "", inner)
@@ -438,15 +493,20 @@ def partition(
                 env[binding.var] = out
             elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                 name = node_name(binding)
-                operators.append(operator(_Row(name, value.op.name, "", _producers(value, env),
-                                               _flops(value))))
+                operators.append(
+                    operator(_Row(name, value.op.name, "", _producers(value, env), _flops(value)))
+                )
                 env[binding.var] = (name,)
             else:
                 env[binding.var] = _producers(value, env)
     partitions = {
-        symbol: Partition(symbol, accel, instance,
-                          tuple(dict.fromkeys(o.pattern for o in by_partition[symbol])),
-                          tuple(by_partition[symbol]))
+        symbol: Partition(
+            symbol,
+            accel,
+            instance,
+            tuple(dict.fromkeys(o.pattern for o in by_partition[symbol])),
+            tuple(by_partition[symbol]),
+        )
         for symbol, accel, instance in placed.values()
     }
     return Partitioned(mod, tuple(partitions.values()), tuple(operators))
@@ -458,8 +518,12 @@ def to_host(part: Partitioned, symbols: set[str]) -> Partitioned:
         return part
     funcs = {}
     for gv, f in part.mod.functions.items():
-        if isinstance(f, relax.Function) and f.attrs and "Codegen" in f.attrs and str(
-                f.attrs["global_symbol"]) in symbols:
+        if (
+            isinstance(f, relax.Function)
+            and f.attrs
+            and "Codegen" in f.attrs
+            and str(f.attrs["global_symbol"]) in symbols
+        ):
             f = f.without_attr("Codegen").without_attr("global_symbol")
         funcs[gv] = f
     mod = tvm.IRModule(funcs, attrs=part.mod.attrs, global_infos=part.mod.global_infos)

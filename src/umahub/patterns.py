@@ -42,8 +42,11 @@ def calls(ctx: Any, op_name: str | None = None) -> list[Any]:
 
     found = []
     for value in ctx.matched_bindings.values():
-        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
-                op_name is None or value.op.name == op_name):
+        if (
+            isinstance(value, relax.Call)
+            and isinstance(value.op, tvm.ir.Op)
+            and (op_name is None or value.op.name == op_name)
+        ):
             found.append(value)
     return found
 
@@ -61,9 +64,10 @@ def match_bytes(ctx: Any) -> int:
     for value in ctx.matched_bindings.values():
         args = value.args if isinstance(value, relax.Call) else ()
         for arg in args:
-            for a in (arg.fields if isinstance(arg, relax.Tuple) else [arg]):
+            for a in arg.fields if isinstance(arg, relax.Tuple) else [arg]:
                 if any(a.same_as(v) for v in produced) or any(a.same_as(i) for i in inputs):
                     continue
                 inputs.append(a)
-    return total + sum(tensor_bytes(type_of(a)) for a in inputs
-                       if isinstance(type_of(a), TensorType))
+    return total + sum(
+        tensor_bytes(type_of(a)) for a in inputs if isinstance(type_of(a), TensorType)
+    )

@@ -163,8 +163,12 @@ def _throughput(device: str, throughput: Mapping[str, float] | None) -> float:
     for key in (device, device.split(":")[0]):
         if key in given:
             return float(given[key])
-    return float(given.get(HOST if device == HOST else "accelerator",
-                           HOST_FLOPS if device == HOST else ACCELERATOR_FLOPS))
+    return float(
+        given.get(
+            HOST if device == HOST else "accelerator",
+            HOST_FLOPS if device == HOST else ACCELERATOR_FLOPS,
+        )
+    )
 
 
 def _groups(placement: Sequence[Operator]) -> list[_Group]:
@@ -180,8 +184,9 @@ def _inputs(op: Operator) -> tuple[str, ...]:
     return tuple(getattr(op, "inputs", ()) or ())
 
 
-def _attribute(groups: list[_Group], copies: Sequence[Copy]
-               ) -> list[tuple[Copy, int | None, int | None]]:
+def _attribute(
+    groups: list[_Group], copies: Sequence[Copy]
+) -> list[tuple[Copy, int | None, int | None]]:
     """(copy, producer group, consumer group) per copy; None: model input/constant, output."""
     by_name: dict[str, int] = {}
     for g in groups:
@@ -210,18 +215,24 @@ def _attribute(groups: list[_Group], copies: Sequence[Copy]
                 start = max(start, first + 1) if first is not None else start
             candidates = [g for g in groups[start:] if g.device == c.dst]
             if edges:  # prefer the first that reads something made where the copy comes from
-                reading = [g for g in candidates if any(
-                    (k := by_name.get(i)) is not None and k != g.index and (
-                        k == producer if producer is not None else groups[k].device == c.src)
-                    for op in g.ops for i in _inputs(op))]
+                reading = [
+                    g
+                    for g in candidates
+                    if any(
+                        (k := by_name.get(i)) is not None
+                        and k != g.index
+                        and (k == producer if producer is not None else groups[k].device == c.src)
+                        for op in g.ops
+                        for i in _inputs(op)
+                    )
+                ]
                 candidates = reading or candidates
             consumer = candidates[0].index if candidates else None
         if consumer is not None:
             pointer = consumer
         if producer is None and not named_producer and not c.constant:
             before = consumer if consumer is not None else pointer + 1
-            producer = next((g.index for g in reversed(groups[:before]) if g.device == c.src),
-                            None)
+            producer = next((g.index for g in reversed(groups[:before]) if g.device == c.src), None)
         links.append((c, producer, consumer))
     return links
 
@@ -283,8 +294,9 @@ def _copy_label(c: Copy) -> str:
     return f"copy {c.tensor} {c.src}->{c.dst}"
 
 
-def _schedule(report: Report, throughput: Mapping[str, float] | None = None,
-              bandwidth: float = BANDWIDTH) -> list[_Item]:
+def _schedule(
+    report: Report, throughput: Mapping[str, float] | None = None, bandwidth: float = BANDWIDTH
+) -> list[_Item]:
     """Every span of one inference, with drawing information (see the module's cost model)."""
     groups = _groups(report.placement)
     edges = any(_inputs(o) for o in report.placement)
@@ -302,20 +314,42 @@ def _schedule(report: Report, throughput: Mapping[str, float] | None = None,
     def do_copy(c: Copy, producer: int | None, not_before: float) -> float:
         ready = group_end.get(producer, 0.0) if producer is not None else 0.0
         duration = c.bytes / bandwidth
-        detail = (f"{'constant ' if c.constant else ''}{c.tensor}: {c.src} -> {c.dst}, "
-                  f"{c.bytes} bytes, {c.kind}")
+        detail = (
+            f"{'constant ' if c.constant else ''}{c.tensor}: {c.src} -> {c.dst}, "
+            f"{c.bytes} bytes, {c.kind}"
+        )
         if c.kind == "async":
             lane = _dma_lane(c)
             start = max(ready, free[lane])
             free[lane] = start + duration
-            items.append(_Item(lane, start, start + duration, _copy_label(c), "async",
-                               lane.removesuffix(" DMA"), detail, _fmt_bytes(c.bytes)))
+            items.append(
+                _Item(
+                    lane,
+                    start,
+                    start + duration,
+                    _copy_label(c),
+                    "async",
+                    lane.removesuffix(" DMA"),
+                    detail,
+                    _fmt_bytes(c.bytes),
+                )
+            )
         else:
             start = max(ready, free[c.src], free[c.dst], not_before)
             free[c.src] = free[c.dst] = start + duration
             for lane in dict.fromkeys((c.src, c.dst)):
-                items.append(_Item(lane, start, start + duration, _copy_label(c), "sync",
-                                   lane, detail, _fmt_bytes(c.bytes)))
+                items.append(
+                    _Item(
+                        lane,
+                        start,
+                        start + duration,
+                        _copy_label(c),
+                        "sync",
+                        lane,
+                        detail,
+                        _fmt_bytes(c.bytes),
+                    )
+                )
         return start + duration
 
     for g in groups:
@@ -327,16 +361,25 @@ def _schedule(report: Report, throughput: Mapping[str, float] | None = None,
             arrived = max(arrived, end)
         rate = _throughput(g.device, throughput)
         for op in g.ops:
-            start = max(free[g.device], arrived, pc,
-                        *(end_of[i] for i in _inputs(op) if i in end_of))
+            start = max(
+                free[g.device], arrived, pc, *(end_of[i] for i in _inputs(op) if i in end_of)
+            )
             end = start + estimate_flops(op) / rate
             free[g.device] = end
             end_of[op.name] = end
             if sequential:
                 pc = end
-            items.append(_Item(g.device, start, end, op.name, "compute", g.device,
-                               f"{op.name}: {op.op} on {g.device}, "
-                               f"{estimate_flops(op) / 1e6:.3g} MFLOP"))
+            items.append(
+                _Item(
+                    g.device,
+                    start,
+                    end,
+                    op.name,
+                    "compute",
+                    g.device,
+                    f"{op.name}: {op.op} on {g.device}, {estimate_flops(op) / 1e6:.3g} MFLOP",
+                )
+            )
         group_end[g.index] = max(end_of[o.name] for o in g.ops)
     for c, producer in outputs:
         end = do_copy(c, producer, pc if sequential else 0.0)
@@ -345,8 +388,9 @@ def _schedule(report: Report, throughput: Mapping[str, float] | None = None,
     return items
 
 
-def timeline(report: Report, *, throughput: Mapping[str, float] | None = None,
-             bandwidth: float = BANDWIDTH) -> list[Span]:
+def timeline(
+    report: Report, *, throughput: Mapping[str, float] | None = None, bandwidth: float = BANDWIDTH
+) -> list[Span]:
     """The estimated schedule of one inference, as ``(lane, start, end, label)`` spans.
 
     Args:
@@ -363,15 +407,17 @@ def timeline(report: Report, *, throughput: Mapping[str, float] | None = None,
         and one per sync copy on each of its two ends. Copies are labelled
         ``"copy <tensor> <src>-><dst>"``.
     """
-    return [Span(i.lane, i.start, i.end, i.label)
-            for i in _schedule(report, throughput, bandwidth)]
+    return [Span(i.lane, i.start, i.end, i.label) for i in _schedule(report, throughput, bandwidth)]
 
 
 def _lanes(report: Report, items: Sequence[_Item]) -> list[str]:
     """Device lanes in the report's order, each followed by its DMA lane if it has one."""
     devices = list(dict.fromkeys([*report.devices, *(o.device for o in report.placement)]))
-    dma = {p.device for p in (report.memory.pools if report.memory else ())
-           if p.copy == "async" and p.device in devices}
+    dma = {
+        p.device
+        for p in (report.memory.pools if report.memory else ())
+        if p.copy == "async" and p.device in devices
+    }
     dma |= {i.lane.removesuffix(" DMA") for i in items if i.lane.endswith(" DMA")}
     lanes: list[str] = []
     for d in devices:
@@ -384,14 +430,24 @@ def _lanes(report: Report, items: Sequence[_Item]) -> list[str]:
 
 # ---------------------------------------------------------------------- colours
 
-_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948",
-            "#9c755f", "#ff9da7", "#17becf")
+_PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#b07aa1",
+    "#76b7b2",
+    "#edc948",
+    "#9c755f",
+    "#ff9da7",
+    "#17becf",
+)
 _HOST_COLOUR = "#9aa0a6"
 _SHADES = (0.0, 0.45, -0.3, 0.7, -0.5)  # instance i: mixed toward white (+) or black (-)
 
 
 def _mix(colour: str, amount: float) -> str:
-    rgb = [int(colour[i:i + 2], 16) for i in (1, 3, 5)]
+    rgb = [int(colour[i : i + 2], 16) for i in (1, 3, 5)]
     target = 255 if amount > 0 else 0
     rgb = [round(v + (target - v) * abs(amount)) for v in rgb]
     return "#" + "".join(f"{v:02x}" for v in rgb)
@@ -414,7 +470,7 @@ def device_colours(devices: Sequence[str]) -> dict[str, str]:
 
 def _ink(colour: str) -> str:
     """Dark or white text, whichever reads on ``colour``."""
-    r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    r, g, b = (int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
     return "#1f1f1f" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "#ffffff"
 
 
@@ -443,7 +499,7 @@ def _e(text: object) -> str:
 def _fit(text: str, width: float, size: float = 10) -> str:
     """``text`` cut with an ellipsis to fit ``width`` pixels at font ``size``."""
     room = max(1, int(width / (size * _CHAR)))
-    return text if len(text) <= room else text[:max(0, room - 1)] + "…"
+    return text if len(text) <= room else text[: max(0, room - 1)] + "…"
 
 
 def _wrap(text: str, width: float, size: float = 10) -> list[str]:
@@ -458,12 +514,23 @@ def _wrap(text: str, width: float, size: float = 10) -> list[str]:
     return lines
 
 
-def _text(x: float, y: float, text: str, *, size: float = 10, fill: str = "#1f1f1f",
-          anchor: str = "start", weight: str = "normal", cls: str = "") -> str:
+def _text(
+    x: float,
+    y: float,
+    text: str,
+    *,
+    size: float = 10,
+    fill: str = "#1f1f1f",
+    anchor: str = "start",
+    weight: str = "normal",
+    cls: str = "",
+) -> str:
     extra = f' class="{cls}"' if cls else ""
     bold = f' font-weight="{weight}"' if weight != "normal" else ""
-    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" fill="{fill}" '
-            f'text-anchor="{anchor}"{bold}{extra}>{_e(text)}</text>')
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" fill="{fill}" '
+        f'text-anchor="{anchor}"{bold}{extra}>{_e(text)}</text>'
+    )
 
 
 def _short_op(op: str) -> str:
@@ -496,8 +563,9 @@ def _copies_height(n: int) -> float:
     return 8 + min(n, _MAX_COPIES) * _CROW
 
 
-def _layout(groups: list[_Group], incoming: Mapping[int, list], width: float, top: float
-            ) -> tuple[list[_Placed], float]:
+def _layout(
+    groups: list[_Group], incoming: Mapping[int, list], width: float, top: float
+) -> tuple[list[_Placed], float]:
     placed: list[_Placed] = []
     x, y, row_h = _M, top, 0.0
     for g in groups:
@@ -512,41 +580,61 @@ def _layout(groups: list[_Group], incoming: Mapping[int, list], width: float, to
     return placed, y + row_h
 
 
-def _copy_markers(copies: list[tuple[Copy, int | None]], x: float, y: float, width: float,
-                  colours: Mapping[str, str]) -> list[str]:
+def _copy_markers(
+    copies: list[tuple[Copy, int | None]],
+    x: float,
+    y: float,
+    width: float,
+    colours: Mapping[str, str],
+) -> list[str]:
     """Labelled arrows for the copies received by the group at ``x + width``."""
     out: list[str] = []
-    shown = copies if len(copies) <= _MAX_COPIES else copies[:_MAX_COPIES - 1]
+    shown = copies if len(copies) <= _MAX_COPIES else copies[: _MAX_COPIES - 1]
     for k, (c, _) in enumerate(shown):
         cy = y + 8 + k * _CROW
         colour = colours.get(c.src, _HOST_COLOUR)
         label = f"{_fmt_bytes(c.bytes)} {c.kind}"
-        dot = f'stroke="{colour}" stroke-width="1.5" fill="#ffffff"' if c.constant else (
-            f'fill="{colour}"')
+        dot = (
+            f'stroke="{colour}" stroke-width="1.5" fill="#ffffff"'
+            if c.constant
+            else (f'fill="{colour}"')
+        )
         dash = ' stroke-dasharray="5 3"' if c.kind == "async" else ""
         out.append(
             f'<g class="copy" data-tensor="{_e(c.tensor)}" data-src="{_e(c.src)}" '
             f'data-dst="{_e(c.dst)}" data-bytes="{c.bytes}" data-kind="{_e(c.kind)}">'
-            f'<title>{_e(c.tensor)}: {_e(c.src)} -&gt; {_e(c.dst)}, {c.bytes} bytes, '
-            f'{_e(c.kind)}{" (constant)" if c.constant else ""}</title>'
+            f"<title>{_e(c.tensor)}: {_e(c.src)} -&gt; {_e(c.dst)}, {c.bytes} bytes, "
+            f"{_e(c.kind)}{' (constant)' if c.constant else ''}</title>"
             f'<circle cx="{x + 8:.1f}" cy="{cy + 6:.1f}" r="3.5" {dot}/>'
-            + _text(x + 16, cy + 10, _fit(label, width - 22, 9), size=9,
-                    fill="#666" if c.constant else "#1f1f1f", cls="copy-label")
+            + _text(
+                x + 16,
+                cy + 10,
+                _fit(label, width - 22, 9),
+                size=9,
+                fill="#666" if c.constant else "#1f1f1f",
+                cls="copy-label",
+            )
             + f'<line x1="{x + 4:.1f}" y1="{cy + 14:.1f}" x2="{x + width - 8:.1f}" '
             f'y2="{cy + 14:.1f}" stroke="{colour}" stroke-width="2"{dash} '
-            'marker-end="url(#arrow)"/></g>')
+            'marker-end="url(#arrow)"/></g>'
+        )
     if len(copies) > len(shown):
-        rest = copies[len(shown):]
+        rest = copies[len(shown) :]
         total = sum(c.bytes for c, _ in rest)
         kinds = "/".join(sorted({c.kind for c, _ in rest}))
         cy = y + 8 + len(shown) * _CROW
-        out.append('<g class="copy-more"><title>'
-                   + _e("; ".join(f"{c.tensor} {c.src}->{c.dst} {c.bytes} B {c.kind}"
-                                  for c, _ in rest))
-                   + "</title>"
-                   + _text(x + 4, cy + 10, _fit(f"+{len(rest)}: {_fmt_bytes(total)} {kinds}",
-                                                width - 8), fill="#555")
-                   + "</g>")
+        out.append(
+            '<g class="copy-more"><title>'
+            + _e("; ".join(f"{c.tensor} {c.src}->{c.dst} {c.bytes} B {c.kind}" for c, _ in rest))
+            + "</title>"
+            + _text(
+                x + 4,
+                cy + 10,
+                _fit(f"+{len(rest)}: {_fmt_bytes(total)} {kinds}", width - 8),
+                fill="#555",
+            )
+            + "</g>"
+        )
     return out
 
 
@@ -561,30 +649,51 @@ def _op_title(op: Operator) -> str:
     return "; ".join(parts)
 
 
-def _draw_group(p: _Placed, colours: Mapping[str, str], patterns: Mapping[str, str],
-                weights: Sequence[Copy] = ()) -> list[str]:
+def _draw_group(
+    p: _Placed,
+    colours: Mapping[str, str],
+    patterns: Mapping[str, str],
+    weights: Sequence[Copy] = (),
+) -> list[str]:
     g, x, y = p.group, p.x, p.y
     badge = f"weights {_fmt_bytes(sum(c.bytes for c in weights))}" if weights else ""
     colour = colours.get(g.device, _HOST_COLOUR)
     dashed = "" if g.partition else ' stroke-dasharray="4 3"'
-    out = [f'<g class="group" data-device="{_e(g.device)}" data-partition="{_e(g.partition)}">',
-           f'<title>{_e(g.partition or "host operators")} on {_e(g.device)}, '
-           f'{len(g.ops)} operator(s)</title>',
-           f'<rect x="{x:.1f}" y="{y:.1f}" width="{_GW}" height="{p.height:.1f}" rx="6" '
-           f'fill="#ffffff" stroke="{colour}" stroke-width="2"{dashed}/>',
-           f'<rect x="{x:.1f}" y="{y:.1f}" width="{_GW}" height="5" rx="2" fill="{colour}"/>',
-           _text(x + 8, y + 17, _fit(g.device, _GW - 60), weight="bold", size=11),
-           _text(x + _GW - 8, y + 17, f"{len(g.ops)} op{'s' if len(g.ops) != 1 else ''}",
-                 size=9, fill="#666", anchor="end"),
-           _text(x + 8, y + 27, _fit(patterns.get(g.partition, "") if g.partition
-                                     else "host operators",
-                                     _GW - 20 - len(badge) * 8.5 * _CHAR, 8.5), size=8.5,
-                 fill="#666")]
+    out = [
+        f'<g class="group" data-device="{_e(g.device)}" data-partition="{_e(g.partition)}">',
+        f"<title>{_e(g.partition or 'host operators')} on {_e(g.device)}, "
+        f"{len(g.ops)} operator(s)</title>",
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{_GW}" height="{p.height:.1f}" rx="6" '
+        f'fill="#ffffff" stroke="{colour}" stroke-width="2"{dashed}/>',
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{_GW}" height="5" rx="2" fill="{colour}"/>',
+        _text(x + 8, y + 17, _fit(g.device, _GW - 60), weight="bold", size=11),
+        _text(
+            x + _GW - 8,
+            y + 17,
+            f"{len(g.ops)} op{'s' if len(g.ops) != 1 else ''}",
+            size=9,
+            fill="#666",
+            anchor="end",
+        ),
+        _text(
+            x + 8,
+            y + 27,
+            _fit(
+                patterns.get(g.partition, "") if g.partition else "host operators",
+                _GW - 20 - len(badge) * 8.5 * _CHAR,
+                8.5,
+            ),
+            size=8.5,
+            fill="#666",
+        ),
+    ]
     if weights:
-        out.append(f'<g class="load-copy" data-bytes="{sum(c.bytes for c in weights)}">'
-                   f"<title>{_e(_load_title(weights))}</title>"
-                   + _text(x + _GW - 8, y + 27, badge, size=8.5, fill="#444", anchor="end")
-                   + "</g>")
+        out.append(
+            f'<g class="load-copy" data-bytes="{sum(c.bytes for c in weights)}">'
+            f"<title>{_e(_load_title(weights))}</title>"
+            + _text(x + _GW - 8, y + 27, badge, size=8.5, fill="#444", anchor="end")
+            + "</g>"
+        )
     ink = _ink(colour)
     ops = g.ops
     shown: list[tuple[int, Operator]] = list(enumerate(ops))
@@ -599,14 +708,15 @@ def _draw_group(p: _Placed, colours: Mapping[str, str], patterns: Mapping[str, s
         kind = _fit(_short_op(op.op), 60, 8)
         room = _GW - 22 - len(kind) * 8 * _CHAR
         pin = ' stroke="#1f1f1f" stroke-width="1.5"' if op.pinned else ""
-        out.append(f'<g class="op-row"><title>{_e(_op_title(op))}</title>'
-                   f'<rect class="op" data-node="{_e(op.name)}" data-device="{_e(op.device)}" '
-                   f'x="{x + 4:.1f}" y="{row_y:.1f}" width="{_GW - 8}" height="{_ROW - 2}" '
-                   f'rx="3" fill="{colours.get(op.device, _HOST_COLOUR)}"{pin}/>'
-                   + _text(x + 9, row_y + 10.5, _fit(op.name, room, 9.5), size=9.5, fill=ink)
-                   + _text(x + _GW - 9, row_y + 10.5, kind, size=8, fill=ink, anchor="end",
-                           cls="op-kind")
-                   + "</g>")
+        out.append(
+            f'<g class="op-row"><title>{_e(_op_title(op))}</title>'
+            f'<rect class="op" data-node="{_e(op.name)}" data-device="{_e(op.device)}" '
+            f'x="{x + 4:.1f}" y="{row_y:.1f}" width="{_GW - 8}" height="{_ROW - 2}" '
+            f'rx="3" fill="{colours.get(op.device, _HOST_COLOUR)}"{pin}/>'
+            + _text(x + 9, row_y + 10.5, _fit(op.name, room, 9.5), size=9.5, fill=ink)
+            + _text(x + _GW - 9, row_y + 10.5, kind, size=8, fill=ink, anchor="end", cls="op-kind")
+            + "</g>"
+        )
         p.anchors[op.name] = (x + 4, row_y + (_ROW - 2) / 2, x + _GW - 4)
         row_y += _ROW
     out.append("</g>")
@@ -614,28 +724,40 @@ def _draw_group(p: _Placed, colours: Mapping[str, str], patterns: Mapping[str, s
 
 
 def _load_title(weights: Sequence[Copy]) -> str:
-    return (f"{len(weights)} weight tensor(s) copied once, when the model is loaded: "
-            + ", ".join(f"{c.src} -> {c.dst} {c.bytes} bytes {c.kind}" for c in weights))
+    return f"{len(weights)} weight tensor(s) copied once, when the model is loaded: " + ", ".join(
+        f"{c.src} -> {c.dst} {c.bytes} bytes {c.kind}" for c in weights
+    )
 
 
-def _draw_hidden(out: list[str], hidden: list[Operator], x: float, y: float,
-                 colours: Mapping[str, str], p: _Placed) -> float:
+def _draw_hidden(
+    out: list[str],
+    hidden: list[Operator],
+    x: float,
+    y: float,
+    colours: Mapping[str, str],
+    p: _Placed,
+) -> float:
     """The middle of a long group: a caption and one small mark per operator."""
     counts: dict[str, int] = defaultdict(int)
     for op in hidden:
         counts[_short_op(op.op)] += 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-    out.append(_text(x + 8, y + 10, _fit(f"+{len(hidden)} more: {summary}", _GW - 16, 9),
-                     size=9, fill="#444"))
+    out.append(
+        _text(
+            x + 8, y + 10, _fit(f"+{len(hidden)} more: {summary}", _GW - 16, 9), size=9, fill="#444"
+        )
+    )
     y += 16
     per_row = int((_GW - 12) // _TICK)
     for k, op in enumerate(hidden):
         tx = x + 6 + (k % per_row) * _TICK
         ty = y + (k // per_row) * 7
-        out.append(f'<rect class="op" data-node="{_e(op.name)}" data-device="{_e(op.device)}" '
-                   f'x="{tx:.1f}" y="{ty:.1f}" width="{_TICK - 1}" height="5" '
-                   f'fill="{colours.get(op.device, _HOST_COLOUR)}">'
-                   f'<title>{_e(_op_title(op))}</title></rect>')
+        out.append(
+            f'<rect class="op" data-node="{_e(op.name)}" data-device="{_e(op.device)}" '
+            f'x="{tx:.1f}" y="{ty:.1f}" width="{_TICK - 1}" height="5" '
+            f'fill="{colours.get(op.device, _HOST_COLOUR)}">'
+            f"<title>{_e(_op_title(op))}</title></rect>"
+        )
         p.anchors[op.name] = (tx, ty + 2.5, tx + _TICK - 1)
     return y + math.ceil(len(hidden) / per_row) * 7 + 4
 
@@ -656,11 +778,13 @@ def _draw_edges(placed: list[_Placed]) -> list[str]:
                     continue  # within the group or from the one before: the flow shows it
                 tx, ty, _ = p.anchors[op.name]
                 bend = max(40.0, abs(tx - sx2) / 3)
-                out.append(f'<path class="edge" d="M{sx2:.1f},{sy:.1f} C{sx2 + bend:.1f},'
-                           f'{sy:.1f} {tx - bend:.1f},{ty:.1f} {tx:.1f},{ty:.1f}" fill="none" '
-                           'stroke="#555" stroke-opacity="0.45" stroke-width="1.2" '
-                           f'marker-end="url(#dot)"><title>{_e(src)} -&gt; {_e(op.name)}'
-                           '</title></path>')
+                out.append(
+                    f'<path class="edge" d="M{sx2:.1f},{sy:.1f} C{sx2 + bend:.1f},'
+                    f'{sy:.1f} {tx - bend:.1f},{ty:.1f} {tx:.1f},{ty:.1f}" fill="none" '
+                    'stroke="#555" stroke-opacity="0.45" stroke-width="1.2" '
+                    f'marker-end="url(#dot)"><title>{_e(src)} -&gt; {_e(op.name)}'
+                    "</title></path>"
+                )
     return out
 
 
@@ -673,18 +797,34 @@ def _nice_step(span: float, ticks: int = 8) -> float:
     return 10 * power  # pragma: no cover
 
 
-def _draw_timeline(report: Report, items: list[_Item], lanes: list[str], width: float,
-                   top: float, colours: Mapping[str, str], cost: str) -> tuple[list[str], float]:
+def _draw_timeline(
+    report: Report,
+    items: list[_Item],
+    lanes: list[str],
+    width: float,
+    top: float,
+    colours: Mapping[str, str],
+    cost: str,
+) -> tuple[list[str], float]:
     total = max((i.end for i in items), default=0.0)
     busy: dict[str, float] = defaultdict(float)
     for i in items:
         busy[i.lane] += i.end - i.start
-    out = [_text(_M, top + 16, "Timeline estimate of one inference", size=15, weight="bold"),
-           _text(_M, top + 34, f"total {_fmt_time(total)}  ·  busy: " + ", ".join(
-               f"{lane} {_fmt_time(busy[lane])}" for lane in lanes if busy[lane] > 0),
-               size=11, cls="summary"),
-           *(_text(_M, top + 50 + 13 * k, line, size=9.5, fill="#666")
-             for k, line in enumerate(_wrap(cost, width - 2 * _M, 9.5)))]
+    out = [
+        _text(_M, top + 16, "Timeline estimate of one inference", size=15, weight="bold"),
+        _text(
+            _M,
+            top + 34,
+            f"total {_fmt_time(total)}  ·  busy: "
+            + ", ".join(f"{lane} {_fmt_time(busy[lane])}" for lane in lanes if busy[lane] > 0),
+            size=11,
+            cls="summary",
+        ),
+        *(
+            _text(_M, top + 50 + 13 * k, line, size=9.5, fill="#666")
+            for k, line in enumerate(_wrap(cost, width - 2 * _M, 9.5))
+        ),
+    ]
     x0, x1 = _M + _LABEL_W, width - _M
     y0 = top + 50 + 13 * len(_wrap(cost, width - 2 * _M, 9.5)) + 18
     scale = (x1 - x0) / total if total > 0 else 0.0
@@ -694,8 +834,10 @@ def _draw_timeline(report: Report, items: list[_Item], lanes: list[str], width: 
         t = 0.0
         while t <= total * 1.0001:
             tx = x0 + t * scale
-            out.append(f'<line x1="{tx:.1f}" y1="{y0 - 6:.1f}" x2="{tx:.1f}" '
-                       f'y2="{y0 + len(lanes) * _LANE:.1f}" stroke="#e3e3e3"/>')
+            out.append(
+                f'<line x1="{tx:.1f}" y1="{y0 - 6:.1f}" x2="{tx:.1f}" '
+                f'y2="{y0 + len(lanes) * _LANE:.1f}" stroke="#e3e3e3"/>'
+            )
             out.append(_text(tx, y0 - 9, _fmt_time(t), size=9, fill="#666", anchor="middle"))
             t += step
     for k, lane in enumerate(lanes):
@@ -703,14 +845,33 @@ def _draw_timeline(report: Report, items: list[_Item], lanes: list[str], width: 
         device = lane.removesuffix(" DMA")
         share = f"{busy[lane] / total:.0%}" if total > 0 else "0%"
         out.append(f'<g class="lane" data-lane="{_e(lane)}" data-busy="{busy[lane]!r}">')
-        out.append(f'<rect x="{_M}" y="{ly:.1f}" width="{width - 2 * _M:.1f}" '
-                   f'height="{_LANE - 3}" fill="{"#f7f7f7" if k % 2 == 0 else "#ffffff"}"/>')
-        out.append(f'<rect x="{_M}" y="{ly:.1f}" width="5" height="{_LANE - 3}" '
-                   f'fill="{colours.get(device, _HOST_COLOUR)}"/>')
-        out.append(_text(_M + 10, ly + 12, _fit(lane, 110, 10.5), size=10.5,
-                         weight="bold" if not lane.endswith(" DMA") else "normal"))
-        out.append(_text(x0 - 8, ly + 12, f"{_fmt_time(busy[lane])} ({share})", size=9,
-                         fill="#666", anchor="end"))
+        out.append(
+            f'<rect x="{_M}" y="{ly:.1f}" width="{width - 2 * _M:.1f}" '
+            f'height="{_LANE - 3}" fill="{"#f7f7f7" if k % 2 == 0 else "#ffffff"}"/>'
+        )
+        out.append(
+            f'<rect x="{_M}" y="{ly:.1f}" width="5" height="{_LANE - 3}" '
+            f'fill="{colours.get(device, _HOST_COLOUR)}"/>'
+        )
+        out.append(
+            _text(
+                _M + 10,
+                ly + 12,
+                _fit(lane, 110, 10.5),
+                size=10.5,
+                weight="bold" if not lane.endswith(" DMA") else "normal",
+            )
+        )
+        out.append(
+            _text(
+                x0 - 8,
+                ly + 12,
+                f"{_fmt_time(busy[lane])} ({share})",
+                size=9,
+                fill="#666",
+                anchor="end",
+            )
+        )
         out.append("</g>")
     index = {lane: k for k, lane in enumerate(lanes)}
     for i in items:
@@ -723,11 +884,13 @@ def _draw_timeline(report: Report, items: list[_Item], lanes: list[str], width: 
         else:
             fill = f"url(#{i.kind})"
             stroke = f' stroke="{colours.get(i.device, _HOST_COLOUR)}" stroke-width="0.8"'
-        out.append(f'<rect class="span {i.kind}" data-lane="{_e(i.lane)}" '
-                   f'data-start="{i.start!r}" data-end="{i.end!r}" x="{sx:.2f}" '
-                   f'y="{ly + 1:.1f}" width="{w:.2f}" height="{_LANE - 5}" fill="{fill}"{stroke}>'
-                   f'<title>{_e(i.detail or i.label)}: {_fmt_time(i.start)} - '
-                   f'{_fmt_time(i.end)}</title></rect>')
+        out.append(
+            f'<rect class="span {i.kind}" data-lane="{_e(i.lane)}" '
+            f'data-start="{i.start!r}" data-end="{i.end!r}" x="{sx:.2f}" '
+            f'y="{ly + 1:.1f}" width="{w:.2f}" height="{_LANE - 5}" fill="{fill}"{stroke}>'
+            f"<title>{_e(i.detail or i.label)}: {_fmt_time(i.start)} - "
+            f"{_fmt_time(i.end)}</title></rect>"
+        )
         label = i.short or i.label
         if w > len(label) * 8.5 * _CHAR + 6:
             ink = _ink(fill) if i.kind == "compute" else "#1f1f1f"
@@ -736,15 +899,23 @@ def _draw_timeline(report: Report, items: list[_Item], lanes: list[str], width: 
     return out, y0 + len(lanes) * _LANE + 6
 
 
-def _draw_memory(report: Report, top: float, width: float, colours: Mapping[str, str]
-                 ) -> tuple[list[str], float]:
+def _draw_memory(
+    report: Report, top: float, width: float, colours: Mapping[str, str]
+) -> tuple[list[str], float]:
     """A bar per pool of a device in use: used of size."""
     if report.memory is None:
         return [], top
     pools = [p for p in report.memory.pools if p.device in report.devices]
-    out = [_text(_M, top + 16, "Memory", size=15, weight="bold"),
-           _text(_M, top + 34, f"host: {_fmt_bytes(report.memory.host_bytes)} planned "
-                 f"(+{_fmt_bytes(report.memory.host_constants)} of constants)", size=10.5)]
+    out = [
+        _text(_M, top + 16, "Memory", size=15, weight="bold"),
+        _text(
+            _M,
+            top + 34,
+            f"host: {_fmt_bytes(report.memory.host_bytes)} planned "
+            f"(+{_fmt_bytes(report.memory.host_constants)} of constants)",
+            size=10.5,
+        ),
+    ]
     y = top + 44
     col_w = (width - 2 * _M) / 2
     for k, p in enumerate(pools):
@@ -752,53 +923,80 @@ def _draw_memory(report: Report, top: float, width: float, colours: Mapping[str,
         py = y + (k // 2) * 20
         share = p.used / p.size_bytes if p.size_bytes else 0.0
         bar = 160
-        out.append(f'<g class="pool" data-device="{_e(p.device)}" data-scope="{_e(p.scope)}">'
-                   f'<rect x="{px:.1f}" y="{py + 3:.1f}" width="{bar}" height="10" '
-                   'fill="#eeeeee" stroke="#cccccc"/>'
-                   f'<rect x="{px:.1f}" y="{py + 3:.1f}" width="{bar * min(1.0, share):.1f}" '
-                   f'height="10" fill="{colours.get(p.device, _HOST_COLOUR)}"/>'
-                   + _text(px + bar + 8, py + 12, _fit(
-                       f"{p.device} {p.scope}: {_fmt_bytes(p.used)} of "
-                       f"{_fmt_bytes(p.size_bytes)} ({share:.1%}), {p.copy}", col_w - bar - 16),
-                       size=10)
-                   + "</g>")
+        out.append(
+            f'<g class="pool" data-device="{_e(p.device)}" data-scope="{_e(p.scope)}">'
+            f'<rect x="{px:.1f}" y="{py + 3:.1f}" width="{bar}" height="10" '
+            'fill="#eeeeee" stroke="#cccccc"/>'
+            f'<rect x="{px:.1f}" y="{py + 3:.1f}" width="{bar * min(1.0, share):.1f}" '
+            f'height="10" fill="{colours.get(p.device, _HOST_COLOUR)}"/>'
+            + _text(
+                px + bar + 8,
+                py + 12,
+                _fit(
+                    f"{p.device} {p.scope}: {_fmt_bytes(p.used)} of "
+                    f"{_fmt_bytes(p.size_bytes)} ({share:.1%}), {p.copy}",
+                    col_w - bar - 16,
+                ),
+                size=10,
+            )
+            + "</g>"
+        )
     return out, y + math.ceil(len(pools) / 2) * 20 + 4
 
 
-def _legend(devices: list[str], counts: Mapping[str, int], colours: Mapping[str, str],
-            top: float, width: float, weights: Mapping[str, int] | None = None
-            ) -> tuple[list[str], float]:
+def _legend(
+    devices: list[str],
+    counts: Mapping[str, int],
+    colours: Mapping[str, str],
+    top: float,
+    width: float,
+    weights: Mapping[str, int] | None = None,
+) -> tuple[list[str], float]:
     out: list[str] = ['<g class="legend">']
     x, y = _M, top
     weights = weights or {}
-    entries = [(d, f"{d} ({counts.get(d, 0)} op{'s' if counts.get(d, 0) != 1 else ''}"
-                   + (f", weights {_fmt_bytes(weights[d])}" if weights.get(d) else "") + ")")
-               for d in devices]
+    entries = [
+        (
+            d,
+            f"{d} ({counts.get(d, 0)} op{'s' if counts.get(d, 0) != 1 else ''}"
+            + (f", weights {_fmt_bytes(weights[d])}" if weights.get(d) else "")
+            + ")",
+        )
+        for d in devices
+    ]
     for d, text in entries:
         w = 24 + len(text) * 10.5 * _CHAR
         if x + w > width - _M:
             x, y = _M, y + 18
-        out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="12" height="12" rx="2" '
-                   f'fill="{colours[d]}" data-device="{_e(d)}"/>')
+        out.append(
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="12" height="12" rx="2" '
+            f'fill="{colours[d]}" data-device="{_e(d)}"/>'
+        )
         out.append(_text(x + 17, y + 10, text, size=10.5))
         x += w
-    for kind, text in (("sync", "sync copy (blocks both ends)"),
-                       ("async", "async copy (DMA, overlaps compute)")):
+    for kind, text in (
+        ("sync", "sync copy (blocks both ends)"),
+        ("async", "async copy (DMA, overlaps compute)"),
+    ):
         w = 38 + len(text) * 10.5 * _CHAR
         if x + w > width - _M:
             x, y = _M, y + 18
         dash = ' stroke-dasharray="5 3"' if kind == "async" else ""
-        out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="12" height="12" fill="url(#{kind})" '
-                   'stroke="#666" stroke-width="0.8"/>'
-                   f'<line x1="{x + 15:.1f}" y1="{y + 6:.1f}" x2="{x + 29:.1f}" y2="{y + 6:.1f}" '
-                   f'stroke="#666" stroke-width="2"{dash}/>')
+        out.append(
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="12" height="12" fill="url(#{kind})" '
+            'stroke="#666" stroke-width="0.8"/>'
+            f'<line x1="{x + 15:.1f}" y1="{y + 6:.1f}" x2="{x + 29:.1f}" y2="{y + 6:.1f}" '
+            f'stroke="#666" stroke-width="2"{dash}/>'
+        )
         out.append(_text(x + 33, y + 10, text, size=10.5))
         x += w
     text = "dot: where a copy comes from (hollow: a constant)"
     if x + 24 + len(text) * 10.5 * _CHAR > width - _M:
         x, y = _M, y + 18
-    out.append(f'<circle cx="{x + 6:.1f}" cy="{y + 6:.1f}" r="3.5" fill="#ffffff" '
-               'stroke="#666" stroke-width="1.5"/>' + _text(x + 15, y + 10, text, size=10.5))
+    out.append(
+        f'<circle cx="{x + 6:.1f}" cy="{y + 6:.1f}" r="3.5" fill="#ffffff" '
+        'stroke="#666" stroke-width="1.5"/>' + _text(x + 15, y + 10, text, size=10.5)
+    )
     out.append("</g>")
     return out, y + 22
 
@@ -819,17 +1017,23 @@ patternTransform="rotate(-45)"><rect width="6" height="6" fill="#e1eefc"/>\
 
 def _cost_text(throughput: Mapping[str, float] | None, bandwidth: float, edges: bool) -> str:
     given = "".join(f", {k} {v / 1e9:g}" for k, v in (throughput or {}).items())
-    order = ("operators wait for their inputs" if edges
-             else "a sequential program in model order")
-    return (f"cost model: compute = FLOPs / throughput (GFLOP/s: host {HOST_FLOPS / 1e9:g}, "
-            f"accelerators {ACCELERATOR_FLOPS / 1e9:g}{given}; FLOPs per op from the report, "
-            f"else a default by op kind); copy = bytes / {bandwidth / 1e9:g} GB/s; sync copies "
-            f"block both ends, async copies run on the DMA lane; {order}")
+    order = "operators wait for their inputs" if edges else "a sequential program in model order"
+    return (
+        f"cost model: compute = FLOPs / throughput (GFLOP/s: host {HOST_FLOPS / 1e9:g}, "
+        f"accelerators {ACCELERATOR_FLOPS / 1e9:g}{given}; FLOPs per op from the report, "
+        f"else a default by op kind); copy = bytes / {bandwidth / 1e9:g} GB/s; sync copies "
+        f"block both ends, async copies run on the DMA lane; {order}"
+    )
 
 
-def render_svg(report: Report, *, title: str = "", width: float = 1400,
-               throughput: Mapping[str, float] | None = None,
-               bandwidth: float = BANDWIDTH) -> str:
+def render_svg(
+    report: Report,
+    *,
+    title: str = "",
+    width: float = 1400,
+    throughput: Mapping[str, float] | None = None,
+    bandwidth: float = BANDWIDTH,
+) -> str:
     """The picture as SVG text (no XML declaration): legend, graph, timeline, memory.
 
     Args:
@@ -859,33 +1063,57 @@ def render_svg(report: Report, *, title: str = "", width: float = 1400,
     per_inference = _per_inference(report.copies)
     moved = sum(c.bytes for c in per_inference)
     weights = [c for c in report.copies if _at_load(c)]
-    at_load = (f" (+{len(weights)} weights, {_fmt_bytes(sum(c.bytes for c in weights))}, "
-               "copied once at load)") if weights else ""
+    at_load = (
+        (
+            f" (+{len(weights)} weights, {_fmt_bytes(sum(c.bytes for c in weights))}, "
+            "copied once at load)"
+        )
+        if weights
+        else ""
+    )
     heading = f"{title}: " if title else ""
     fell = f" (+{n_fallen} fell back)" if n_fallen else ""
-    body.append(_text(_M, 28, f"{heading}{len(report.placement)} operators, {n_parts} "
-                      f"partitions{fell}, {len(per_inference)} copies ({_fmt_bytes(moved)}) "
-                      f"per inference{at_load}", size=17, weight="bold"))
+    body.append(
+        _text(
+            _M,
+            28,
+            f"{heading}{len(report.placement)} operators, {n_parts} "
+            f"partitions{fell}, {len(per_inference)} copies ({_fmt_bytes(moved)}) "
+            f"per inference{at_load}",
+            size=17,
+            weight="bold",
+        )
+    )
     loaded_on: dict[str, int] = defaultdict(int)
     for c in weights:
         loaded_on[c.dst] += c.bytes
     legend, y = _legend(devices, report.devices_of(), colours, 44, width, loaded_on)
     body += legend
     body.append(_text(_M, y + 14, "Placement graph", size=15, weight="bold"))
-    body.append(_text(_M + 150, y + 14, "model order, left to right then row by row; "
-                      "boxes: partitions (dashed: host operators); arrows: copies into "
-                      "the next box" + ("; 'weights': copied once, at load" if loaded else "")
-                      + ("; curves: data edges that skip boxes" if edges else ""),
-                      size=9.5, fill="#666"))
+    body.append(
+        _text(
+            _M + 150,
+            y + 14,
+            "model order, left to right then row by row; "
+            "boxes: partitions (dashed: host operators); arrows: copies into "
+            "the next box"
+            + ("; 'weights': copied once, at load" if loaded else "")
+            + ("; curves: data edges that skip boxes" if edges else ""),
+            size=9.5,
+            fill="#666",
+        )
+    )
     placed, bottom = _layout(groups, incoming, width, y + 28)
     flow: list[str] = []
     for k, p in enumerate(placed):
         if p.copies:
             body += _copy_markers(p.copies, p.x - p.gap, p.y + _HEAD, p.gap, colours)
         elif k > 0 and p.x - p.gap > _M:
-            flow.append(f'<line x1="{p.x - p.gap + 3:.1f}" y1="{p.y + 17:.1f}" '
-                        f'x2="{p.x - 3:.1f}" y2="{p.y + 17:.1f}" stroke="#999" '
-                        'stroke-width="1.5" marker-end="url(#arrow)"/>')
+            flow.append(
+                f'<line x1="{p.x - p.gap + 3:.1f}" y1="{p.y + 17:.1f}" '
+                f'x2="{p.x - 3:.1f}" y2="{p.y + 17:.1f}" stroke="#999" '
+                'stroke-width="1.5" marker-end="url(#arrow)"/>'
+            )
         body += _draw_group(p, colours, patterns, loaded.get(p.group.index, ()))
     body += flow
     if outputs:
@@ -895,38 +1123,65 @@ def render_svg(report: Report, *, title: str = "", width: float = 1400,
         if ox + _CGAP + 60 > width - _M:
             ox, oy = _M, bottom + 26
         body += _copy_markers(outputs, ox, oy + _HEAD, _CGAP, colours)
-        body.append(f'<rect x="{ox + _CGAP:.1f}" y="{oy + _HEAD:.1f}" width="52" height="20" '
-                    'rx="10" fill="#ffffff" stroke="#999"/>'
-                    + _text(ox + _CGAP + 26, oy + _HEAD + 14, "output", size=10,
-                            anchor="middle", fill="#444"))
+        body.append(
+            f'<rect x="{ox + _CGAP:.1f}" y="{oy + _HEAD:.1f}" width="52" height="20" '
+            'rx="10" fill="#ffffff" stroke="#999"/>'
+            + _text(
+                ox + _CGAP + 26, oy + _HEAD + 14, "output", size=10, anchor="middle", fill="#444"
+            )
+        )
         bottom = max(bottom, oy + _HEAD + _copies_height(len(outputs)))
     body += _draw_edges(placed)
     fallen = [p for p in report.partitions if p.fallback]
     if fallen:
         bottom += 18
-        body.append(_text(_M, bottom, f"{len(fallen)} partition(s) fell back to the host "
-                          "(their operators are drawn on the host):", size=10.5,
-                          fill="#c0392b", weight="bold"))
+        body.append(
+            _text(
+                _M,
+                bottom,
+                f"{len(fallen)} partition(s) fell back to the host "
+                "(their operators are drawn on the host):",
+                size=10.5,
+                fill="#c0392b",
+                weight="bold",
+            )
+        )
     for p in fallen[:_MAX_NOTES]:
         bottom += 15
-        body.append(f'<g class="fallback"><title>{_e(p.fallback)}</title>'
-                    + _text(_M + 10, bottom, _fit(p.fallback, width - 2 * _M - 10, 9.5),
-                            size=9.5, fill="#c0392b") + "</g>")
+        body.append(
+            f'<g class="fallback"><title>{_e(p.fallback)}</title>'
+            + _text(
+                _M + 10,
+                bottom,
+                _fit(p.fallback, width - 2 * _M - 10, 9.5),
+                size=9.5,
+                fill="#c0392b",
+            )
+            + "</g>"
+        )
     if len(fallen) > _MAX_NOTES:
         bottom += 15
-        body.append(_text(_M + 10, bottom, f"+{len(fallen) - _MAX_NOTES} more: see the report",
-                          size=9.5, fill="#c0392b"))
+        body.append(
+            _text(
+                _M + 10,
+                bottom,
+                f"+{len(fallen) - _MAX_NOTES} more: see the report",
+                size=9.5,
+                fill="#c0392b",
+            )
+        )
     cost = _cost_text(throughput, bandwidth, edges)
     tl, bottom = _draw_timeline(report, items, lanes, width, bottom + 24, colours, cost)
     body += tl
     mem, bottom = _draw_memory(report, bottom + 10, width, colours)
     body += mem
     height = bottom + _M
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="{_FONT}">\n'
-            f"<title>{_e(heading)}umahub placement and timeline</title>\n{_DEFS}\n"
-            f'<rect width="100%" height="100%" fill="#ffffff"/>\n'
-            + "\n".join(body) + "\n</svg>\n")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="{_FONT}">\n'
+        f"<title>{_e(heading)}umahub placement and timeline</title>\n{_DEFS}\n"
+        f'<rect width="100%" height="100%" fill="#ffffff"/>\n' + "\n".join(body) + "\n</svg>\n"
+    )
 
 
 def render_html(report: Report, *, title: str = "", **options: Any) -> str:
@@ -943,11 +1198,14 @@ def render_html(report: Report, *, title: str = "", **options: Any) -> str:
         f'<li><span class="swatch" style="background:{colours[d]}"></span>{_e(d)} '
         f"({counts.get(d, 0)} operators"
         f"{f', weights {_fmt_bytes(loaded[d])} loaded once' if loaded.get(d) else ''})</li>"
-        for d in devices)
-    legend += ('<li><span class="swatch sync"></span>sync copy: done by a processor, '
-               "blocks both ends</li>"
-               '<li><span class="swatch async"></span>async copy: done by DMA, overlaps '
-               "compute</li>")
+        for d in devices
+    )
+    legend += (
+        '<li><span class="swatch sync"></span>sync copy: done by a processor, '
+        "blocks both ends</li>"
+        '<li><span class="swatch async"></span>async copy: done by DMA, overlaps '
+        "compute</li>"
+    )
     name = _e(title or "model")
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -994,8 +1252,10 @@ def save_picture(report: Report, path: str | Path, **options: Any) -> str:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
-        raise ValueError(f"cannot save a picture as '{path.name}': the suffix must be one of "
-                         f"{', '.join(SUFFIXES)} (got '{path.suffix or 'none'}')")
+        raise ValueError(
+            f"cannot save a picture as '{path.name}': the suffix must be one of "
+            f"{', '.join(SUFFIXES)} (got '{path.suffix or 'none'}')"
+        )
     options.setdefault("title", path.stem)
     if suffix == ".svg":
         text = '<?xml version="1.0" encoding="UTF-8"?>\n' + render_svg(report, **options)

@@ -31,7 +31,7 @@ from umahub import codegen as codegen_stage
 from umahub._tvm import Constant, name_of, ret_type, type_of
 from umahub.build import place_on_devices
 from umahub.compiled import Compiled
-from umahub.config import HOST, Pin, parse_pin
+from umahub.config import HOST, parse_pin
 from umahub.context import CompileContext
 from umahub.dispatch import HookCall, recording
 from umahub.errors import CompileError, ConfigError, MemoryPoolError, PlacementError, did_you_mean
@@ -99,11 +99,15 @@ def _pins(hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None) -> P
     for layer in layers[::2]:  # the config's own pins were checked when the hub was made
         for selector, pin in layer.items():
             if pin.accelerator != HOST and pin.accelerator not in known:
-                raise ConfigError(f"pin {selector!r} -> '{pin}': unknown accelerator "
-                                  f"'{pin.accelerator}'{did_you_mean(pin.accelerator, known)}")
+                raise ConfigError(
+                    f"pin {selector!r} -> '{pin}': unknown accelerator "
+                    f"'{pin.accelerator}'{did_you_mean(pin.accelerator, known)}"
+                )
             if pin.instance is not None and pin.instance >= known.get(pin.accelerator, 1):
-                raise ConfigError(f"pin {selector!r} -> '{pin}': '{pin.accelerator}' has "
-                                  f"{known[pin.accelerator]} instance(s)")
+                raise ConfigError(
+                    f"pin {selector!r} -> '{pin}': '{pin.accelerator}' has "
+                    f"{known[pin.accelerator]} instance(s)"
+                )
     return Pins(layers)
 
 
@@ -113,8 +117,10 @@ def _patterns_getter(hub: Hub, notes: list[str]) -> Callable[[Any], list[Any]]:
             results = hub.traced_hook.umahub_patterns(accelerator=acc)
         except Exception as exc:
             plugin, hook = getattr(exc, "umahub_culprit", (hub.owner(acc.name), "umahub_patterns"))
-            message = (f"plugin '{plugin}' failed in {hook} for accelerator '{acc.name}': "
-                       f"{type(exc).__name__}: {exc}")
+            message = (
+                f"plugin '{plugin}' failed in {hook} for accelerator '{acc.name}': "
+                f"{type(exc).__name__}: {exc}"
+            )
             if hub.config.on_error == "error":
                 raise CompileError(message) from exc
             _warn(f"{message}; '{acc.name}' claims nothing in this compile")
@@ -131,8 +137,9 @@ def _warn(message: str) -> None:
     warnings.warn(f"umahub: {message}", UmahubWarning, stacklevel=4)
 
 
-def _check_pins(part: Partitioned, pins: Pins, hub: Hub, planned_names: dict[str, list[str]],
-                notes: list[str]) -> None:
+def _check_pins(
+    part: Partitioned, pins: Pins, hub: Hub, planned_names: dict[str, list[str]], notes: list[str]
+) -> None:
     """Every pin selects some operator, and every pinned operator is where its pin says."""
     selected = {selector: False for selector, _ in pins.ordered}
     for op in part.operators:
@@ -148,9 +155,11 @@ def _check_pins(part: Partitioned, pins: Pins, hub: Hub, planned_names: dict[str
         if pin.accelerator == HOST:
             continue  # only a pattern pin that a plugin check overrode could land here
         names = ", ".join(planned_names.get(pin.accelerator, [])) or "none"
-        message = (f"pin {selector!r} -> '{pin}': operator '{op.name}' ({op.op}) runs on "
-                   f"{op.device}, because the patterns of '{pin.accelerator}' ({names}) do not "
-                   "take it; pin it elsewhere or extend the plugin's patterns")
+        message = (
+            f"pin {selector!r} -> '{pin}': operator '{op.name}' ({op.op}) runs on "
+            f"{op.device}, because the patterns of '{pin.accelerator}' ({names}) do not "
+            "take it; pin it elsewhere or extend the plugin's patterns"
+        )
         if hub.config.on_error == "error":
             raise PlacementError(message)
         _warn(message)
@@ -159,9 +168,11 @@ def _check_pins(part: Partitioned, pins: Pins, hub: Hub, planned_names: dict[str
     for selector, used in selected.items():
         if used or any(ch in selector for ch in "*?["):
             continue
-        message = (f"pin {selector!r} selects no operator of the model"
-                   f"{did_you_mean(selector, candidates)}; a pin names a node, an op "
-                   "('relax.nn.conv2d' or 'nn.conv2d') or a pattern")
+        message = (
+            f"pin {selector!r} selects no operator of the model"
+            f"{did_you_mean(selector, candidates)}; a pin names a node, an op "
+            "('relax.nn.conv2d' or 'nn.conv2d') or a pattern"
+        )
         if hub.config.on_error == "error":
             raise PlacementError(message)
         _warn(message)
@@ -247,13 +258,19 @@ def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any
     if tir_mod is None:
         tir_mod = default_relax_to_tir(func, ctx.symbol, acc.name)
     elif not isinstance(tir_mod, tvm.IRModule) or ctx.symbol not in [
-            name_of(gv) for gv in tir_mod.get_global_vars()]:
-        raise CompileError(f"umahub_relax_to_tir for '{acc.name}' must return a tvm.IRModule "
-                           f"with a PrimFunc named '{ctx.symbol}', got {type(tir_mod).__name__}")
+        name_of(gv) for gv in tir_mod.get_global_vars()
+    ]:
+        raise CompileError(
+            f"umahub_relax_to_tir for '{acc.name}' must return a tvm.IRModule "
+            f"with a PrimFunc named '{ctx.symbol}', got {type(tir_mod).__name__}"
+        )
     schedule = tvm.s_tir.Schedule(tir_mod)
     schedule.work_on(ctx.symbol)
-    said = [s for s in hub.traced_hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
-            if isinstance(s, str)]
+    said = [
+        s
+        for s in hub.traced_hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
+        if isinstance(s, str)
+    ]
     scheduled = schedule.mod
     phase_passes = {}
     for phase in PHASES:
@@ -267,16 +284,22 @@ def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any
     return module, said
 
 
-def _plan_and_partition(hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None,
-                        clock: _Clock, notes: list[str]) -> Partitioned:
+def _plan_and_partition(
+    hub: Hub,
+    mod: tvm.IRModule,
+    placement: Mapping[str, str] | None,
+    clock: _Clock,
+    notes: list[str],
+) -> Partitioned:
     if "main" not in [name_of(gv) for gv in mod.get_global_vars()]:
         raise CompileError("the module has no 'main' function to compile")
     with clock.stage("plan"):
         pins = _pins(hub, mod, placement)
         claimants = hub.claimants
         claiming = {a.name for a in claimants}
-        pinned_only = [hub.accelerator(n) for n in sorted(pinned_accelerators(pins))
-                       if n not in claiming]
+        pinned_only = [
+            hub.accelerator(n) for n in sorted(pinned_accelerators(pins)) if n not in claiming
+        ]
         planned = plan_patterns(claimants, pinned_only, _patterns_getter(hub, notes))
     with clock.stage("partition"):
         accelerators = {a.name: a for a in hub.accelerators}
@@ -295,14 +318,14 @@ def _fail(hub: Hub, message: str, exc: BaseException | None, error_type: type) -
     return message
 
 
-def _memory(hub: Hub, part: Partitioned, order: list[str],
-            notes: list[str]) -> tuple[MemoryPlan, dict[str, Need], dict[str, str]]:
+def _memory(
+    hub: Hub, part: Partitioned, order: list[str], notes: list[str]
+) -> tuple[MemoryPlan, dict[str, Need], dict[str, str]]:
     """Plan every pool in lowering order; return the plan, each need, and misfits."""
     pools = []
     for acc in hub.accelerators:
         for i in range(acc.instances):
-            pools += [PoolUse(f"{acc.name}:{i}", p.scope, p.size_bytes, p.copy)
-                      for p in acc.memory]
+            pools += [PoolUse(f"{acc.name}:{i}", p.scope, p.size_bytes, p.copy) for p in acc.memory]
     plan = MemoryPlan.for_devices(pools)
     needs: dict[str, Need] = {}
     misfits: dict[str, str] = {}
@@ -324,7 +347,10 @@ def _memory(hub: Hub, part: Partitioned, order: list[str],
                     f"partition {p.symbol} ({', '.join(p.patterns)}) needs {need.total} bytes "
                     f"of pool '{pool.scope}' on {p.device} ({need.resident} resident + "
                     f"{need.transient} working), but only {use.free} of {use.size_bytes} are "
-                    "free", None, MemoryPoolError)
+                    "free",
+                    None,
+                    MemoryPoolError,
+                )
                 notes.append(misfits[p.symbol])
                 continue
             plan = plan.add(p.device, pool.scope, need)
@@ -339,24 +365,36 @@ def _lowering_failure(exc: Exception, p: Partition, acc: Any) -> tuple[str, Exce
     who = f"plugin '{plugin}' failed in {hook}" if plugin else f"lowering of '{acc.name}' failed"
     text = str(exc).strip()
     detail = text.splitlines()[-1] if text else ""  # TVM errors carry a long trace first
-    return (f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on {p.device}: "
-            f"{type(exc).__name__}: {detail}", exc, CompileError)
+    return (
+        f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on {p.device}: "
+        f"{type(exc).__name__}: {detail}",
+        exc,
+        CompileError,
+    )
 
 
 def _report_partitions(part: Partitioned) -> list[PartitionReport]:
-    return [PartitionReport(p.symbol, p.accelerator, p.device, p.patterns, len(p.operators))
-            for p in part.partitions]
+    return [
+        PartitionReport(p.symbol, p.accelerator, p.device, p.patterns, len(p.operators))
+        for p in part.partitions
+    ]
 
 
-def explain(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None = None,
-            progress: Progress | None = None) -> Report:
+def explain(
+    hub: Hub,
+    mod: tvm.IRModule,
+    *,
+    placement: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+) -> Report:
     """Plan placement, memory and copies of ``mod`` without lowering or building it."""
     with _gc_paused():
         return _explain(hub, mod, placement, progress)
 
 
-def _explain(hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None,
-             progress: Progress | None) -> Report:
+def _explain(
+    hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None, progress: Progress | None
+) -> Report:
     clock, notes = _Clock(progress), []
     part = _plan_and_partition(hub, mod, placement, clock, notes)
     with clock.stage("memory"):
@@ -368,16 +406,31 @@ def _explain(hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None,
     with clock.stage("copies"):
         devices, device_of, kinds = _devices(hub, part)
         _, copies, _ = place_on_devices(part.mod, device_of, devices, kinds)
-    return Report(list(part.operators), reports, devices, copies, plan, clock.stages,
-                  clock.hooks, notes, built=False)
+    return Report(
+        list(part.operators),
+        reports,
+        devices,
+        copies,
+        plan,
+        clock.stages,
+        clock.hooks,
+        notes,
+        built=False,
+    )
 
 
 def _devices(hub: Hub, part: Partitioned) -> tuple[list[str], dict[str, str], dict[str, str]]:
     used = {p.device for p in part.partitions}
     devices = [HOST] + [d for a in hub.accelerators for d in a.devices if d in used]
     device_of = {p.symbol: p.device for p in part.partitions}
-    kinds = {d: (hub.accelerator(d.split(":")[0]).pool.copy
-                 if hub.accelerator(d.split(":")[0]).pool else "sync") for d in devices[1:]}
+    kinds = {
+        d: (
+            hub.accelerator(d.split(":")[0]).pool.copy
+            if hub.accelerator(d.split(":")[0]).pool
+            else "sync"
+        )
+        for d in devices[1:]
+    }
     return devices, device_of, kinds
 
 
@@ -394,8 +447,13 @@ def _build_host(mod: tvm.IRModule, multi_device: bool) -> Any:
         return tvm.compile(mod, target="llvm")
 
 
-def compile(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None = None,
-            progress: Progress | None = None) -> Compiled:
+def compile(
+    hub: Hub,
+    mod: tvm.IRModule,
+    *,
+    placement: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+) -> Compiled:
     """Compile ``mod`` through the hub's plugins.
 
     Args:
@@ -419,12 +477,17 @@ def compile(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None 
     reports = {r.symbol: r for r in _report_partitions(part)}
     for symbol, why in misfits.items():
         reports[symbol].fallback = why
-    functions = {str(f.attrs["global_symbol"]): f for f in part.mod.functions.values()
-                 if isinstance(f, relax.Function) and f.attrs and "Codegen" in f.attrs}
+    functions = {
+        str(f.attrs["global_symbol"]): f
+        for f in part.mod.functions.values()
+        if isinstance(f, relax.Function) and f.attrs and "Codegen" in f.attrs
+    }
     modules: dict[str, Any] = {}
-    lowered_plan = MemoryPlan(pools=tuple(
-        PoolUse(p.device, p.scope, p.size_bytes, p.copy) for p in plan.pools),
-        host_bytes=plan.host_bytes, host_constants=plan.host_constants)
+    lowered_plan = MemoryPlan(
+        pools=tuple(PoolUse(p.device, p.scope, p.size_bytes, p.copy) for p in plan.pools),
+        host_bytes=plan.host_bytes,
+        host_constants=plan.host_constants,
+    )
     for name in order:
         for p in (p for p in part.partitions if p.accelerator == name):
             if p.symbol in misfits:
@@ -449,18 +512,33 @@ def compile(hub: Hub, mod: tvm.IRModule, *, placement: Mapping[str, str] | None 
     fallen = {s for s, r in reports.items() if r.fallback}
     part = to_host(part, fallen)
     with clock.stage("build"):
-        for acc in hub.accelerators:
-            codegen_stage.register_ext_codegen(acc)
-        with codegen_stage.serving(modules):
-            host = relax.transform.RunCodegen()(part.mod)
         devices, device_of, kinds = _devices(hub, part)
-        host, copies, weight_devices = place_on_devices(host, device_of, devices, kinds)
-        host = relax.transform.LambdaLift()(host)  # fallen-back composites are local functions
+        copies: list = []
+        weight_devices: list[int] = []
+        host = part.mod
+        if part.partitions:
+            for acc in hub.accelerators:
+                codegen_stage.register_ext_codegen(acc)
+            with codegen_stage.serving(modules):
+                host = relax.transform.RunCodegen()(host)
+            host, copies, weight_devices = place_on_devices(host, device_of, devices, kinds)
+        if fallen:
+            host = relax.transform.LambdaLift()(host)  # fallen-back composites are local
         executable = _build_host(host, multi_device=len(devices) > 1)
     used = [hub.accelerator(p.accelerator) for p in part.partitions]
     options = codegen_stage.export_options(used)
-    report = Report(list(part.operators), list(reports.values()), devices, copies, lowered_plan,
-                    clock.stages, clock.hooks, notes)
-    inputs = [(tuple(int(d) for d in type_of(p).shape.values), str(type_of(p).dtype))
-              for p in mod["main"].params]
+    report = Report(
+        list(part.operators),
+        list(reports.values()),
+        devices,
+        copies,
+        lowered_plan,
+        clock.stages,
+        clock.hooks,
+        notes,
+    )
+    inputs = [
+        (tuple(int(d) for d in type_of(p).shape.values), str(type_of(p).dtype))
+        for p in mod["main"].params
+    ]
     return Compiled(executable, devices, inputs, options, report, weight_devices)

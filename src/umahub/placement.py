@@ -28,7 +28,6 @@ import tvm
 from tvm import relax
 
 from umahub._tvm import name_of
-
 from umahub.accelerator import Accelerator
 from umahub.config import HOST, Pin, parse_pin
 from umahub.errors import CompileError
@@ -48,8 +47,11 @@ def annotate(mod: tvm.IRModule, placement: Mapping[str, str]) -> tvm.IRModule:
     for value in placement.values():
         parse_pin(value, "umahub.annotate")
     main = mod["main"]
-    old = dict(main.attrs[MODEL_PLACEMENT_ATTR]) if main.attrs and (
-        MODEL_PLACEMENT_ATTR in main.attrs) else {}
+    old = (
+        dict(main.attrs[MODEL_PLACEMENT_ATTR])
+        if main.attrs and (MODEL_PLACEMENT_ATTR in main.attrs)
+        else {}
+    )
     merged = {**{str(k): str(v) for k, v in old.items()}, **dict(placement)}
     new = mod.copy() if hasattr(mod, "copy") else tvm.IRModule(mod.functions, attrs=mod.attrs)
     new[mod.get_global_var("main")] = main.with_attr(MODEL_PLACEMENT_ATTR, merged)
@@ -61,8 +63,10 @@ def model_pins(mod: tvm.IRModule) -> dict[str, Pin]:
     main = mod["main"]
     if not main.attrs or MODEL_PLACEMENT_ATTR not in main.attrs:
         return {}
-    return {str(k): parse_pin(str(v), f"model attribute {MODEL_PLACEMENT_ATTR}")
-            for k, v in main.attrs[MODEL_PLACEMENT_ATTR].items()}
+    return {
+        str(k): parse_pin(str(v), f"model attribute {MODEL_PLACEMENT_ATTR}")
+        for k, v in main.attrs[MODEL_PLACEMENT_ATTR].items()
+    }
 
 
 def _op_names(op: str) -> tuple[str, ...]:
@@ -115,8 +119,9 @@ class PlannedPattern:
     check: Callable[[Any], bool] | None
     claims: bool  # False: the accelerator takes only what is pinned to it
 
-    def fusion_pattern(self, pins: Pins, accepted: list | None = None
-                       ) -> relax.transform.FusionPattern:
+    def fusion_pattern(
+        self, pins: Pins, accepted: list | None = None
+    ) -> relax.transform.FusionPattern:
         """The FusionPattern with a check that also enforces the pins.
 
         Every accepted match is appended to ``accepted`` as

@@ -79,8 +79,9 @@ class Report:
         """
         edges: dict[tuple[str, str], dict[str, Any]] = {}
         for c in (c for c in self.copies if c.when == when):
-            e = edges.setdefault((c.src, c.dst), {"src": c.src, "dst": c.dst, "count": 0,
-                                                  "bytes": 0, "kind": c.kind})
+            e = edges.setdefault(
+                (c.src, c.dst), {"src": c.src, "dst": c.dst, "count": 0, "bytes": 0, "kind": c.kind}
+            )
             e["count"] += 1
             e["bytes"] += c.bytes
         return list(edges.values())
@@ -130,27 +131,37 @@ class Report:
             lines.append("partitions:")
             for p in self.partitions:
                 state = f"FELL BACK to host: {p.fallback}" if p.fallback else p.device
-                lines.append(f"  {p.symbol}  [{state}]  {p.operators} op(s), "
-                             f"patterns {', '.join(p.patterns)}")
+                lines.append(
+                    f"  {p.symbol}  [{state}]  {p.operators} op(s), "
+                    f"patterns {', '.join(p.patterns)}"
+                )
                 for hook, plugins in p.hooks.items():
                     lines.append(f"      {hook}: {', '.join(plugins)}")
                 for said in p.schedule:
                     lines.append(f"      schedule: {said}")
-        for when, title in (("inference", "copies per inference:"),
-                            ("load", "weights copied once, at load:")):
+        for when, title in (
+            ("inference", "copies per inference:"),
+            ("load", "weights copied once, at load:"),
+        ):
             edges = self.copy_edges(when)
             if edges:
                 lines.append(title)
             for e in edges:
-                lines.append(f"  {e['src']} -> {e['dst']}: {e['count']} copies, "
-                             f"{e['bytes']} bytes, {e['kind']}")
+                lines.append(
+                    f"  {e['src']} -> {e['dst']}: {e['count']} copies, "
+                    f"{e['bytes']} bytes, {e['kind']}"
+                )
         if self.memory is not None:
             lines.append("memory:")
-            lines.append(f"  host: {self.memory.host_bytes} bytes planned "
-                         f"(+{self.memory.host_constants} bytes of constants)")
+            lines.append(
+                f"  host: {self.memory.host_bytes} bytes planned "
+                f"(+{self.memory.host_constants} bytes of constants)"
+            )
             for pool in self.memory.pools:
-                lines.append(f"  {pool.device} {pool.scope}: {pool.used} of {pool.size_bytes} "
-                             f"bytes used ({pool.resident} resident), {pool.free} free")
+                lines.append(
+                    f"  {pool.device} {pool.scope}: {pool.used} of {pool.size_bytes} "
+                    f"bytes used ({pool.resident} resident), {pool.free} free"
+                )
         if self.stages:
             total = sum(self.stages.values())
             parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.stages.items())

@@ -35,13 +35,13 @@ from typing import Any
 import tvm
 from tvm import s_tir, tirx
 
-__all__ = ["PIPELINE_NAME", "PHASES", "phased_pipeline", "use_phase_passes"]
+__all__ = ["PHASES", "PIPELINE_NAME", "phased_pipeline", "use_phase_passes"]
 
 PIPELINE_NAME = "umahub"
 PHASES = (0, 1, 2, 3)
 
-_PASSES: contextvars.ContextVar[dict[int, list[Any]]] = contextvars.ContextVar(
-    "umahub_phase_passes", default={}
+_PASSES: contextvars.ContextVar[dict[int, list[Any]] | None] = contextvars.ContextVar(
+    "umahub_phase_passes", default=None
 )
 
 
@@ -58,35 +58,61 @@ def _stretches(config: Any) -> list[list[Any]]:
     """The default s_tir passes, cut at the phase points (one list per phase)."""
     flag = lambda key: bool(config.get(key, False))  # noqa: E731
     lower_blocks = [
-        _p("CanonicalizeLoop"), _p("LowerCrossThreadReduction"), _p("LowerInitBlock"),
-        _p("PlanAndUpdateBufferAllocationLocation"), _p("ConvertBlocksToOpaque"),
-        _p("LiftThreadBinding"), _p("ManifestSharedMemoryLocalStage"),
-        _p("CompactBufferAllocation"), _p("LowerAutoCopy"), _p("UnifyThreadBinding"),
-        _p("LowerMatchBuffer"), _p("StmtSimplify"), _p("InjectPermutedLayout"),
-        _p("AnnotateIrregularLoop"), _p("InjectSoftwarePipeline"),
-        _p("TransformMmaBufferLayout"), _p("LowerOpaqueBlock"), _p("FlattenBuffer"),
+        _p("CanonicalizeLoop"),
+        _p("LowerCrossThreadReduction"),
+        _p("LowerInitBlock"),
+        _p("PlanAndUpdateBufferAllocationLocation"),
+        _p("ConvertBlocksToOpaque"),
+        _p("LiftThreadBinding"),
+        _p("ManifestSharedMemoryLocalStage"),
+        _p("CompactBufferAllocation"),
+        _p("LowerAutoCopy"),
+        _p("UnifyThreadBinding"),
+        _p("LowerMatchBuffer"),
+        _p("StmtSimplify"),
+        _p("InjectPermutedLayout"),
+        _p("AnnotateIrregularLoop"),
+        _p("InjectSoftwarePipeline"),
+        _p("TransformMmaBufferLayout"),
+        _p("LowerOpaqueBlock"),
+        _p("FlattenBuffer"),
     ]
     loops = [
-        _p("BF16ComputeLegalize"), _p("NarrowDataType", 32), _p("LoopPartition"),
-        _p("VectorizeLoop", not flag("tirx.disable_vectorize")), _p("InjectVirtualThread"),
+        _p("BF16ComputeLegalize"),
+        _p("NarrowDataType", 32),
+        _p("LoopPartition"),
+        _p("VectorizeLoop", not flag("tirx.disable_vectorize")),
+        _p("InjectVirtualThread"),
         _p("InjectDoubleBuffer"),
         None if flag("tirx.disable_storage_rewrite") else _p("StorageRewrite"),
         _p("LowerAsyncDMA") if flag("tirx.use_async_copy") else None,
-        _p("HoistIfThenElse"), _p("UnrollLoop"), _p("RenormalizeSplitPattern"),
-        _p("StmtSimplify"), _p("RemoveNoOp"), _p("RewriteUnsafeSelect"),
+        _p("HoistIfThenElse"),
+        _p("UnrollLoop"),
+        _p("RenormalizeSplitPattern"),
+        _p("StmtSimplify"),
+        _p("RemoveNoOp"),
+        _p("RewriteUnsafeSelect"),
         _p("InstrumentBoundCheckers") if flag("tirx.instrument_bound_checkers") else None,
         None if flag("tirx.disable_cse_tir") else _p("CommonSubexprElim"),
     ]
     verify = [
-        _p("FP8ComputeLegalize"), _p("VerifyVTCMLimit"), _p("LowerVtcmAlloc"),
-        _p("VerifyMemory"), _p("AnnotateEntryFunc"),
-        _p("ThreadSync", "shared"), _p("ThreadSync", "shared.dyn"), _p("ThreadSync", "warp"),
-        _p("InferFragment"), _p("LowerThreadAllreduce"),
-        _p("MergeSharedMemoryAllocations"), _p("SplitHostDevice"),
+        _p("FP8ComputeLegalize"),
+        _p("VerifyVTCMLimit"),
+        _p("LowerVtcmAlloc"),
+        _p("VerifyMemory"),
+        _p("AnnotateEntryFunc"),
+        _p("ThreadSync", "shared"),
+        _p("ThreadSync", "shared.dyn"),
+        _p("ThreadSync", "warp"),
+        _p("InferFragment"),
+        _p("LowerThreadAllreduce"),
+        _p("MergeSharedMemoryAllocations"),
+        _p("SplitHostDevice"),
     ]
     packed = [_p("MakePackedAPI"), _p("FP8StorageLegalize"), _p("BF16StorageLegalize")]
-    return [[p for p in stretch if p is not None]
-            for stretch in (lower_blocks, loops, verify, packed)]
+    return [
+        [p for p in stretch if p is not None] for stretch in (lower_blocks, loops, verify, packed)
+    ]
 
 
 def phased_pipeline(phase_passes: dict[int, Sequence[Any]]) -> tvm.transform.Pass:
@@ -107,7 +133,7 @@ def phased_pipeline(phase_passes: dict[int, Sequence[Any]]) -> tvm.transform.Pas
 def _factory() -> tuple[Any, Any, Any]:
     from tvm.s_tir.pipeline import finalize_device_passes, finalize_host_passes
 
-    return phased_pipeline(_PASSES.get()), finalize_host_passes, finalize_device_passes
+    return phased_pipeline(_PASSES.get() or {}), finalize_host_passes, finalize_device_passes
 
 
 tvm.tirx.compilation_pipeline.register_tir_pipeline(PIPELINE_NAME, _factory)

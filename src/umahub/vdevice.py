@@ -20,9 +20,20 @@ __all__ = ["DEVICE_TYPES", "VirtualDevice"]
 
 #: DLPack's device type numbers, by name.
 DEVICE_TYPES = {
-    "cpu": 1, "cuda": 2, "cuda_host": 3, "opencl": 4, "vulkan": 7, "metal": 8, "vpi": 9,
-    "rocm": 10, "rocm_host": 11, "ext_dev": 12, "cuda_managed": 13, "oneapi": 14,
-    "webgpu": 15, "hexagon": 16,
+    "cpu": 1,
+    "cuda": 2,
+    "cuda_host": 3,
+    "opencl": 4,
+    "vulkan": 7,
+    "metal": 8,
+    "vpi": 9,
+    "rocm": 10,
+    "rocm_host": 11,
+    "ext_dev": 12,
+    "cuda_managed": 13,
+    "oneapi": 14,
+    "webgpu": 15,
+    "hexagon": 16,
 }
 _DEVICE_NAMES = {v: k for k, v in DEVICE_TYPES.items()}
 
@@ -137,8 +148,11 @@ class VirtualDevice:
         return ", ".join(parts)
 
     def __str__(self) -> str:
-        dtype = "-" if self.device_type is None else _DEVICE_NAMES.get(
-            self.device_type, str(self.device_type))
+        dtype = (
+            "-"
+            if self.device_type is None
+            else _DEVICE_NAMES.get(self.device_type, str(self.device_type))
+        )
         vid = "-" if self.virtual_device_id is None else str(self.virtual_device_id)
         return f"({dtype},{vid},{self.target or '-'},{self.memory_scope or '-'})"
 
@@ -146,8 +160,11 @@ class VirtualDevice:
 def _make(device_type, virtual_device_id, target, memory_scope) -> VirtualDevice:
     # Fields are already canonical: skip re-parsing the target.
     vd = object.__new__(VirtualDevice)
-    for name, value in (("device_type", device_type), ("virtual_device_id", virtual_device_id),
-                        ("target", target), ("memory_scope", memory_scope)):
+    for name, value in (
+        ("device_type", device_type),
+        ("virtual_device_id", virtual_device_id),
+        ("target", target),
+        ("memory_scope", memory_scope),
+    ):
         object.__setattr__(vd, name, value)
     return vd
-

@@ -110,7 +110,9 @@ def test_plain_matmul_gets_accumulator_and_tiny_sram():
     "a_shape,b_shape", [((1, 2, 16, 8), (1, 2, 8, 16)), ((2, 16, 32), (2, 32, 8))]
 )
 def test_batched_matmul(a_shape, b_shape):
-    mod = primfunc_from_relax([("a", a_shape), ("b", b_shape)], lambda bb, a, b: relax.op.matmul(a, b))
+    mod = primfunc_from_relax(
+        [("a", a_shape), ("b", b_shape)], lambda bb, a, b: relax.op.matmul(a, b)
+    )
     a, b = f32(*a_shape), f32(*b_shape)
     ref = a.astype(np.float64) @ b
     name, got = schedule_and_run(mod, [a, b], ref.shape)
@@ -188,7 +190,9 @@ def test_conv2d_clip_epilogue():
         y = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w, padding=1)), b))
         return bb.emit(relax.op.clip(y, 0.0, 6.0))
 
-    mod = primfunc_from_relax([("x", (1, 8, 8, 8)), ("w", (16, 8, 3, 3)), ("b", (1, 16, 1, 1))], body)
+    mod = primfunc_from_relax(
+        [("x", (1, 8, 8, 8)), ("w", (16, 8, 3, 3)), ("b", (1, 16, 1, 1))], body
+    )
     x, w, b = f32(1, 8, 8, 8), f32(16, 8, 3, 3), f32(1, 16, 1, 1)
     ref = np.clip(_conv_nobias(x, w) + b, 0, 6)
     name, got = schedule_and_run(mod, [x, w, b], ref.shape)
@@ -226,8 +230,15 @@ def test_softmax_is_left_alone():
     [
         ([("x", (4, 8)), ("y", (4, 8))], lambda bb, x, y: relax.op.add(x, y)),
         ([("x", (4, 8))], lambda bb, x: relax.op.sum(x, axis=[1])),
-        ([("x", (2, 4, 8))], lambda bb, x: relax.op.nn.layer_norm(
-            x, relax.const(np.ones(8, np.float32)), relax.const(np.zeros(8, np.float32)), axes=[-1])),
+        (
+            [("x", (2, 4, 8))],
+            lambda bb, x: relax.op.nn.layer_norm(
+                x,
+                relax.const(np.ones(8, np.float32)),
+                relax.const(np.zeros(8, np.float32)),
+                axes=[-1],
+            ),
+        ),
     ],
 )
 def test_other_functions_return_none(inputs, body):

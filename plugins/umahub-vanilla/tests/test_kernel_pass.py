@@ -21,9 +21,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.script import relax as R
-
 from umahub_vanilla import passes
-
 
 # ------------------------------------------------------------------ helpers
 
@@ -131,9 +129,7 @@ def test_pass_rewrites_conv2d():
 
 
 def test_pass_keeps_epilogue_blocks():
-    mod = _primfunc_module(
-        _relax_conv((1, 3, 8, 8), (4, 3, 3, 3), bias=True, relu=True, padding=1)
-    )
+    mod = _primfunc_module(_relax_conv((1, 3, 8, 8), (4, 3, 3, 3), bias=True, relu=True, padding=1))
     func = passes.conv2d_to_extern()(mod)["vanilla_0"]
     names = _sblock_names(func)
     assert names[1] == "vanilla_conv2d_nchw"
@@ -183,7 +179,7 @@ def test_pass_leaves_other_functions_unchanged():
         with bb.dataflow():
             y = bb.emit_output(relax.op.nn.relu(relax.op.add(x, x)))
         bb.emit_func_output(y)
-    other = [f for f in _lower(bb.get()).functions.values() if isinstance(f, tirx.PrimFunc)][0]
+    other = next(f for f in _lower(bb.get()).functions.values() if isinstance(f, tirx.PrimFunc))
     mod = tvm.IRModule({"vanilla_0": conv["vanilla_0"], "host_0": other})
     out = passes.conv2d_to_extern()(mod)
     assert out["host_0"].same_as(other)

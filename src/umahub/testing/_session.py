@@ -200,12 +200,14 @@ class ConformanceSession:
         target = self.target(accelerator)
         if config:
             return umahub.Hub(
-                config=isolated_config(target.plugin, accelerator, **config), strict=True,
+                config=isolated_config(target.plugin, accelerator, **config),
+                strict=True,
                 project_config=False,
             )
         if accelerator not in self._hubs:
             self._hubs[accelerator] = umahub.Hub(
-                config=isolated_config(target.plugin, accelerator), strict=True,
+                config=isolated_config(target.plugin, accelerator),
+                strict=True,
                 project_config=False,
             )
         return self._hubs[accelerator]

@@ -13,8 +13,14 @@ CALLS = []
 
 @umahub.hookimpl
 def umahub_accelerators():
-    return [umahub.Accelerator("alpha_accel", codegen="llvm", instances=2,
-                               memory=[umahub.MemoryPool("alpha.mem", 1 << 20)])]
+    return [
+        umahub.Accelerator(
+            "alpha_accel",
+            codegen="llvm",
+            instances=2,
+            memory=[umahub.MemoryPool("alpha.mem", 1 << 20)],
+        )
+    ]
 
 
 @umahub.hookimpl

@@ -39,11 +39,15 @@ ELEMENTWISE = {
 @umahub.hookimpl
 def umahub_accelerators():
     """The DSP: two cores, each with its own 64 KiB TCM."""
-    return [umahub.Accelerator(
-        NAME, codegen="c", instances=2,
-        memory=[umahub.MemoryPool("dsp.tcm", TCM_BYTES, copy="sync")],
-        description="two-core DSP, elementwise operators, 64 KiB TCM per core",
-    )]
+    return [
+        umahub.Accelerator(
+            NAME,
+            codegen="c",
+            instances=2,
+            memory=[umahub.MemoryPool("dsp.tcm", TCM_BYTES, copy="sync")],
+            description="two-core DSP, elementwise operators, 64 KiB TCM per core",
+        )
+    ]
 
 
 def fits_tcm(ctx) -> bool:

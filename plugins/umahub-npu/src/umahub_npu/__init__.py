@@ -34,13 +34,18 @@ ACTIVATIONS = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.cl
 @umahub.hookimpl
 def umahub_accelerators():
     """The npu: DRAM for tensors, a 256 KiB scratchpad for tiles, DMA copies."""
-    return [umahub.Accelerator(
-        NAME, codegen="llvm",
-        memory=[umahub.MemoryPool("npu.dram", DRAM_BYTES, copy="async"),
-                umahub.MemoryPool("npu.sram", SRAM_BYTES, copy="async")],
-        description="matrix engine with a 256 KiB scratchpad: matmul and conv2d",
-        merge=False,  # its schedules take one matmul or conv2d (with epilogue) at a time
-    )]
+    return [
+        umahub.Accelerator(
+            NAME,
+            codegen="llvm",
+            memory=[
+                umahub.MemoryPool("npu.dram", DRAM_BYTES, copy="async"),
+                umahub.MemoryPool("npu.sram", SRAM_BYTES, copy="async"),
+            ],
+            description="matrix engine with a 256 KiB scratchpad: matmul and conv2d",
+            merge=False,  # its schedules take one matmul or conv2d (with epilogue) at a time
+        )
+    ]
 
 
 def _float32_static(ctx) -> bool:
@@ -93,8 +98,10 @@ def umahub_patterns(accelerator):
     from tvm.relax.dpl import is_op, wildcard
 
     def activated(producer):
-        alternatives = [is_op(name)(producer, *([wildcard()] * (2 if name == "relax.clip" else 0)))
-                        for name in ACTIVATIONS]
+        alternatives = [
+            is_op(name)(producer, *([wildcard()] * (2 if name == "relax.clip" else 0)))
+            for name in ACTIVATIONS
+        ]
         pattern = alternatives[0]
         for alternative in alternatives[1:]:
             pattern = pattern | alternative
@@ -102,10 +109,12 @@ def umahub_patterns(accelerator):
 
     def with_epilogues(kind, op, check):
         bias = is_op("relax.add")(op, wildcard()) | is_op("relax.add")(wildcard(), op)
-        return [(f"{NAME}.{kind}_bias_act", activated(bias), {}, check),
-                (f"{NAME}.{kind}_bias", bias, {}, check),
-                (f"{NAME}.{kind}_act", activated(op), {}, check),
-                (f"{NAME}.{kind}", op, {}, check)]
+        return [
+            (f"{NAME}.{kind}_bias_act", activated(bias), {}, check),
+            (f"{NAME}.{kind}_bias", bias, {}, check),
+            (f"{NAME}.{kind}_act", activated(op), {}, check),
+            (f"{NAME}.{kind}", op, {}, check),
+        ]
 
     matmul = is_op("relax.matmul")(wildcard(), wildcard())
     conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
@@ -121,8 +130,11 @@ def umahub_schedule(accelerator, schedule, context):
 
     sram = next(p.size_bytes for p in accelerator.memory if p.scope == "npu.sram")
     strategy = npu_schedule(schedule, sram_bytes=sram)
-    return f"{strategy}: tiles fit npu.sram ({sram // 1024} KiB)" if strategy != "none" else (
-        "not recognised: left unscheduled")
+    return (
+        f"{strategy}: tiles fit npu.sram ({sram // 1024} KiB)"
+        if strategy != "none"
+        else ("not recognised: left unscheduled")
+    )
 
 
 @umahub.hookimpl
@@ -134,5 +146,6 @@ def umahub_codegen(accelerator, module, context):
 
     from umahub_npu.schedules import recommended_target
 
-    return tvm.tirx.build(module, target=tvm.target.Target(recommended_target()),
-                          pipeline=context.tir_pipeline)
+    return tvm.tirx.build(
+        module, target=tvm.target.Target(recommended_target()), pipeline=context.tir_pipeline
+    )

@@ -48,8 +48,9 @@ matmul, per (batch, i-tile, j-tile) task::
   (and transposed when B is stored ``[.., j, k]``), the accumulator is the C
   tile (``cache_write`` when the matmul writes the output itself), the
   epilogue is ``reverse_compute_at`` the (i, j) tile, loop order
-  ``[batch,i0,j0] (parallel) k0 | pack B | i1 j1 k1 i2 (unroll) j2 (vector)``.  With the default 256 KiB, 128x768 @ 768x3072 gives
-  ti=32, tj=256, tk=192: 24 KiB + 192 KiB + 32 KiB = 248 KiB.
+  ``[batch,i0,j0] (parallel) k0 | pack B | i1 j1 k1 i2 (unroll) j2 (vector)``.
+  With the default 256 KiB, 128x768 @ 768x3072 gives ti=32, tj=256, tk=192:
+  24 KiB + 192 KiB + 32 KiB = 248 KiB.
 
 conv2d (NCHW) is scheduled as an implicit GEMM: rows = output positions
 p = (y, x) (P = OH*OW), columns = output channels f, reduction = (c, kh, kw);
@@ -90,7 +91,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-__all__ = ["schedule", "recommended_target", "vector_lanes", "plan"]
+__all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
 
 log = logging.getLogger("umahub_npu.schedules")
 
@@ -191,7 +192,9 @@ def _uses(e, var) -> bool:
 def _func_name(sch: s_tir.Schedule) -> str:
     gv = sch.func_working_on
     if gv is None:
-        names = [gv.name_hint for gv, f in sch.mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+        names = [
+            gv.name_hint for gv, f in sch.mod.functions.items() if isinstance(f, tirx.PrimFunc)
+        ]
         if len(names) != 1:
             raise ValueError(f"expected one PrimFunc, found {names}")
         sch.work_on(names[0])
@@ -467,8 +470,10 @@ def _vectorize_inner(sch: s_tir.Schedule, loop, extent: int, lanes: int):
     if extent <= 2 * lanes:
         sch.vectorize(loop)
         return
-    width = lanes if extent % lanes == 0 else next(
-        (d for d in range(2 * lanes, 0, -1) if extent % d == 0), 1
+    width = (
+        lanes
+        if extent % lanes == 0
+        else next((d for d in range(2 * lanes, 0, -1) if extent % d == 0), 1)
     )
     if width > 1:
         _, inner = sch.split(loop, [None, width])
@@ -585,7 +590,8 @@ def _schedule_conv2d(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lane
     w_index = next(
         i
         for i, r in enumerate(sch.get(red).reads)
-        if len(r.region) == 4 and not _buf(r).same_as(sch.get(red).writes[0].source)
+        if len(r.region) == 4
+        and not _buf(r).same_as(sch.get(red).writes[0].source)
         and str(_buf(r).name) != str(_data_buffer_name(sch, p))
     )
     wp = sch.cache_read(red, w_index, "global")
@@ -626,9 +632,13 @@ def _schedule_depthwise(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, l
     red, out, rest = _accumulator_and_epilogue(sch, p)
     e = p.extents
     OH, OW = e["OH"], e["OW"]
-    xr = OW if OW <= 2 * lanes else max(
-        [d for d in _divisors(OW) if d <= 2 * lanes and d % lanes == 0]
-        or [d for d in _divisors(OW) if d <= 2 * lanes]
+    xr = (
+        OW
+        if OW <= 2 * lanes
+        else max(
+            [d for d in _divisors(OW) if d <= 2 * lanes and d % lanes == 0]
+            or [d for d in _divisors(OW) if d <= 2 * lanes]
+        )
     )
     yr = next(d for d in (4, 2, 1) if OH % d == 0 and d * math.ceil(xr / lanes) <= 8)
     # rows per task: the tile (input rows + output rows of one channel) is tiny

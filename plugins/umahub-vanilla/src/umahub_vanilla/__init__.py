@@ -19,7 +19,6 @@ exported model.
 from __future__ import annotations
 
 import umahub
-
 from umahub_vanilla.library import C_INCLUDES, C_SOURCES, INCLUDE_DIRS
 
 UMAHUB_API = 1
@@ -30,12 +29,17 @@ NAME = "vanilla_accel"
 @umahub.hookimpl
 def umahub_accelerators():
     """The vanilla accelerator, with its kernel library."""
-    return [umahub.Accelerator(
-        NAME, codegen="c",
-        memory=[umahub.MemoryPool("vanilla.mem", 8 * 1024 * 1024, copy="sync")],
-        c_includes=C_INCLUDES, c_sources=C_SOURCES, include_dirs=INCLUDE_DIRS,
-        description="UMA's vanilla accelerator: conv2d through a C kernel library",
-    )]
+    return [
+        umahub.Accelerator(
+            NAME,
+            codegen="c",
+            memory=[umahub.MemoryPool("vanilla.mem", 8 * 1024 * 1024, copy="sync")],
+            c_includes=C_INCLUDES,
+            c_sources=C_SOURCES,
+            include_dirs=INCLUDE_DIRS,
+            description="UMA's vanilla accelerator: conv2d through a C kernel library",
+        )
+    ]
 
 
 def supported_conv2d(ctx) -> bool:

@@ -31,24 +31,23 @@ the kernel's header is written to agree with that prototype.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import tvm
 from tvm import s_tir, tirx
 from tvm.sym.pattern import detect_linear_equation
 
 __all__ = [
-    "EXTERN_NAME",
-    "KERNEL_DIR",
-    "C_SOURCES",
-    "INCLUDE_DIRS",
     "C_INCLUDES",
+    "C_SOURCES",
+    "EXTERN_NAME",
+    "INCLUDE_DIRS",
+    "KERNEL_DIR",
     "ConvMatch",
-    "match_conv2d",
     "conv2d_to_extern",
+    "match_conv2d",
 ]
 
-from umahub_vanilla.library import (  # noqa: E402 - re-exported
+from umahub_vanilla.library import (
     C_INCLUDES,
     C_SOURCES,
     EXTERN_NAME,
@@ -204,7 +203,9 @@ def _interval_of(cond, ivars, extents):
         if isinstance(b, tirx.Var) and not isinstance(a, tirx.Var):
             a, b = b, a
             op = {tirx.LE: tirx.GE, tirx.LT: tirx.GT, tirx.GE: tirx.LE, tirx.GT: tirx.LT}[op]
-        idx = next((i for i, v in enumerate(ivars) if isinstance(a, tirx.Var) and a.same_as(v)), None)
+        idx = next(
+            (i for i, v in enumerate(ivars) if isinstance(a, tirx.Var) and a.same_as(v)), None
+        )
         if idx is None:
             raise _NoMatch(f"padding condition on an unknown variable: {cj}")
         c = _int(b)
@@ -419,9 +420,9 @@ def match_conv2d(func) -> list[ConvMatch]:
             if X.same_as(out) or Wt.same_as(out):
                 raise _NoMatch("output aliases an input")
             # the kernel derives the output size from these numbers
-            if (h + pt + pb - d["r"]) // d["sh"] + 1 != d["oh"] or (
-                w + pl + pr - d["s"]
-            ) // d["sw"] + 1 != d["ow"]:
+            if (h + pt + pb - d["r"]) // d["sh"] + 1 != d["oh"] or (w + pl + pr - d["s"]) // d[
+                "sw"
+            ] + 1 != d["ow"]:
                 raise _NoMatch("output size does not follow from shape/padding/stride")
             if h + pt + pb < d["r"] or w + pl + pr < d["s"]:
                 raise _NoMatch("kernel larger than the padded input")
@@ -429,12 +430,26 @@ def match_conv2d(func) -> list[ConvMatch]:
                 raise _NoMatch("sizes exceed int32")
             matches.append(
                 ConvMatch(
-                    conv_index=i, pad_index=pad_index, pad_buffer=pad_buf,
-                    data=X, weight=Wt, out=out,
-                    n=n, c=c, h=h, w=w, k=d["k"], r=d["r"], s=d["s"],
-                    pad_top=pt, pad_left=pl, pad_bottom=pb, pad_right=pr,
-                    stride_h=d["sh"], stride_w=d["sw"],
-                )  # fmt: skip
+                    conv_index=i,
+                    pad_index=pad_index,
+                    pad_buffer=pad_buf,
+                    data=X,
+                    weight=Wt,
+                    out=out,
+                    n=n,
+                    c=c,
+                    h=h,
+                    w=w,
+                    k=d["k"],
+                    r=d["r"],
+                    s=d["s"],
+                    pad_top=pt,
+                    pad_left=pl,
+                    pad_bottom=pb,
+                    pad_right=pr,
+                    stride_h=d["sh"],
+                    stride_w=d["sw"],
+                )
             )
         except _NoMatch:
             continue
