@@ -11,6 +11,8 @@ it (``R.call_dps_packed``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import tvm
 from tvm import relax
 
@@ -20,15 +22,17 @@ from umahub.partition import node_name
 
 __all__ = ["default_relax_to_tir", "single_primfunc"]
 
-_PREPARE = tvm.transform.Sequential(
-    [
-        relax.transform.LambdaLift(),  # composites are local functions: lift, then inline
-        relax.transform.InlinePrivateFunctions(),
-        relax.transform.ConvertToDataflow(),
-        relax.transform.LegalizeOps(),
-        relax.transform.DeadCodeElimination(),
-    ]
-)
+
+def _prepare(legalize: Mapping[str, Callable] | None) -> tvm.transform.Pass:
+    return tvm.transform.Sequential(
+        [
+            relax.transform.LambdaLift(),  # composites are local functions: lift, then inline
+            relax.transform.InlinePrivateFunctions(),
+            relax.transform.ConvertToDataflow(),
+            relax.transform.LegalizeOps(dict(legalize) if legalize else None),
+            relax.transform.DeadCodeElimination(),
+        ]
+    )
 
 
 def _unlowered(func: relax.Function) -> list[tuple[str, str]]:
@@ -46,14 +50,24 @@ def _unlowered(func: relax.Function) -> list[tuple[str, str]]:
     return left
 
 
-def default_relax_to_tir(function: relax.Function, symbol: str, accelerator: str) -> tvm.IRModule:
+def default_relax_to_tir(
+    function: relax.Function,
+    symbol: str,
+    accelerator: str,
+    legalize: Mapping[str, Callable] | None = None,
+) -> tvm.IRModule:
     """Lower a partition function to an IRModule holding one PrimFunc named ``symbol``.
+
+    ``legalize`` maps op names to legalization functions ``f(bb, call) -> Expr``
+    that replace TVM's for this partition (``LegalizeOps``'s
+    ``customize_legalize_map``): how a plugin's ``umahub_relax_to_tir`` can
+    change how one operator becomes TIR and keep the rest of the default.
 
     Raises:
         UnsupportedOperatorError: an operator has no TIR legalization.
     """
     body = function.without_attr("Codegen").with_attr("global_symbol", "main")
-    mod = _PREPARE(tvm.IRModule({"main": body}))
+    mod = _prepare(legalize)(tvm.IRModule({"main": body}))
     main = mod["main"]
     left = _unlowered(main)
     if left:
