@@ -90,3 +90,27 @@ def test_report_carries_the_data_edges_and_flops(cnn_across_three):
     assert ops["conv2"].flops == 2 * 8 * 16 * 16 * 8 * 3 * 3
     assert ops["fc"].flops == 2 * 10 * 2048
     assert ops["conv1_relu"].flops == 8 * 16 * 16
+
+
+def test_npu_lowers_gelu_with_its_own_erf_and_matches_the_host():
+    from graphs import reference
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((16, 32), "float32"))
+    w = relax.const(rng.standard_normal((32, 64)).astype("float32"))
+    b = relax.const(rng.standard_normal((64,)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.add(relax.op.matmul(x, w), b), "dense")
+            out = bb.emit_output(relax.op.nn.gelu(h), "gelu")
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
+    (partition,) = compiled.report.partitions
+    assert partition.hooks["umahub_relax_to_tir"] == ["npu"]
+    xs = [rng.standard_normal((16, 32)).astype("float32")]
+    np.testing.assert_allclose(compiled.run(*xs), reference(mod, xs), rtol=1e-5, atol=1e-5)
