@@ -67,7 +67,8 @@ def umahub_patterns(accelerator):
 
     patterns = []
     for what, op in ELEMENTWISE.items():
-        arity = 2 if what in ("add", "subtract", "multiply") else 1
+        # clip(x, min, max) carries its bounds as arguments
+        arity = {"add": 2, "subtract": 2, "multiply": 2, "clip": 3}.get(what, 1)
         pattern = is_op(op)(*[wildcard() for _ in range(arity)])
         patterns.append((f"{NAME}.{what}", pattern, {}, fits_tcm))
     return patterns

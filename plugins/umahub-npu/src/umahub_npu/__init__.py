@@ -101,8 +101,10 @@ def umahub_patterns(accelerator):
     from tvm.relax.dpl import is_op, wildcard
 
     def activated(producer):
+        # Fresh wildcards per argument: one pattern object used twice would
+        # require both arguments to be the same expression.
         alternatives = [
-            is_op(name)(producer, *([wildcard()] * (2 if name == "relax.clip" else 0)))
+            is_op(name)(producer, *[wildcard() for _ in range(2 if name == "relax.clip" else 0)])
             for name in ACTIVATIONS
         ]
         pattern = alternatives[0]
