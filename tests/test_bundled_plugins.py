@@ -50,6 +50,11 @@ def test_each_plugin_did_its_part(cnn_across_three):
     assert by_accel["dsp_cpu"].schedule == ["vectorized 1 block(s) by 8 lanes"]
     npu = by_accel["npu"]
     assert npu.hooks == {"umahub_schedule": ["npu"], "umahub_codegen": ["npu"]}
+    devices = cnn_across_three.devices
+    assert devices == ["host", "npu:0", "vanilla_accel:0", "dsp_cpu:0"]
+    # (device type, runtime device index, target, memory scope) of each partition
+    assert npu.virtual_device == "(cpu,1,llvm,npu.dram)"
+    assert by_accel["vanilla_accel"].virtual_device == "(cpu,2,c,vanilla.mem)"
 
 
 def test_changing_priority_changes_placement():

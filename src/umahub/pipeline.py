@@ -406,6 +406,7 @@ def _explain(
     with clock.stage("copies"):
         devices, device_of, kinds = _devices(hub, part)
         _, copies, _ = place_on_devices(part.mod, device_of, devices, kinds)
+    _virtual_devices(hub, reports, devices)
     return Report(
         list(part.operators),
         reports,
@@ -417,6 +418,18 @@ def _explain(
         notes,
         built=False,
     )
+
+
+def _virtual_devices(hub: Hub, reports: Any, devices: list[str]) -> None:
+    """Write each placed partition's :class:`umahub.VirtualDevice` into its report."""
+    from umahub.vdevice import VirtualDevice
+
+    for r in reports:
+        if r.fallback or r.device not in devices:
+            continue
+        acc = hub.accelerator(r.accelerator)
+        scope = acc.pool.scope if acc.pool else None
+        r.virtual_device = str(VirtualDevice("cpu", devices.index(r.device), acc.codegen, scope))
 
 
 def _devices(hub: Hub, part: Partitioned) -> tuple[list[str], dict[str, str], dict[str, str]]:
@@ -527,6 +540,7 @@ def compile(
         executable = _build_host(host, multi_device=len(devices) > 1)
     used = [hub.accelerator(p.accelerator) for p in part.partitions]
     options = codegen_stage.export_options(used)
+    _virtual_devices(hub, reports.values(), devices)
     report = Report(
         list(part.operators),
         list(reports.values()),

@@ -33,6 +33,7 @@ class PartitionReport:
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     schedule: list[str] = field(default_factory=list)  # what schedule hooks said they did
     fallback: str = ""  # why it went back to the host
+    virtual_device: str = ""  # (device type, runtime device index, target, memory scope)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -130,7 +131,8 @@ class Report:
         if self.partitions:
             lines.append("partitions:")
             for p in self.partitions:
-                state = f"FELL BACK to host: {p.fallback}" if p.fallback else p.device
+                state = (f"FELL BACK to host: {p.fallback}" if p.fallback
+                         else f"{p.device} {p.virtual_device}".strip())
                 lines.append(
                     f"  {p.symbol}  [{state}]  {p.operators} op(s), "
                     f"patterns {', '.join(p.patterns)}"

@@ -154,7 +154,18 @@ class VirtualDevice:
             else _DEVICE_NAMES.get(self.device_type, str(self.device_type))
         )
         vid = "-" if self.virtual_device_id is None else str(self.virtual_device_id)
-        return f"({dtype},{vid},{self.target or '-'},{self.memory_scope or '-'})"
+        return f"({dtype},{vid},{_target_kind(self.target)},{self.memory_scope or '-'})"
+
+
+def _target_kind(target: str | None) -> str:
+    """The target's kind for display (``"llvm"``), whatever TVM's canonical form."""
+    if target is None:
+        return "-"
+    if target.startswith("{"):
+        import json
+
+        return str(json.loads(target).get("kind", target))
+    return target.split()[0]
 
 
 def _make(device_type, virtual_device_id, target, memory_scope) -> VirtualDevice:
