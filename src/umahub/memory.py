@@ -21,11 +21,20 @@ the pool's size.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["MemoryPlan", "Need", "PoolUse", "tensor_bytes"]
+
+
+@functools.lru_cache(maxsize=64)
+def _element_bytes(dtype: str) -> int:
+    import tvm
+
+    data_type = tvm.DataType(dtype)
+    return (data_type.bits * data_type.lanes + 7) // 8
 
 
 def tensor_bytes(struct_info: Any) -> int:
@@ -41,13 +50,11 @@ def tensor_bytes(struct_info: Any) -> int:
         return 0
     count = 1
     for dim in shape:
-        if not hasattr(dim, "value"):
+        value = getattr(dim, "value", None)
+        if value is None:
             return 0
-        count *= int(dim.value)
-    import tvm
-
-    dtype = tvm.DataType(struct_info.dtype)
-    return count * ((dtype.bits * dtype.lanes + 7) // 8)
+        count *= int(value)
+    return count * _element_bytes(str(struct_info.dtype))
 
 
 @dataclass(frozen=True)

@@ -110,24 +110,26 @@ def _pinned_device(func: relax.Function, pattern: str, pins: Pins, accel: str) -
 
 
 def _tag_composites(
-    mod: tvm.IRModule, pins: Pins, accelerators: Mapping[str, Accelerator]
+    mod: tvm.IRModule, pins: Pins, accelerators: Mapping[str, Accelerator], merging: bool
 ) -> tvm.IRModule:
-    """Prepare the composites for merging.
+    """Tag the composites' accelerator prefix where partitions must stay apart.
 
     MergeCompositeFunctions groups composites by the accelerator prefix of
-    their Composite name. The prefix is tagged so that merging keeps apart
-    what must stay apart: composites pinned to different instances, and every
-    composite of an accelerator that does not merge (``Accelerator.merge``).
+    their Composite name (and the prefix becomes the partition's Codegen). The
+    prefix is tagged for composites pinned to an instance (so that merging keeps
+    instances apart, and the partition knows its instance) and, when merging
+    runs, for every composite of an accelerator that does not merge
+    (``Accelerator.merge``).
     """
     updates = {}
     for index, (name, func) in enumerate(sorted(_composites(mod).items())):
         pattern = str(func.attrs["Composite"])
         accel, _, what = pattern.partition(".")
-        instance = _pinned_device(func, pattern, pins, accel)
+        instance = _pinned_device(func, pattern, pins, accel) if pins else None
         tag = ""
         if instance is not None:
             tag += f"i{instance}"
-        if not accelerators[accel].merge:
+        if merging and not accelerators[accel].merge:
             tag += f"m{index}"
         if tag:
             updates[mod.get_global_var(name)] = func.with_attr(
@@ -430,86 +432,65 @@ def partition(
             patterns, bind_constants=False, annotate_codegen=False
         )(mod)
         mod = _one_composite_per_call(mod, accepted, position)
-        mod = _tag_composites(mod, pins, accelerators)
-        if any(p.accelerator.merge for p in planned):
+        merging = any(p.accelerator.merge for p in planned)
+        mod = _tag_composites(mod, pins, accelerators, merging)
+        if merging:
             mod = relax.transform.MergeCompositeFunctions()(mod)
         else:  # TVM's merge pass grows quadratically with the model: skip it when unused
             mod = _wrap_each(mod)
-    funcs = dict(mod.functions)
-    order: list[relax.GlobalVar] = []
-    for block in mod["main"].body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
-                f = mod[value.op]
-                if isinstance(f, relax.Function) and f.attrs and "Codegen" in f.attrs:
-                    if value.op not in order:
-                        order.append(value.op)
-    next_instance: dict[str, int] = {}
-    placed: dict[str, tuple[str, str, int]] = {}  # gv name -> symbol, accelerator, instance
-    for gv in order:
-        func = mod[gv]
-        accel_name, instance = _untag(str(func.attrs["Codegen"]))
-        if instance is None:
-            count = accelerators[accel_name].instances
-            instance = next_instance.get(accel_name, 0) % count
-            next_instance[accel_name] = instance + 1
-        rows, _ = _walk(func, mod)
-        symbol = _symbol(accel_name, len(placed), [r.op for r in rows])
-        funcs[gv] = _strip_tags(func).with_attr("global_symbol", symbol)
-        placed[name_of(gv)] = (symbol, accel_name, instance)
-    mod = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
 
     def operator(row: _Row, device: str = "host", symbol: str = "") -> Operator:
         hit = pins.resolve(row.node, row.op, row.pattern)
+        pinned = hit[0] if hit else ""
         return Operator(
-            row.node,
-            row.op,
-            device,
-            row.pattern,
-            symbol,
-            hit[0] if hit else "",
-            row.inputs,
-            row.flops,
+            row.node, row.op, device, row.pattern, symbol, pinned, row.inputs, row.flops
         )
 
+    # One walk over main, in model order: partitions get their instance (pinned,
+    # else round robin) and their symbol as they are met.
+    next_instance: dict[str, int] = {}
+    placed: dict[str, Partition] = {}  # partition function name -> partition
+    renamed: dict = {}
     operators: list[Operator] = []
-    by_partition: dict[str, list[Operator]] = {}
     env: dict = {}
     for block in mod["main"].body.blocks:
         for binding in block.bindings:
             value = binding.value
-            if (
-                isinstance(value, relax.Call)
-                and isinstance(value.op, relax.GlobalVar)
-                and name_of(value.op) in placed
-            ):
-                symbol, accel_name, instance = placed[name_of(value.op)]
-                inner = {p: _producers(a, env) for p, a in zip(mod[value.op].params, value.args)}
-                rows, out = _walk(mod[value.op], mod, "", inner)
+            func = None
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                func = mod[value.op]
+            if isinstance(func, relax.Function) and func.attrs and "Codegen" in func.attrs:
+                accel_name, instance = _untag(str(func.attrs["Codegen"]))
+                if instance is None:
+                    instance = next_instance.get(accel_name, 0) % accelerators[accel_name].instances
+                    next_instance[accel_name] = instance + 1
+                inner = {p: _producers(a, env) for p, a in zip(func.params, value.args)}
+                rows, out = _walk(func, mod, "", inner)
+                symbol = _symbol(accel_name, len(placed), [r.op for r in rows])
                 ops = [operator(r, f"{accel_name}:{instance}", symbol) for r in rows]
-                by_partition[symbol] = ops
+                placed[name_of(value.op)] = Partition(
+                    symbol,
+                    accel_name,
+                    instance,
+                    tuple(dict.fromkeys(o.pattern for o in ops)),
+                    tuple(ops),
+                )
+                if _TAG in str(func.attrs["Codegen"]):
+                    func = _strip_tags(func)
+                renamed[value.op] = func.with_attr("global_symbol", symbol)
                 operators.extend(ops)
                 env[binding.var] = out
             elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                 name = node_name(binding)
-                operators.append(
-                    operator(_Row(name, value.op.name, "", _producers(value, env), _flops(value)))
-                )
+                row = _Row(name, value.op.name, "", _producers(value, env), _flops(value))
+                operators.append(operator(row))
                 env[binding.var] = (name,)
             else:
                 env[binding.var] = _producers(value, env)
-    partitions = {
-        symbol: Partition(
-            symbol,
-            accel,
-            instance,
-            tuple(dict.fromkeys(o.pattern for o in by_partition[symbol])),
-            tuple(by_partition[symbol]),
-        )
-        for symbol, accel, instance in placed.values()
-    }
-    return Partitioned(mod, tuple(partitions.values()), tuple(operators))
+    funcs = dict(mod.functions)
+    funcs.update(renamed)
+    mod = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
+    return Partitioned(mod, tuple(placed.values()), tuple(operators))
 
 
 def to_host(part: Partitioned, symbols: set[str]) -> Partitioned:

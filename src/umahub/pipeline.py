@@ -230,12 +230,8 @@ def _host_plan(part: Partitioned) -> tuple[int, int]:
     for i, b in enumerate(bindings):
         live[b.var] = tensor_bytes(type_of(b.var))
 
-        def count(expr: Any) -> None:
-            nonlocal constants
-            if isinstance(expr, Constant):
-                constants += tensor_bytes(type_of(expr))
-
-        relax.analysis.post_order_visit(b.value, count)
+        args = b.value.args if isinstance(b.value, relax.Call) else ()
+        constants += sum(tensor_bytes(type_of(a)) for a in args if isinstance(a, Constant))
         peak = max(peak, sum(live.values()))
         live = {v: s for v, s in live.items() if last_use.get(v, -1) > i}
     return peak, constants
