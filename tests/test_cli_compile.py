@@ -1,4 +1,4 @@
-"""``umahub compile``, ``run`` and ``explain`` as a user runs them, on zoo, TVMScript and ONNX models."""
+"""``umahub compile``, ``run`` and ``explain`` as a user runs them: zoo, TVMScript, ONNX."""
 
 from __future__ import annotations
 
@@ -15,8 +15,13 @@ import umahub.models as zoo
 
 
 def umahub_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "umahub", *args], capture_output=True,
-                          text=True, cwd=cwd, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "umahub", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -41,7 +46,8 @@ def test_compile_then_run_a_zoo_model(project):
 
 
 def test_explain_a_tvmscript_file_and_draw_it(project):
-    (project / "model.py").write_text(textwrap.dedent('''
+    (project / "model.py").write_text(
+        textwrap.dedent("""
         import tvm
         from tvm.script import relax as R
 
@@ -54,7 +60,8 @@ def test_explain_a_tvmscript_file_and_draw_it(project):
                     b = R.sigmoid(a)
                     R.output(b)
                 return b
-    '''))
+    """)
+    )
     result = umahub_cli("explain", "model.py", "--out", "graph.html", cwd=project)
     assert result.returncode == 0, result.stderr
     assert "  a     relax.nn.relu  alpha_accel:0  alpha_accel.relu" in result.stdout
@@ -66,7 +73,8 @@ def test_unknown_model_is_one_clear_line(project):
     assert result.returncode == 2
     assert result.stderr.strip().endswith(
         "umahub: error: unknown model 'resnet' (did you mean 'resnet18'?); known: bert, bert2, "
-        "cnn, mlp, mobilenetv2, resnet18; or give a .py (TVMScript) or .onnx file")
+        "cnn, mlp, mobilenetv2, resnet18; or give a .py (TVMScript) or .onnx file"
+    )
 
 
 def test_compile_an_onnx_model(project):
@@ -76,16 +84,21 @@ def test_compile_an_onnx_model(project):
     w = np.random.default_rng(0).standard_normal((8, 4)).astype("float32")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
-        "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-        initializer=[numpy_helper.from_array(w, "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
-              project / "tiny.onnx")
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), project / "tiny.onnx"
+    )
     result = umahub_cli("compile", "tiny.onnx", "-o", "tiny.so", cwd=project)
     assert result.returncode == 0, result.stderr
     x = np.random.default_rng(1).standard_normal((2, 8)).astype("float32")
     np.savez(project / "x.npz", x)
-    assert umahub_cli("run", "tiny.so", "--inputs", "x.npz", "-o", "y.npz",
-                      cwd=project).returncode == 0
+    assert (
+        umahub_cli("run", "tiny.so", "--inputs", "x.npz", "-o", "y.npz", cwd=project).returncode
+        == 0
+    )
     with np.load(project / "y.npz") as y:
         np.testing.assert_allclose(y["arr_0"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)

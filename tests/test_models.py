@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 
 import umahub.models as zoo
+from umahub._tvm import ret_type, type_of  # .ty/.ret_ty (0.26, 0.27) or struct info (0.25)
 from umahub.errors import UnknownModelError
 
 SMALL = ["mlp", "cnn"]
@@ -96,12 +97,12 @@ def test_every_lookup_refuses_an_unknown_name(lookup):
 def test_main_takes_only_the_model_inputs_and_returns_the_declared_output(name):
     main = zoo.get(name)["main"]
     meta = zoo.info(name)
-    assert [tuple(int(d) for d in p.ty.shape) for p in main.params] == [
+    assert [tuple(int(d) for d in type_of(p).shape) for p in main.params] == [
         t.shape for t in meta.inputs
     ]
-    assert [p.ty.dtype for p in main.params] == ["float32"] * len(meta.inputs)
-    assert tuple(int(d) for d in main.ret_ty.shape) == meta.output.shape
-    assert main.ret_ty.dtype == meta.output.dtype
+    assert [type_of(p).dtype for p in main.params] == ["float32"] * len(meta.inputs)
+    assert tuple(int(d) for d in ret_type(main).shape) == meta.output.shape
+    assert ret_type(main).dtype == meta.output.dtype
     assert [a.shape for a in zoo.inputs(name)] == [t.shape for t in meta.inputs]
     assert all(a.dtype == np.float32 for a in zoo.inputs(name))
 

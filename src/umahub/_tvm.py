@@ -1,8 +1,15 @@
 """The few TVM names that moved between apache-tvm 0.25, 0.26 and 0.27, in one place.
 
 TVM 0.26/0.27 renamed Relax's ``StructInfo`` to ``Type`` (``TensorStructInfo`` ->
-``TensorType``, ``expr.struct_info`` -> ``expr.ty``) and moved ``Var``,
-``Constant`` and ``VDevice``; umahub code asks here instead of guessing.
+``TensorType``, ``expr.struct_info`` -> ``expr.ty``, ``out_sinfo=`` -> ``out_ty=``)
+and moved ``Var``, ``Constant`` and ``VDevice``; umahub code asks here instead of
+guessing.
+
+Careful with the order of the look-ups: TVM 0.25 still has ``relax.TensorType``
+and ``relax.TupleType``, but they are the old, shape-less ``Type`` classes
+(``TensorType(ndim, dtype)``), not what a Relax expression carries; there the
+struct info classes are the right ones.  So the ``*StructInfo`` name is taken
+when it exists (0.25) and the ``*Type`` name otherwise (0.26, 0.27).
 """
 
 from __future__ import annotations
@@ -12,10 +19,19 @@ from typing import Any
 import tvm
 from tvm import relax
 
-__all__ = ["Constant", "TensorType", "TupleType", "VDevice", "name_of", "ret_type", "type_of"]
+__all__ = [
+    "Constant",
+    "TensorType",
+    "TupleType",
+    "VDevice",
+    "call_dps_packed",
+    "name_of",
+    "ret_type",
+    "type_of",
+]
 
-TensorType: Any = getattr(relax, "TensorType", None) or relax.TensorStructInfo
-TupleType: Any = getattr(relax, "TupleType", None) or relax.TupleStructInfo
+TensorType: Any = getattr(relax, "TensorStructInfo", None) or relax.TensorType
+TupleType: Any = getattr(relax, "TupleStructInfo", None) or relax.TupleType
 Constant: Any = getattr(relax, "Constant", None) or tvm.ir.expr.Constant
 VDevice: Any = getattr(relax, "VDevice", None) or tvm.ir.VDevice
 
@@ -36,3 +52,9 @@ def ret_type(func: Any) -> Any:
     """The return type (struct info) of a Relax function."""
     info = getattr(func, "ret_struct_info", None)
     return info if info is not None else func.ret_ty
+
+
+def call_dps_packed(func: Any, args: Any, out: Any) -> Any:
+    """``relax.op.call_dps_packed`` with the output type ``out`` (the keyword is
+    ``out_ty`` in 0.26/0.27 and ``out_sinfo`` in 0.25, the position is the same)."""
+    return relax.op.call_dps_packed(func, args, out)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from umahub._tvm import Constant, TensorType, VDevice, name_of, type_of
+from umahub._tvm import Constant, TensorType, VDevice, call_dps_packed, name_of, type_of
 from umahub.errors import CompileError
 from umahub.memory import tensor_bytes
 
@@ -194,9 +194,7 @@ def place_on_devices(
                         device = device_of[symbol]
                         args = [fetch(remap.get(a, a), device) for a in call_args]
                         out_ty = _on(type_of(value), vdevices[index[device]])
-                        new = relax.op.call_dps_packed(
-                            relax.ExternFunc(symbol), relax.Tuple(args), out_ty=out_ty
-                        )
+                        new = call_dps_packed(relax.ExternFunc(symbol), relax.Tuple(args), out_ty)
                     else:
                         device, new = HOST, host_value(value)
                     name = name_of(binding.var)

@@ -131,8 +131,11 @@ class Report:
         if self.partitions:
             lines.append("partitions:")
             for p in self.partitions:
-                state = (f"FELL BACK to host: {p.fallback}" if p.fallback
-                         else f"{p.device} {p.virtual_device}".strip())
+                state = (
+                    f"FELL BACK to host: {p.fallback}"
+                    if p.fallback
+                    else f"{p.device} {p.virtual_device}".strip()
+                )
                 lines.append(
                     f"  {p.symbol}  [{state}]  {p.operators} op(s), "
                     f"patterns {', '.join(p.patterns)}"

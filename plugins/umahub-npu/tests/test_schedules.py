@@ -11,6 +11,7 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 from tvm import relax, s_tir  # noqa: E402
+from tvm.script import relax as R  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from umahub_npu import schedules  # noqa: E402
@@ -23,7 +24,8 @@ def primfunc_from_relax(inputs, body) -> tvm.IRModule:
     """The PrimFunc umahub hands to the schedule hook: LegalizeOps, AnnotateTIROpPattern,
     FuseOps, FuseTIR of a Relax function, the one fused PrimFunc as "main"."""
     bb = relax.BlockBuilder()
-    params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in inputs]
+    # R.Tensor: TensorType in apache-tvm 0.26/0.27, TensorStructInfo in 0.25
+    params = [relax.Var(n, R.Tensor(s, "float32")) for n, s in inputs]
     with bb.function("main", params):
         with bb.dataflow():
             out = bb.emit_output(body(bb, *params))

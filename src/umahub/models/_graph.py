@@ -15,6 +15,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from umahub._tvm import TensorType
+
 from ._spec import TensorSpec, Weights
 
 
@@ -81,7 +83,7 @@ def build_main(
 ) -> tvm.IRModule:
     """A module with one public function ``main(*inputs)`` whose body is ``body(graph, *vars)``."""
     bb = relax.BlockBuilder()
-    params = [relax.Var(n, relax.TensorType(s.shape, s.dtype)) for n, s in inputs.items()]
+    params = [relax.Var(n, TensorType(s.shape, s.dtype)) for n, s in inputs.items()]
     with bb.function("main", params):
         with bb.dataflow():
             out = bb.emit_output(body(Graph(bb, weights), *params))

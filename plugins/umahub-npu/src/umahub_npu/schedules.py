@@ -88,8 +88,13 @@ import os
 from dataclasses import dataclass, field
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir.schedule import ScheduleError
+
+# the names that differ between apache-tvm 0.25, 0.26 and 0.27
+from umahub_npu._compat import Load as _LOAD
+from umahub_npu._compat import buffer_of as _buf
+from umahub_npu._compat import detect_linear_equation, vars_in
 
 __all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
 
@@ -159,14 +164,10 @@ class Plan:
     kernel: tuple = (1, 1)  # conv2d
 
 
-# In this wheel a buffer load is ``tvm.ir.expr.TensorLoad`` (``tirx.BufferLoad`` is a
-# constructor function, not a class) and names its buffer ``source``; a store is
-# ``tirx.BufferStore`` with ``buffer``; a read region is a TensorRegion with ``source``.
-_LOAD = tirx.BufferLoad if isinstance(tirx.BufferLoad, type) else tvm.ir.expr.TensorLoad
-
-
-def _buf(node):
-    return node.buffer if hasattr(node, "buffer") else node.source
+# A buffer load is ``tvm.ir.expr.TensorLoad`` with ``source`` in 0.27 and
+# ``tirx.BufferLoad`` with ``buffer`` before; a store is ``tirx.BufferStore`` with
+# ``buffer``; a read region names its buffer ``source`` (0.27) or ``buffer``:
+# ``_LOAD`` and ``_buf`` (from ``_compat``) cover both.
 
 
 def _strip_cast(e):
@@ -180,9 +181,7 @@ def _is_var(e, var) -> bool:
 
 
 def _vars_in(e) -> list:
-    found: list = []
-    tvm_ffi.structural_walk(e, (tirx.Var, found.append), order="post")
-    return found
+    return vars_in(e)
 
 
 def _uses(e, var) -> bool:
@@ -315,7 +314,7 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
         stride = 1
         last = data.indices[3]
         try:
-            coef = tvm.sym.pattern.detect_linear_equation(last, [xx])
+            coef = detect_linear_equation(last, [xx])
             if len(coef) == 2:
                 stride = int(coef[0])
         except Exception:  # pylint: disable=broad-except
@@ -460,7 +459,7 @@ def _inline_chain(sch: s_tir.Schedule, names: list[str], keep_last: bool) -> lis
     for name in todo:
         try:
             sch.compute_inline(sch.get_sblock(name))
-        except tvm.TVMError:
+        except ScheduleError:  # the primitive refused; take the fallback
             left.append(name)
     return left + (names[-1:] if keep_last and names else [])
 
@@ -536,7 +535,7 @@ def _schedule_matmul(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lane
     for name in p.prologue:  # e.g. a transpose feeding the matmul
         try:
             sch.compute_inline(sch.get_sblock(name))
-        except tvm.TVMError:
+        except ScheduleError:  # the primitive refused; take the fallback
             _parallel_spatial(sch, sch.get_sblock(name), lanes)
     red, out, rest = _accumulator_and_epilogue(sch, p)
     e = p.extents
@@ -591,7 +590,7 @@ def _schedule_conv2d(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lane
         i
         for i, r in enumerate(sch.get(red).reads)
         if len(r.region) == 4
-        and not _buf(r).same_as(sch.get(red).writes[0].source)
+        and not _buf(r).same_as(_buf(sch.get(red).writes[0]))
         and str(_buf(r).name) != str(_data_buffer_name(sch, p))
     )
     wp = sch.cache_read(red, w_index, "global")

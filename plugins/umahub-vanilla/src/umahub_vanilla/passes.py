@@ -25,7 +25,9 @@ PrimFunc and every other loop nest exactly as it was.
 The extern's pointer arguments are the buffers' ``.data`` (TVM's C codegen
 prints them as ``float*`` and declares the callee as
 ``int32_t vanilla_conv2d_nchw(float*, float*, float*, int32_t, ...)``);
-the kernel's header is written to agree with that prototype.
+the kernel's header is written to agree with that prototype.  With
+apache-tvm 0.25, where ``.data`` is a handle the C codegen declares ``void*``,
+they are ``T.address_of(x[0, 0, 0, 0])`` instead (see ``_compat.data_pointer``).
 """
 
 from __future__ import annotations
@@ -33,8 +35,20 @@ from __future__ import annotations
 import dataclasses
 
 import tvm
-from tvm import s_tir, tirx
-from tvm.sym.pattern import detect_linear_equation
+from tvm import tirx
+
+# the names that differ between apache-tvm 0.25, 0.26 and 0.27
+from umahub_vanilla._compat import (
+    Call,
+    Load,
+    SBlock,
+    SBlockRealize,
+    buffer_of,
+    data_pointer,
+    detect_linear_equation,
+    is_buffer,
+    param_buffers,
+)
 
 __all__ = [
     "C_INCLUDES",
@@ -93,7 +107,7 @@ class ConvMatch:
             self.pad_top, self.pad_left, self.pad_bottom, self.pad_right,
             self.stride_h, self.stride_w,
         )  # fmt: skip
-        return [self.data.data, self.weight.data, self.out.data] + [
+        return [data_pointer(b) for b in (self.data, self.weight, self.out)] + [
             tirx.const(v, "int32") for v in ints
         ]
 
@@ -130,7 +144,7 @@ def _unwrap_loops(stmt):
             raise _NoMatch("loop does not start at 0")
         loops.append(stmt)
         stmt = stmt.body
-    if not isinstance(stmt, s_tir.SBlockRealize):
+    if not isinstance(stmt, SBlockRealize):
         raise _NoMatch("loop nest does not end in a block")
     return loops, stmt
 
@@ -155,7 +169,7 @@ def _static_shape(buf) -> list[int]:
 
 
 def _check_dense_f32_4d(buf, what):
-    if not tirx.is_buffer_var(buf):
+    if not is_buffer(buf):
         raise _NoMatch(f"{what} is not a buffer")
     if _dtype(buf) != "float32":
         raise _NoMatch(f"{what} is not float32")
@@ -224,7 +238,7 @@ def _interval_of(cond, ivars, extents):
 
 def _root_of(func):
     body = func.body
-    if not isinstance(body, s_tir.SBlockRealize):
+    if not isinstance(body, SBlockRealize):
         raise _NoMatch("PrimFunc has no root block (already lowered?)")
     root = body.block
     if root.iter_vars or root.init is not None or root.match_buffers:
@@ -261,18 +275,16 @@ def _match_conv_block(loops, realize):
     if not isinstance(val, tirx.Add):
         raise _NoMatch("update is not an accumulation")
     acc, prod = val.a, val.b
-    if not isinstance(acc, tvm.ir.expr.TensorLoad):
+    if not isinstance(acc, Load):
         acc, prod = prod, acc
     if not (
-        isinstance(acc, tvm.ir.expr.TensorLoad)
-        and acc.source.same_as(out)
-        and _same_vars(acc.indices, ivs[:4])
+        isinstance(acc, Load) and buffer_of(acc).same_as(out) and _same_vars(acc.indices, ivs[:4])
     ):
         raise _NoMatch("update does not read the accumulator")
     if not isinstance(prod, tirx.Mul):
         raise _NoMatch("update is not a product")
     loads = [prod.a, prod.b]
-    if not all(isinstance(x, tvm.ir.expr.TensorLoad) for x in loads):
+    if not all(isinstance(x, Load) for x in loads):
         raise _NoMatch("product operands are not plain loads (cast, scale, ...)")
     # weight: [ff, rc, ry, rx]; data: [nn, rc, yy*sh + ry*dh, xx*sw + rx*dw]
     if _same_vars(loads[0].indices, [vf, vc, vr, vs]):
@@ -293,7 +305,7 @@ def _match_conv_block(loops, realize):
     if sh < 1 or sw < 1 or base_h != 0 or base_w != 0:
         raise _NoMatch("unexpected stride/offset")
 
-    A, Wt = aload.source, wload.source
+    A, Wt = buffer_of(aload), buffer_of(wload)
     for buf, what in ((A, "data"), (Wt, "weight"), (out, "output")):
         _check_dense_f32_4d(buf, what)
     if A.same_as(out) or Wt.same_as(out):
@@ -328,22 +340,22 @@ def _match_pad_block(loops, realize, pad_buf):
         raise _NoMatch("pad block does not write pad_temp[i0, i1, i2, i3]")
     ext = _static_shape(pad_buf)
     val = store.value
-    if isinstance(val, tvm.ir.expr.TensorLoad):
+    if isinstance(val, Load):
         cond_ranges = [[0, e] for e in ext]
         load = val
     elif (
-        isinstance(val, tvm.ir.expr.Call)
+        isinstance(val, Call)
         and isinstance(val.op, tvm.ir.Op)
         and val.op.name.endswith("if_then_else")
         and len(val.args) == 3
-        and isinstance(val.args[1], tvm.ir.expr.TensorLoad)
+        and isinstance(val.args[1], Load)
         and _is_zero_float(val.args[2])
     ):
         load = val.args[1]
         cond_ranges = _interval_of(val.args[0], ivs, ext)
     else:
         raise _NoMatch("pad value is not if_then_else(cond, x[...], 0.0)")
-    X = load.source
+    X = buffer_of(load)
     _check_dense_f32_4d(X, "pad source")
     idx = load.indices
     if len(idx) != 4 or not _same_vars([idx[0], idx[1]], ivs[:2]):
@@ -377,7 +389,7 @@ def _reads_writes(stmt):
     except _NoMatch:
         return None
     for region in list(realize.block.reads) + list(realize.block.writes):
-        out.append(region.source)
+        out.append(buffer_of(region))
     return out
 
 
@@ -390,7 +402,7 @@ def match_conv2d(func) -> list[ConvMatch]:
     except _NoMatch:
         return []
     allocs = list(root.alloc_buffers)
-    params = [p for p in func.params if tirx.is_buffer_var(p)]
+    params = param_buffers(func)
     matches = []
     for i, stmt in enumerate(stmts):
         try:
@@ -467,14 +479,14 @@ def _full_region(buf):
 
 def _extern_block(m: ConvMatch):
     call = tirx.call_extern("int32", EXTERN_NAME, *m.extern_args())
-    block = s_tir.SBlock(
+    block = SBlock(
         [],
         [_full_region(m.data), _full_region(m.weight)],
         [_full_region(m.out)],
         EXTERN_NAME,
         tirx.Evaluate(call),
     )
-    return s_tir.SBlockRealize([], True, block)
+    return SBlockRealize([], True, block)
 
 
 def rewrite_conv2d(func):
@@ -494,7 +506,7 @@ def rewrite_conv2d(func):
         new_stmts.append(replace.get(i, stmt))
     body = new_stmts[0] if len(new_stmts) == 1 else tirx.SeqStmt(new_stmts)
     allocs = [b for b in root.alloc_buffers if not any(b.same_as(d) for d in dropped_bufs)]
-    new_root = s_tir.SBlock(
+    new_root = SBlock(
         root.iter_vars,
         root.reads,
         root.writes,
@@ -505,7 +517,7 @@ def rewrite_conv2d(func):
         root.match_buffers,
         root.annotations,
     )
-    new_realize = s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root)
+    new_realize = SBlockRealize(realize.iter_values, realize.predicate, new_root)
     return func.with_body(new_realize)
 
 
