@@ -28,6 +28,7 @@ class Operator:
             left out), in argument order.
         flops: floating-point operations of one call, from static shapes (0
             when unknown).
+        bytes: the size of its output, from static shapes (0 when unknown).
     """
 
     name: str
@@ -38,6 +39,7 @@ class Operator:
     pinned: str = ""
     inputs: tuple[str, ...] = ()
     flops: int = 0
+    bytes: int = 0
 
 
 @dataclass(frozen=True)

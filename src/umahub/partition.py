@@ -26,6 +26,7 @@ from umahub._tvm import name_of, ret_type, type_of
 from umahub.accelerator import Accelerator
 from umahub.context import Operator
 from umahub.errors import PlacementError
+from umahub.memory import tensor_bytes
 from umahub.placement import Pins, PlannedPattern
 from umahub.vdevice import VirtualDevice
 
@@ -322,6 +323,7 @@ class _Row:
     pattern: str
     inputs: tuple[str, ...]
     flops: int
+    bytes: int
 
 
 def _producers(expr: relax.Expr, env: Mapping) -> tuple[str, ...]:
@@ -371,7 +373,14 @@ def _walk(
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                 name = node_name(binding)
                 rows.append(
-                    _Row(name, value.op.name, pattern, _producers(value, env), _flops(value))
+                    _Row(
+                        name,
+                        value.op.name,
+                        pattern,
+                        _producers(value, env),
+                        _flops(value),
+                        tensor_bytes(type_of(value)),
+                    )
                 )
                 env[binding.var] = (name,)
                 continue
@@ -443,7 +452,7 @@ def partition(
         hit = pins.resolve(row.node, row.op, row.pattern)
         pinned = hit[0] if hit else ""
         return Operator(
-            row.node, row.op, device, row.pattern, symbol, pinned, row.inputs, row.flops
+            row.node, row.op, device, row.pattern, symbol, pinned, row.inputs, row.flops, row.bytes
         )
 
     # One walk over main, in model order: partitions get their instance (pinned,
@@ -482,7 +491,14 @@ def partition(
                 env[binding.var] = out
             elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                 name = node_name(binding)
-                row = _Row(name, value.op.name, "", _producers(value, env), _flops(value))
+                row = _Row(
+                    name,
+                    value.op.name,
+                    "",
+                    _producers(value, env),
+                    _flops(value),
+                    tensor_bytes(type_of(value)),
+                )
                 operators.append(operator(row))
                 env[binding.var] = (name,)
             else:

@@ -192,7 +192,7 @@ def _partition_calls(part: Partitioned) -> dict[str, tuple[relax.Function, list[
     return found
 
 
-def _need(func: relax.Function, call_args: list[Any], scope_policy: str) -> Need:
+def _need(p: Partition, func: relax.Function, call_args: list[Any], scope_policy: str) -> Need:
     """What a partition needs of its pool (see :mod:`umahub.memory`)."""
     resident = transient = 0
     if scope_policy == "io":
@@ -202,14 +202,7 @@ def _need(func: relax.Function, call_args: list[Any], scope_policy: str) -> Need
                 resident += size
             else:
                 transient += size
-    intermediates = 0
-
-    def visit(expr: Any) -> None:
-        nonlocal intermediates
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-            intermediates += tensor_bytes(type_of(expr))
-
-    relax.analysis.post_order_visit(func.body, visit)
+    intermediates = sum(o.bytes for o in p.operators)  # every operator's output
     transient += max(intermediates, tensor_bytes(ret_type(func)))
     return Need(resident, transient)
 
@@ -332,7 +325,7 @@ def _memory(
             continue
         acc = hub.accelerator(name)
         for p in (p for p in part.partitions if p.accelerator == name):
-            needs[p.symbol] = need = _need(*calls[p.symbol], hub.config.scope_policy)
+            needs[p.symbol] = need = _need(p, *calls[p.symbol], hub.config.scope_policy)
             pool = acc.pool
             if pool is None:
                 continue
