@@ -1,7 +1,8 @@
 """The zoo models: compile time and latency, plain TVM vs umahub vs PyTorch eager.
 
 For each model, in one run on one machine: compile time and run latency
-(median of repeated runs after warm-up) for plain ``tvm.compile``, umahub with
+(median of repeated runs after warm-up, numpy in and numpy out for all three
+TVM variants) for plain ``tvm.compile``, umahub with
 no plugins, umahub with the three bundled plugins, and PyTorch eager where it is
 installed; plus umahub's per-stage compile time. ``TVM_NUM_THREADS`` (default
 2) is set before TVM is imported and recorded. Results: ``results/zoo.json``.
@@ -34,14 +35,13 @@ def plain(name: str, repeat: int) -> dict:
     start = time.perf_counter()
     ex = tvm.compile(mod, target="llvm")
     compile_s = time.perf_counter() - start
-    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
-    args = [tvm.runtime.tensor(x) for x in xs]
-    out = vm["main"](*args).numpy()
-    return {
-        "compile_s": compile_s,
-        "run_ms": median_time(lambda: vm["main"](*args), repeat=repeat) * 1e3,
-        "out": out,
-    }
+    main = tvm.relax.VirtualMachine(ex, tvm.cpu())["main"]
+
+    def run():  # numpy in, numpy out: what Compiled.run does too
+        return main(*[tvm.runtime.tensor(x) for x in xs]).numpy()
+
+    out = run()
+    return {"compile_s": compile_s, "run_ms": median_time(run, repeat=repeat) * 1e3, "out": out}
 
 
 def through_umahub(name: str, plugins: list[str], repeat: int) -> dict:
@@ -69,22 +69,44 @@ def through_umahub(name: str, plugins: list[str], repeat: int) -> dict:
     }
 
 
-def torch_eager(name: str, repeat: int) -> dict | None:
-    """PyTorch eager with the same weights, where torch is installed."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    from umahub.models import torch_zoo
+_TORCH = """
+import os, statistics, sys, time
+import torch
+from umahub.models import torch_zoo
+torch.set_num_threads(int(os.environ["TVM_NUM_THREADS"]))
+module, inputs = torch_zoo.torch_module(sys.argv[1])
+module.eval()
+times = []
+with torch.no_grad():
+    for i in range(int(sys.argv[2]) + 2):
+        start = time.perf_counter()
+        module(*inputs)
+        times.append(time.perf_counter() - start)
+print(statistics.median(times[2:]) * 1e3, torch.get_num_threads())
+"""
 
-    torch.set_num_threads(int(os.environ["TVM_NUM_THREADS"]))
-    module, inputs = torch_zoo.torch_module(name)
-    module.eval()
-    with torch.no_grad():
-        return {
-            "run_ms": median_time(lambda: module(*inputs), repeat=repeat) * 1e3,
-            "threads": torch.get_num_threads(),
-        }
+
+def torch_eager(name: str, repeat: int) -> dict | None:
+    """PyTorch eager with the same weights, where torch is installed.
+
+    Measured in a process of its own: TVM's worker threads keep spinning for a
+    while after each run and would take the cores from PyTorch's.
+    """
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    out = subprocess.run(
+        [sys.executable, "-c", _TORCH, name, str(repeat)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ),
+    )
+    ms, threads = out.stdout.split()
+    return {"run_ms": float(ms), "threads": int(threads)}
 
 
 def main() -> None:

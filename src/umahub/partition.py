@@ -157,40 +157,26 @@ def _wrap_each(mod: tvm.IRModule) -> tvm.IRModule:
         if name_of(gv) != "main" and name_of(gv) not in composites
     }
     bb = relax.BlockBuilder(tvm.IRModule(keep, attrs=mod.attrs))
-    main = mod["main"]
-    blocks = []
-    for block in main.body.blocks:
-        bindings = []
-        for binding in block.bindings:
-            value = binding.value
-            if (
-                isinstance(value, relax.Call)
-                and isinstance(value.op, relax.GlobalVar)
-                and name_of(value.op) in composites
-            ):
-                comp = composites[name_of(value.op)]
-                codegen = str(comp.attrs["Composite"]).split(".", 1)[0]
-                name = f"{name_of(value.op)}_{codegen}"
-                params = [relax.Var(name_of(p), type_of(p)) for p in comp.params]
-                with bb.function(name, params, attrs={"Codegen": codegen}, private=False):
-                    local = bb.emit(comp.without_attr("Primitive"))
-                    bb.emit_func_output(bb.emit(relax.Call(local, params)))
-                outer = bb.get().get_global_var(name)
-                value = relax.Call(
-                    outer, value.args, value.attrs, _type_args(value), span=value.span
-                )
-            bindings.append(relax.VarBinding(binding.var, value))
-        blocks.append(type(block)(bindings))
-    bb.add_func(
-        relax.Function(
-            main.params,
-            relax.SeqExpr(blocks, main.body.body),
-            ret_type(main),
-            main.is_pure,
-            main.attrs,
-        ),
-        "main",
-    )
+
+    def wrap(binding: relax.VarBinding) -> relax.Expr:
+        value = binding.value
+        if not (
+            isinstance(value, relax.Call)
+            and isinstance(value.op, relax.GlobalVar)
+            and name_of(value.op) in composites
+        ):
+            return value
+        comp = composites[name_of(value.op)]
+        codegen = str(comp.attrs["Composite"]).split(".", 1)[0]
+        name = f"{name_of(value.op)}_{codegen}"
+        params = [relax.Var(name_of(p), type_of(p)) for p in comp.params]
+        with bb.function(name, params, attrs={"Codegen": codegen}, private=False):
+            local = bb.emit(comp.without_attr("Primitive"))
+            bb.emit_func_output(bb.emit(relax.Call(local, params)))
+        outer = bb.get().get_global_var(name)
+        return relax.Call(outer, value.args, value.attrs, _type_args(value), span=value.span)
+
+    _add_rewritten_main(bb, mod["main"], wrap)
     return relax.transform.Normalize()(bb.get())
 
 
@@ -242,6 +228,27 @@ def _name_nodes(mod: tvm.IRModule) -> tvm.IRModule:
     )
 
 
+def _add_rewritten_main(bb: relax.BlockBuilder, main: relax.Function, rewrite) -> None:
+    """Add to ``bb`` a copy of ``main`` whose bindings' values went through ``rewrite``.
+
+    ``rewrite(binding) -> value`` is called once per binding, in order.
+    """
+    blocks = [
+        type(block)([relax.VarBinding(b.var, rewrite(b)) for b in block.bindings])
+        for block in main.body.blocks
+    ]
+    bb.add_func(
+        relax.Function(
+            main.params,
+            relax.SeqExpr(blocks, main.body.body),
+            ret_type(main),
+            main.is_pure,
+            main.attrs,
+        ),
+        "main",
+    )
+
+
 def _one_composite_per_call(
     mod: tvm.IRModule, accepted: list, position: dict[str, int]
 ) -> tvm.IRModule:
@@ -261,40 +268,28 @@ def _one_composite_per_call(
             {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}, attrs=mod.attrs
         )
     )
-    main = mod["main"]
-    blocks = []
     count = 0
-    for block in main.body.blocks:
-        bindings = []
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
-                func = mod[value.op]
-                if isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs:
-                    queue = queues.get(str(func.attrs["Composite"]), [])
-                    names = queue.pop(0) if queue else None
-                    if names is not None and len(names) != len(_ops_in(func)):
-                        names = None
-                    copy = _with_span_names(func, names) if names else func
-                    gv = bb.add_func(
-                        copy.with_attr("umahub.match", count), f"{name_of(value.op)}_{count}"
-                    )
-                    count += 1
-                    value = relax.Call(
-                        gv, value.args, value.attrs, _type_args(value), span=value.span
-                    )
-            bindings.append(relax.VarBinding(binding.var, value))
-        blocks.append(type(block)(bindings))
-    bb.add_func(
-        relax.Function(
-            main.params,
-            relax.SeqExpr(blocks, main.body.body),
-            ret_type(main),
-            main.is_pure,
-            main.attrs,
-        ),
-        "main",
-    )
+
+    def own_copy(binding: relax.VarBinding) -> relax.Expr:
+        nonlocal count
+        value = binding.value
+        func = (
+            mod[value.op]
+            if (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar))
+            else None
+        )
+        if not (isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs):
+            return value
+        queue = queues.get(str(func.attrs["Composite"]), [])
+        names = queue.pop(0) if queue else None
+        if names is not None and len(names) != len(_ops_in(func)):
+            names = None
+        copy = _with_span_names(func, names) if names else func
+        gv = bb.add_func(copy.with_attr("umahub.match", count), f"{name_of(value.op)}_{count}")
+        count += 1
+        return relax.Call(gv, value.args, value.attrs, _type_args(value), span=value.span)
+
+    _add_rewritten_main(bb, mod["main"], own_copy)
     funcs = {
         gv: f
         for gv, f in bb.get().functions.items()

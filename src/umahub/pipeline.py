@@ -137,6 +137,14 @@ def _warn(message: str) -> None:
     warnings.warn(f"umahub: {message}", UmahubWarning, stacklevel=4)
 
 
+def _placement_problem(hub: Hub, message: str, notes: list[str]) -> None:
+    """A pin that cannot be honoured: an error with on-error "error", else a warning and a note."""
+    if hub.config.on_error == "error":
+        raise PlacementError(message)
+    _warn(message)
+    notes.append(message)
+
+
 def _check_pins(
     part: Partitioned, pins: Pins, hub: Hub, planned_names: dict[str, list[str]], notes: list[str]
 ) -> None:
@@ -160,10 +168,7 @@ def _check_pins(
             f"{op.device}, because the patterns of '{pin.accelerator}' ({names}) do not "
             "take it; pin it elsewhere or extend the plugin's patterns"
         )
-        if hub.config.on_error == "error":
-            raise PlacementError(message)
-        _warn(message)
-        notes.append(message)
+        _placement_problem(hub, message, notes)
     candidates = {n for o in part.operators for n in (o.name, o.op, o.pattern) if n}
     for selector, used in selected.items():
         if used or any(ch in selector for ch in "*?["):
@@ -173,10 +178,7 @@ def _check_pins(
             f"{did_you_mean(selector, candidates)}; a pin names a node, an op "
             "('relax.nn.conv2d' or 'nn.conv2d') or a pattern"
         )
-        if hub.config.on_error == "error":
-            raise PlacementError(message)
-        _warn(message)
-        notes.append(message)
+        _placement_problem(hub, message, notes)
 
 
 def _partition_calls(part: Partitioned) -> dict[str, tuple[relax.Function, list[Any]]]:
