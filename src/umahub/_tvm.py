@@ -27,6 +27,7 @@ __all__ = [
     "call_dps_packed",
     "name_of",
     "ret_type",
+    "type_args",
     "type_of",
 ]
 
@@ -58,3 +59,9 @@ def call_dps_packed(func: Any, args: Any, out: Any) -> Any:
     """``relax.op.call_dps_packed`` with the output type ``out`` (the keyword is
     ``out_ty`` in 0.26/0.27 and ``out_sinfo`` in 0.25, the position is the same)."""
     return relax.op.call_dps_packed(func, args, out)
+
+
+def type_args(call: Any) -> Any:
+    """The type arguments of a Relax call (``sinfo_args``, ``ty_args`` in 0.27)."""
+    args = getattr(call, "sinfo_args", None)
+    return args if args is not None else call.ty_args

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from umahub._tvm import Constant, TensorType, VDevice, call_dps_packed, name_of, type_of
+from umahub._tvm import (
+    Constant,
+    TensorType,
+    VDevice,
+    call_dps_packed,
+    name_of,
+    type_args,
+    type_of,
+)
 from umahub.errors import CompileError
 from umahub.memory import tensor_bytes
 
@@ -170,7 +178,18 @@ def place_on_devices(
             )
         return fetched[key]
 
+    def host_arg(arg: relax.Expr) -> relax.Expr | None:
+        if isinstance(arg, relax.Var):
+            return fetch(remap.get(arg, arg), HOST)
+        if isinstance(arg, relax.Call | relax.Tuple | relax.TupleGetItem):
+            return None  # nested: left to the general substitution below
+        return arg  # constants, shapes, prim values
+
     def host_value(value: relax.Expr) -> relax.Expr:
+        if isinstance(value, relax.Call):  # the common case, without a mutator
+            args = [host_arg(a) for a in value.args]
+            if all(a is not None for a in args):
+                return relax.Call(value.op, args, value.attrs, type_args(value), value.span)
         used = relax.analysis.free_vars(value)
         mapping = {v: fetch(remap.get(v, v), HOST) for v in used}
         return _Substitute(mapping).visit_expr(value) if mapping else value

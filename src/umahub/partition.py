@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from umahub._tvm import name_of, ret_type, type_of
+from umahub._tvm import name_of, ret_type, type_args, type_of
 from umahub.accelerator import Accelerator
 from umahub.context import Operator
 from umahub.errors import PlacementError
@@ -174,7 +174,7 @@ def _wrap_each(mod: tvm.IRModule) -> tvm.IRModule:
             local = bb.emit(comp.without_attr("Primitive"))
             bb.emit_func_output(bb.emit(relax.Call(local, params)))
         outer = bb.get().get_global_var(name)
-        return relax.Call(outer, value.args, value.attrs, _type_args(value), span=value.span)
+        return relax.Call(outer, value.args, value.attrs, type_args(value), span=value.span)
 
     _add_rewritten_main(bb, mod["main"], wrap)
     return relax.transform.Normalize()(bb.get())
@@ -211,7 +211,7 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                 name = pending.pop(0) if pending is not None else name_of(binding.var)
                 span = tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
-                value = relax.Call(value.op, value.args, value.attrs, _type_args(value), span=span)
+                value = relax.Call(value.op, value.args, value.attrs, type_args(value), span=span)
             bindings.append(relax.VarBinding(binding.var, value))
         blocks.append(type(block)(bindings))
     return relax.Function(
@@ -287,7 +287,7 @@ def _one_composite_per_call(
         copy = _with_span_names(func, names) if names else func
         gv = bb.add_func(copy.with_attr("umahub.match", count), f"{name_of(value.op)}_{count}")
         count += 1
-        return relax.Call(gv, value.args, value.attrs, _type_args(value), span=value.span)
+        return relax.Call(gv, value.args, value.attrs, type_args(value), span=value.span)
 
     _add_rewritten_main(bb, mod["main"], own_copy)
     funcs = {
@@ -296,11 +296,6 @@ def _one_composite_per_call(
         if not (f.attrs and "Composite" in f.attrs and "umahub.match" not in f.attrs)
     }
     return tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
-
-
-def _type_args(call: relax.Call):
-    args = getattr(call, "sinfo_args", None)
-    return args if args is not None else call.ty_args
 
 
 def node_name(binding: relax.VarBinding) -> str:
@@ -322,9 +317,19 @@ class _Row:
 
 
 def _producers(expr: relax.Expr, env: Mapping) -> tuple[str, ...]:
+    """The node names that produced the variables ``expr`` reads, in argument order."""
     names: list[str] = []
-    for var in relax.analysis.free_vars(expr):
-        names.extend(n for n in env.get(var, ()) if n not in names)
+    pending = [expr]
+    while pending:  # arguments, tuples and tuple items: all a dataflow binding holds
+        e = pending.pop()
+        if isinstance(e, relax.Var):
+            names.extend(n for n in env.get(e, ()) if n not in names)
+        elif isinstance(e, relax.Call):
+            pending.extend(reversed(list(e.args)))
+        elif isinstance(e, relax.Tuple):
+            pending.extend(reversed(list(e.fields)))
+        elif isinstance(e, relax.TupleGetItem):
+            pending.append(e.tuple_value)
     return tuple(names)
 
 
