@@ -109,6 +109,7 @@ def place_on_devices(
     device_of: Mapping[str, str],
     devices: Sequence[str],
     copy_kind: Mapping[str, str],
+    realize: bool = True,
 ) -> tuple[tvm.IRModule, list[Copy], list[int]]:
     """Put each partition (by symbol) on its device and insert the copies.
 
@@ -122,6 +123,7 @@ def place_on_devices(
         device_of: partition symbol -> virtual device name (``"npu:0"``).
         devices: virtual device names; index = runtime device index; [0] is the host.
         copy_kind: virtual device -> "sync" or "async" (how its pool is filled).
+        realize: run ``RealizeVDevice`` (needed to build; not to count copies).
 
     Returns:
         The module, the copies (in the order they happen), and the runtime
@@ -237,4 +239,6 @@ def place_on_devices(
         if key != "vdevice":
             placed.update_global_info(key, value)
     placed.update_global_info("vdevice", vdevices)
-    return (relax.transform.RealizeVDevice()(placed), copies, [index[d] for _, d in weights])
+    if realize:
+        placed = relax.transform.RealizeVDevice()(placed)
+    return placed, copies, [index[d] for _, d in weights]

@@ -170,11 +170,24 @@ def _wrap_each(mod: tvm.IRModule) -> tvm.IRModule:
         codegen = str(comp.attrs["Composite"]).split(".", 1)[0]
         name = f"{name_of(value.op)}_{codegen}"
         params = [relax.Var(name_of(p), type_of(p)) for p in comp.params]
-        with bb.function(name, params, attrs={"Codegen": codegen}, private=False):
-            local = bb.emit(comp.without_attr("Primitive"))
-            bb.emit_func_output(bb.emit(relax.Call(local, params)))
-        outer = bb.get().get_global_var(name)
-        return relax.Call(outer, value.args, value.attrs, type_args(value), span=value.span)
+        inner = comp.without_attr("Primitive")
+        local = relax.Var("local", type_of(inner))
+        result = relax.Var("result", ret_type(comp))
+        body = relax.SeqExpr(
+            [
+                relax.BindingBlock(
+                    [
+                        relax.VarBinding(local, inner),
+                        relax.VarBinding(result, relax.Call(local, params)),
+                    ]
+                )
+            ],
+            result,
+        )
+        # Built directly, not through bb.function: the module is normalized once, at the end.
+        outer = relax.Function(params, body, ret_type(comp), True).with_attr("Codegen", codegen)
+        gv = bb.add_func(outer, name)
+        return relax.Call(gv, value.args, value.attrs, type_args(value), span=value.span)
 
     _add_rewritten_main(bb, mod["main"], wrap)
     return relax.transform.Normalize()(bb.get())

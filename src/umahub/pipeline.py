@@ -396,7 +396,7 @@ def _explain(
     part = to_host(part, set(misfits))
     with clock.stage("copies"):
         devices, device_of, kinds = _devices(hub, part)
-        _, copies, _ = place_on_devices(part.mod, device_of, devices, kinds)
+        _, copies, _ = place_on_devices(part.mod, device_of, devices, kinds, realize=False)
     _virtual_devices(hub, reports, devices)
     return Report(
         list(part.operators),
