@@ -15,7 +15,7 @@ their accelerator's instances round robin, in model order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -111,16 +111,15 @@ def _pinned_device(func: relax.Function, pattern: str, pins: Pins, accel: str) -
 
 
 def _tag_composites(
-    mod: tvm.IRModule, pins: Pins, accelerators: Mapping[str, Accelerator], merging: bool
+    mod: tvm.IRModule, pins: Pins, accelerators: Mapping[str, Accelerator]
 ) -> tvm.IRModule:
     """Tag the composites' accelerator prefix where partitions must stay apart.
 
     MergeCompositeFunctions groups composites by the accelerator prefix of
     their Composite name (and the prefix becomes the partition's Codegen). The
     prefix is tagged for composites pinned to an instance (so that merging keeps
-    instances apart, and the partition knows its instance) and, when merging
-    runs, for every composite of an accelerator that does not merge
-    (``Accelerator.merge``).
+    instances apart, and the partition knows its instance) and for every
+    composite of an accelerator that does not merge (``Accelerator.merge``).
     """
     updates = {}
     for index, (name, func) in enumerate(sorted(_composites(mod).items())):
@@ -130,7 +129,7 @@ def _tag_composites(
         tag = ""
         if instance is not None:
             tag += f"i{instance}"
-        if merging and not accelerators[accel].merge:
+        if not accelerators[accel].merge:
             tag += f"m{index}"
         if tag:
             updates[mod.get_global_var(name)] = func.with_attr(
@@ -143,54 +142,28 @@ def _tag_composites(
     return tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
-def _wrap_each(mod: tvm.IRModule) -> tvm.IRModule:
-    """One partition per composite, shaped as MergeCompositeFunctions shapes them.
+def _outer(comp: relax.Function, codegen: str) -> relax.Function:
+    """A partition function holding one composite, shaped as MergeCompositeFunctions shapes them.
 
-    Each composite call of ``main`` becomes a call of an outer function
-    (``Codegen`` = the composite's accelerator, tag included) that holds the
-    composite as a local function.
+    ``Codegen`` is the composite's accelerator (with its tag, if any); the
+    composite is a local function called once. Built directly rather than
+    through ``bb.function``: the module is normalized once, at the end.
     """
-    composites = _composites(mod)
-    keep = {
-        gv: f
-        for gv, f in mod.functions.items()
-        if name_of(gv) != "main" and name_of(gv) not in composites
-    }
-    bb = relax.BlockBuilder(tvm.IRModule(keep, attrs=mod.attrs))
+    params = [relax.Var(name_of(p), type_of(p)) for p in comp.params]
+    inner = comp.without_attr("Primitive")
+    local = relax.Var("local", type_of(inner))
+    result = relax.Var("result", ret_type(comp))
+    bindings = [relax.VarBinding(local, inner), relax.VarBinding(result, relax.Call(local, params))]
+    body = relax.SeqExpr([relax.BindingBlock(bindings)], result)
+    return relax.Function(params, body, ret_type(comp), True).with_attr("Codegen", codegen)
 
-    def wrap(binding: relax.VarBinding) -> relax.Expr:
-        value = binding.value
-        if not (
-            isinstance(value, relax.Call)
-            and isinstance(value.op, relax.GlobalVar)
-            and name_of(value.op) in composites
-        ):
-            return value
-        comp = composites[name_of(value.op)]
-        codegen = str(comp.attrs["Composite"]).split(".", 1)[0]
-        name = f"{name_of(value.op)}_{codegen}"
-        params = [relax.Var(name_of(p), type_of(p)) for p in comp.params]
-        inner = comp.without_attr("Primitive")
-        local = relax.Var("local", type_of(inner))
-        result = relax.Var("result", ret_type(comp))
-        body = relax.SeqExpr(
-            [
-                relax.BindingBlock(
-                    [
-                        relax.VarBinding(local, inner),
-                        relax.VarBinding(result, relax.Call(local, params)),
-                    ]
-                )
-            ],
-            result,
-        )
-        # Built directly, not through bb.function: the module is normalized once, at the end.
-        outer = relax.Function(params, body, ret_type(comp), True).with_attr("Codegen", codegen)
-        gv = bb.add_func(outer, name)
-        return relax.Call(gv, value.args, value.attrs, type_args(value), span=value.span)
 
-    _add_rewritten_main(bb, mod["main"], wrap)
-    return relax.transform.Normalize()(bb.get())
+def _codegen_of(comp: relax.Function, pins: Pins) -> str:
+    """The Codegen of a partition holding only ``comp``: its accelerator, tagged if pinned."""
+    pattern = str(comp.attrs["Composite"])
+    accel = pattern.split(".", 1)[0]
+    instance = _pinned_device(comp, pattern, pins, accel) if pins else None
+    return accel if instance is None else f"{accel}{_TAG}i{instance}"
 
 
 def _untag(name: str) -> tuple[str, int | None]:
@@ -263,7 +236,10 @@ def _add_rewritten_main(bb: relax.BlockBuilder, main: relax.Function, rewrite) -
 
 
 def _one_composite_per_call(
-    mod: tvm.IRModule, accepted: list, position: dict[str, int]
+    mod: tvm.IRModule,
+    accepted: list,
+    position: dict[str, int],
+    wrap: Callable[[relax.Function], str] | None = None,
 ) -> tvm.IRModule:
     """Give every composite call site a composite function of its own, with its own names.
 
@@ -271,6 +247,10 @@ def _one_composite_per_call(
     (two identical relus); each call site must be its own partition, so shared
     composites are copied, and each copy's operators are named after the match
     that made it (matches of one pattern are taken in model order).
+
+    With ``wrap`` (when nothing is merged afterwards), each copy goes straight
+    into a partition function of its own (see :func:`_outer`), whose Codegen
+    ``wrap(copy)`` gives.
     """
     queues: dict[str, list[list[str]]] = {}
     for pattern, nodes in sorted(accepted, key=lambda m: max(position.get(n, -1) for n, _ in m[1])):
@@ -298,7 +278,12 @@ def _one_composite_per_call(
         if names is not None and len(names) != len(_ops_in(func)):
             names = None
         copy = _with_span_names(func, names) if names else func
-        gv = bb.add_func(copy.with_attr("umahub.match", count), f"{name_of(value.op)}_{count}")
+        if wrap is None:
+            gv = bb.add_func(copy.with_attr("umahub.match", count), f"{name_of(value.op)}_{count}")
+        else:
+            codegen = wrap(copy)
+            outer = _outer(copy, codegen).with_attr("umahub.match", count)  # no deduplication
+            gv = bb.add_func(outer, f"{name_of(value.op)}_{count}_{codegen}")
         count += 1
         return relax.Call(gv, value.args, value.attrs, type_args(value), span=value.span)
 
@@ -308,7 +293,8 @@ def _one_composite_per_call(
         for gv, f in bb.get().functions.items()
         if not (f.attrs and "Composite" in f.attrs and "umahub.match" not in f.attrs)
     }
-    return tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
+    out = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
+    return relax.transform.Normalize()(out) if wrap is not None else out
 
 
 def node_name(binding: relax.VarBinding) -> str:
@@ -453,13 +439,14 @@ def partition(
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=False
         )(mod)
-        mod = _one_composite_per_call(mod, accepted, position)
-        merging = any(p.accelerator.merge for p in planned)
-        mod = _tag_composites(mod, pins, accelerators, merging)
-        if merging:
+        if any(p.accelerator.merge for p in planned):
+            mod = _one_composite_per_call(mod, accepted, position)
+            mod = _tag_composites(mod, pins, accelerators)
             mod = relax.transform.MergeCompositeFunctions()(mod)
         else:  # TVM's merge pass grows quadratically with the model: skip it when unused
-            mod = _wrap_each(mod)
+            mod = _one_composite_per_call(
+                mod, accepted, position, wrap=lambda comp: _codegen_of(comp, pins)
+            )
 
     def operator(row: _Row, device: str = "host", symbol: str = "") -> Operator:
         hit = pins.resolve(row.node, row.op, row.pattern)
