@@ -27,12 +27,11 @@ from umahub._tvm import (
     type_args,
     type_of,
 )
+from umahub.config import HOST
 from umahub.errors import CompileError
 from umahub.memory import tensor_bytes
 
 __all__ = ["Copy", "place_on_devices"]
-
-HOST = "host"
 
 
 @dataclass(frozen=True)

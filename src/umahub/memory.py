@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = ["MemoryPlan", "Need", "PoolUse", "tensor_bytes"]
@@ -130,7 +130,6 @@ class MemoryPlan:
     pools: tuple[PoolUse, ...] = ()
     host_bytes: int = 0
     host_constants: int = 0
-    order: tuple[str, ...] = field(default=())  # devices in the order they were planned
 
     @classmethod
     def for_devices(cls, pools: Iterable[PoolUse]) -> MemoryPlan:
@@ -154,13 +153,11 @@ class MemoryPlan:
         pools = tuple(
             p.add(need) if (p.device, p.scope) == (device, scope) else p for p in self.pools
         )
-        return replace(self, pools=pools, order=(*self.order, device))
+        return replace(self, pools=pools)
 
     def with_host(self, host_bytes: int, host_constants: int) -> MemoryPlan:
         """The plan with the host's planned bytes set."""
-        return replace(
-            self, host_bytes=host_bytes, host_constants=host_constants, order=(*self.order, "host")
-        )
+        return replace(self, host_bytes=host_bytes, host_constants=host_constants)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for the report."""

@@ -58,6 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from umahub.config import HOST
+
 if TYPE_CHECKING:
     from umahub.build import Copy
     from umahub.context import Operator
@@ -108,7 +110,6 @@ OTHER_FLOPS = 1e5
 #: A group with more operators than this shows the ones in the middle as marks.
 MAX_ROWS = 10
 
-HOST = "host"
 
 # ---------------------------------------------------------------------- the schedule
 
