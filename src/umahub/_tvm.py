@@ -20,12 +20,14 @@ import tvm
 from tvm import relax
 
 __all__ = [
+    "Analyzer",
     "Constant",
     "TensorType",
     "TupleType",
     "VDevice",
     "call_dps_packed",
     "name_of",
+    "rebind",
     "ret_type",
     "type_args",
     "type_of",
@@ -35,6 +37,20 @@ TensorType: Any = getattr(relax, "TensorStructInfo", None) or relax.TensorType
 TupleType: Any = getattr(relax, "TupleStructInfo", None) or relax.TupleType
 Constant: Any = getattr(relax, "Constant", None) or tvm.ir.expr.Constant
 VDevice: Any = getattr(relax, "VDevice", None) or tvm.ir.VDevice
+
+
+def _analyzer() -> Any:
+    try:
+        from tvm.sym import Analyzer  # apache-tvm 0.27
+
+        return Analyzer
+    except ImportError:
+        from tvm.arith import Analyzer  # 0.25, 0.26
+
+        return Analyzer
+
+
+Analyzer: Any = _analyzer()
 
 
 def name_of(var: Any) -> str:
@@ -65,3 +81,18 @@ def type_args(call: Any) -> Any:
     """The type arguments of a Relax call (``sinfo_args``, ``ty_args`` in 0.27)."""
     args = getattr(call, "sinfo_args", None)
     return args if args is not None else call.ty_args
+
+
+def rebind(binding: Any, value: Any) -> Any:
+    """A binding of the same kind as ``binding`` (``VarBinding`` or ``MatchCast``) to ``value``.
+
+    A ``MatchCast`` defines the symbolic sizes of a shape computed at run time
+    (ONNX's Unsqueeze or Tile with their axes as an input); rebuilding it as a
+    plain ``VarBinding`` would leave those sizes undefined.
+    """
+    if isinstance(binding, relax.MatchCast):
+        cast_to = getattr(binding, "struct_info", None)
+        if cast_to is None:
+            cast_to = binding.ty
+        return relax.MatchCast(binding.var, value, cast_to)
+    return relax.VarBinding(binding.var, value)

@@ -21,6 +21,7 @@ from tvm import relax
 from umahub._tvm import (
     Constant,
     TensorType,
+    TupleType,
     VDevice,
     call_dps_packed,
     name_of,
@@ -57,17 +58,34 @@ class _Substitute(relax.PyExprMutator):
         super().__init__()
         self.mapping = mapping
 
+    # Variables bound inside the expression (an If's branches) may be re-created
+    # by the mutator as it goes: those are left to it.
     def visit_var_(self, var):
-        return self.mapping.get(var, var)
+        return self.mapping[var] if var in self.mapping else super().visit_var_(var)
 
     def visit_dataflow_var_(self, var):
-        return self.mapping.get(var, var)
+        return self.mapping[var] if var in self.mapping else super().visit_dataflow_var_(var)
 
 
 def _on(ty, vdevice):
-    """A tensor type placed on ``vdevice`` (other types as they are)."""
+    """A tensor type (or a tuple of them) placed on ``vdevice``; other types as they are."""
     if isinstance(ty, TensorType):
         return TensorType(ty.shape, ty.dtype, vdevice)
+    if isinstance(ty, TupleType):
+        return TupleType([_on(f, vdevice) for f in ty.fields])
+    return ty
+
+
+def _dps_outputs(ty):
+    """The output types ``call_dps_packed`` takes: one tensor type, or a list for a tuple.
+
+    A partition returns a tuple when a value computed inside it is also read
+    outside (MergeCompositeFunctions gives it one output per such value).
+    """
+    if isinstance(ty, TupleType):
+        if not all(isinstance(f, TensorType) for f in ty.fields):
+            raise CompileError(f"a partition must return tensors or a flat tuple of them, not {ty}")
+        return list(ty.fields)
     return ty
 
 
@@ -161,9 +179,19 @@ def place_on_devices(
         if (expr, device) in fetched:  # a copy made before, or a weight parameter
             return fetched[(expr, device)]
         source = where.get(expr, HOST)
-        if source == device or not isinstance(type_of(expr), TensorType):
+        if source == device:
             return expr
         key = (expr, device)
+        if isinstance(type_of(expr), TupleType):  # a multi-output partition: field by field
+            fields = []
+            for i in range(len(type_of(expr).fields)):
+                item = bb.emit(relax.TupleGetItem(expr, i))
+                where[item] = source
+                fields.append(fetch(item, device))
+            fetched[key] = bb.emit(relax.Tuple(fields))
+            return fetched[key]
+        if not isinstance(type_of(expr), TensorType):
+            return expr
         if key not in fetched:
             fetched[key] = bb.emit(relax.op.to_vdevice(expr, vdevices[index[device]]))
             accelerator_end = device if device != HOST else source
@@ -196,39 +224,53 @@ def place_on_devices(
         return _Substitute(mapping).visit_expr(value) if mapping else value
 
     attrs = {str(k): v for k, v in main.attrs.items()} if main.attrs else None
+
+    def emit(binding: relax.Binding, dataflow: bool) -> None:
+        value = binding.value
+        name = name_of(binding.var)
+        if isinstance(binding, relax.MatchCast):  # defines symbolic sizes: kept, on the host
+            var = type(binding.var)(name, type_of(binding.var))
+            bb.emit_normalized(relax.MatchCast(var, bb.normalize(host_value(value)), type_of(var)))
+            remap[binding.var] = var
+            return
+        call = _partition_call(mod, value)
+        tuple_value = (
+            remap.get(value.tuple_value, value.tuple_value)
+            if isinstance(value, relax.TupleGetItem)
+            else None
+        )
+        if call is not None and call[0] in device_of:
+            symbol, call_args = call
+            device = device_of[symbol]
+            args = [fetch(remap.get(a, a), device) for a in call_args]
+            out_ty = _dps_outputs(_on(type_of(value), vdevices[index[device]]))
+            new = call_dps_packed(relax.ExternFunc(symbol), relax.Tuple(args), out_ty)
+        elif tuple_value is not None and where.get(tuple_value, HOST) != HOST:
+            # an output of a multi-output partition stays on its device until read
+            device, new = where[tuple_value], relax.TupleGetItem(tuple_value, value.index)
+        else:
+            device, new = HOST, host_value(value)
+        if not dataflow or isinstance(binding.var, relax.DataflowVar):
+            var = bb.emit(new, name)
+            if device != HOST:
+                where[var] = device
+        else:  # a dataflow block's output lives on the host
+            if device != HOST:
+                on_device = bb.emit(new, name)
+                where[on_device] = device
+                new = fetch(on_device, HOST)
+            var = bb.emit_output(new, name)
+        remap[binding.var] = var
+
     with bb.function("main", params + weight_params, attrs=attrs, pure=main.is_pure):
         for block in main.body.blocks:
-            if not isinstance(block, relax.DataflowBlock):
-                raise CompileError(
-                    "umahub compiles a main made of dataflow blocks only "
-                    "(no control flow); got a plain binding block"
-                )
-            with bb.dataflow():
+            if isinstance(block, relax.DataflowBlock):
+                with bb.dataflow():
+                    for binding in block.bindings:
+                        emit(binding, dataflow=True)
+            else:  # a plain block (control flow, impure calls): everything on the host
                 for binding in block.bindings:
-                    if not isinstance(binding, relax.VarBinding):
-                        raise CompileError(f"unsupported binding {type(binding).__name__} in main")
-                    value = binding.value
-                    call = _partition_call(mod, value)
-                    if call is not None and call[0] in device_of:
-                        symbol, call_args = call
-                        device = device_of[symbol]
-                        args = [fetch(remap.get(a, a), device) for a in call_args]
-                        out_ty = _on(type_of(value), vdevices[index[device]])
-                        new = call_dps_packed(relax.ExternFunc(symbol), relax.Tuple(args), out_ty)
-                    else:
-                        device, new = HOST, host_value(value)
-                    name = name_of(binding.var)
-                    if isinstance(binding.var, relax.DataflowVar):
-                        var = bb.emit(new, name)
-                        if device != HOST:
-                            where[var] = device
-                    else:  # a block output lives on the host
-                        if device != HOST:
-                            on_device = bb.emit(new, name)
-                            where[on_device] = device
-                            new = fetch(on_device, HOST)
-                        var = bb.emit_output(new, name)
-                    remap[binding.var] = var
+                    emit(binding, dataflow=False)
         bb.emit_func_output(_Substitute(remap).visit_expr(main.body.body))
     if weights:
         with bb.function("umahub_weights", []):

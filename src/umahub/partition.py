@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from umahub._tvm import name_of, ret_type, type_args, type_of
+from umahub._tvm import name_of, rebind, ret_type, type_args, type_of
 from umahub.accelerator import Accelerator
 from umahub.context import Operator
 from umahub.errors import PlacementError
@@ -66,6 +66,22 @@ def _composites(mod: tvm.IRModule) -> dict[str, relax.Function]:
         for gv, f in mod.functions.items()
         if isinstance(f, relax.Function) and f.attrs and "Composite" in f.attrs
     }
+
+
+def _mergeable(main: relax.Function) -> bool:
+    """Whether TVM's MergeCompositeFunctions can take ``main`` (TVM 0.25-0.27).
+
+    The pass handles plain variable bindings in dataflow blocks only: a
+    ``MatchCast`` (a shape computed at run time) or a plain block (control
+    flow) makes it fail. Such a module is partitioned one match per partition,
+    which is always correct, only with more calls between the host and the
+    accelerators.
+    """
+    return all(
+        isinstance(block, relax.DataflowBlock)
+        and all(isinstance(b, relax.VarBinding) for b in block.bindings)
+        for block in main.body.blocks
+    )
 
 
 def _ops_in(func: relax.Function) -> list[tuple[str, str]]:
@@ -198,7 +214,7 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
                 name = pending.pop(0) if pending is not None else name_of(binding.var)
                 span = tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
                 value = relax.Call(value.op, value.args, value.attrs, type_args(value), span=span)
-            bindings.append(relax.VarBinding(binding.var, value))
+            bindings.append(rebind(binding, value))
         blocks.append(type(block)(bindings))
     return relax.Function(
         func.params, relax.SeqExpr(blocks, func.body.body), ret_type(func), func.is_pure, func.attrs
@@ -207,8 +223,8 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
 
 def _name_nodes(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every operator of ``main`` named in its span (see _with_span_names)."""
-    funcs = {name_of(gv): f for gv, f in mod.functions.items()}
-    funcs["main"] = _with_span_names(mod["main"])
+    funcs = dict(mod.functions)  # keyed by GlobalVar: main's calls of the others stay bound
+    funcs[mod.get_global_var("main")] = _with_span_names(mod["main"])
     return relax.transform.Normalize()(
         tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
     )
@@ -220,8 +236,7 @@ def _add_rewritten_main(bb: relax.BlockBuilder, main: relax.Function, rewrite) -
     ``rewrite(binding) -> value`` is called once per binding, in order.
     """
     blocks = [
-        type(block)([relax.VarBinding(b.var, rewrite(b)) for b in block.bindings])
-        for block in main.body.blocks
+        type(block)([rebind(b, rewrite(b)) for b in block.bindings]) for block in main.body.blocks
     ]
     bb.add_func(
         relax.Function(
@@ -288,11 +303,16 @@ def _one_composite_per_call(
         return relax.Call(gv, value.args, value.attrs, type_args(value), span=value.span)
 
     _add_rewritten_main(bb, mod["main"], own_copy)
-    funcs = {
-        gv: f
-        for gv, f in bb.get().functions.items()
-        if not (f.attrs and "Composite" in f.attrs and "umahub.match" not in f.attrs)
-    }
+    built = bb.get()
+    nested = {name_of(gv) for gv in relax.analysis.all_global_vars(built["main"])}
+    funcs = {}
+    for gv, f in built.functions.items():
+        if f.attrs and "Composite" in f.attrs and "umahub.match" not in f.attrs:
+            if name_of(gv) not in nested:
+                continue  # every call of it now calls a copy
+            # A match inside control flow (an If branch) is not placed: the host runs it.
+            f = f.without_attr("Composite").without_attr("Primitive")
+        funcs[gv] = f
     out = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
     return relax.transform.Normalize()(out) if wrap is not None else out
 
@@ -439,7 +459,9 @@ def partition(
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=False
         )(mod)
-        if any(p.accelerator.merge for p in planned):
+        if not _composites(mod):
+            pass  # nothing matched: the module goes on as it was
+        elif any(p.accelerator.merge for p in planned) and _mergeable(mod["main"]):
             mod = _one_composite_per_call(mod, accepted, position)
             mod = _tag_composites(mod, pins, accelerators)
             mod = relax.transform.MergeCompositeFunctions()(mod)
