@@ -21,12 +21,23 @@ the pool's size.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["MemoryPlan", "Need", "PoolUse", "tensor_bytes"]
+__all__ = [
+    "UNBOUNDED",
+    "MemoryPlan",
+    "Need",
+    "PoolUse",
+    "bounded",
+    "size_bounds",
+    "symbolic_sizes",
+    "tensor_bytes",
+]
 
 
 @functools.lru_cache(maxsize=64)
@@ -37,23 +48,94 @@ def _element_bytes(dtype: str) -> int:
     return (data_type.bits * data_type.lanes + 7) // 8
 
 
-def tensor_bytes(struct_info: Any) -> int:
-    """Bytes of a tensor type (or the sum over a tuple) with a static shape; 0 if unknown."""
+UNBOUNDED = 2**62
+"""What :func:`tensor_bytes` gives with ``unknown=UNBOUNDED``: more than any pool."""
+
+_BOUNDS: contextvars.ContextVar[Mapping[str, int] | None] = contextvars.ContextVar(
+    "umahub_size_bounds", default=None
+)
+
+
+def size_bounds(main: Any) -> dict[str, int]:
+    """Upper bounds of ``main``'s symbolic sizes, from its ``tir_var_upper_bound`` attribute.
+
+    That attribute is TVM's own way to bound a dynamic dimension (Relax's memory
+    planner reads it too): ``main.with_attr("tir_var_upper_bound", {"n": 64})``.
+    """
+    attrs = getattr(main, "attrs", None)
+    if not attrs or "tir_var_upper_bound" not in attrs:
+        return {}
+    return {str(k): int(v) for k, v in attrs["tir_var_upper_bound"].items()}
+
+
+@contextlib.contextmanager
+def bounded(bounds: Mapping[str, int]) -> Iterator[None]:
+    """While inside, :func:`tensor_bytes` sizes symbolic dimensions by these upper bounds."""
+    token = _BOUNDS.set(dict(bounds))
+    try:
+        yield
+    finally:
+        _BOUNDS.reset(token)
+
+
+def _dim(dim: Any, bounds: Mapping[str, int]) -> int | None:
+    value = getattr(dim, "value", None)
+    if value is not None:
+        return int(value)
+    if not bounds:
+        return None
+    import tvm
+
+    from umahub._tvm import Analyzer
+
+    tir = getattr(tvm, "tirx", None) or tvm.tir  # renamed in apache-tvm 0.26
+    analyzer = Analyzer()
+    for var in tir.analysis.undefined_vars(dim):
+        if str(var.name) not in bounds:
+            return None
+        analyzer.bind(var, tvm.ir.Range(0, bounds[str(var.name)] + 1))
+    upper = analyzer.const_int_bound(dim).max_value
+    return None if upper >= 2**62 else int(upper)
+
+
+def symbolic_sizes(struct_info: Any) -> set[str]:
+    """Names of the sizes of a tensor type (or tuple) known only at run time."""
     from umahub._tvm import TensorType, TupleType
 
     if isinstance(struct_info, TupleType):
-        return sum(tensor_bytes(f) for f in struct_info.fields)
+        return set().union(*(symbolic_sizes(f) for f in struct_info.fields))
+    if not isinstance(struct_info, TensorType):
+        return set()
+    shape = getattr(struct_info.shape, "values", None) if struct_info.shape is not None else None
+    if shape is None:
+        return {"?"} if struct_info.ndim != 0 else set()
+    return {str(d) for d in shape if getattr(d, "value", None) is None}
+
+
+def tensor_bytes(struct_info: Any, unknown: int = 0) -> int:
+    """Bytes of a tensor type (or the sum over a tuple).
+
+    A size known only at run time counts by its upper bound while inside
+    :func:`bounded`; without one, the tensor counts as ``unknown`` bytes (0 by
+    default: the report's sizes; :data:`UNBOUNDED` where a check must not
+    assume that a tensor fits).
+    """
+    from umahub._tvm import TensorType, TupleType
+
+    if isinstance(struct_info, TupleType):
+        return sum(tensor_bytes(f, unknown) for f in struct_info.fields)
     if not isinstance(struct_info, TensorType) or struct_info.shape is None:
-        return 0
+        return unknown if isinstance(struct_info, TensorType) else 0
     shape = getattr(struct_info.shape, "values", None)
     if shape is None:
-        return 0
+        return unknown
+    bounds = _BOUNDS.get() or {}
     count = 1
     for dim in shape:
-        value = getattr(dim, "value", None)
+        value = _dim(dim, bounds)
         if value is None:
-            return 0
-        count *= int(value)
+            return unknown
+        count *= value
     return count * _element_bytes(str(struct_info.dtype))
 
 

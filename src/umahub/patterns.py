@@ -52,14 +52,20 @@ def calls(ctx: Any, op_name: str | None = None) -> list[Any]:
 
 
 def match_bytes(ctx: Any) -> int:
-    """Bytes of every tensor a match reads or writes: inputs, intermediates, outputs."""
+    """Bytes of every tensor a match reads or writes: inputs, intermediates, outputs.
+
+    A tensor whose size is known only at run time counts by the upper bound of
+    its sizes (``tir_var_upper_bound`` on ``main``), and without one as
+    :data:`umahub.memory.UNBOUNDED`: a check against a pool's size then refuses
+    the match rather than assume that it fits.
+    """
     from tvm import relax
 
     from umahub._tvm import TensorType, type_of
-    from umahub.memory import tensor_bytes
+    from umahub.memory import UNBOUNDED, tensor_bytes
 
     produced = list(ctx.matched_bindings.keys())
-    total = sum(tensor_bytes(type_of(v)) for v in ctx.matched_bindings.values())
+    total = sum(tensor_bytes(type_of(v), UNBOUNDED) for v in ctx.matched_bindings.values())
     inputs: list[Any] = []
     for value in ctx.matched_bindings.values():
         args = value.args if isinstance(value, relax.Call) else ()
@@ -69,5 +75,5 @@ def match_bytes(ctx: Any) -> int:
                     continue
                 inputs.append(a)
     return total + sum(
-        tensor_bytes(type_of(a)) for a in inputs if isinstance(type_of(a), TensorType)
+        tensor_bytes(type_of(a), UNBOUNDED) for a in inputs if isinstance(type_of(a), TensorType)
     )
