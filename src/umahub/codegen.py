@@ -11,7 +11,15 @@ The default codegens, named by ``Accelerator.codegen``:
 
 Several C modules are linked into one library; TVM's C codegen defines the
 same two helper symbols in each (``__tvm_ffi__library_ctx`` and, for a module
-with one function, ``__tvm_ffi_main``), so they are made weak.
+with one function, ``__tvm_ffi_main``), so they are made weak. TVM's C printer
+writes infinities and NaN as the names ``inff``, ``nanf``, ``inf`` and ``nan``,
+which no C compiler knows (PyTorch's hardswish is ``clip(x, 0, inf)``): they
+become ``INFINITY`` and ``NAN`` of ``<math.h>``.
+
+Every C module, the default codegen's or a plugin's, is compiled (syntax
+only) when the partition is lowered, not when the model is first exported:
+C that does not compile is a failure of that partition, to which ``on-error``
+applies (see :func:`check_c`).
 
 Each accelerator is also registered as TVM's ``relax.ext.<name>`` codegen, so
 that ``relax.transform.RunCodegen`` places the partitions' modules in the
@@ -22,6 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import re
+import subprocess
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -31,7 +43,15 @@ import tvm_ffi
 from umahub.accelerator import Accelerator
 from umahub.errors import CompileError
 
-__all__ = ["build_default", "export_options", "prepend_c", "register_ext_codegen", "serving"]
+__all__ = [
+    "build_default",
+    "c_special_floats",
+    "check_c",
+    "export_options",
+    "prepend_c",
+    "register_ext_codegen",
+    "serving",
+]
 
 _WEAK = (
     (
@@ -51,14 +71,86 @@ def _function_names(module: Any, symbol: str) -> list[str]:
     return names
 
 
+# A string literal (left as it is) or one of the names TVM prints for special floats.
+_SPECIAL_FLOAT = re.compile(r'("(?:\\.|[^"\\\n])*")|(?<![\w.])(inff|nanf|inf|nan)(?![\w(])')
+_SPECIAL_VALUE = {
+    "inff": "INFINITY",
+    "nanf": "NAN",
+    "inf": "((double)INFINITY)",
+    "nan": "((double)NAN)",
+}
+
+
+def c_special_floats(source: str) -> str:
+    """``source`` with TVM's names for infinities and NaN written as ``<math.h>`` constants."""
+    if not any(name in source for name in ("inf", "nan")):
+        return source
+    return _SPECIAL_FLOAT.sub(lambda m: m.group(1) or _SPECIAL_VALUE[m.group(2)], source)
+
+
 def prepend_c(module: Any, text: str, symbol: str) -> Any:
-    """A C source module with ``text`` on top and its shared helper symbols made weak."""
-    source = module.inspect_source()
+    """A C source module with ``text`` on top, its shared helper symbols made weak,
+    and infinities and NaN written as valid C."""
+    source = c_special_floats(module.inspect_source())
+    if "<math.h>" not in source:
+        source = "#include <math.h>\n" + source
     for old, new in _WEAK:
-        source = source.replace(old, new)
+        if new not in source:
+            source = source.replace(old, new)
     create = tvm_ffi.get_global_func("runtime.CSourceModuleCreate")
     header = text if not text or text.endswith("\n") else text + "\n"
     return create(header + source, "c", _function_names(module, symbol), [])
+
+
+def _c_compiler() -> str:
+    """The compiler that ``export_library`` uses (TVM's ``cc.create_shared``)."""
+    try:
+        from tvm.support import cc  # apache-tvm 0.27
+    except ImportError:  # 0.25, 0.26
+        from tvm.contrib import cc
+    return os.environ.get("CXX") or cc.get_cc() or "g++"
+
+
+def check_c(module: Any, accelerator: Accelerator) -> None:
+    """Compile a C source module's code (syntax only) as the export will.
+
+    Raises:
+        CompileError: the compiler's first error, and the line it points at.
+    """
+    import tvm_ffi.libinfo
+
+    source = module.inspect_source()
+    includes = [
+        tvm.libinfo.find_include_path(),
+        tvm_ffi.libinfo.find_include_path(),
+        tvm_ffi.libinfo.find_dlpack_include_path(),
+        *accelerator.include_dirs,
+    ]
+    with tempfile.TemporaryDirectory(prefix="umahub-c-") as tmp:
+        path = os.path.join(tmp, f"{accelerator.name}.c")
+        with open(path, "w") as f:
+            f.write(source)
+        flags = [f"-I{d}" for d in _flatten(includes)]
+        done = subprocess.run(
+            [_c_compiler(), "-fsyntax-only", "-w", *flags, path],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if "error" in line]
+        first = errors[0].split(f"{accelerator.name}.c:", 1)[-1] if errors else done.stderr
+        raise CompileError(f"the generated C does not compile: {first.strip()}")
+
+
+def _flatten(paths: Iterable[Any]) -> list[str]:
+    out: list[str] = []
+    for p in paths:
+        if isinstance(p, (list, tuple)):
+            out += [str(x) for x in p]
+        elif p:
+            out.append(str(p))
+    return out
 
 
 def build_default(

@@ -31,7 +31,7 @@ from umahub import hookspecs
 from umahub.loading import PluginInfo, unknown_hook_message
 from umahub.markers import PROJECT_NAME
 
-__all__ = ["HOOK_NAMES", "HookCall", "PluginManager", "recording"]
+__all__ = ["HOOK_NAMES", "HookCall", "PluginManager", "last_returned", "recording"]
 
 #: The hook names of the contract, in pipeline order.
 HOOK_NAMES: tuple[str, ...] = tuple(n for n in vars(hookspecs) if n.startswith("umahub_"))
@@ -61,6 +61,14 @@ def recording() -> Iterator[list[HookCall]]:
         yield log
     finally:
         _LOG.reset(token)
+
+
+def last_returned(hook: str) -> str | None:
+    """The plugin whose implementation of ``hook`` last returned a value in this recording."""
+    for call in reversed(_LOG.get() or []):
+        if call.hook == hook and call.returned:
+            return call.plugin
+    return None
 
 
 def _recorded(plugin: str, hook: str, func: Any) -> Any:
