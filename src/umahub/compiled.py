@@ -2,15 +2,25 @@
 
 An exported library is an ordinary TVM shared library (``tvm.runtime.load_module``
 opens it) with a small JSON trailer appended after the ELF image, which
-``dlopen`` ignores: the device list and the inputs' shapes, so that
-:func:`load` can run the model in a new process without the plugins.
+``dlopen`` ignores: the device list, the inputs' signatures and the SHA-256 of
+the library's bytes, so that :func:`load` can run the model in a new process
+without the plugins, and refuses a file that was truncated or changed before
+the dynamic loader ever sees it (a damaged shared library can crash the process
+or compute wrong numbers).
+
+Threads: :meth:`Compiled.run` and :meth:`LoadedModel.run` may be called from
+any number of threads at once. The library and the weights on the devices are
+shared; each thread gets a Relax VM of its own (a VM keeps per-call state in
+its registers, so one VM must not run two calls at once).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,58 +30,159 @@ import numpy as np
 
 from umahub.errors import UmahubError
 
-__all__ = ["Compiled", "LoadedModel", "load"]
+__all__ = ["Compiled", "LoadedModel", "load", "signature_of"]
 
-_MAGIC = b"UMAHUBMETA1"
+_MAGIC = b"UMAHUBMETA2"
+_TRAILER = len(_MAGIC) + 8
+_FORMAT = 2
+
+# One input: its shape (a dimension is an int, or the name of a size known only
+# at run time; None: any rank) and its dtype.
+InputInfo = tuple[tuple[int | str, ...] | None, str]
+
+
+def signature_of(main: Any) -> list[InputInfo]:
+    """The inputs of a Relax ``main``: ``(shape, dtype)`` each, symbolic sizes by name."""
+    from umahub._tvm import TensorType, type_of
+
+    info: list[InputInfo] = []
+    for param in main.params:
+        ty = type_of(param)
+        if not isinstance(ty, TensorType):
+            info.append((None, ""))
+            continue
+        values = getattr(ty.shape, "values", None) if ty.shape is not None else None
+        if values is None:
+            info.append((None if ty.ndim < 0 else ("?",) * ty.ndim, str(ty.dtype)))
+            continue
+        dims = tuple(int(d.value) if hasattr(d, "value") else str(d) for d in values)
+        info.append((dims, str(ty.dtype)))
+    return info
+
+
+def _check_inputs(info: Sequence[InputInfo], arrays: Sequence[Any]) -> None:
+    """Refuse inputs of the wrong number, rank, static size or dtype.
+
+    A symbolic size (``"n"``) takes any value, the same one wherever it appears.
+    """
+    if len(arrays) != len(info):
+        raise UmahubError(f"the model takes {len(info)} input(s), got {len(arrays)}")
+    bound: dict[str, int] = {}
+    for i, ((shape, dtype), a) in enumerate(zip(info, arrays)):
+        if not dtype:
+            continue
+        a = np.asarray(a)
+        ok = str(a.dtype) == dtype and (shape is None or a.ndim == len(shape))
+        for want, got in zip(shape or (), a.shape):
+            if isinstance(want, int):
+                ok = ok and want == got
+            elif want != "?":
+                ok = ok and bound.setdefault(want, got) == got
+        if not ok:
+            shown = "any shape" if shape is None else f"shape {tuple(shape)}"
+            raise UmahubError(
+                f"input {i}: expected {shown} {dtype}, got {tuple(a.shape)} {a.dtype}"
+                + (f" (sizes so far: {bound})" if bound else "")
+            )
+
+
+def example_inputs(info: Sequence[InputInfo], seed: int = 0, size: int = 1) -> list[np.ndarray]:
+    """Random inputs of the model's signature; symbolic sizes get ``size``."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for shape, dtype in info:
+        dims = [d if isinstance(d, int) else size for d in (shape or ())]
+        if dtype == "bool":
+            arrays.append(rng.integers(0, 2, dims).astype(bool))
+        elif np.issubdtype(np.dtype(dtype), np.integer):
+            arrays.append(rng.integers(0, 4, dims).astype(dtype))
+        else:
+            arrays.append(rng.standard_normal(dims).astype(dtype))
+    return arrays
 
 
 def _append_metadata(path: str, meta: dict[str, Any]) -> None:
+    with open(path, "rb") as f:
+        meta = {**meta, "sha256": hashlib.sha256(f.read()).hexdigest()}
     payload = json.dumps(meta).encode()
     with open(path, "ab") as f:
         f.write(payload + len(payload).to_bytes(8, "little") + _MAGIC)
 
 
-def _read_metadata(path: str) -> dict[str, Any] | None:
+def _read_metadata(path: str) -> dict[str, Any]:
+    """The trailer of an exported library, checked against the library's bytes.
+
+    Raises:
+        UmahubError: not a umahub library, or a damaged one.
+    """
+    damaged = (
+        f"{path} is damaged ({{}}); export it again with Compiled.export_library "
+        "or `umahub compile`"
+    )
     with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        tail = len(_MAGIC) + 8
-        if size < tail:
-            return None
-        f.seek(size - tail)
-        trailer = f.read(tail)
-        if not trailer.endswith(_MAGIC):
-            return None
-        length = int.from_bytes(trailer[:8], "little")
-        f.seek(size - tail - length)
-        return json.loads(f.read(length))
+        data = f.read()
+    if len(data) < _TRAILER or not data.endswith(_MAGIC):
+        if b"UMAHUBMETA" in data[-_TRAILER - 4 :]:
+            raise UmahubError(f"{path} was written by an older umahub; export it again")
+        raise UmahubError(f"{path} was not written by umahub (no umahub metadata at its end)")
+    length = int.from_bytes(data[-_TRAILER : -len(_MAGIC)], "little")
+    if length > len(data) - _TRAILER:
+        raise UmahubError(damaged.format("its trailer is cut"))
+    end = len(data) - _TRAILER - length
+    try:
+        meta = json.loads(data[end : len(data) - _TRAILER])
+        ok = (
+            meta.get("umahub") == _FORMAT
+            and isinstance(meta.get("sha256"), str)
+            and isinstance(meta.get("devices"), list)
+            and isinstance(meta.get("inputs"), list)
+            and isinstance(meta.get("weights", []), list)
+        )
+    except (ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise UmahubError(damaged.format("its trailer is not umahub's"))
+    if hashlib.sha256(data[:end]).hexdigest() != meta["sha256"]:
+        raise UmahubError(damaged.format("its bytes differ from those written at export"))
+    return meta
 
 
 class _Runner:
-    """A Relax VM over a loaded library, with numpy in and out.
+    """Relax VMs over one loaded library, with numpy in and out; one VM per thread.
 
     Weights that partitions read on accelerators are extra parameters of
     ``main`` (see :func:`umahub.build.place_on_devices`): they are copied to
-    their devices once, here, not at every inference.
+    their devices once, here, not at every inference, and shared by all VMs.
     """
 
     def __init__(self, library: Any, devices: int, weight_devices: Sequence[int] = ()):
         import tvm
-        from tvm import relax
 
+        self.library = library
         self.devices = [tvm.cpu(i) for i in range(devices)]
-        self.vm = relax.VirtualMachine(library, self.devices)
-        self._main = self.vm["main"]
+        self._local = threading.local()
         self.weights: list[Any] = []
         if weight_devices:
-            values = self.vm["umahub_weights"]()
+            values = self._vm()["umahub_weights"]()
             self.weights = [values[i].copyto(self.devices[d]) for i, d in enumerate(weight_devices)]
+
+    def _vm(self) -> Any:
+        vm = getattr(self._local, "vm", None)
+        if vm is None:
+            from tvm import relax
+
+            vm = self._local.vm = relax.VirtualMachine(self.library, self.devices)
+            self._local.main = vm["main"]
+        return vm
 
     def __call__(self, *arrays: Any) -> Any:
         import tvm
 
-        args = [tvm.runtime.tensor(np.ascontiguousarray(a), self.devices[0]) for a in arrays]
-        return _to_numpy(self._main(*args, *self.weights))
+        self._vm()
+        # np.require keeps 0-d arrays 0-d (np.ascontiguousarray makes them 1-d).
+        host = self.devices[0]
+        args = [tvm.runtime.tensor(np.require(a, requirements="C"), host) for a in arrays]
+        return _to_numpy(self._local.main(*args, *self.weights))
 
 
 def _to_numpy(value: Any) -> Any:
@@ -84,11 +195,11 @@ def _to_numpy(value: Any) -> Any:
 
 @dataclass
 class LoadedModel:
-    """A model loaded from an exported library: ``run`` it with numpy arrays."""
+    """A model loaded from an exported library: ``run`` it with numpy arrays (thread-safe)."""
 
     path: str
     devices: list[str]
-    input_info: list[tuple[tuple[int, ...], str]]
+    input_info: list[InputInfo]
     _runner: _Runner = field(repr=False)
 
     def run(self, *arrays: Any) -> Any:
@@ -97,49 +208,51 @@ class LoadedModel:
         return self._runner(*arrays)
 
 
-def _check_inputs(info: Sequence[tuple[tuple[int, ...], str]], arrays: Sequence[Any]) -> None:
-    if len(arrays) != len(info):
-        raise UmahubError(f"the model takes {len(info)} input(s), got {len(arrays)}")
-    for i, ((shape, dtype), a) in enumerate(zip(info, arrays)):
-        a = np.asarray(a)
-        if tuple(a.shape) != tuple(shape) or str(a.dtype) != dtype:
-            raise UmahubError(
-                f"input {i}: expected shape {tuple(shape)} {dtype}, got {tuple(a.shape)} {a.dtype}"
-            )
+def _input_info(raw: list) -> list[InputInfo]:
+    return [(None if s is None else tuple(s), d) for s, d in raw]
 
 
 def load(path: str | os.PathLike) -> LoadedModel:
-    """Load a library written by :meth:`Compiled.export_library` (no plugins needed)."""
+    """Load a library written by :meth:`Compiled.export_library` (no plugins needed).
+
+    Raises:
+        UmahubError: no such file, not umahub's, or damaged (checked before
+            the library is opened).
+    """
     import tvm
 
     path = str(path)
+    if not os.path.isfile(path):
+        raise UmahubError(f"{path}: no such file")
     meta = _read_metadata(path)
-    if meta is None:
-        raise UmahubError(f"{path} was not written by umahub (no umahub metadata at its end)")
-    library = tvm.runtime.load_module(path)
-    info = [(tuple(s), d) for s, d in meta["inputs"]]
-    runner = _Runner(library, len(meta["devices"]), meta.get("weights", []))
-    return LoadedModel(path, meta["devices"], info, runner)
+    try:
+        library = tvm.runtime.load_module(path)
+        runner = _Runner(library, len(meta["devices"]), meta.get("weights", []))
+    except Exception as exc:
+        raise UmahubError(f"{path} cannot be loaded: {str(exc).strip().splitlines()[-1]}") from exc
+    return LoadedModel(path, meta["devices"], _input_info(meta["inputs"]), runner)
 
 
 class Compiled:
-    """A model compiled by :meth:`umahub.Hub.compile`.
+    """A model compiled by :meth:`umahub.Hub.compile`; ``run`` is thread-safe.
 
     Attributes:
         report: where every operator runs, what each hook did, copies, memory,
             and the time of each stage (:class:`umahub.report.Report`).
         devices: the virtual devices, index = runtime device index (0 = host).
-        input_info: ``(shape, dtype)`` of each input.
+        input_info: ``(shape, dtype)`` of each input; a symbolic size is a
+            string (its name).
     """
 
     def __init__(
         self,
         executable: Any,
         devices: list[str],
-        input_info: list[tuple[tuple[int, ...], str]],
+        input_info: list[InputInfo],
         export_options: list[str],
         report: Any,
         weight_devices: Sequence[int] = (),
+        needs_export: bool = False,
     ):
         self.executable = executable
         self.weight_devices = list(weight_devices)
@@ -147,8 +260,24 @@ class Compiled:
         self.input_info = input_info
         self.export_options = export_options
         self.report = report
-        self._runner: _Runner | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self._runner = self._load(needs_export)
+
+    def _load(self, needs_export: bool) -> _Runner:
+        """The runner, made when the model is compiled (not at its first run).
+
+        C partitions are compiled and linked by an export, exactly as
+        :meth:`export_library` does; a model with none runs from memory.
+        """
+        import tvm
+
+        library = self.executable
+        if needs_export:
+            self._tmp = tempfile.TemporaryDirectory(prefix="umahub-")
+            lib_path = os.path.join(self._tmp.name, "model.so")
+            self.executable.export_library(lib_path, options=list(self.export_options))
+            library = tvm.runtime.load_module(lib_path)
+        return _Runner(library, len(self.devices), self.weight_devices)
 
     def export_library(self, path: str | os.PathLike) -> Path:
         """Write one shared library that :func:`umahub.load` runs, without the plugins."""
@@ -158,27 +287,14 @@ class Compiled:
             str(path),
             {
                 "devices": self.devices,
-                "inputs": [[list(s), d] for s, d in self.input_info],
+                "inputs": [[None if s is None else list(s), d] for s, d in self.input_info],
                 "weights": self.weight_devices,
-                "umahub": 1,
+                "umahub": _FORMAT,
             },
         )
         return path
 
     def run(self, *arrays: Any) -> Any:
-        """Run one inference; numpy in, numpy out (a list for several outputs).
-
-        The first call exports the library to a temporary directory and loads
-        it: C partitions are compiled then, exactly as in an export.
-        """
+        """Run one inference; numpy in, numpy out (a list for several outputs)."""
         _check_inputs(self.input_info, arrays)
-        if self._runner is None:
-            import tvm
-
-            self._tmp = tempfile.TemporaryDirectory(prefix="umahub-")
-            lib_path = os.path.join(self._tmp.name, "model.so")
-            self.executable.export_library(lib_path, options=list(self.export_options))
-            self._runner = _Runner(
-                tvm.runtime.load_module(lib_path), len(self.devices), self.weight_devices
-            )
         return self._runner(*arrays)

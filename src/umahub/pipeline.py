@@ -30,13 +30,21 @@ from tvm import relax
 from umahub import codegen as codegen_stage
 from umahub._tvm import Constant, name_of, ret_type, type_of
 from umahub.build import place_on_devices
-from umahub.compiled import Compiled
+from umahub.compiled import Compiled, signature_of
 from umahub.config import HOST, parse_pin
 from umahub.context import CompileContext
-from umahub.dispatch import HookCall, recording
+from umahub.dispatch import HookCall, last_returned, recording
 from umahub.errors import CompileError, ConfigError, MemoryPoolError, PlacementError, did_you_mean
 from umahub.lowering import default_relax_to_tir
-from umahub.memory import MemoryPlan, Need, PoolUse, tensor_bytes
+from umahub.memory import (
+    MemoryPlan,
+    Need,
+    PoolUse,
+    bounded,
+    size_bounds,
+    symbolic_sizes,
+    tensor_bytes,
+)
 from umahub.partition import Partition, Partitioned, partition, to_host
 from umahub.placement import Pins, model_pins, pinned_accelerators, plan_patterns
 from umahub.report import PartitionReport, Report, hooks_that_acted
@@ -209,6 +217,22 @@ def _need(p: Partition, func: relax.Function, call_args: list[Any], scope_policy
     return Need(resident, transient)
 
 
+def _run_time_sizes(main: relax.Function) -> set[str]:
+    """Symbolic sizes of ``main``'s inputs and of the tensors its bindings compute."""
+    sizes = set().union(*(symbolic_sizes(type_of(p)) for p in main.params))
+    for block in main.body.blocks:
+        for b in block.bindings:
+            sizes |= symbolic_sizes(type_of(b.var))
+    return sizes
+
+
+def _unbounded_sizes(func: relax.Function, call_args: list[Any], bounds: dict) -> set[str]:
+    """Symbolic sizes of a partition's tensors that no upper bound covers."""
+    sizes = set().union(*(symbolic_sizes(type_of(p)) for p in func.params))
+    sizes |= symbolic_sizes(ret_type(func))
+    return {s for s in sizes if s not in bounds}
+
+
 def _host_plan(part: Partitioned) -> tuple[int, int]:
     """(peak live bytes, constant bytes) of the host's tensors in ``main``."""
     main = part.mod["main"]
@@ -272,7 +296,25 @@ def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any
         module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
         if module is None:
             module = codegen_stage.build_default(acc, scheduled, ctx.symbol, pipeline)
+    if _module_kind(module) == "c":  # compiled now, so that a failure can fall back
+        module = codegen_stage.prepend_c(module, "", ctx.symbol)
+        try:
+            codegen_stage.check_c(module, acc)
+        except CompileError as exc:
+            plugin = last_returned("umahub_codegen")
+            if plugin is None:
+                raise CompileError(
+                    f"the default C codegen of '{acc.name}' failed for partition {ctx.symbol} "
+                    f"on {ctx.device}: {exc}"
+                ) from exc
+            exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
+            raise
     return module, said
+
+
+def _module_kind(module: Any) -> str:
+    kind = getattr(module, "kind", None)
+    return str(kind if kind is not None else getattr(module, "type_key", ""))
 
 
 def _plan_and_partition(
@@ -282,9 +324,17 @@ def _plan_and_partition(
     clock: _Clock,
     notes: list[str],
 ) -> Partitioned:
-    if "main" not in [name_of(gv) for gv in mod.get_global_vars()]:
+    if not _has_main(mod):
         raise CompileError("the module has no 'main' function to compile")
     with clock.stage("plan"):
+        unbounded = _run_time_sizes(mod["main"]) - set(size_bounds(mod["main"]))
+        if unbounded and hub.accelerators:
+            notes.append(
+                f"sizes {', '.join(sorted(unbounded))} are known only at run time: pattern "
+                "checks count tensors of those sizes as unbounded (umahub.memory.UNBOUNDED) "
+                "and memory pools plan the tensors of static shape only; bound the sizes with "
+                "main's tir_var_upper_bound attribute to place and check them"
+            )
         pins = _pins(hub, mod, placement)
         claimants = hub.claimants
         claiming = {a.name for a in claimants}
@@ -321,6 +371,7 @@ def _memory(
     needs: dict[str, Need] = {}
     misfits: dict[str, str] = {}
     calls = _partition_calls(part)
+    bounds = size_bounds(part.mod["main"])
     for name in order:
         if name == HOST:
             plan = plan.with_host(*_host_plan(part))
@@ -331,6 +382,14 @@ def _memory(
             pool = acc.pool
             if pool is None:
                 continue
+            unknown = _unbounded_sizes(*calls[p.symbol], bounds)
+            if unknown:
+                notes.append(
+                    f"partition {p.symbol} on {p.device}: sizes {', '.join(sorted(unknown))} are "
+                    f"known only at run time; pool '{pool.scope}' is planned with its tensors of "
+                    "static shape only (bound the sizes with main's tir_var_upper_bound "
+                    "attribute to check the worst case)"
+                )
             use = plan.pool(p.device, pool.scope)
             if not use.fits(need):
                 misfits[p.symbol] = _fail(
@@ -350,9 +409,9 @@ def _memory(
 
 def _lowering_failure(exc: Exception, p: Partition, acc: Any) -> tuple[str, Exception, type]:
     """The message, cause and error type for a partition whose lowering failed."""
-    if isinstance(exc, CompileError):  # umahub's own message already names the culprit
-        return str(exc), exc, type(exc)
     plugin, hook = getattr(exc, "umahub_culprit", (None, None))
+    if isinstance(exc, CompileError) and not plugin:  # umahub's message names the culprit
+        return str(exc), exc, type(exc)
     who = f"plugin '{plugin}' failed in {hook}" if plugin else f"lowering of '{acc.name}' failed"
     text = str(exc).strip()
     detail = text.splitlines()[-1] if text else ""  # TVM errors carry a long trace first
@@ -379,8 +438,17 @@ def explain(
     progress: Progress | None = None,
 ) -> Report:
     """Plan placement, memory and copies of ``mod`` without lowering or building it."""
-    with _gc_paused():
+    with _gc_paused(), bounded(_main_bounds(mod)):
         return _explain(hub, mod, placement, progress)
+
+
+def _main_bounds(mod: tvm.IRModule) -> dict[str, int]:
+    main = mod.functions.get(mod.get_global_var("main")) if _has_main(mod) else None
+    return size_bounds(main)
+
+
+def _has_main(mod: tvm.IRModule) -> bool:
+    return "main" in [name_of(gv) for gv in mod.get_global_vars()]
 
 
 def _explain(
@@ -472,6 +540,13 @@ def compile(
         CompileError: a stage failed and ``on-error = "error"`` (or the failure
             cannot fall back, like a model without ``main``).
     """
+    with bounded(_main_bounds(mod)):
+        return _compile(hub, mod, placement, progress)
+
+
+def _compile(
+    hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None, progress: Progress | None
+) -> Compiled:
     clock, notes = _Clock(progress), []
     with _gc_paused():
         part = _plan_and_partition(hub, mod, placement, clock, notes)
@@ -542,8 +617,20 @@ def compile(
         clock.hooks,
         notes,
     )
-    inputs = [
-        (tuple(int(d) for d in type_of(p).shape.values), str(type_of(p).dtype))
-        for p in mod["main"].params
-    ]
-    return Compiled(executable, devices, inputs, options, report, weight_devices)
+    needs_export = any(_module_kind(modules[p.symbol]) == "c" for p in part.partitions)
+    with clock.stage("load"):
+        try:
+            return Compiled(
+                executable,
+                devices,
+                signature_of(mod["main"]),
+                options,
+                report,
+                weight_devices,
+                needs_export,
+            )
+        except Exception as exc:
+            detail = str(exc).strip()
+            raise CompileError(
+                f"the compiled model cannot be linked or loaded: {type(exc).__name__}: {detail}"
+            ) from exc
