@@ -330,7 +330,8 @@ class BrokenC:
     @umahub.hookimpl
     def umahub_codegen(self, accelerator, module, context):
         create = tvm.get_global_func("runtime.CSourceModuleCreate")
-        return create("int broken(void) { return undeclared_name; }\n", "c", [context.symbol], [])
+        source = f"int {context.symbol}(void) {{ return undeclared_name; }}\n"
+        return create(source, "c", [context.symbol], [])
 
 
 def test_c_that_does_not_compile_falls_back_at_compile_time():

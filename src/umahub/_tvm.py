@@ -27,6 +27,7 @@ __all__ = [
     "VDevice",
     "call_dps_packed",
     "name_of",
+    "param_buffers",
     "rebind",
     "ret_type",
     "type_args",
@@ -96,3 +97,17 @@ def rebind(binding: Any, value: Any) -> Any:
             cast_to = binding.ty
         return relax.MatchCast(binding.var, value, cast_to)
     return relax.VarBinding(binding.var, value)
+
+
+def param_buffers(prim_func: Any) -> list[Any]:
+    """The buffer of each PrimFunc parameter, in order (None for a scalar parameter).
+
+    In 0.25 a buffer parameter is a handle with the buffer in ``buffer_map``;
+    in 0.26 and 0.27 the parameter is the buffer itself.
+    """
+    buffer_map = getattr(prim_func, "buffer_map", None)
+    if buffer_map is not None:
+        return [buffer_map.get(p) for p in prim_func.params]
+    tir = getattr(tvm, "tirx", None) or tvm.tir
+    is_buffer = getattr(tir, "is_buffer_var", None)
+    return [p if is_buffer is not None and is_buffer(p) else None for p in prim_func.params]

@@ -124,7 +124,10 @@ def _read_metadata(path: str) -> dict[str, Any]:
     if len(data) < _TRAILER or not data.endswith(_MAGIC):
         if b"UMAHUBMETA" in data[-_TRAILER - 4 :]:
             raise UmahubError(f"{path} was written by an older umahub; export it again")
-        raise UmahubError(f"{path} was not written by umahub (no umahub metadata at its end)")
+        raise UmahubError(
+            f"{path} was not written by umahub (no umahub metadata at its end; a library "
+            "cut short loses it too)"
+        )
     length = int.from_bytes(data[-_TRAILER : -len(_MAGIC)], "little")
     if length > len(data) - _TRAILER:
         raise UmahubError(damaged.format("its trailer is cut"))

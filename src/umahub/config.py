@@ -84,6 +84,13 @@ class Config:
         scope_policy: ``"io"`` (a partition's inputs and outputs live in the
             accelerator's memory scope) or ``"outputs"`` (only its outputs).
         strict: a plugin that fails to load stops the hub instead of being skipped.
+        verify: after the build, run every partition on the model's own values
+            and compare it with the host's lowering of the same operators; a
+            partition that differs is a plugin failure (see :mod:`umahub.verify`).
+        verify_tolerance: the largest error ``verify`` accepts, relative to the
+            largest magnitude of the host's output (at least 1).
+        hook_timeout: seconds the hooks of one partition (or one accelerator's
+            ``umahub_patterns``) may take; past it, a plugin failure. 0: no limit.
         source: where the configuration came from, for messages.
     """
 
@@ -96,6 +103,9 @@ class Config:
     on_error: str = "fallback"
     scope_policy: str = "io"
     strict: bool = False
+    verify: bool = False
+    verify_tolerance: float = 1e-4
+    hook_timeout: float = 600.0
     source: str = "<defaults>"
 
     @classmethod
@@ -208,6 +218,17 @@ def _bool(value: Any, where: str) -> bool:
     return value
 
 
+def _positive(allow_zero: bool):
+    def parse(value: Any, where: str) -> float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or value < 0 or (value == 0 and not allow_zero) or value != value:
+            wanted = "a number >= 0 (0: no limit)" if allow_zero else "a number > 0"
+            raise ConfigError(f"{where}: expected {wanted}, got {_type_name(value)}")
+        return float(value)
+
+    return parse
+
+
 def _hook_order(value: Any, where: str) -> dict[str, tuple[str, ...]]:
     if not isinstance(value, Mapping):
         raise ConfigError(
@@ -235,6 +256,9 @@ _PARSERS = {
     "on-error": _choice(ON_ERROR),
     "scope-policy": _choice(SCOPE_POLICIES),
     "strict": _bool,
+    "verify": _bool,
+    "verify-tolerance": _positive(allow_zero=False),
+    "hook-timeout": _positive(allow_zero=True),
 }
 
 

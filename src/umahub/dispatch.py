@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,15 @@ from umahub import hookspecs
 from umahub.loading import PluginInfo, unknown_hook_message
 from umahub.markers import PROJECT_NAME
 
-__all__ = ["HOOK_NAMES", "HookCall", "PluginManager", "last_returned", "recording"]
+__all__ = [
+    "HOOK_NAMES",
+    "HookCall",
+    "PluginManager",
+    "last_returned",
+    "recording",
+    "returned_by",
+    "running_on",
+]
 
 #: The hook names of the contract, in pipeline order.
 HOOK_NAMES: tuple[str, ...] = tuple(n for n in vars(hookspecs) if n.startswith("umahub_"))
@@ -65,16 +74,37 @@ def recording() -> Iterator[list[HookCall]]:
 
 def last_returned(hook: str) -> str | None:
     """The plugin whose implementation of ``hook`` last returned a value in this recording."""
-    for call in reversed(_LOG.get() or []):
-        if call.hook == hook and call.returned:
-            return call.plugin
-    return None
+    givers = returned_by(hook, 1)
+    return givers[0] if givers else None
+
+
+def returned_by(hook: str, count: int) -> list[str]:
+    """The plugins of the last ``count`` calls of ``hook`` that returned a value, in call order.
+
+    pluggy leaves None results out of a hook's result list; this lines the
+    results up with the plugins that gave them.
+    """
+    givers = [c.plugin for c in (_LOG.get() or []) if c.hook == hook and c.returned]
+    return givers[len(givers) - count :] if count else []
+
+
+# thread id -> (plugin, hook) of the traced implementation running on it, for the
+# message of a time limit that expired (see umahub.timelimit).
+_RUNNING: dict[int, tuple[str, str]] = {}
+
+
+def running_on(thread_id: int | None) -> tuple[str, str] | None:
+    """(plugin, hook) of the traced implementation running on that thread, if any."""
+    return _RUNNING.get(thread_id) if thread_id is not None else None
 
 
 def _recorded(plugin: str, hook: str, func: Any) -> Any:
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
         log = _LOG.get()
+        me = threading.get_ident()
+        outer = _RUNNING.get(me)
+        _RUNNING[me] = (plugin, hook)
         try:
             if log is None:
                 return func(*args, **kwargs)
@@ -84,6 +114,11 @@ def _recorded(plugin: str, hook: str, func: Any) -> Any:
             if not hasattr(exc, "umahub_culprit"):
                 exc.umahub_culprit = (plugin, hook)  # type: ignore[attr-defined]
             raise
+        finally:
+            if outer is None:
+                _RUNNING.pop(me, None)
+            else:
+                _RUNNING[me] = outer
         log.append(HookCall(plugin, hook, time.perf_counter() - start, result is not None))
         return result
 

@@ -12,13 +12,16 @@ from collections.abc import Iterable
 __all__ = [
     "CompileError",
     "ConfigError",
+    "HookTimeoutError",
     "MemoryPoolError",
     "PlacementError",
     "PluginConflictError",
     "PluginLoadError",
+    "PluginOutputError",
     "UmahubError",
     "UnknownModelError",
     "UnsupportedOperatorError",
+    "VerificationError",
     "did_you_mean",
 ]
 
@@ -81,3 +84,15 @@ class MemoryPoolError(CompileError):
 
 class UnknownModelError(UmahubError, LookupError):
     """A model name that the model zoo does not know."""
+
+
+class PluginOutputError(CompileError):
+    """A hook returned something its specification does not allow (see :mod:`umahub.contract`)."""
+
+
+class HookTimeoutError(CompileError):
+    """A plugin's hooks took longer than ``hook-timeout`` for one partition or accelerator."""
+
+
+class VerificationError(CompileError):
+    """A partition's outputs differ from the host's lowering of the same operators."""

@@ -449,13 +449,18 @@ def partition(
     planned: Sequence[PlannedPattern],
     pins: Pins,
     accelerators: Mapping[str, Accelerator],
+    failures: list | None = None,
 ) -> Partitioned:
-    """Partition ``mod`` by the planned patterns; place every partition on an instance."""
+    """Partition ``mod`` by the planned patterns; place every partition on an instance.
+
+    A pattern check that raises refuses its match; ``(pattern, nodes,
+    exception)`` is appended to ``failures`` (see :meth:`PlannedPattern.fusion_pattern`).
+    """
     mod = _name_nodes(relax.transform.ConvertToDataflow()(mod))
     if planned:
         position = {node: i for i, (node, _) in enumerate(_ops_in(mod["main"]))}
         accepted: list = []
-        patterns = [p.fusion_pattern(pins, accepted) for p in planned]
+        patterns = [p.fusion_pattern(pins, accepted, failures) for p in planned]
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=False
         )(mod)

@@ -17,6 +17,7 @@ stops the compile with the same message.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import time
 import warnings
@@ -33,8 +34,22 @@ from umahub.build import place_on_devices
 from umahub.compiled import Compiled, signature_of
 from umahub.config import HOST, parse_pin
 from umahub.context import CompileContext
-from umahub.dispatch import HookCall, last_returned, recording
-from umahub.errors import CompileError, ConfigError, MemoryPoolError, PlacementError, did_you_mean
+from umahub.contract import (
+    checked_codegen,
+    checked_passes,
+    checked_patterns,
+    checked_relax_to_tir,
+)
+from umahub.dispatch import HookCall, last_returned, recording, returned_by
+from umahub.errors import (
+    CompileError,
+    ConfigError,
+    MemoryPoolError,
+    PlacementError,
+    PluginOutputError,
+    VerificationError,
+    did_you_mean,
+)
 from umahub.lowering import default_relax_to_tir
 from umahub.memory import (
     MemoryPlan,
@@ -48,6 +63,7 @@ from umahub.memory import (
 from umahub.partition import Partition, Partitioned, partition, to_host
 from umahub.placement import Pins, model_pins, pinned_accelerators, plan_patterns
 from umahub.report import PartitionReport, Report, hooks_that_acted
+from umahub.timelimit import within
 from umahub.tir_phases import PHASES, use_phase_passes
 
 if TYPE_CHECKING:
@@ -120,9 +136,22 @@ def _pins(hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None) -> P
 
 
 def _patterns_getter(hub: Hub, notes: list[str]) -> Callable[[Any], list[Any]]:
+    def ask(acc: Any) -> list[Any]:
+        with recording() as calls:
+            results = hub.traced_hook.umahub_patterns(accelerator=acc)
+        givers = [c.plugin for c in calls if c.returned]  # pluggy drops None results
+        patterns = []
+        for plugin, result in zip(givers, results):
+            try:
+                patterns += checked_patterns(acc, result)
+            except PluginOutputError as exc:
+                exc.umahub_culprit = (plugin, "umahub_patterns")  # type: ignore[attr-defined]
+                raise
+        return patterns
+
     def patterns_of(acc: Any) -> list[Any]:
         try:
-            results = hub.traced_hook.umahub_patterns(accelerator=acc)
+            return within(hub.config.hook_timeout, lambda: ask(acc), f"patterns of {acc.name}")
         except Exception as exc:
             plugin, hook = getattr(exc, "umahub_culprit", (hub.owner(acc.name), "umahub_patterns"))
             message = (
@@ -134,7 +163,6 @@ def _patterns_getter(hub: Hub, notes: list[str]) -> Callable[[Any], list[Any]]:
             _warn(f"{message}; '{acc.name}' claims nothing in this compile")
             notes.append(message)
             return []
-        return [p for result in results for p in (result or [])]
 
     return patterns_of
 
@@ -272,13 +300,8 @@ def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any
     tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
     if tir_mod is None:
         tir_mod = default_relax_to_tir(func, ctx.symbol, acc.name)
-    elif not isinstance(tir_mod, tvm.IRModule) or ctx.symbol not in [
-        name_of(gv) for gv in tir_mod.get_global_vars()
-    ]:
-        raise CompileError(
-            f"umahub_relax_to_tir for '{acc.name}' must return a tvm.IRModule "
-            f"with a PrimFunc named '{ctx.symbol}', got {type(tir_mod).__name__}"
-        )
+    else:
+        _blame("umahub_relax_to_tir", checked_relax_to_tir, tir_mod, ctx.symbol, func)
     schedule = tvm.s_tir.Schedule(tir_mod)
     schedule.work_on(ctx.symbol)
     said = [
@@ -287,15 +310,26 @@ def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any
         if isinstance(s, str)
     ]
     scheduled = schedule.mod
-    phase_passes = {}
+    phase_passes: dict[int, list[Any]] = {}
+    failed: list[str] = []  # the plugin whose pass raised: TVM's FFI drops exception attributes
     for phase in PHASES:
         results = hub.traced_hook.umahub_tir_passes(accelerator=acc, phase=phase, context=ctx)
-        phase_passes[phase] = [p for r in results for p in (r or [])]
+        phase_passes[phase] = []
+        for plugin, result in zip(returned_by("umahub_tir_passes", len(results)), results):
+            passes = _blame("umahub_tir_passes", checked_passes, result, phase)
+            phase_passes[phase] += [_attributed(p, plugin, failed) for p in passes]
     with use_phase_passes(phase_passes) as pipeline:
         ctx = replace(ctx, tir_pipeline=pipeline)
-        module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
-        if module is None:
-            module = codegen_stage.build_default(acc, scheduled, ctx.symbol, pipeline)
+        try:
+            module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
+            if module is None:
+                module = codegen_stage.build_default(acc, scheduled, ctx.symbol, pipeline)
+            else:
+                _blame("umahub_codegen", checked_codegen, module, ctx.symbol, _module_kind)
+        except Exception as exc:
+            if failed:
+                exc.umahub_culprit = (failed[0], "umahub_tir_passes")  # type: ignore[attr-defined]
+            raise
     if _module_kind(module) == "c":  # compiled now, so that a failure can fall back
         module = codegen_stage.prepend_c(module, "", ctx.symbol)
         try:
@@ -310,6 +344,31 @@ def _lower_one(hub: Hub, ctx: CompileContext, func: relax.Function) -> tuple[Any
             exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
             raise
     return module, said
+
+
+def _attributed(tir_pass: Any, plugin: str, failed: list[str]) -> Any:
+    """``tir_pass`` wrapped so that, when it raises, ``failed`` gets the plugin's name."""
+
+    @tvm.transform.module_pass(opt_level=0, name=f"umahub.{plugin}.{tir_pass.info.name}")
+    def run(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        try:
+            return tir_pass(mod)
+        except Exception:
+            failed.append(plugin)
+            raise
+
+    return run
+
+
+def _blame(hook: str, check: Callable[..., Any], *args: Any) -> Any:
+    """Run a contract check on what ``hook`` returned; a failure names the plugin that gave it."""
+    try:
+        return check(*args)
+    except PluginOutputError as exc:
+        plugin = last_returned(hook)
+        if plugin is not None:
+            exc.umahub_culprit = (plugin, hook)  # type: ignore[attr-defined]
+        raise
 
 
 def _module_kind(module: Any) -> str:
@@ -344,12 +403,34 @@ def _plan_and_partition(
         planned = plan_patterns(claimants, pinned_only, _patterns_getter(hub, notes))
     with clock.stage("partition"):
         accelerators = {a.name: a for a in hub.accelerators}
-        part = partition(mod, planned, pins, accelerators)
+        failures: list = []
+        part = partition(mod, planned, pins, accelerators, failures)
+        _check_failures(hub, failures, notes)
         names: dict[str, list[str]] = {}
         for p in planned:
             names.setdefault(p.accelerator.name, []).append(p.name)
         _check_pins(part, pins, hub, names, notes)
     return part
+
+
+def _check_failures(hub: Hub, failures: list, notes: list[str]) -> None:
+    """Pattern checks that raised: their matches were refused; say so, once per pattern."""
+    seen: dict[str, int] = {}
+    for pattern, _, _ in failures:
+        seen[pattern] = seen.get(pattern, 0) + 1
+    for pattern, count in seen.items():
+        _, nodes, exc = next(f for f in failures if f[0] == pattern)
+        accelerator = pattern.split(".", 1)[0]
+        message = (
+            f"plugin '{hub.owner(accelerator)}' failed in the check of pattern '{pattern}' "
+            f"(from umahub_patterns) on {', '.join(nodes) or 'a match'}"
+            f"{f' and {count - 1} more match(es)' if count > 1 else ''}: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        if hub.config.on_error == "error":
+            raise CompileError(message) from exc
+        _warn(f"{message}; those operators go to the next claimant or the host")
+        notes.append(message)
 
 
 def _fail(hub: Hub, message: str, exc: BaseException | None, error_type: type) -> str:
@@ -525,6 +606,7 @@ def compile(
     *,
     placement: Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    verify: bool | None = None,
 ) -> Compiled:
     """Compile ``mod`` through the hub's plugins.
 
@@ -535,17 +617,25 @@ def compile(
         placement: pins for this compile, ``{selector: "accel[:i]" | "host"}``;
             they override the config's and the model's.
         progress: called as ``progress(stage, detail)`` when a stage starts.
+        verify: check every partition against the host's lowering of its
+            operators on the model's own values (:mod:`umahub.verify`); None:
+            the config's ``verify``.
 
     Raises:
         CompileError: a stage failed and ``on-error = "error"`` (or the failure
             cannot fall back, like a model without ``main``).
     """
+    verify = hub.config.verify if verify is None else verify
     with bounded(_main_bounds(mod)):
-        return _compile(hub, mod, placement, progress)
+        return _compile(hub, mod, placement, progress, verify)
 
 
 def _compile(
-    hub: Hub, mod: tvm.IRModule, placement: Mapping[str, str] | None, progress: Progress | None
+    hub: Hub,
+    mod: tvm.IRModule,
+    placement: Mapping[str, str] | None,
+    progress: Progress | None,
+    verify: bool,
 ) -> Compiled:
     clock, notes = _Clock(progress), []
     with _gc_paused():
@@ -576,20 +666,122 @@ def _compile(
             with clock.stage("lower", f"{p.symbol} on {p.device}"), recording() as calls:
                 start = time.perf_counter()
                 try:
-                    modules[p.symbol], said = _lower_one(hub, ctx, functions[p.symbol])
+                    modules[p.symbol], said = within(
+                        hub.config.hook_timeout,
+                        functools.partial(_lower_one, hub, ctx, functions[p.symbol]),
+                        f"lowering {p.symbol}",
+                    )
                 except Exception as exc:
                     reports[p.symbol].fallback = _fail(hub, *_lowering_failure(exc, p, acc))
                     notes.append(reports[p.symbol].fallback)
                     modules.pop(p.symbol, None)
                     said = []
                 reports[p.symbol].seconds["lower"] = time.perf_counter() - start
-            clock.count(calls)
-            reports[p.symbol].hooks = hooks_that_acted(calls)
+            clock.count(list(calls))
+            reports[p.symbol].hooks = hooks_that_acted(list(calls))
             reports[p.symbol].schedule = said
             if p.symbol in modules and acc.pool is not None:
                 lowered_plan = lowered_plan.add(p.device, acc.pool.scope, needs[p.symbol])
+    build = functools.partial(
+        _build_and_load, hub, mod, part, modules, reports, notes, clock, lowered_plan
+    )
+    compiled = build()
+    if verify:
+        placed = {p.symbol: functions[p.symbol] for p in part.partitions if p.symbol in modules}
+        placed = {s: f for s, f in placed.items() if not reports[s].fallback}
+        with clock.stage("verify", f"{len(placed)} partition(s)"):
+            wrong = _verify(hub, compiled, placed, reports, notes)
+        if wrong:
+            compiled = build()
+    return compiled
+
+
+def _verify(
+    hub: Hub, compiled: Compiled, functions: dict[str, relax.Function], reports, notes: list[str]
+) -> set[str]:
+    """Verify the placed partitions (see :mod:`umahub.verify`); return those that failed."""
+    from umahub.compiled import example_inputs
+    from umahub.verify import verify_partitions
+
+    runner = compiled._runner
+    verdicts = verify_partitions(
+        runner.library,
+        runner.devices,
+        runner.weights,
+        example_inputs(compiled.input_info, seed=0),
+        functions,
+        hub.config.verify_tolerance,
+    )
+    wrong = set()
+    for symbol, verdict in verdicts.items():
+        report = reports[symbol]
+        report.verified = str(verdict)
+        report.max_error = verdict.max_error
+        if verdict.ok:
+            continue
+        acted = "; ".join(f"{hook}: {', '.join(p)}" for hook, p in report.hooks.items())
+        owner = hub.owner(report.accelerator)
+        message = (
+            f"plugin '{owner}' computes wrong numbers in partition {symbol} "
+            f"({', '.join(report.patterns)}) on {report.device}: {verdict} against the host's "
+            f"lowering of the same operators on the model's own values (hooks that acted: "
+            f"{acted or 'none, the default lowering and codegen'})"
+        )
+        report.fallback = _fail(hub, message, None, VerificationError)
+        notes.append(report.fallback)
+        wrong.add(symbol)
+    return wrong
+
+
+def _build_and_load(
+    hub: Hub,
+    mod: tvm.IRModule,
+    part: Partitioned,
+    modules: dict[str, Any],
+    reports: dict[str, PartitionReport],
+    notes: list[str],
+    clock: _Clock,
+    plan: MemoryPlan,
+) -> Compiled:
+    """Build the host part with the partitions that did not fall back, and load it.
+
+    A failure here is umahub's or TVM's, not one partition's: with ``on-error
+    = "fallback"`` the model is built again with every partition on the host
+    (never worse than plain TVM), with a warning and a note; with ``"error"``
+    the compile stops.
+    """
     fallen = {s for s, r in reports.items() if r.fallback}
-    part = to_host(part, fallen)
+    try:
+        return _build(hub, mod, to_host(part, fallen), modules, reports, notes, clock, plan)
+    except Exception as exc:
+        remaining = {p.symbol for p in part.partitions} - fallen
+        if not remaining:
+            raise
+        text = str(exc).strip()
+        message = (
+            f"building the model with its partitions placed failed ({type(exc).__name__}: "
+            f"{text.splitlines()[-1] if text else ''}); this is a bug of umahub or TVM, "
+            "please report it"
+        )
+        if hub.config.on_error == "error":
+            raise CompileError(message) from exc
+        _warn(f"{message}; every partition runs on the host")
+        notes.append(f"{message}; every partition runs on the host")
+        for symbol in remaining:
+            reports[symbol].fallback = "the placed model failed to build (see the notes)"
+        return _build(hub, mod, to_host(part, set(reports)), {}, reports, notes, clock, plan)
+
+
+def _build(
+    hub: Hub,
+    mod: tvm.IRModule,
+    part: Partitioned,
+    modules: dict[str, Any],
+    reports: dict[str, PartitionReport],
+    notes: list[str],
+    clock: _Clock,
+    plan: MemoryPlan,
+) -> Compiled:
     with clock.stage("build"):
         devices, device_of, kinds = _devices(hub, part)
         copies: list = []
@@ -601,7 +793,7 @@ def _compile(
             with codegen_stage.serving(modules):
                 host = relax.transform.RunCodegen()(host)
             host, copies, weight_devices = place_on_devices(host, device_of, devices, kinds)
-        if fallen:
+        if any(r.fallback for r in reports.values()):
             host = relax.transform.LambdaLift()(host)  # fallen-back composites are local
         executable = _build_host(host, multi_device=len(devices) > 1)
     used = [hub.accelerator(p.accelerator) for p in part.partitions]
@@ -612,7 +804,7 @@ def _compile(
         list(reports.values()),
         devices,
         copies,
-        lowered_plan,
+        plan,
         clock.stages,
         clock.hooks,
         notes,

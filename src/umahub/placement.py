@@ -30,7 +30,6 @@ from tvm import relax
 from umahub._tvm import name_of
 from umahub.accelerator import Accelerator
 from umahub.config import HOST, Pin, parse_pin
-from umahub.errors import CompileError
 
 __all__ = ["MODEL_PLACEMENT_ATTR", "Pins", "PlannedPattern", "annotate", "plan_patterns"]
 
@@ -120,15 +119,17 @@ class PlannedPattern:
     claims: bool  # False: the accelerator takes only what is pinned to it
 
     def fusion_pattern(
-        self, pins: Pins, accepted: list | None = None
+        self, pins: Pins, accepted: list | None = None, failures: list | None = None
     ) -> relax.transform.FusionPattern:
         """The FusionPattern with a check that also enforces the pins.
 
         Every accepted match is appended to ``accepted`` as
-        ``(pattern name, [(node, op), ...])``.
+        ``(pattern name, [(node, op), ...])``. A plugin check that raises
+        refuses the match (its operators go on to the next claimant or the
+        host) and appends ``(pattern name, nodes, exception)`` to ``failures``.
         """
         return relax.transform.FusionPattern(
-            self.name, self.pattern, dict(self.annotations), _guard(self, pins, accepted)
+            self.name, self.pattern, dict(self.annotations), _guard(self, pins, accepted, failures)
         )
 
 
@@ -141,9 +142,16 @@ def matched_operators(ctx: Any) -> list[tuple[str, str]]:
     return nodes
 
 
-def _guard(planned: PlannedPattern, pins: Pins, accepted: list | None) -> Callable[[Any], bool]:
+def _guard(
+    planned: PlannedPattern, pins: Pins, accepted: list | None, failures: list | None
+) -> Callable[[Any], bool]:
     def guarded(ctx: Any) -> bool:
-        ok = _allowed(planned, pins, ctx)
+        try:
+            ok = _allowed(planned, pins, ctx)
+        except Exception as exc:  # a plugin's check: never let it through TVM's pass
+            if failures is not None:
+                failures.append((planned.name, [n for n, _ in matched_operators(ctx)], exc))
+            return False
         if ok and accepted is not None:
             accepted.append((planned.name, matched_operators(ctx)))
         return ok
@@ -173,26 +181,14 @@ def _allowed(planned: PlannedPattern, pins: Pins, ctx: Any) -> bool:
 
 
 def normalise_pattern(accelerator: Accelerator, item: Any) -> tuple[str, Any, dict, Any]:
-    """(name, pattern, annotations, check) of a pattern in either accepted form."""
-    if isinstance(item, relax.transform.FusionPattern):
-        name, pattern = str(item.name), item.pattern
-        annotations, check = dict(item.annotation_patterns), item.check
-    elif isinstance(item, tuple) and 2 <= len(item) <= 4:
-        name, pattern = item[0], item[1]
-        annotations = dict(item[2]) if len(item) > 2 and item[2] else {}
-        check = item[3] if len(item) > 3 else None
-    else:
-        raise CompileError(
-            f"umahub_patterns for '{accelerator.name}' returned {item!r}: expected a "
-            "FusionPattern or a tuple (name, pattern[, annotations[, check]])"
-        )
-    if not str(name).startswith(f"{accelerator.name}."):
-        raise CompileError(
-            f"umahub_patterns for '{accelerator.name}' returned a pattern named '{name}': "
-            f"pattern names must start with '{accelerator.name}.' (e.g. "
-            f"'{accelerator.name}.{str(name).rsplit('.', 1)[-1]}')"
-        )
-    return str(name), pattern, annotations, check
+    """(name, pattern, annotations, check) of one pattern in either accepted form.
+
+    Raises:
+        PluginOutputError: a malformed pattern (see :func:`umahub.contract.checked_patterns`).
+    """
+    from umahub.contract import checked_patterns
+
+    return checked_patterns(accelerator, [item])[0]
 
 
 def plan_patterns(
@@ -205,14 +201,14 @@ def plan_patterns(
     Args:
         claimants: accelerators that claim operators, in priority order.
         pinned_only: accelerators outside ``priority`` that pins name.
-        patterns_of: the accelerator's patterns (the ``umahub_patterns`` hook).
+        patterns_of: the accelerator's patterns (the ``umahub_patterns`` hook), as
+            ``(name, pattern, annotations, check)`` (see :mod:`umahub.contract`).
     """
     planned = []
     for accelerators, claims in ((claimants, True), (pinned_only, False)):
         for acc in accelerators:
-            for item in patterns_of(acc):
-                name, pattern, annotations, check = normalise_pattern(acc, item)
-                planned.append(PlannedPattern(acc, name, pattern, annotations, check, claims))
+            for name, pattern, annotated, check in patterns_of(acc):
+                planned.append(PlannedPattern(acc, name, pattern, annotated, check, claims))
     return planned
 
 

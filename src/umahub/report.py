@@ -34,6 +34,8 @@ class PartitionReport:
     schedule: list[str] = field(default_factory=list)  # what schedule hooks said they did
     fallback: str = ""  # why it went back to the host
     virtual_device: str = ""  # (device type, runtime device index, target, memory scope)
+    verified: str = ""  # what verification found ("" when it did not run)
+    max_error: float | None = None  # the largest error against the host, when verified
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

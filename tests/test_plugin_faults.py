@@ -1,0 +1,271 @@
+"""Trust what a plugin gives: one test plugin per fault, each caught at compile time.
+
+Every fault ends the same way: with ``on-error = "fallback"`` the compile
+finishes, the partition runs on the host (numbers right) and a note names
+plugin, hook and partition; with ``"error"`` the compile stops with that
+message. Wrong-but-valid kernels are caught by ``verify``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tvm
+from graphs import chain, inputs_for, reference
+from tvm import te
+
+import umahub
+from umahub.errors import CompileError, HookTimeoutError, VerificationError
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+SYMBOL = "faulty_0_relu"
+WHERE = f"for partition {SYMBOL} (faulty.relu) on faulty:0"
+
+
+@pytest.fixture(scope="module")
+def model():
+    mod = chain(ops=("relu", "sigmoid"))
+    xs = inputs_for(mod)
+    return mod, xs, reference(mod, xs)
+
+
+def _relu_plus(symbol, shape=(4, 16), plus=1.0, name="faulty"):
+    """A PrimFunc (DPS) computing relu(x) + plus, named ``symbol``."""
+    x = te.placeholder(shape, "float32", name="x")
+    y = te.compute(shape, lambda *i: te.max(x(*i), tvm.tirx.const(0, "float32")) + plus, name="y")
+    return te.create_prim_func([x, y]).with_attr("global_symbol", symbol)
+
+
+class Faulty:
+    """An accelerator 'faulty' that claims relu; ``fault`` picks the one thing it does wrong."""
+
+    UMAHUB_API = 1
+
+    def __init__(self, fault):
+        self.fault = fault
+
+    @umahub.hookimpl
+    def umahub_accelerators(self):
+        return [umahub.Accelerator("faulty")]
+
+    @umahub.hookimpl
+    def umahub_patterns(self, accelerator):
+        from tvm.relax.dpl import is_op, wildcard
+
+        if accelerator.name != "faulty":
+            return None
+        relu = is_op("relax.nn.relu")(wildcard())
+        return {
+            "patterns-not-a-list": "relax.nn.relu",
+            "pattern-not-a-pattern": [("faulty.relu", "relax.nn.relu")],
+            "check-not-callable": [("faulty.relu", relu, {}, "yes")],
+            "check-raises": [("faulty.relu", relu, {}, lambda ctx: 1 / 0)],
+        }.get(self.fault, [("faulty.relu", relu)])
+
+    @umahub.hookimpl
+    def umahub_relax_to_tir(self, accelerator, function, context):
+        if self.fault == "lowering-garbage":
+            return "PrimFunc, promise"
+        if self.fault == "lowering-no-symbol":
+            return tvm.IRModule({"other": _relu_plus("other")})
+        if self.fault == "lowering-wrong-arity":
+            x = te.placeholder((4, 16), "float32", name="x")
+            return tvm.IRModule(
+                {context.symbol: te.create_prim_func([x]).with_attr("global_symbol", "s")}
+            )
+        if self.fault == "lowering-wrong-shape":
+            return tvm.IRModule({context.symbol: _relu_plus(context.symbol, shape=(8,))})
+        if self.fault == "lowering-wrong-arithmetic":
+            return tvm.IRModule({context.symbol: _relu_plus(context.symbol)})
+        return None
+
+    @umahub.hookimpl
+    def umahub_schedule(self, accelerator, schedule):
+        if self.fault == "schedule-hangs":
+            time.sleep(20)
+
+    @umahub.hookimpl
+    def umahub_tir_passes(self, accelerator, phase):
+        if self.fault != "pass-wrong-arithmetic" or phase != 0:
+            return None
+
+        @tvm.tirx.transform.prim_func_pass(opt_level=0)
+        def plus_one(func, mod, ctx):  # the same signature, another body: relu(x) + 1
+            wrong = _relu_plus(str(func.attrs["global_symbol"]))
+            for key, value in func.attrs.items():
+                wrong = wrong.with_attr(key, value)
+            return wrong
+
+        return [plus_one]
+
+    @umahub.hookimpl
+    def umahub_codegen(self, accelerator, module, context):
+        if self.fault == "codegen-garbage":
+            return b"\x7fELF"
+        if self.fault == "codegen-no-symbol":
+            return tvm.tirx.build(tvm.IRModule({"other": _relu_plus("other")}), target="llvm")
+        if self.fault == "codegen-wrong-arithmetic":
+            return tvm.tirx.build(
+                tvm.IRModule({context.symbol: _relu_plus(context.symbol)}), target="llvm"
+            )
+        return None
+
+
+def _hub(fault, **config):
+    return umahub.Hub(config=config, autoload=False, plugins=[Faulty(fault)], project_config=False)
+
+
+def _on_host(compiled):
+    return {o.name: o.device for o in compiled.report.placement} == {"n0": "host", "n1": "host"}
+
+
+# ------------------------------------------------------------------ what hooks return
+
+GARBAGE = {
+    "patterns-not-a-list": (
+        "plugin 'Faulty' failed in umahub_patterns for accelerator 'faulty': PluginOutputError: "
+        "umahub_patterns returned str 'relax.nn.relu' for 'faulty': expected a list of "
+        "patterns or None"
+    ),
+    "pattern-not-a-pattern": (
+        "plugin 'Faulty' failed in umahub_patterns for accelerator 'faulty': PluginOutputError: "
+        "umahub_patterns for 'faulty': pattern 'faulty.relu' is str 'relax.nn.relu', not a "
+        "tvm.relax.dpl pattern (is_op(...), wildcard(), ...)"
+    ),
+    "check-not-callable": (
+        "plugin 'Faulty' failed in umahub_patterns for accelerator 'faulty': PluginOutputError: "
+        "umahub_patterns for 'faulty': the check of pattern 'faulty.relu' is str 'yes', not a "
+        "function of a PatternCheckContext"
+    ),
+    "check-raises": (
+        "plugin 'Faulty' failed in the check of pattern 'faulty.relu' (from umahub_patterns) "
+        "on n0: ZeroDivisionError: division by zero"
+    ),
+    "lowering-garbage": (
+        f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: PluginOutputError: "
+        "umahub_relax_to_tir returned str 'PrimFunc, promise': expected a tvm.IRModule with a "
+        f"PrimFunc named '{SYMBOL}', or None for the default lowering"
+    ),
+    "lowering-no-symbol": (
+        f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: PluginOutputError: "
+        f"umahub_relax_to_tir returned a module without a PrimFunc named '{SYMBOL}' (it "
+        "holds: other)"
+    ),
+    "lowering-wrong-arity": (
+        f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: PluginOutputError: "
+        f"umahub_relax_to_tir: PrimFunc '{SYMBOL}' takes 1 parameter(s); the partition has 1 "
+        "input(s) and 1 output(s), so it must take 2 (inputs, then outputs)"
+    ),
+    "lowering-wrong-shape": (
+        f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: PluginOutputError: "
+        f"umahub_relax_to_tir: parameter 0 of PrimFunc '{SYMBOL}' (input) is (8) float32, but "
+        "the partition's input is (4, 16) float32"
+    ),
+    "codegen-garbage": (
+        f"plugin 'Faulty' failed in umahub_codegen {WHERE}: PluginOutputError: umahub_codegen "
+        "returned bytes b'\\x7fELF': expected a tvm.runtime.Module (e.g. from tvm.tirx.build) "
+        "or None for the default codegen"
+    ),
+    "codegen-no-symbol": (
+        f"plugin 'Faulty' failed in umahub_codegen {WHERE}: PluginOutputError: umahub_codegen "
+        f"returned a llvm module that defines no function '{SYMBOL}' (the partition's symbol, "
+        "context.symbol)"
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(GARBAGE))
+def test_garbage_from_a_hook_falls_back_with_a_note(model, fault):
+    mod, xs, ref = model
+    with pytest.warns(umahub.UmahubWarning):
+        compiled = _hub(fault).compile(mod)
+    assert _on_host(compiled)
+    assert compiled.report.notes == [GARBAGE[fault]]
+    np.testing.assert_allclose(compiled.run(*xs), ref, **TOL)
+
+
+@pytest.mark.parametrize("fault", sorted(GARBAGE))
+def test_garbage_from_a_hook_stops_the_compile_with_on_error_error(model, fault):
+    mod, _, _ = model
+    with pytest.raises(CompileError) as info:
+        _hub(fault, **{"on-error": "error"}).compile(mod)
+    assert str(info.value) == GARBAGE[fault]
+
+
+# ------------------------------------------------------------------ wrong but valid kernels
+
+WRONG = {
+    "codegen-wrong-arithmetic": "umahub_codegen: Faulty",
+    "lowering-wrong-arithmetic": "umahub_relax_to_tir: Faulty",
+    "pass-wrong-arithmetic": "umahub_tir_passes: Faulty",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(WRONG))
+def test_a_wrong_kernel_goes_unnoticed_without_verify(model, fault):
+    mod, xs, ref = model
+    compiled = _hub(fault).compile(mod)
+    assert compiled.report.notes == []
+    assert not np.allclose(compiled.run(*xs), ref, **TOL)  # why verify exists
+
+
+@pytest.mark.parametrize("fault", sorted(WRONG))
+def test_verify_sends_a_wrong_kernel_to_the_host(model, fault):
+    mod, xs, ref = model
+    with pytest.warns(umahub.UmahubWarning, match="computes wrong numbers"):
+        compiled = _hub(fault).compile(mod, verify=True)
+    assert _on_host(compiled)
+    # The limit is verify-tolerance (1e-4) times the largest output of the host (1.96).
+    assert compiled.report.notes == [
+        f"plugin 'Faulty' computes wrong numbers in partition {SYMBOL} (faulty.relu) on "
+        "faulty:0: largest error 1, beyond the limit 0.000196 against the host's lowering of "
+        f"the same operators on the model's own values (hooks that acted: {WRONG[fault]})"
+    ]
+    (partition,) = compiled.report.partitions
+    assert partition.max_error == pytest.approx(1.0)
+    np.testing.assert_allclose(compiled.run(*xs), ref, **TOL)
+
+
+def test_verify_stops_a_wrong_kernel_with_on_error_error(model):
+    mod, _, _ = model
+    hub = _hub("codegen-wrong-arithmetic", verify=True, **{"on-error": "error"})
+    with pytest.raises(VerificationError, match=f"computes wrong numbers in partition {SYMBOL}"):
+        hub.compile(mod)
+
+
+def test_verify_passes_a_right_kernel_and_reports_its_error(model):
+    mod, xs, ref = model
+    compiled = _hub("none", verify=True).compile(mod)
+    (partition,) = compiled.report.partitions
+    assert partition.device == "faulty:0" and partition.fallback == ""
+    assert partition.max_error == 0.0
+    assert partition.verified == "largest error 0, within the limit 0.000196"
+    np.testing.assert_allclose(compiled.run(*xs), ref, **TOL)
+
+
+# ------------------------------------------------------------------ hooks that never return
+
+
+def test_a_hanging_hook_falls_back_after_the_time_limit(model):
+    mod, xs, ref = model
+    start = time.perf_counter()
+    with pytest.warns(umahub.UmahubWarning, match="hook-timeout"):
+        compiled = _hub("schedule-hangs", **{"hook-timeout": 1}).compile(mod)
+    assert time.perf_counter() - start < 15
+    assert _on_host(compiled)
+    assert compiled.report.notes == [
+        f"plugin 'Faulty' failed in umahub_schedule {WHERE}: HookTimeoutError: did not finish "
+        "within 1 s (hook-timeout); its thread cannot be stopped safely and is left running in "
+        "the background"
+    ]
+    np.testing.assert_allclose(compiled.run(*xs), ref, **TOL)
+
+
+def test_a_hanging_hook_stops_the_compile_with_on_error_error(model):
+    mod, _, _ = model
+    hub = _hub("schedule-hangs", **{"hook-timeout": 0.5, "on-error": "error"})
+    with pytest.raises(CompileError, match=r"failed in umahub_schedule .* HookTimeoutError"):
+        hub.compile(mod)
+    assert issubclass(HookTimeoutError, CompileError)
