@@ -86,8 +86,8 @@ def _load_model(spec: str) -> Any:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile MODEL through the plugins and export it as one shared library."""
+    mod = _load_model(args.model)  # a bad file fails before the plugins are loaded
     hub = _hub(args)
-    mod = _load_model(args.model)
     compiled = hub.compile(mod, progress=_progress)
     compiled.export_library(args.output)
     print(compiled.report)
@@ -134,8 +134,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 f"--out {args.out}: the picture is written as "
                 f"{' or '.join(SUFFIXES)}; give a file name ending in one of them"
             )
+    mod = _load_model(args.model)
     hub = _hub(args)
-    report = hub.explain(_load_model(args.model))
+    report = hub.explain(mod)
     print(report)
     if args.out:
         report.save_picture(args.out)
@@ -163,7 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser("compile", help="compile MODEL into a shared library")
-    p.add_argument("model", help="a model-zoo name, a TVMScript .py file or an .onnx file")
+    p.add_argument(
+        "model",
+        help="a model-zoo name, a TVMScript .py file, an .onnx file or a .pt2 file "
+        "(torch.export.save)",
+    )
     p.add_argument("-o", "--output", default="model.so", help="library to write")
     p.add_argument("--report", help="also write the report as JSON to this file")
     p.set_defaults(func=cmd_compile)
@@ -175,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("explain", help="placement, copies and memory, without building")
-    p.add_argument("model")
+    p.add_argument("model", help="what 'umahub compile' takes")
     p.add_argument("--out", help="save the picture (.svg or .html)")
     p.set_defaults(func=cmd_explain)
     return parser

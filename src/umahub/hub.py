@@ -173,20 +173,32 @@ class Hub:
 
     # ------------------------------------------------------------------ compiling
 
-    def compile(self, mod: tvm.IRModule, **options: Any) -> Compiled:
-        """Compile a Relax module (with a ``main``) through the plugins' hooks.
+    def compile(self, mod: tvm.IRModule | Any, **options: Any) -> Compiled:
+        """Compile a model through the plugins' hooks.
 
-        See :func:`umahub.pipeline.compile` for the options.
+        ``mod`` is a Relax module with a ``main``, a
+        ``torch.export.ExportedProgram`` or an ``onnx.ModelProto`` (imported
+        by :func:`umahub.frontends.to_relax`, weights as constants, operators
+        named after the source model's nodes and layers, so that pins can
+        name them). See :func:`umahub.pipeline.compile` for the options.
+
+        Raises:
+            UmahubError: ``mod`` is none of these, or could not be imported.
         """
+        from umahub.frontends import to_relax
         from umahub.pipeline import compile as compile_module
 
-        return compile_module(self, mod, **options)
+        return compile_module(self, to_relax(mod), **options)
 
-    def explain(self, mod: tvm.IRModule, **options: Any) -> Report:
-        """Plan placement, copies and memory for ``mod`` without building it."""
+    def explain(self, mod: tvm.IRModule | Any, **options: Any) -> Report:
+        """Plan placement, copies and memory for ``mod`` without building it.
+
+        ``mod`` is what :meth:`compile` takes.
+        """
+        from umahub.frontends import to_relax
         from umahub.pipeline import explain
 
-        return explain(self, mod, **options)
+        return explain(self, to_relax(mod), **options)
 
     def __repr__(self) -> str:
         loaded = [p.name for p in self.plugins if p.loaded]
