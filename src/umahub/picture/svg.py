@@ -1,0 +1,171 @@
+"""SVG primitives of the picture: escaping, text (fitted, wrapped), numbers, colours.
+
+Nothing here knows of a report: these are the pieces every drawing module
+writes with. :func:`text` makes one ``<text>`` element; :func:`fit` and
+:func:`wrap` size a string to a width by an average character width
+(:data:`CHAR`), so no font metrics are needed; :func:`fmt_bytes` and
+:func:`fmt_time` are the number formats of every label; :func:`device_colours`
+gives each device its colour and :func:`ink` the text colour that reads on it;
+:data:`DEFS` holds the markers and hatch patterns the drawing refers to.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from umahub.config import HOST
+
+__all__ = [
+    "CHAR",
+    "DEFS",
+    "FONT",
+    "HOST_COLOUR",
+    "device_colours",
+    "esc",
+    "fit",
+    "fmt_bytes",
+    "fmt_time",
+    "ink",
+    "text",
+    "wrap",
+]
+
+#: The font family of the picture.
+FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
+#: Average character width, in font sizes.
+CHAR = 0.58
+
+# ---------------------------------------------------------------------- text
+
+
+def esc(value: object) -> str:
+    """``value`` as text escaped for SVG/HTML (quotes included)."""
+    return html.escape(str(value), quote=True)
+
+
+def fit(line: str, width: float, size: float = 10) -> str:
+    """``line`` cut with an ellipsis to fit ``width`` pixels at font ``size``."""
+    room = max(1, int(width / (size * CHAR)))
+    return line if len(line) <= room else line[: max(0, room - 1)] + "…"
+
+
+def wrap(line: str, width: float, size: float = 10) -> list[str]:
+    """``line`` broken at spaces into lines that fit ``width`` pixels at font ``size``."""
+    room = max(10, int(width / (size * CHAR)))
+    lines: list[str] = []
+    for word in line.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= room:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def text(
+    x: float,
+    y: float,
+    content: str,
+    *,
+    size: float = 10,
+    fill: str = "#1f1f1f",
+    anchor: str = "start",
+    weight: str = "normal",
+    cls: str = "",
+) -> str:
+    """One ``<text>`` element at (``x``, ``y``), ``content`` escaped."""
+    extra = f' class="{cls}"' if cls else ""
+    bold = f' font-weight="{weight}"' if weight != "normal" else ""
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" fill="{fill}" '
+        f'text-anchor="{anchor}"{bold}{extra}>{esc(content)}</text>'
+    )
+
+
+# ---------------------------------------------------------------------- numbers
+
+
+def fmt_bytes(n: float) -> str:
+    """``n`` bytes in B, KiB, MiB or GiB, with three significant digits at most."""
+    k = 0
+    while n >= 1024 and k < 3:
+        n /= 1024
+        k += 1
+    unit = ("B", "KiB", "MiB", "GiB")[k]
+    if unit == "B":
+        return f"{int(n)} B"
+    return f"{n:.1f} {unit}" if n < 10 else f"{n:.0f} {unit}"
+
+
+def fmt_time(t: float) -> str:
+    """``t`` seconds in µs, ms or s, three significant digits; ``"0"`` for 0."""
+    if t == 0:
+        return "0"
+    if t < 1e-3:
+        return f"{t * 1e6:.3g} µs"
+    if t < 1:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t:.3g} s"
+
+
+# ---------------------------------------------------------------------- colours
+
+_PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#b07aa1",
+    "#76b7b2",
+    "#edc948",
+    "#9c755f",
+    "#ff9da7",
+    "#17becf",
+)
+#: The host's colour, and the colour of a device :func:`device_colours` was not given.
+HOST_COLOUR = "#9aa0a6"
+_SHADES = (0.0, 0.45, -0.3, 0.7, -0.5)  # instance i: mixed toward white (+) or black (-)
+
+
+def _mix(colour: str, amount: float) -> str:
+    rgb = [int(colour[i : i + 2], 16) for i in (1, 3, 5)]
+    target = 255 if amount > 0 else 0
+    rgb = [round(v + (target - v) * abs(amount)) for v in rgb]
+    return "#" + "".join(f"{v:02x}" for v in rgb)
+
+
+def device_colours(devices: Sequence[str]) -> dict[str, str]:
+    """A colour per device: grey for the host, a hue per accelerator, a shade per instance."""
+    accelerators = list(dict.fromkeys(d.split(":")[0] for d in devices if d != HOST))
+    colours: dict[str, str] = {}
+    for d in devices:
+        if d == HOST:
+            colours[d] = HOST_COLOUR
+            continue
+        name, _, instance = d.partition(":")
+        base = _PALETTE[accelerators.index(name) % len(_PALETTE)]
+        i = int(instance) if instance.isdigit() else 0
+        colours[d] = _mix(base, _SHADES[i % len(_SHADES)])
+    return colours
+
+
+def ink(colour: str) -> str:
+    """Dark or white text, whichever reads on ``colour``."""
+    r, g, b = (int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
+    return "#1f1f1f" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "#ffffff"
+
+
+#: The ``<defs>`` the drawing refers to: arrow and dot markers, the sync and
+#: async hatch patterns.
+DEFS = """<defs>
+<marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" markerHeight="6" \
+orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker>
+<marker id="dot" viewBox="0 0 10 10" refX="5" refY="5" markerWidth="4" markerHeight="4">\
+<circle cx="5" cy="5" r="4" fill="#555"/></marker>
+<pattern id="sync" width="6" height="6" patternUnits="userSpaceOnUse" \
+patternTransform="rotate(45)"><rect width="6" height="6" fill="#fde3e1"/>\
+<line x1="0" y1="0" x2="0" y2="6" stroke="#c0392b" stroke-width="2.5"/></pattern>
+<pattern id="async" width="6" height="6" patternUnits="userSpaceOnUse" \
+patternTransform="rotate(-45)"><rect width="6" height="6" fill="#e1eefc"/>\
+<line x1="0" y1="0" x2="0" y2="6" stroke="#2e6fb7" stroke-width="2.5"/></pattern>
+</defs>"""
