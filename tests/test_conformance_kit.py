@@ -168,6 +168,85 @@ def test_unknown_names_are_usage_errors(pytester, option, expected):
     result.stderr.fnmatch_lines(expected)
 
 
+def test_cross_option_checks_the_accelerators_together(pytester):
+    """--umahub-conformance-cross: one more check, alpha and beta in one hub, random pins."""
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--umahub-conformance=alpha,beta",
+        "--umahub-conformance-cross",
+        "--umahub-conformance-models=mlp",
+        "--umahub-conformance-examples=4",
+        "-k",
+        "cross",
+        "-v",
+    )
+    # alpha: 6 model checks + random graphs; beta (one instance): 5 + 1.
+    result.assert_outcomes(passed=1, deselected=13)
+    result.stdout.fnmatch_lines(
+        [
+            "umahub-conformance::TestCrossConformance::test_random_placement"
+            "[[]alpha_accel+beta_accel[]] PASSED*",
+            "alpha_accel+beta_accel together: 4 random graph(s), took *, largest error *, passed",
+        ]
+    )
+    report = json.loads((pytester.path / "umahub-conformance.json").read_text())
+    assert report["passed"] is True
+    assert report["options"]["cross"] is True
+    cross = report["cross"]["alpha_accel+beta_accel"]
+    assert cross["accelerators"] == ["alpha_accel", "beta_accel"]
+    assert cross["vocabulary"] == ["relax.add", "relax.nn.relu"]
+    assert cross["examples"] == 4 and cross["passed"] is True
+    assert cross["checks"] == {"random_placement": "passed"}
+    assert 0 < cross["operators_taken"] <= cross["operators_total"]
+    assert cross["pins"] > 0 and cross["pin_conflicts"] == 0
+    assert 0 <= cross["largest_error"] < 1e-4
+
+
+def test_without_the_cross_option_there_is_no_cross_check(pytester):
+    """The cross check is not collected, not even as skipped, without the option."""
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--umahub-conformance=alpha,beta",
+        "--collect-only",
+        "-q",
+    )
+    assert "TestCrossConformance" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*test_random_graphs[[]beta_accel[]]"])
+    lone = pytester.runpytest("-p", "no:cacheprovider", "--umahub-conformance-cross")
+    assert lone.ret == pytest.ExitCode.USAGE_ERROR
+    lone.stderr.fnmatch_lines(["ERROR: --umahub-conformance-cross needs the accelerators*"])
+
+
+def test_cross_suite_subclass_catches_a_wrong_accelerator(pytester, monkeypatch):
+    """A CrossConformanceSuite subclass: alpha with an accelerator computing relu as x + 1."""
+    pytester.makepyfile(wrong_plugin=textwrap.dedent(WRONG_PLUGIN))
+    pytester.syspathinsert()
+    monkeypatch.setenv("UMAHUB_PLUGINS", "wrong_plugin")
+    pytester.makepyfile(
+        test_vendor="""
+        import pytest
+
+        from umahub.testing import CrossConformanceSuite
+
+
+        @pytest.mark.umahub_conformance(accelerator=["alpha", "wrong_accel"], examples=6)
+        class TestTogether(CrossConformanceSuite):
+            pass
+    """
+    )
+    target = pytester.path / "report.json"
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--umahub-conformance-report={target}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["alpha_accel+wrong_accel together: * FAILED: *"])
+    cross = json.loads(target.read_text())["cross"]["alpha_accel+wrong_accel"]
+    assert cross["passed"] is False
+    failure = cross["failures"][0]
+    assert "GraphSpec(" in failure and "pins=" in failure and "priority=" in failure
+    assert "differ from the host" in failure
+
+
 def test_unknown_model_is_a_usage_error(pytester):
     """A model the zoo does not know is a usage error with the closest name."""
     result = pytester.runpytest(

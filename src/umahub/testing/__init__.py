@@ -11,6 +11,7 @@ Run it on the command line
 
     pytest --umahub-conformance=npu                 # a plugin: all its accelerators
     pytest --umahub-conformance=dsp_cpu --umahub-conformance-models=all
+    pytest --umahub-conformance=npu,dsp --umahub-conformance-cross   # also together
 
 ``--umahub-conformance=NAME[,NAME]``
     umahub plugins or accelerators to check; an unknown name is a usage error
@@ -23,7 +24,12 @@ Run it on the command line
 ``--umahub-conformance-report=PATH``
     the JSON report (default ``umahub-conformance.json`` in the rootdir).
 ``--umahub-conformance-examples=N``
-    random graphs per accelerator (default 8).
+    random graphs per accelerator, and of the cross check (default 8).
+``--umahub-conformance-cross``
+    also check the named accelerators together, in one hub: the
+    ``random_placement`` check below, as
+    ``umahub-conformance::TestCrossConformance::test_random_placement[<a>+<b>]``
+    (``-k cross`` runs it alone).
 
 The checks, for each accelerator (and each model where it applies):
 
@@ -44,13 +50,37 @@ The checks, for each accelerator (and each model where it applies):
     of the operators its patterns mention; each compiles and matches the host,
     and over all of them the accelerator takes at least one operator.
     Deterministic (``derandomize=True``), no example database, no shrinking.
+``random_placement`` (with ``--umahub-conformance-cross``)
+    hypothesis draws random graphs (2-7 steps) over the operators of all
+    the named accelerators' patterns, shaped as the graphs that break
+    partitioning: steps reading any earlier value, values computed inside a
+    partition and also read outside or returned (several outputs), constants
+    shared by several operators; random pins of the operators, by node name,
+    to any accelerator, any of its instances (``dsp_cpu:1``) or ``host``; and
+    a random ``priority`` order. Each compiles through one hub holding all
+    their plugins. It fails when the compile raises or a partition falls back
+    to the host (a plugin failed); when a pin is broken: an operator pinned to
+    ``accel:i`` (or ``accel``) runs elsewhere although no warning said that
+    the accelerator's patterns cannot take it, or one pinned to ``host`` runs
+    elsewhere, or an operator runs on an accelerator by another's pattern;
+    when the run raises; or when the outputs differ from plain
+    ``tvm.compile`` beyond :data:`TOLERANCE`. A pin that cannot be honoured is
+    a warning (the hub compiles with ``on-error = "fallback"``, every other
+    warning is a failure), suppressed; so is a compile refusing pins of two
+    instances inside one pattern match (a user error). Over all examples some
+    operator must run on an accelerator. Deterministic, no database, no
+    shrinking: a failure prints the graph (``GraphSpec(v0=x[..]; v1=..; out
+    ..)``), the pins and the priority.
 
 Only the accelerator under test claims operators, from a hub that loads only
-its plugin; the project's ``[tool.umahub]`` cannot change what is checked. The
+its plugin (in the cross check: the named accelerators, from a hub of their
+plugins); the project's ``[tool.umahub]`` cannot change what is checked. The
 JSON report gives, per accelerator and model, the operators it took of the
 total, its partitions, the largest absolute error, whether it passed and the
-message of each failed check; plus the random graphs' summary, the tolerance
-and the umahub, TVM, hypothesis and Python versions.
+message of each failed check; plus the random graphs' summary, the cross
+check's (``"cross"``: examples, operators taken, pins and how many could not
+be honoured, largest error), the tolerance and the umahub, TVM, hypothesis and
+Python versions.
 
 Use it from a vendor's own tests
 --------------------------------
@@ -62,6 +92,12 @@ Subclass :class:`ConformanceSuite` and say which accelerator with the marker::
 
     @pytest.mark.umahub_conformance(accelerator="npu", models=["mlp", "cnn"], examples=6)
     class TestNpuConformance(ConformanceSuite):
+        pass
+
+and, for several accelerators together, :class:`CrossConformanceSuite`::
+
+    @pytest.mark.umahub_conformance(accelerator=["npu", "dsp"], examples=20)
+    class TestNpuWithDsp(CrossConformanceSuite):
         pass
 
 or write checks of your own with the fixtures:
@@ -91,6 +127,7 @@ suite runs only through a vendor's subclass. :func:`assert_matches_host` and
 from __future__ import annotations
 
 from umahub.testing._compare import TOLERANCE, Tolerance, assert_matches_host, compare
+from umahub.testing._cross import CrossConformanceSuite
 from umahub.testing._plugin import (
     pytest_addoption,
     pytest_collection_modifyitems,
@@ -109,6 +146,7 @@ from umahub.testing._suite import ConformanceSuite
 __all__ = [
     "TOLERANCE",
     "ConformanceSuite",
+    "CrossConformanceSuite",
     "Tolerance",
     "assert_matches_host",
     "compare",

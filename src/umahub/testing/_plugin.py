@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from umahub.testing._cross import CrossConformanceSuite
 from umahub.testing._session import (
     DEFAULT_EXAMPLES,
     DEFAULT_MODELS,
@@ -40,6 +41,8 @@ __all__ = [
 SESSION_KEY = pytest.StashKey[ConformanceSession]()
 #: (accelerator, model or None, check) of a conformance test item.
 _CASE_KEY = pytest.StashKey[tuple[str, Any, str]]()
+#: The accelerators (joined by "+") of a cross-accelerator test item.
+_CROSS_KEY = pytest.StashKey[str]()
 
 _REPORT_NAME = "umahub-conformance.json"
 #: The node id of the added test module: ``umahub-conformance::TestConformance::test_...``.
@@ -79,6 +82,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=DEFAULT_EXAMPLES,
         help="random graphs per accelerator (hypothesis examples; default: %(default)s)",
     )
+    group.addoption(
+        "--umahub-conformance-cross",
+        action="store_true",
+        default=False,
+        help="also check the accelerators of --umahub-conformance together: random graphs "
+        "over all their operators, random pins to any of them, any instance or the host",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -101,7 +111,13 @@ def pytest_configure(config: pytest.Config) -> None:
         _split(config.getoption("umahub_conformance_models", None)) or DEFAULT_MODELS,
         examples,
         report,
+        cross=bool(config.getoption("umahub_conformance_cross", False)),
     )
+    if session.cross and not names:
+        raise pytest.UsageError(
+            "--umahub-conformance-cross needs the accelerators to check together: "
+            "--umahub-conformance=NAME,NAME"
+        )
     config.stash[SESSION_KEY] = session
     if names:
         try:
@@ -117,10 +133,12 @@ def pytest_collection_modifyitems(
 ) -> None:
     """With ``--umahub-conformance``, add the suite's tests to the session.
 
-    Runs first, so that ``-k``, ``-m`` and other plugins see the added tests as
-    if they had been collected from a file.
+    The cross-accelerator check only with ``--umahub-conformance-cross``. Runs
+    first, so that ``-k``, ``-m`` and other plugins see the added tests as if
+    they had been collected from a file.
     """
-    if not config.stash[SESSION_KEY].names:
+    state = config.stash[SESSION_KEY]
+    if not state.names:
         return
     from umahub.testing import conformance
 
@@ -129,15 +147,23 @@ def pytest_collection_modifyitems(
     module = pytest.Module.from_parent(
         session, path=Path(conformance.__file__), nodeid=_SUITE_NODEID
     )
-    items.extend(session.genitems(module))
+    items.extend(
+        item
+        for item in session.genitems(module)
+        if state.cross
+        or not issubclass(getattr(item, "cls", None) or object, CrossConformanceSuite)
+    )
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Tag the tests of a ConformanceSuite with (accelerator, model, check) for the report."""
     cls = getattr(item, "cls", None)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if cls is not None and issubclass(cls, CrossConformanceSuite) and "accelerators" in params:
+        item.stash[_CROSS_KEY] = params["accelerators"]
+        return
     if cls is None or not issubclass(cls, ConformanceSuite):
         return
-    params = getattr(getattr(item, "callspec", None), "params", {})
     if "accelerator" not in params:
         return
     check = item.originalname.removeprefix("test_")
@@ -161,6 +187,10 @@ def _message(report: pytest.TestReport) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """Record the outcome of every conformance check (and its message) for the report."""
     report = yield
+    cross = item.stash.get(_CROSS_KEY, None)
+    if cross is not None and (report.when == "call" or not report.passed):
+        message = "" if report.passed else _message(report)
+        item.config.stash[SESSION_KEY].recorder.cross_outcome(cross, report.outcome, message)
     case = item.stash.get(_CASE_KEY, None)
     if case is not None and (report.when == "call" or not report.passed):
         accelerator, model, check = case
@@ -188,6 +218,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "conformance": list(state.names),
             "models": list(state.requested_models),
             "examples": state.examples,
+            **({"cross": True} if state.cross else {}),
         },
     )
 
@@ -217,6 +248,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
                 f"{'-' if error is None else f'{error:.2g}'}, "
                 f"{'passed' if entry['passed'] else 'FAILED: ' + '; '.join(entry['failures'])}"
             )
+    for name, entry in data.get("cross", {}).items():
+        error = entry["largest_error"]
+        terminalreporter.write_line(
+            f"{name} together: {entry.get('examples', 0)} random graph(s), took "
+            f"{entry.get('operators_taken', 0)}/{entry.get('operators_total', 0)} ops, "
+            f"{entry.get('pins', 0)} pin(s) ({entry.get('pins_unhonoured', 0)} not honourable), "
+            f"largest error {'-' if error is None else f'{error:.2g}'}, "
+            f"{'passed' if entry['passed'] else 'FAILED: ' + '; '.join(entry['failures'])}"
+        )
     if state.report_path is not None:
         terminalreporter.write_line(f"report: {state.report_path}")
 

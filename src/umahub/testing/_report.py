@@ -21,8 +21,20 @@ message of every check that fails; ``pytest_sessionfinish`` writes the JSON::
                             "graphs_taken": 7, "operators_total": 31, "operators_taken": 19,
                             "largest_error": 2.4e-07, "passed": true, "failures": []}
         }
+      },
+      "cross": {
+        "alpha_accel+beta_accel": {
+          "accelerators": ["alpha_accel", "beta_accel"], "vocabulary": [...],
+          "examples": 8, "operators_total": 40, "operators_taken": 22, "pins": 19,
+          "pins_unhonoured": 6, "pin_conflicts": 0, "largest_error": 4.8e-07,
+          "passed": true, "failures": [], ...
+        }
       }
     }
+
+``cross`` is there with ``--umahub-conformance-cross`` (or a
+``CrossConformanceSuite``): the random graphs with random pins of the named
+accelerators together.
 
 ``largest_error`` is the largest absolute difference from the host's output
 over every run of that model (compiled, reloaded, pinned to each instance);
@@ -72,6 +84,28 @@ class Recorder:
     def __init__(self) -> None:
         self._accelerators: dict[str, dict[str, Any]] = {}
         self._entries: dict[tuple[str, str], _Entry] = {}
+        self._cross: dict[str, _Entry] = {}
+
+    def cross(self, name: str, **values: Any) -> None:
+        """Record counts of the cross check of ``name`` (accelerators joined by ``+``)."""
+        self._cross.setdefault(name, _Entry()).numbers.update(values)
+
+    def cross_error(self, name: str, value: float) -> None:
+        """Record an absolute error of the cross check; the report keeps the largest."""
+        entry = self._cross.setdefault(name, _Entry())
+        entry.largest_error = (
+            value if entry.largest_error is None else max(entry.largest_error, value)
+        )
+
+    def cross_outcome(self, name: str, outcome: str, message: str = "") -> None:
+        """Record how the cross check of ``name`` ended, and why."""
+        entry = self._cross.setdefault(name, _Entry())
+        if entry.checks.get("random_placement") != "failed":
+            entry.checks["random_placement"] = outcome
+        if outcome == "failed":
+            entry.failures.append(message or "random_placement")
+        elif outcome == "skipped" and message:
+            entry.notes.append(f"random_placement skipped: {message}")
 
     def accelerator(self, name: str, **info: Any) -> None:
         """Record facts about an accelerator (plugin, instances, codegen)."""
@@ -108,7 +142,7 @@ class Recorder:
             entry.notes.append(f"{check} skipped: {message}")
 
     def __bool__(self) -> bool:
-        return bool(self._accelerators)
+        return bool(self._accelerators) or bool(self._cross)
 
     def to_dict(self, tolerance: dict[str, Any], **extra: Any) -> dict[str, Any]:
         """The report as data (see the module docstring)."""
@@ -124,13 +158,17 @@ class Recorder:
             parts = [*models.values(), *([body["random_graphs"]] if random else [])]
             body["passed"] = all(p["passed"] for p in parts)
             accelerators[name] = body
-        return {
+        cross = {name: e.to_dict() for name, e in sorted(self._cross.items())}
+        data = {
             **_versions(),
             "tolerance": tolerance,
             **extra,
-            "passed": all(a["passed"] for a in accelerators.values()),
+            "passed": all(a["passed"] for a in [*accelerators.values(), *cross.values()]),
             "accelerators": accelerators,
         }
+        if cross:
+            data["cross"] = cross
+        return data
 
     def write(self, path: Path, tolerance: dict[str, Any], **extra: Any) -> Path:
         """Write the report as JSON to ``path``; return the path."""

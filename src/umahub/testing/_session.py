@@ -63,22 +63,31 @@ class ConformanceSession:
         names: what ``--umahub-conformance`` names (plugins or accelerators),
             empty when the option is not given.
         models: the zoo models to check (``"all"`` allowed), as given.
-        examples: random graphs per accelerator.
+        examples: random graphs per accelerator (and of the cross check).
         report_path: where the JSON report goes; None = do not write one.
+        cross: also check the named accelerators together
+            (``--umahub-conformance-cross``).
     """
 
     def __init__(
-        self, names: Sequence[str], models: Sequence[str], examples: int, report_path: Path | None
+        self,
+        names: Sequence[str],
+        models: Sequence[str],
+        examples: int,
+        report_path: Path | None,
+        cross: bool = False,
     ):
         self.names = tuple(names)
         self.requested_models = tuple(models)
         self.examples = examples
         self.report_path = report_path
+        self.cross = cross
         self.recorder = Recorder()
         self._targets: dict[str, Target] | None = None
         self._plugins: dict[str, tuple[str, ...]] = {}
         self._failed: dict[str, str] = {}
         self._hubs: dict[str, Any] = {}
+        self._cross_hubs: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = {}
         self._compiled: dict[tuple[str, str, int | None], Any] = {}
         self._explained: dict[tuple[str, str], Any] = {}
         self._references: dict[str, Any] = {}
@@ -211,6 +220,22 @@ class ConformanceSession:
                 project_config=False,
             )
         return self._hubs[accelerator]
+
+    def cross_hub(self, plugins: Sequence[str], priority: Sequence[str]) -> Any:
+        """A hub of these plugins where ``priority``'s accelerators claim in that order (cached).
+
+        Only pins the check passes place operators; see
+        :func:`umahub.testing._cross.cross_config` for ``on-error``.
+        """
+        import umahub
+        from umahub.testing._cross import cross_config
+
+        key = (tuple(sorted(set(plugins))), tuple(priority))
+        if key not in self._cross_hubs:
+            self._cross_hubs[key] = umahub.Hub(
+                config=cross_config(key[0], priority), strict=True, project_config=False
+            )
+        return self._cross_hubs[key]
 
     def explained(self, accelerator: str, model: str) -> Any:
         """``hub.explain`` of a zoo model (cached)."""
