@@ -10,8 +10,11 @@ The public API (everything else is internal)::
     compiled.export_library("model.so")
     umahub.load("model.so").run(*arrays)
 
-For plugin authors: :data:`hookimpl`, :class:`Accelerator`, :class:`MemoryPool`,
-the hook contract in :mod:`umahub.hookspecs`, and :data:`API_VERSION`.
+For plugin authors: :data:`hookimpl` (``@umahub.hookimpl(accelerator="npu")``
+for a hook of one accelerator), :class:`Accelerator`, :class:`MemoryPool`, the
+hook contract in :mod:`umahub.hookspecs`, :data:`API_VERSION`, and
+:mod:`umahub.compat`: the TVM names that differ between apache-tvm 0.25, 0.26
+and 0.27.
 
 ``import umahub`` does not import TVM nor any plugin: both happen when they are
 first needed (a :class:`Hub` is made, a model compiled).
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from umahub import errors
+from umahub import compat, errors
 from umahub.accelerator import Accelerator, MemoryPool
 from umahub.hub import Hub, UmahubWarning
 from umahub.markers import API_VERSION, hookimpl, hookspec
@@ -45,6 +48,7 @@ __all__ = [
     "VirtualDevice",
     "__version__",
     "annotate",
+    "compat",
     "errors",
     "hookimpl",
     "hookspec",

@@ -14,9 +14,25 @@ name, so an implementation takes only the arguments it needs, in any order::
 
 The hooks are called in the order of the compile pipeline, which is also the
 order of this file: discovery, partition, lowering (Relax to TIR, schedule, TIR
-passes), codegen. Hooks that take an ``accelerator`` are called for every
-accelerator; an implementation returns ``None`` (or does nothing) for an
-accelerator that is not its own.
+passes), codegen.
+
+Hooks that take an ``accelerator`` are called for every accelerator. Mark an
+implementation with the accelerator(s) it is for, and umahub calls it for
+those only (for any other, the call is skipped as if it had returned
+``None``); it then takes ``accelerator`` only if it needs it::
+
+    @umahub.hookimpl(accelerator="my_accel")
+    def umahub_patterns():
+        return [("my_accel.relu", is_op("relax.nn.relu")(wildcard()))]
+
+``accelerator=`` takes a name or a list of names, each declared by the same
+plugin's ``umahub_accelerators`` (another name is a load error that names
+the plugin and the accelerator). A plugin with several accelerators gives one
+implementation per accelerator with pluggy's ``specname``
+(``@umahub.hookimpl(accelerator="b", specname="umahub_schedule")``); they must
+agree on ``tryfirst``/``trylast``/``wrapper``. An unmarked implementation is
+called for every accelerator and returns ``None`` (or does nothing) for one
+that is not its own, as a plugin for another plugin's accelerator does.
 
 Implementations of one hook run in the plugin order of ``[tool.umahub]``
 (``plugins``, else entry-point names sorted), reordered per hook by
@@ -92,14 +108,15 @@ def umahub_patterns(accelerator: Accelerator) -> list[Any] | None:
         does not support): the operator then stays with the next claimant or
         the host, never a crash.
 
+    Marked ``@umahub.hookimpl(accelerator=...)``, it is called for those
+    accelerators only, and need not take ``accelerator``.
+
     Example::
 
         from tvm.relax.dpl import is_op, wildcard
 
-        @umahub.hookimpl
-        def umahub_patterns(accelerator):
-            if accelerator.name != "dsp_cpu":
-                return None
+        @umahub.hookimpl(accelerator="dsp_cpu")
+        def umahub_patterns():
             return [("dsp_cpu.relu", is_op("relax.nn.relu")(wildcard()))]
     """
 
@@ -129,12 +146,13 @@ def umahub_relax_to_tir(
         ``context.symbol`` takes the partition's inputs followed by its output
         buffer (destination-passing style).
 
+    Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
+    on those accelerators only.
+
     Example::
 
-        @umahub.hookimpl
-        def umahub_relax_to_tir(accelerator, function, context):
-            if accelerator.name != "my_accel":
-                return None
+        @umahub.hookimpl(accelerator="my_accel")
+        def umahub_relax_to_tir(function, context):
             return tvm.IRModule({context.symbol: my_kernel_primfunc(function)})
     """
 
@@ -159,12 +177,13 @@ def umahub_schedule(
     :return: ``None``, or a short description of what was done (``"tiled
         64x64, vectorized x16"``), shown in the report.
 
+    Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
+    on those accelerators only.
+
     Example::
 
-        @umahub.hookimpl
-        def umahub_schedule(accelerator, schedule):
-            if accelerator.name != "dsp_cpu":
-                return None
+        @umahub.hookimpl(accelerator="dsp_cpu")
+        def umahub_schedule(schedule):
             for block in schedule.get_child_blocks(schedule.get_sblock("root")):
                 *_, inner = schedule.get_loops(block)
                 schedule.vectorize(inner)
@@ -194,13 +213,14 @@ def umahub_tir_passes(
         ``prim_func_pass``) run in list order at that phase, after the passes
         of plugins earlier in hook order.
 
+    Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
+    on those accelerators only.
+
     Example::
 
-        @umahub.hookimpl
-        def umahub_tir_passes(accelerator, phase):
-            if accelerator.name == "vanilla_accel" and phase == 0:
-                return [conv2d_to_extern()]
-            return None
+        @umahub.hookimpl(accelerator="vanilla_accel")
+        def umahub_tir_passes(phase):
+            return [conv2d_to_extern()] if phase == 0 else None
     """
 
 
@@ -229,12 +249,13 @@ def umahub_codegen(
         module that exports a function named ``context.symbol`` taking the
         partition's inputs and then its output.
 
+    Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
+    on those accelerators only.
+
     Example::
 
-        @umahub.hookimpl
-        def umahub_codegen(accelerator, module, context):
-            if accelerator.name != "my_accel":
-                return None
+        @umahub.hookimpl(accelerator="my_accel")
+        def umahub_codegen(module, context):
             return tvm.tirx.build(module, target="llvm -mcpu=native",
                                   pipeline=context.tir_pipeline)
     """

@@ -58,11 +58,9 @@ def fits_tcm(ctx) -> bool:
     return 0 < match_bytes(ctx) <= MATCH_BUDGET
 
 
-@umahub.hookimpl
-def umahub_patterns(accelerator):
+@umahub.hookimpl(accelerator=NAME)
+def umahub_patterns():
     """One pattern per elementwise operator."""
-    if accelerator.name != NAME:
-        return None
     from tvm.relax.dpl import is_op, wildcard
 
     patterns = []
@@ -74,11 +72,9 @@ def umahub_patterns(accelerator):
     return patterns
 
 
-@umahub.hookimpl
-def umahub_schedule(accelerator, schedule):
+@umahub.hookimpl(accelerator=NAME)
+def umahub_schedule(schedule):
     """Vectorize every block's innermost (fused) loop by the DSP's vector width."""
-    if accelerator.name != NAME:
-        return None
     from umahub_dsp.schedule import vectorize_blocks
 
     count = vectorize_blocks(schedule, VECTOR_LANES)

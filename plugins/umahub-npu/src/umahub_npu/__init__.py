@@ -93,11 +93,9 @@ def conv2d_ok(ctx) -> bool:
     return True
 
 
-@umahub.hookimpl
-def umahub_patterns(accelerator):
+@umahub.hookimpl(accelerator=NAME)
+def umahub_patterns():
     """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
-    if accelerator.name != NAME:
-        return None
     from tvm.relax.dpl import is_op, wildcard
 
     def activated(producer):
@@ -140,10 +138,10 @@ def _fast_gelu(bb, call):
     return bb.call_te(gelu, call.args[0], primfunc_name_hint="gelu")
 
 
-@umahub.hookimpl
-def umahub_relax_to_tir(accelerator, function, context):
+@umahub.hookimpl(accelerator=NAME)
+def umahub_relax_to_tir(function, context):
     """The default lowering, with GELU's erf as a vectorizable polynomial."""
-    if accelerator.name != NAME or "relax.nn.gelu" not in {o.op for o in context.operators}:
+    if "relax.nn.gelu" not in {o.op for o in context.operators}:
         return None
     from umahub.lowering import default_relax_to_tir
 
@@ -152,11 +150,9 @@ def umahub_relax_to_tir(accelerator, function, context):
     )
 
 
-@umahub.hookimpl
+@umahub.hookimpl(accelerator=NAME)
 def umahub_schedule(accelerator, schedule, context):
     """Tile to the scratchpad, vectorize, parallelize (see umahub_npu.schedules)."""
-    if accelerator.name != NAME:
-        return None
     from umahub_npu.schedules import schedule as npu_schedule
 
     sram = next(p.size_bytes for p in accelerator.memory if p.scope == "npu.sram")
@@ -168,11 +164,9 @@ def umahub_schedule(accelerator, schedule, context):
     )
 
 
-@umahub.hookimpl
-def umahub_codegen(accelerator, module, context):
+@umahub.hookimpl(accelerator=NAME)
+def umahub_codegen(module, context):
     """LLVM for the host's CPU, so that the AVX2/FMA the schedule counts on are there."""
-    if accelerator.name != NAME:
-        return None
     import tvm
 
     from umahub_npu.schedules import recommended_target

@@ -92,9 +92,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError
 
 # the names that differ between apache-tvm 0.25, 0.26 and 0.27
-from umahub_npu._compat import Load as _LOAD
-from umahub_npu._compat import buffer_of as _buf
-from umahub_npu._compat import detect_linear_equation, vars_in
+from umahub.compat import Load as _LOAD
+from umahub.compat import buffer_of as _buf
+from umahub.compat import detect_linear_equation, vars_in
 
 __all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
 
@@ -167,7 +167,7 @@ class Plan:
 # A buffer load is ``tvm.ir.expr.TensorLoad`` with ``source`` in 0.27 and
 # ``tirx.BufferLoad`` with ``buffer`` before; a store is ``tirx.BufferStore`` with
 # ``buffer``; a read region names its buffer ``source`` (0.27) or ``buffer``:
-# ``_LOAD`` and ``_buf`` (from ``_compat``) cover both.
+# ``_LOAD`` and ``_buf`` (from ``umahub.compat``) cover both.
 
 
 def _strip_cast(e):

@@ -59,11 +59,9 @@ def supported_conv2d(ctx) -> bool:
     return True
 
 
-@umahub.hookimpl
-def umahub_patterns(accelerator):
+@umahub.hookimpl(accelerator=NAME)
+def umahub_patterns():
     """conv2d + bias add first (the larger match wins), then conv2d alone."""
-    if accelerator.name != NAME:
-        return None
     from tvm.relax.dpl import is_const, is_op, wildcard
 
     conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
@@ -74,11 +72,11 @@ def umahub_patterns(accelerator):
     ]
 
 
-@umahub.hookimpl
-def umahub_tir_passes(accelerator, phase):
+@umahub.hookimpl(accelerator=NAME)
+def umahub_tir_passes(phase):
     """Phase 0: swap the convolution loop nest for the kernel library call."""
-    if accelerator.name == NAME and phase == 0:
-        from umahub_vanilla.passes import conv2d_to_extern
+    if phase != 0:
+        return None
+    from umahub_vanilla.passes import conv2d_to_extern
 
-        return [conv2d_to_extern()]
-    return None
+    return [conv2d_to_extern()]

@@ -27,7 +27,7 @@ prints them as ``float*`` and declares the callee as
 ``int32_t vanilla_conv2d_nchw(float*, float*, float*, int32_t, ...)``);
 the kernel's header is written to agree with that prototype.  With
 apache-tvm 0.25, where ``.data`` is a handle the C codegen declares ``void*``,
-they are ``T.address_of(x[0, 0, 0, 0])`` instead (see ``_compat.data_pointer``).
+they are ``T.address_of(x[0, 0, 0, 0])`` instead (see ``umahub.compat.data_pointer``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import tvm
 from tvm import tirx
 
 # the names that differ between apache-tvm 0.25, 0.26 and 0.27
-from umahub_vanilla._compat import (
+from umahub.compat import (
     Call,
     Load,
     SBlock,
@@ -402,7 +402,7 @@ def match_conv2d(func) -> list[ConvMatch]:
     except _NoMatch:
         return []
     allocs = list(root.alloc_buffers)
-    params = param_buffers(func)
+    params = [b for b in param_buffers(func) if b is not None]
     matches = []
     for i, stmt in enumerate(stmts):
         try:

@@ -1,0 +1,57 @@
+"""``umahub.compat``: the TVM names plugins need, on whichever apache-tvm 0.25-0.27 is installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from umahub import compat
+
+
+def test_importing_it_does_not_import_tvm():
+    code = "import sys, umahub.compat; assert 'tvm' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_public_name_resolves():
+    for name in compat.__all__:
+        assert getattr(compat, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        compat.Nope  # noqa: B018
+
+
+def test_buffer_of_a_load_a_store_and_a_region():
+    import tvm
+    from tvm import tirx
+
+    buf = tirx.decl_buffer((4, 8), "float32", name="A")
+    i = tirx.Var("i", "int32")
+    load = tirx.BufferLoad(buf, [i, 0])
+    store = tirx.BufferStore(buf, load, [0, i])
+    region = tirx.BufferRegion(buf, [tvm.ir.Range(0, 4), tvm.ir.Range(0, 8)])
+    assert isinstance(load, compat.Load)
+    assert isinstance(region, compat.Region)
+    for node in (load, store, region):
+        assert compat.buffer_of(node).same_as(buf)
+    with pytest.raises(TypeError, match="is not a buffer load, store or region"):
+        compat.buffer_of(i)
+    assert compat.is_buffer(buf) and not compat.is_buffer(i)
+    assert [v.same_as(i) for v in compat.vars_in(i * 2 + 1)] == [True]
+
+
+def test_param_buffers_data_pointer_and_linear_equations():
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def func(a: T.Buffer((4,), "float32"), n: T.int32, b: T.Buffer((4,), "float32")):
+        for i in range(4):
+            b[i] = a[i]
+
+    a, n, b = compat.param_buffers(func)
+    assert n is None and compat.is_buffer(a) and compat.is_buffer(b)
+    assert compat.data_pointer(a) is not None
+    x = tirx.Var("x", "int32")
+    assert [int(c) for c in compat.detect_linear_equation(x * 3 + 2, [x])] == [3, 2]
