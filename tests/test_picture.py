@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from umahub.build import Copy
-from umahub.context import Operator
+from umahub.context import Copy, Operator
 from umahub.memory import MemoryPlan, PoolUse
 from umahub.picture import (
     ACCELERATOR_FLOPS,

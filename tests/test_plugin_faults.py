@@ -9,6 +9,7 @@ message. Wrong-but-valid kernels are caught by ``verify``.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -269,3 +270,17 @@ def test_a_hanging_hook_stops_the_compile_with_on_error_error(model):
     with pytest.raises(CompileError, match=r"failed in umahub_schedule .* HookTimeoutError"):
         hub.compile(mod)
     assert issubclass(HookTimeoutError, CompileError)
+
+
+def test_a_warning_points_at_the_users_call(model):
+    mod, _, _ = model
+    with pytest.warns(umahub.UmahubWarning) as warned:
+        _hub("lowering-garbage").compile(mod)  # the line the warning must name
+    assert {(Path(w.filename).name, w.lineno) for w in warned} == {
+        (Path(__file__).name, _line_of("the line the warning must name"))
+    }
+
+
+def _line_of(text: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)

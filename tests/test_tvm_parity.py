@@ -355,3 +355,12 @@ def test_c_that_does_not_compile_falls_back_at_compile_time():
     )
     with pytest.raises(CompileError, match="undeclared_name"):
         strict.compile(mod)
+
+
+def test_a_shape_output_is_an_int64_array(hub):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((2, 3), "float32"))
+    with bb.function("main", [x]):
+        bb.emit_func_output(relax.ShapeExpr([]))
+    out = quiet_compile(hub, bb.get()).run(np.zeros((2, 3), "float32"))
+    assert out.dtype == np.int64 and out.shape == (0,)

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from umahub import compat, errors
 from umahub.accelerator import Accelerator, MemoryPool
-from umahub.hub import Hub, UmahubWarning
+from umahub.errors import UmahubWarning
+from umahub.hub import Hub
 from umahub.markers import API_VERSION, hookimpl, hookspec
 
 if TYPE_CHECKING:

@@ -48,6 +48,7 @@ __all__ = [
     "c_special_floats",
     "check_c",
     "export_options",
+    "module_kind",
     "prepend_c",
     "register_ext_codegen",
     "serving",
@@ -162,6 +163,12 @@ def build_default(
     with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
         built = tvm.tirx.build(module, target="c", pipeline=pipeline)
     return prepend_c(built, accelerator.c_includes, symbol)
+
+
+def module_kind(module: Any) -> str:
+    """The kind of a runtime module (``"c"``, ``"llvm"``...), on every supported TVM."""
+    kind = getattr(module, "kind", None)
+    return str(kind if kind is not None else getattr(module, "type_key", ""))
 
 
 def export_options(accelerators: Iterable[Accelerator]) -> list[str]:

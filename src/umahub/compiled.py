@@ -189,8 +189,12 @@ class _Runner:
 
 
 def _to_numpy(value: Any) -> Any:
+    """A VM result in numpy: a tensor as an array, a shape (``R.shape``) as an int64
+    array, a tuple as a list."""
     if hasattr(value, "numpy"):
         return value.numpy()
+    if type(value).__name__ in ("Shape", "ShapeTuple"):
+        return np.asarray(list(value), dtype="int64")
     if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
         return [_to_numpy(v) for v in value]
     return value

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from umahub.config import Config
     from umahub.memory import MemoryPlan
 
-__all__ = ["CompileContext", "Operator"]
+__all__ = ["CompileContext", "Copy", "Operator"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,33 @@ class Operator:
     inputs: tuple[str, ...] = ()
     flops: int = 0
     bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One tensor copied between virtual devices.
+
+    Attributes:
+        tensor: the variable copied (``"weight"`` for a weight, ``"constant"``).
+        src: the virtual device it comes from.
+        dst: the virtual device it goes to.
+        bytes: its size (0 when not known at compile time).
+        kind: ``"sync"`` (the CPU copies) or ``"async"`` (a DMA engine copies).
+        constant: whether it is a constant (a weight).
+        when: ``"inference"`` (at every inference) or ``"load"`` (once, at load).
+    """
+
+    tensor: str
+    src: str
+    dst: str
+    bytes: int
+    kind: str
+    constant: bool = False
+    when: str = "inference"
+
+    def to_dict(self) -> dict:
+        """JSON-ready form for the report."""
+        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)

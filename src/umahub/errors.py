@@ -7,6 +7,8 @@ catches all of them; the subclasses say which stage refused the input.
 from __future__ import annotations
 
 import difflib
+import sys
+import warnings
 from collections.abc import Iterable
 
 __all__ = [
@@ -19,10 +21,12 @@ __all__ = [
     "PluginLoadError",
     "PluginOutputError",
     "UmahubError",
+    "UmahubWarning",
     "UnknownModelError",
     "UnsupportedOperatorError",
     "VerificationError",
     "did_you_mean",
+    "warn",
 ]
 
 
@@ -37,6 +41,22 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     prefixed = [c for c in options if c.startswith(word) and c != word] if word else []
     matches = prefixed[:1] or difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f" (did you mean '{matches[0]}'?)" if matches else ""
+
+
+class UmahubWarning(UserWarning):
+    """A problem umahub worked around (a skipped plugin, a partition sent back to the host)."""
+
+
+def warn(message: str) -> None:
+    """Warn with an :class:`UmahubWarning` pointing at the user's line.
+
+    The warning is attributed to the first frame outside umahub (the user's
+    ``hub.compile(...)`` or ``Hub()``), whatever the depth it was raised at.
+    """
+    frame, level = sys._getframe(1), 2  # stacklevel 1 is this function, 2 its caller
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("umahub"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"umahub: {message}", UmahubWarning, stacklevel=level)
 
 
 class UmahubError(Exception):

@@ -42,6 +42,56 @@ Implementations of one hook run in the plugin order of ``[tool.umahub]``
 The ``context`` argument is a :class:`umahub.CompileContext`: what earlier
 stages decided (the config, the accelerator and instance, the partition's
 operators, the memory plan so far). Hooks read it; they never change it.
+
+When a hook fails
+-----------------
+
+umahub runs vendors' code it does not know, so everything a hook does is
+checked, and every failure is *one* thing: a plugin failure of the partition
+(or, for ``umahub_patterns``, of the accelerator), named by plugin, hook and
+partition. What follows is set by ``on-error`` in ``[tool.umahub]``:
+``"fallback"`` (the default) sends the partition to the host, warns with an
+:class:`umahub.UmahubWarning` and adds the message to ``report.notes``;
+``"error"`` stops the compile with a :class:`umahub.errors.CompileError` of the
+same message. A plugin failure is any of:
+
+* the hook raises (any exception, including from a TIR pass or a pattern
+  ``check`` it returned: a check that raises refuses its match);
+* the hook returns something its specification below does not allow (a
+  :class:`~umahub.errors.PluginOutputError`, checked by :mod:`umahub.contract`:
+  patterns that are not patterns, a PrimFunc whose parameters are not the
+  partition's inputs then outputs in their shapes and dtypes, a codegen result
+  that is not a runtime module or does not define ``context.symbol``);
+* generated C that does not compile (compiled when the partition is lowered);
+* the hooks of one partition take longer than ``hook-timeout`` seconds (a
+  :class:`~umahub.errors.HookTimeoutError`; the hook's thread cannot be
+  stopped and is left running in the background);
+* with ``verify = true``, the partition's outputs differ from the host's
+  lowering of the same operators on the model's own values (a
+  :class:`~umahub.errors.VerificationError`, see :mod:`umahub.verify`).
+
+A hook never has to catch its own errors to protect the compile; it should
+raise with a message a user can act on.
+
+Threads
+-------
+
+Within one compile, hooks are called one at a time. With a ``hook-timeout``
+(the default), ``umahub_patterns`` and the lowering hooks of a partition run
+on a worker thread that the compile waits for, so a hook must not rely on
+running on the thread that called ``Hub.compile`` (thread-locals set there are
+not seen). A compiled or loaded model may be ``run`` from any number of
+threads at once.
+
+Contract versions
+-----------------
+
+A plugin states the contract it was written for with ``UMAHUB_API``; umahub
+refuses a plugin written for a contract it no longer speaks.
+
+* ``1`` (umahub 0.1): the six hooks below. Outputs checked at compile time,
+  ``hook-timeout`` and ``verify`` were added without changing what a correct
+  plugin writes, so they stay ``1``.
 """
 
 from __future__ import annotations

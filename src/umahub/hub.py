@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -12,7 +11,14 @@ import pluggy
 from umahub.accelerator import Accelerator
 from umahub.config import Config, load_config
 from umahub.dispatch import HOOK_NAMES, PluginManager
-from umahub.errors import PluginConflictError, PluginLoadError, UmahubError, did_you_mean
+from umahub.errors import (
+    PluginConflictError,
+    PluginLoadError,
+    UmahubError,
+    UmahubWarning,
+    did_you_mean,
+    warn,
+)
 from umahub.loading import PluginInfo, find, load, select
 
 if TYPE_CHECKING:
@@ -21,7 +27,7 @@ if TYPE_CHECKING:
     from umahub.compiled import Compiled
     from umahub.report import Report
 
-__all__ = ["Hub"]
+__all__ = ["Hub", "UmahubWarning"]  # UmahubWarning lives in umahub.errors
 
 
 class Hub:
@@ -75,9 +81,7 @@ class Hub:
             first = failures[0]
             raise PluginLoadError(first.name, first.distribution, first.error or "")
         for info in failures:
-            warnings.warn(
-                f"umahub: skipped {_who(info)}: {info.error}", UmahubWarning, stacklevel=2
-            )
+            warn(f"skipped {_who(info)}: {info.error}")
         self.plugins: list[PluginInfo] = infos
         loaded = [i for i in infos if i.loaded]
         self._accelerators = {name: acc for name, (_, acc) in owners.items()}
@@ -203,10 +207,6 @@ class Hub:
     def __repr__(self) -> str:
         loaded = [p.name for p in self.plugins if p.loaded]
         return f"<umahub.Hub plugins={loaded} accelerators={[a.name for a in self.accelerators]}>"
-
-
-class UmahubWarning(UserWarning):
-    """A problem umahub worked around (a skipped plugin, a partition sent back to the host)."""
 
 
 def _who(info: PluginInfo) -> str:

@@ -18,7 +18,7 @@ from tvm import relax
 
 from umahub._tvm import name_of, type_of
 from umahub.errors import UnsupportedOperatorError
-from umahub.partition import node_name
+from umahub.ir import node_name
 
 __all__ = ["default_relax_to_tir", "single_primfunc"]
 

@@ -30,8 +30,17 @@ from tvm import relax
 from umahub._tvm import name_of
 from umahub.accelerator import Accelerator
 from umahub.config import HOST, Pin, parse_pin
+from umahub.ir import span_name
 
-__all__ = ["MODEL_PLACEMENT_ATTR", "Pins", "PlannedPattern", "annotate", "plan_patterns"]
+__all__ = [
+    "MODEL_PLACEMENT_ATTR",
+    "Pins",
+    "PlannedPattern",
+    "annotate",
+    "model_pins",
+    "normalise_pattern",
+    "pinned_accelerators",
+]
 
 #: The ``main`` attribute that carries pins written into the model.
 MODEL_PLACEMENT_ATTR = "umahub.placement"
@@ -138,7 +147,7 @@ def matched_operators(ctx: Any) -> list[tuple[str, str]]:
     nodes = []
     for var, value in ctx.matched_bindings.items():
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-            nodes.append((name_of(var), value.op.name))
+            nodes.append((span_name(value) or name_of(var), value.op.name))
     return nodes
 
 
@@ -189,27 +198,6 @@ def normalise_pattern(accelerator: Accelerator, item: Any) -> tuple[str, Any, di
     from umahub.contract import checked_patterns
 
     return checked_patterns(accelerator, [item])[0]
-
-
-def plan_patterns(
-    claimants: Sequence[Accelerator],
-    pinned_only: Sequence[Accelerator],
-    patterns_of: Callable[[Accelerator], list[Any]],
-) -> list[PlannedPattern]:
-    """The patterns in claiming order.
-
-    Args:
-        claimants: accelerators that claim operators, in priority order.
-        pinned_only: accelerators outside ``priority`` that pins name.
-        patterns_of: the accelerator's patterns (the ``umahub_patterns`` hook), as
-            ``(name, pattern, annotations, check)`` (see :mod:`umahub.contract`).
-    """
-    planned = []
-    for accelerators, claims in ((claimants, True), (pinned_only, False)):
-        for acc in accelerators:
-            for name, pattern, annotated, check in patterns_of(acc):
-                planned.append(PlannedPattern(acc, name, pattern, annotated, check, claims))
-    return planned
 
 
 def pinned_accelerators(pins: Pins) -> set[str]:

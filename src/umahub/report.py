@@ -12,8 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from umahub.build import Copy
-from umahub.context import Operator
+from umahub.context import Copy, Operator
 from umahub.dispatch import HookCall
 from umahub.memory import MemoryPlan
 
@@ -146,6 +145,8 @@ class Report:
                     lines.append(f"      {hook}: {', '.join(plugins)}")
                 for said in p.schedule:
                     lines.append(f"      schedule: {said}")
+                if p.verified:
+                    lines.append(f"      verify: {p.verified}")
         for when, title in (
             ("inference", "copies per inference:"),
             ("load", "weights copied once, at load:"),

@@ -1,0 +1,93 @@
+"""Small helpers over Relax IR that the stages share.
+
+Questions every stage asks of a module: which functions are partitions (an
+accelerator's ``Codegen`` attribute) or composites (one pattern match), where
+``main`` calls them and with what, what a binding's operator is called in the
+source model. Written once here so that no stage imports another for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from umahub._tvm import name_of
+
+__all__ = [
+    "bindings",
+    "is_composite",
+    "is_partition",
+    "name_span",
+    "node_name",
+    "op_calls",
+    "partition_calls",
+    "partition_functions",
+    "span_name",
+]
+
+
+def is_partition(func: Any) -> bool:
+    """Whether ``func`` is a partition: a Relax function with an accelerator's ``Codegen``."""
+    return isinstance(func, relax.Function) and bool(func.attrs) and "Codegen" in func.attrs
+
+
+def is_composite(func: Any) -> bool:
+    """Whether ``func`` is a composite: the function of one pattern match."""
+    return isinstance(func, relax.Function) and bool(func.attrs) and "Composite" in func.attrs
+
+
+def bindings(func: relax.Function) -> Iterator[relax.Binding]:
+    """The bindings of a function's body, block after block."""
+    for block in func.body.blocks:
+        yield from block.bindings
+
+
+def name_span(name: str) -> tvm.ir.Span:
+    """A span that names a node: the name as its source, at line 0.
+
+    umahub and its frontends put the source model's node names on operator
+    calls this way; spans of TVMScript point at lines of a file instead.
+    """
+    return tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
+
+
+def span_name(expr: Any) -> str | None:
+    """The node name a :func:`name_span` put on ``expr``, or None."""
+    span = getattr(expr, "span", None)
+    if span is None or span.source_name is None or span.line != 0:
+        return None
+    return str(span.source_name.name)
+
+
+def node_name(binding: relax.Binding) -> str:
+    """The model's name of the operator a binding computes (its name span, else its variable)."""
+    return span_name(binding.value) or name_of(binding.var)
+
+
+def op_calls(func: relax.Function) -> list[tuple[str, str]]:
+    """(node, op) of the operator calls in a function's bindings, in order."""
+    return [
+        (node_name(b), b.value.op.name)
+        for b in bindings(func)
+        if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+    ]
+
+
+def partition_functions(mod: tvm.IRModule) -> dict[str, relax.Function]:
+    """symbol -> partition function, for every partition of ``mod``."""
+    return {str(f.attrs["global_symbol"]): f for f in mod.functions.values() if is_partition(f)}
+
+
+def partition_calls(mod: tvm.IRModule) -> dict[str, tuple[relax.Function, list[Any]]]:
+    """symbol -> (partition function, the arguments ``main`` calls it with)."""
+    found = {}
+    for binding in bindings(mod["main"]):
+        value = binding.value
+        if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+            func = mod[value.op]
+            if is_partition(func):
+                found[str(func.attrs["global_symbol"])] = (func, list(value.args))
+    return found

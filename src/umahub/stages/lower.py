@@ -1,0 +1,171 @@
+"""Stage 4, lower: each partition through its plugin's hooks, in ``lowering-order``.
+
+Per partition: ``umahub_relax_to_tir`` (or the default lowering, one PrimFunc)
+-> ``umahub_schedule`` -> ``umahub_tir_passes`` (phases 0-3) ->
+``umahub_codegen`` (or the default codegen); generated C is compiled (syntax
+only) right away. What each hook returns is checked (:mod:`umahub.contract`);
+the whole lowering of a partition runs under ``hook-timeout``
+(:mod:`umahub.timelimit`). A failure at any point is the partition's: it goes
+back to the host, or the compile stops (``on-error``), with a message naming
+plugin, hook and partition. Each hook sees the memory plan as the partitions
+lowered before it left it.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from umahub import codegen
+from umahub.compilation import Compilation, Partition
+from umahub.context import CompileContext
+from umahub.contract import (
+    checked_codegen,
+    checked_passes,
+    checked_relax_to_tir,
+)
+from umahub.dispatch import last_returned, recording, returned_by
+from umahub.errors import CompileError, PluginOutputError
+from umahub.lowering import default_relax_to_tir
+from umahub.memory import MemoryPlan, PoolUse
+from umahub.report import hooks_that_acted
+from umahub.timelimit import within
+from umahub.tir_phases import PHASES, use_phase_passes
+
+__all__ = ["run"]
+
+
+def _lower_one(hub: Any, ctx: CompileContext, func: relax.Function) -> tuple[Any, list[str]]:
+    """relax_to_tir -> schedule -> tir_passes -> codegen for one partition."""
+    acc = ctx.accelerator
+    tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
+    if tir_mod is None:
+        tir_mod = default_relax_to_tir(func, ctx.symbol, acc.name)
+    else:
+        _blame("umahub_relax_to_tir", checked_relax_to_tir, tir_mod, ctx.symbol, func)
+    schedule = tvm.s_tir.Schedule(tir_mod)
+    schedule.work_on(ctx.symbol)
+    said = [
+        s
+        for s in hub.traced_hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
+        if isinstance(s, str)
+    ]
+    scheduled = schedule.mod
+    phase_passes: dict[int, list[Any]] = {}
+    failed: list[str] = []  # the plugin whose pass raised: TVM's FFI drops exception attributes
+    for phase in PHASES:
+        results = hub.traced_hook.umahub_tir_passes(accelerator=acc, phase=phase, context=ctx)
+        phase_passes[phase] = []
+        for plugin, result in zip(returned_by("umahub_tir_passes", len(results)), results):
+            passes = _blame("umahub_tir_passes", checked_passes, result, phase)
+            phase_passes[phase] += [_attributed(p, plugin, failed) for p in passes]
+    with use_phase_passes(phase_passes) as pipeline:
+        ctx = replace(ctx, tir_pipeline=pipeline)
+        try:
+            module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
+            if module is None:
+                module = codegen.build_default(acc, scheduled, ctx.symbol, pipeline)
+            else:
+                _blame("umahub_codegen", checked_codegen, module, ctx.symbol, codegen.module_kind)
+        except Exception as exc:
+            if failed:
+                exc.umahub_culprit = (failed[0], "umahub_tir_passes")  # type: ignore[attr-defined]
+            raise
+    if codegen.module_kind(module) == "c":  # compiled now, so that a failure can fall back
+        module = codegen.prepend_c(module, "", ctx.symbol)
+        try:
+            codegen.check_c(module, acc)
+        except CompileError as exc:
+            plugin = last_returned("umahub_codegen")
+            if plugin is None:
+                raise CompileError(
+                    f"the default C codegen of '{acc.name}' failed for partition {ctx.symbol} "
+                    f"on {ctx.device}: {exc}"
+                ) from exc
+            exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
+            raise
+    return module, said
+
+
+def _attributed(tir_pass: Any, plugin: str, failed: list[str]) -> Any:
+    """``tir_pass`` wrapped so that, when it raises, ``failed`` gets the plugin's name."""
+
+    @tvm.transform.module_pass(opt_level=0, name=f"umahub.{plugin}.{tir_pass.info.name}")
+    def run(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        try:
+            return tir_pass(mod)
+        except Exception:
+            failed.append(plugin)
+            raise
+
+    return run
+
+
+def _blame(hook: str, check: Callable[..., Any], *args: Any) -> Any:
+    """Run a contract check on what ``hook`` returned; a failure names the plugin that gave it."""
+    try:
+        return check(*args)
+    except PluginOutputError as exc:
+        plugin = last_returned(hook)
+        if plugin is not None:
+            exc.umahub_culprit = (plugin, hook)  # type: ignore[attr-defined]
+        raise
+
+
+def _lowering_failure(exc: Exception, p: Partition, acc: Any) -> tuple[str, type, Exception]:
+    """The message, error type and cause for a partition whose lowering failed."""
+    plugin, hook = getattr(exc, "umahub_culprit", (None, None))
+    if isinstance(exc, CompileError) and not plugin:  # umahub's message names the culprit
+        return str(exc), type(exc), exc
+    who = f"plugin '{plugin}' failed in {hook}" if plugin else f"lowering of '{acc.name}' failed"
+    text = str(exc).strip()
+    detail = text.splitlines()[-1] if text else ""  # TVM errors carry a long trace first
+    return (
+        f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on {p.device}: "
+        f"{type(exc).__name__}: {detail}",
+        CompileError,
+        exc,
+    )
+
+
+def run(comp: Compilation) -> None:
+    """Stage 4: lower every partition that fits its pool; fill ``comp.modules``."""
+    hub, part = comp.hub, comp.partitioned
+    functions = comp.functions()
+    plan = comp.plan
+    lowered = MemoryPlan(
+        pools=tuple(PoolUse(p.device, p.scope, p.size_bytes, p.copy) for p in plan.pools),
+        host_bytes=plan.host_bytes,
+        host_constants=plan.host_constants,
+    )
+    for name in comp.order:
+        for p in (p for p in part.partitions if p.accelerator == name):
+            report = comp.reports[p.symbol]
+            if report.fallback:
+                continue
+            acc = hub.accelerator(name)
+            ctx = CompileContext(hub.config, acc, p.instance, p.symbol, p.operators, lowered)
+            said: list[str] = []
+            with comp.clock.stage("lower", f"{p.symbol} on {p.device}"), recording() as calls:
+                start = time.perf_counter()
+                try:
+                    comp.modules[p.symbol], said = within(
+                        hub.config.hook_timeout,
+                        functools.partial(_lower_one, hub, ctx, functions[p.symbol]),
+                        f"lowering {p.symbol}",
+                    )
+                except Exception as exc:
+                    comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
+                report.seconds["lower"] = time.perf_counter() - start
+            comp.clock.count(list(calls))
+            report.hooks = hooks_that_acted(list(calls))
+            report.schedule = said
+            if p.symbol in comp.modules and acc.pool is not None:
+                lowered = lowered.add(p.device, acc.pool.scope, comp.needs[p.symbol])
+    comp.lowered_plan = lowered

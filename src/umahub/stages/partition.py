@@ -1,0 +1,222 @@
+"""Stage 2, partition: the plan carried out.
+
+``FuseOpsByPattern`` (constants as parameters, so that weights are partition
+inputs) groups each match into a composite function; ``MergeCompositeFunctions``
+then merges neighbouring composites of one accelerator into one partition
+function (attribute ``Codegen`` = accelerator name, ``global_symbol`` = the
+partition's symbol). A merged partition may hold several kernels; the default
+lowering fuses them into one PrimFunc (see :mod:`umahub.lowering`), so that
+every partition is one packed function, as ``relax.ext`` codegens expect.
+
+Composites pinned to an instance are tagged before merging so that a partition
+never mixes instances; partitions without a pinned instance are spread over
+their accelerator's instances round robin, in model order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import tvm
+from tvm import relax
+
+from umahub._tvm import name_of, type_of
+from umahub.accelerator import Accelerator
+from umahub.compilation import Compilation, Partition, Partitioned
+from umahub.composites import (
+    TAG,
+    codegen_of,
+    composites,
+    mergeable,
+    name_nodes,
+    one_composite_per_call,
+    pattern_of,
+    strip_tags,
+    tag_composites,
+    untag,
+)
+from umahub.config import HOST
+from umahub.context import Operator
+from umahub.errors import CompileError, PlacementError, did_you_mean
+from umahub.ir import node_name, op_calls
+from umahub.memory import tensor_bytes
+from umahub.operators import Row, flops, producers, walk
+from umahub.placement import Pins, PlannedPattern
+from umahub.report import PartitionReport
+
+__all__ = ["partition", "run"]
+
+
+def _symbol(accelerator: str, index: int, ops: list[str]) -> str:
+    """A partition's symbol: ``<accelerator>_<index>_<its ops>``, e.g. ``npu_2_conv2d_add_relu``."""
+    short = "_".join(op.rsplit(".", 1)[-1] for op in ops)
+    if len(short) > 48:
+        short = short[:48].rstrip("_") + "_etc"
+    return f"{accelerator}_{index}_{short}"
+
+
+def partition(
+    mod: tvm.IRModule,
+    planned: Sequence[PlannedPattern],
+    pins: Pins,
+    accelerators: Mapping[str, Accelerator],
+    failures: list | None = None,
+) -> Partitioned:
+    """Partition ``mod`` by the planned patterns; place every partition on an instance.
+
+    A pattern check that raises refuses its match; ``(pattern, nodes,
+    exception)`` is appended to ``failures`` (see :meth:`PlannedPattern.fusion_pattern`).
+    """
+    mod = name_nodes(relax.transform.ConvertToDataflow()(mod))
+    if planned:
+        position = {node: i for i, (node, _) in enumerate(op_calls(mod["main"]))}
+        accepted: list = []
+        patterns = [p.fusion_pattern(pins, accepted, failures) for p in planned]
+        mod = relax.transform.FuseOpsByPattern(
+            patterns, bind_constants=False, annotate_codegen=False
+        )(mod)
+        if not composites(mod):
+            pass  # nothing matched: the module goes on as it was
+        elif any(p.accelerator.merge for p in planned) and mergeable(mod["main"]):
+            mod = one_composite_per_call(mod, accepted, position)
+            mod = tag_composites(mod, pins, accelerators)
+            mod = relax.transform.MergeCompositeFunctions()(mod)
+        else:  # TVM's merge pass grows quadratically with the model: skip it when unused
+            mod = one_composite_per_call(
+                mod, accepted, position, wrap=lambda comp: codegen_of(comp, pins)
+            )
+
+    def operator(row: Row, device: str = "host", symbol: str = "") -> Operator:
+        hit = pins.resolve(row.node, row.op, row.pattern)
+        pinned = hit[0] if hit else ""
+        return Operator(
+            row.node, row.op, device, row.pattern, symbol, pinned, row.inputs, row.flops, row.bytes
+        )
+
+    # One walk over main, in model order: partitions get their instance (pinned,
+    # else round robin) and their symbol as they are met.
+    next_instance: dict[str, int] = {}
+    placed: dict[str, Partition] = {}  # partition function name -> partition
+    renamed: dict = {}
+    operators: list[Operator] = []
+    env: dict = {}
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            func = None
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                func = mod[value.op]
+            if isinstance(func, relax.Function) and func.attrs and "Codegen" in func.attrs:
+                accel_name, instance = untag(str(func.attrs["Codegen"]))
+                if instance is None:
+                    instance = next_instance.get(accel_name, 0) % accelerators[accel_name].instances
+                    next_instance[accel_name] = instance + 1
+                inner = {p: producers(a, env) for p, a in zip(func.params, value.args)}
+                rows, out = walk(func, mod, pattern_of, "", inner)
+                symbol = _symbol(accel_name, len(placed), [r.op for r in rows])
+                ops = [operator(r, f"{accel_name}:{instance}", symbol) for r in rows]
+                placed[name_of(value.op)] = Partition(
+                    symbol,
+                    accel_name,
+                    instance,
+                    tuple(dict.fromkeys(o.pattern for o in ops)),
+                    tuple(ops),
+                )
+                if TAG in str(func.attrs["Codegen"]):
+                    func = strip_tags(func)
+                renamed[value.op] = func.with_attr("global_symbol", symbol)
+                operators.extend(ops)
+                env[binding.var] = out
+            elif isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                name = node_name(binding)
+                row = Row(
+                    name,
+                    value.op.name,
+                    "",
+                    producers(value, env),
+                    flops(value),
+                    tensor_bytes(type_of(value)),
+                )
+                operators.append(operator(row))
+                env[binding.var] = (name,)
+            else:
+                env[binding.var] = producers(value, env)
+    funcs = dict(mod.functions)
+    funcs.update(renamed)
+    mod = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
+    return Partitioned(mod, tuple(placed.values()), tuple(operators))
+
+
+def _check_pins(comp: Compilation, part: Partitioned, planned_names: dict[str, list[str]]) -> None:
+    """Every pin selects some operator, and every pinned operator is where its pin says.
+
+    A pin that cannot be honoured is an error with on-error "error", else a
+    warning and a note (a project's config may pin nodes of other models).
+    """
+    pins = comp.pins
+    selected = {selector: False for selector, _ in pins.ordered}
+    for op in part.operators:
+        hit = pins.resolve(op.name, op.op, op.pattern)
+        if hit is None:
+            continue
+        selector, pin = hit
+        selected[selector] = True
+        accel, _, instance = op.device.partition(":")
+        ok = accel == pin.accelerator and (pin.instance is None or str(pin.instance) == instance)
+        if ok:
+            continue
+        if pin.accelerator == HOST:
+            continue  # only a pattern pin that a plugin check overrode could land here
+        names = ", ".join(planned_names.get(pin.accelerator, [])) or "none"
+        message = (
+            f"pin {selector!r} -> '{pin}': operator '{op.name}' ({op.op}) runs on "
+            f"{op.device}, because the patterns of '{pin.accelerator}' ({names}) do not "
+            "take it; pin it elsewhere or extend the plugin's patterns"
+        )
+        comp.fail(message, PlacementError)
+    candidates = {n for o in part.operators for n in (o.name, o.op, o.pattern) if n}
+    for selector, used in selected.items():
+        if used or any(ch in selector for ch in "*?["):
+            continue
+        message = (
+            f"pin {selector!r} selects no operator of the model"
+            f"{did_you_mean(selector, candidates)}; a pin names a node, an op "
+            "('relax.nn.conv2d' or 'nn.conv2d') or a pattern"
+        )
+        comp.fail(message, PlacementError)
+
+
+def _check_failures(comp: Compilation, failures: list) -> None:
+    """Pattern checks that raised: their matches were refused; say so, once per pattern."""
+    seen: dict[str, int] = {}
+    for pattern, _, _ in failures:
+        seen[pattern] = seen.get(pattern, 0) + 1
+    for pattern, count in seen.items():
+        _, nodes, exc = next(f for f in failures if f[0] == pattern)
+        accelerator = pattern.split(".", 1)[0]
+        message = (
+            f"plugin '{comp.hub.owner(accelerator)}' failed in the check of pattern '{pattern}' "
+            f"(from umahub_patterns) on {', '.join(nodes) or 'a match'}"
+            f"{f' and {count - 1} more match(es)' if count > 1 else ''}: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        comp.fail(
+            message, CompileError, exc, then="those operators go to the next claimant or the host"
+        )
+
+
+def run(comp: Compilation) -> None:
+    """Stage 2: partition ``comp.mod`` by ``comp.planned``; one report per partition."""
+    accelerators = {a.name: a for a in comp.hub.accelerators}
+    failures: list = []
+    part = partition(comp.mod, comp.planned, comp.pins, accelerators, failures)
+    _check_failures(comp, failures)
+    names: dict[str, list[str]] = {}
+    for p in comp.planned:
+        names.setdefault(p.accelerator.name, []).append(p.name)
+    _check_pins(comp, part, names)
+    comp.partitioned = part
+    comp.reports = {
+        p.symbol: PartitionReport(p.symbol, p.accelerator, p.device, p.patterns, len(p.operators))
+        for p in part.partitions
+    }

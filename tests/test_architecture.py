@@ -1,0 +1,118 @@
+"""The shape of the code: imports go one way, stages stand alone, modules stay small.
+
+Read from the source with ``ast`` (nothing is imported): every ``import`` of a
+umahub module, at module level or inside a function, is an edge; imports
+under ``if TYPE_CHECKING:`` are not (they are never executed).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import umahub
+
+ROOT = Path(umahub.__file__).parent
+LONG_REASON = "Why this module is long:"
+MAX_LINES = 400
+
+
+def _module_name(path: Path) -> str:
+    parts = ["umahub", *path.relative_to(ROOT).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _runtime_imports(path: Path, name: str, known: set[str]) -> set[str]:
+    tree = ast.parse(path.read_text())
+    type_checking = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            type_checking |= {id(n) for b in node.body for n in ast.walk(b)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in type_checking:
+            continue
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            names = [f"{base}.{a.name}" for a in node.names]
+            # ``from package import module`` depends on the module, not on all of the package.
+            targets = [n for n in names if n in known] or [base]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name and target.startswith("umahub"):
+                found.add(target)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _runtime_imports(path, name, known) for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, or None. Package ``__init__`` re-exports (the public API) are left out:
+    they are the top of the graph, not a layer anyone builds on."""
+    edges = {m: {t for t in ts if t != "umahub"} for m, ts in graph.items() if m != "umahub"}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(edges.get(m, ())):
+            if state.get(t) == 1:
+                return [*stack[stack.index(t) :], t]
+            if t not in state and (found := visit(t)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_cycles_among_umahub_modules():
+    assert _cycle(_graph()) is None
+
+
+def test_a_stage_imports_no_other_stage_nor_the_hub_nor_the_pipeline():
+    graph = _graph()
+    stages = {m for m in graph if m.startswith("umahub.stages.")}
+    assert stages == {
+        f"umahub.stages.{s}" for s in ("plan", "partition", "memory", "lower", "build", "verify")
+    }
+    forbidden = stages | {"umahub.hub", "umahub.pipeline", "umahub.stages", "umahub"}
+    offending = {m: sorted(graph[m] & (forbidden - {m})) for m in stages}
+    assert offending == {m: [] for m in stages}
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_a_long_module_says_why(name):
+    path = _modules()[name]
+    lines = len(path.read_text().splitlines())
+    if lines > MAX_LINES:
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        assert LONG_REASON in docstring, f"{name}: {lines} lines and no '{LONG_REASON}'"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
