@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("plugin_loading.py", "compile_overhead.py", "scaling.py", "npu_kernels.py", "zoo.py")
+BENCHMARKS = (
+    "plugin_loading.py",
+    "compile_overhead.py",
+    "verify_cost.py",
+    "scaling.py",
+    "npu_kernels.py",
+    "zoo.py",
+)
 
 if __name__ == "__main__":
     for script in BENCHMARKS:

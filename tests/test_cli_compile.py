@@ -103,3 +103,16 @@ def test_compile_an_onnx_model(project):
     )
     with np.load(project / "y.npz") as y:
         np.testing.assert_allclose(y["arr_0"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_compile_with_verify_reports_each_partition(project):
+    result = umahub_cli(
+        "compile", "mlp", "-o", "mlp.so", "--verify", "--report", "r.json", cwd=project
+    )
+    assert result.returncode == 0, result.stderr
+    assert "[umahub] verify" in result.stderr
+    report = json.loads((project / "r.json").read_text())
+    verified = [p["verified"] for p in report["partitions"]]
+    assert verified and all(v.startswith("largest error ") for v in verified)
+    assert all(p["max_error"] <= 1e-4 for p in report["partitions"])
+    assert "      verify: largest error " in result.stdout

@@ -88,7 +88,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     """Compile MODEL through the plugins and export it as one shared library."""
     mod = _load_model(args.model)  # a bad file fails before the plugins are loaded
     hub = _hub(args)
-    compiled = hub.compile(mod, progress=_progress)
+    compiled = hub.compile(mod, progress=_progress, verify=args.verify or None)
     compiled.export_library(args.output)
     print(compiled.report)
     print(f"wrote {args.output}")
@@ -102,15 +102,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run an exported library on random inputs or on the arrays of an .npz file."""
     import numpy as np
 
-    from umahub.compiled import load
+    from umahub.compiled import example_inputs, load
 
     model = load(args.library)
     if args.inputs:
         with np.load(args.inputs) as data:
             arrays = [data[k] for k in data.files]
-    else:
-        rng = np.random.default_rng(0)
-        arrays = [rng.standard_normal(shape).astype(dtype) for shape, dtype in model.input_info]
+    else:  # sizes known only at run time are 1
+        arrays = example_inputs(model.input_info, seed=0)
     outputs = model.run(*arrays)
     for i, out in enumerate(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
         flat = np.asarray(out).ravel()
@@ -171,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-o", "--output", default="model.so", help="library to write")
     p.add_argument("--report", help="also write the report as JSON to this file")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every partition against the host on the model's own values "
+        "(as verify = true in [tool.umahub])",
+    )
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run a library written by 'umahub compile'")
