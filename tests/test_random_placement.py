@@ -273,14 +273,6 @@ def test_unhonourable_pin_is_a_warning_not_a_failure():
     assert placed.unhonoured == {"n0"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="found by test_random_placement_many: the npu's conv2d schedule moves the "
-    "convolution's output to an [n, y, x, f] layout; when the partition also returns it, "
-    "the call fails ('Mismatched conv2d_nchw_intermediate.strides ... expected to be "
-    "compact array')",
-)
 def test_convolution_output_returned_from_an_npu_partition():
     """conv2d + relu on the npu (npu.conv2d_act), the convolution's output also returned."""
     spec = GraphSpec(

@@ -94,7 +94,7 @@ from tvm.s_tir.schedule import ScheduleError
 # the names that differ between apache-tvm 0.25, 0.26 and 0.27
 from umahub.compat import Load as _LOAD
 from umahub.compat import buffer_of as _buf
-from umahub.compat import detect_linear_equation, vars_in
+from umahub.compat import detect_linear_equation, param_buffers, vars_in
 
 __all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
 
@@ -489,14 +489,27 @@ def _parallel_spatial(sch: s_tir.Schedule, block, lanes: int):
     _vectorize_inner(sch, loops[-1], exts[-1], lanes)
 
 
+def _writes_output(sch: s_tir.Schedule, block) -> bool:
+    """Whether ``block`` writes a buffer of the function's parameters (an output)."""
+    written = _buf(sch.get(block).writes[0])
+    func = sch.mod[_func_name(sch)]
+    return any(b is not None and b.same_as(written) for b in param_buffers(func))
+
+
 def _accumulator_and_epilogue(sch: s_tir.Schedule, p: Plan):
-    """Inline the epilogue chain; return (reduction rv, output-writing epilogue rv)."""
+    """Inline the epilogue chain; return (reduction rv, output-writing rv, other epilogue).
+
+    When the reduction writes a function output itself (no epilogue, or a
+    partition that also returns the raw matmul/convolution), it accumulates in
+    a local copy, so that the accumulator's layout can change while the
+    output keeps the layout its callers expect; the epilogue then reads the
+    output and is scheduled on its own.
+    """
     red = sch.get_sblock(p.reduction)
     left = _inline_chain(sch, p.epilogue, keep_last=True) if p.epilogue else []
-    if not left:
-        # the reduction writes the function output: accumulate in a local copy
+    if not left or _writes_output(sch, red):
         out = sch.cache_write(red, 0, "global")
-        return red, out, []
+        return red, out, left
     return red, sch.get_sblock(left[-1]), left[:-1]
 
 
