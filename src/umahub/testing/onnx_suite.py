@@ -632,6 +632,7 @@ class _Pool:
     def _lost(self, slot: _Slot, outcome: str, queue: deque) -> Iterable[tuple[str, str, Result]]:
         case, remaining = slot.case, slot.remaining
         code = slot.process.exitcode
+        seconds = min(self.timeout, time.monotonic() - (slot.deadline - self.timeout))
         self._kill(slot)
         if case is None and not slot.ready:
             raise RuntimeError(f"onnx-suite: a worker died while starting (exit code {code})")
@@ -642,7 +643,7 @@ class _Pool:
             detail = f"worker died (exit code {code})"
         else:
             detail = f"no result within {self.timeout:g} s"
-        yield case.name, remaining[0], Result(outcome, detail, seconds=self.timeout)
+        yield case.name, remaining[0], Result(outcome, detail, seconds=seconds)
         if remaining[1:]:
             queue.appendleft((case, remaining[1:]))
 
