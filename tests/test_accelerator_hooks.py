@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import umahub
-from umahub.dispatch import recording
+from umahub.tracing import recording
 from umahub.errors import PluginLoadError
 
 TWO_ACCELERATORS = """

@@ -24,11 +24,11 @@ import tvm
 from tvm import relax
 
 from umahub.context import Copy, Operator
-from umahub.dispatch import HookCall
 from umahub.errors import CompileError, warn
 from umahub.ir import is_partition
 from umahub.memory import MemoryPlan, Need
 from umahub.report import PartitionReport, Report
+from umahub.tracing import HookCall
 
 if TYPE_CHECKING:
     from umahub.compiled import Compiled

@@ -7,8 +7,8 @@ a one-hook *shim*, in the order wanted for that hook. Calling a hook is then
 plain pluggy: the ordering costs nothing per call.
 
 In the traced manager the pipeline uses, each implementation is wrapped so
-that, while a compile records (see :func:`recording`), every call is logged
-with its plugin, hook, duration and whether it returned something: that is
+that, while a compile records, every call is logged with its plugin, hook,
+duration and whether it returned something (:mod:`umahub.tracing`): that is
 what the report shows per partition. An exception leaving an implementation
 gets ``exc.umahub_culprit = (plugin, hook)``, so that errors name the plugin at
 fault. ``hub.hook`` is untraced: plain pluggy dispatch, nothing added per call.
@@ -26,114 +26,23 @@ makes, not the ones it skips.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import inspect
-import threading
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
-from umahub import hookspecs
+from umahub import hookspecs, tracing
 from umahub.errors import did_you_mean
 from umahub.loading import PluginInfo, unknown_hook_message
 from umahub.markers import ACCELERATOR_OPTION, PROJECT_NAME
 
-__all__ = [
-    "HOOK_NAMES",
-    "HookCall",
-    "PluginManager",
-    "last_returned",
-    "recording",
-    "returned_by",
-    "running_on",
-]
+__all__ = ["HOOK_NAMES", "PluginManager"]
 
 #: The hook names of the contract, in pipeline order.
 HOOK_NAMES: tuple[str, ...] = tuple(n for n in vars(hookspecs) if n.startswith("umahub_"))
-
-
-@dataclass(frozen=True)
-class HookCall:
-    """One call of one plugin's implementation, as the report shows it."""
-
-    plugin: str
-    hook: str
-    seconds: float
-    returned: bool
-
-
-_LOG: contextvars.ContextVar[list[HookCall] | None] = contextvars.ContextVar(
-    "umahub_hook_log", default=None
-)
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[list[HookCall]]:
-    """Collect the :class:`HookCall` of every implementation called in the block."""
-    log: list[HookCall] = []
-    token = _LOG.set(log)
-    try:
-        yield log
-    finally:
-        _LOG.reset(token)
-
-
-def last_returned(hook: str) -> str | None:
-    """The plugin whose implementation of ``hook`` last returned a value in this recording."""
-    givers = returned_by(hook, 1)
-    return givers[0] if givers else None
-
-
-def returned_by(hook: str, count: int) -> list[str]:
-    """The plugins of the last ``count`` calls of ``hook`` that returned a value, in call order.
-
-    pluggy leaves None results out of a hook's result list; this lines the
-    results up with the plugins that gave them.
-    """
-    givers = [c.plugin for c in (_LOG.get() or []) if c.hook == hook and c.returned]
-    return givers[len(givers) - count :] if count else []
-
-
-# thread id -> (plugin, hook) of the traced implementation running on it, for the
-# message of a time limit that expired (see umahub.timelimit).
-_RUNNING: dict[int, tuple[str, str]] = {}
-
-
-def running_on(thread_id: int | None) -> tuple[str, str] | None:
-    """(plugin, hook) of the traced implementation running on that thread, if any."""
-    return _RUNNING.get(thread_id) if thread_id is not None else None
-
-
-def _recorded(plugin: str, hook: str, func: Any) -> Any:
-    @functools.wraps(func)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        log = _LOG.get()
-        me = threading.get_ident()
-        outer = _RUNNING.get(me)
-        _RUNNING[me] = (plugin, hook)
-        try:
-            if log is None:
-                return func(*args, **kwargs)
-            start = time.perf_counter()
-            result = func(*args, **kwargs)
-        except Exception as exc:
-            if not hasattr(exc, "umahub_culprit"):
-                exc.umahub_culprit = (plugin, hook)  # type: ignore[attr-defined]
-            raise
-        finally:
-            if outer is None:
-                _RUNNING.pop(me, None)
-            else:
-                _RUNNING[me] = outer
-        log.append(HookCall(plugin, hook, time.perf_counter() - start, result is not None))
-        return result
-
-    return call
 
 
 @dataclass(frozen=True)
@@ -410,7 +319,7 @@ class PluginManager(pluggy.PluginManager):
             hook_order: hook name -> plugin names that go first, in that order;
                 for such a hook the authors' ``tryfirst``/``trylast`` are ignored.
             traced: wrap each implementation to log its calls (see
-                :func:`recording`) and name the culprit of an exception; costs a
+                :func:`umahub.tracing.recording`) and name the culprit of an exception; costs a
                 fraction of a microsecond per implementation and call, so the
                 hub keeps a traced manager for its pipeline and an untraced one
                 for ``hub.hook``.
@@ -429,9 +338,9 @@ class PluginManager(pluggy.PluginManager):
                 if traced and not (opts.get("wrapper") or opts.get("hookwrapper")):
                     routes = getattr(function, "umahub_routes", None)
                     if isinstance(routes, _Routes):  # log the calls it makes, not those it skips
-                        function = routes.router(functools.partial(_recorded, name, hook))
+                        function = routes.router(functools.partial(tracing.traced, name, hook))
                     else:
-                        function = _recorded(name, hook, function)
+                        function = tracing.traced(name, hook, function)
                 self.register(_Shim(hook, function, opts), name=f"{name}::{hook}")
 
     def call_order(self, hook: str) -> list[str]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from umahub.context import Copy, Operator
-from umahub.dispatch import HookCall
 from umahub.memory import MemoryPlan
+from umahub.tracing import HookCall
 
 __all__ = ["PartitionReport", "Report"]
 

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from umahub.dispatch import running_on
 from umahub.errors import HookTimeoutError
+from umahub.tracing import running_on
 
 __all__ = ["within"]
 

@@ -30,13 +30,13 @@ from umahub.contract import (
     checked_passes,
     checked_relax_to_tir,
 )
-from umahub.dispatch import last_returned, recording, returned_by
 from umahub.errors import CompileError, PluginOutputError
 from umahub.lowering import default_relax_to_tir
 from umahub.memory import MemoryPlan, PoolUse
 from umahub.report import hooks_that_acted
 from umahub.timelimit import within
 from umahub.tir_phases import PHASES, use_phase_passes
+from umahub.tracing import last_returned, recording, returned_by
 
 __all__ = ["run"]
 

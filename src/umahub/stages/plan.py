@@ -20,12 +20,12 @@ from umahub.accelerator import Accelerator
 from umahub.compilation import Compilation
 from umahub.config import HOST, parse_pin
 from umahub.contract import checked_patterns
-from umahub.dispatch import recording
 from umahub.errors import CompileError, ConfigError, PluginOutputError, did_you_mean
 from umahub.ir import bindings
 from umahub.memory import size_bounds, symbolic_sizes
 from umahub.placement import Pins, PlannedPattern, model_pins, pinned_accelerators
 from umahub.timelimit import within
+from umahub.tracing import recording
 
 __all__ = ["plan_patterns", "run"]
 
