@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from umahub.testing._compare import compare
+from umahub.testing._session import cross_config
 
 __all__ = [
     "CrossConformanceSuite",
@@ -49,24 +50,6 @@ __all__ = [
 _UNHONOURED = re.compile(r"^umahub: pin '(?P<selector>[^']*)' -> '[^']*': operator ")
 #: A pin conflict inside one match (a user error the compile names, not a crash).
 _CONFLICT = "holds operators pinned to two instances"
-
-
-def cross_config(plugins: Sequence[str], priority: Sequence[str]) -> dict[str, Any]:
-    """The ``config=`` of the cross check's hub: these plugins, this priority, no project pins.
-
-    ``on-error`` is ``"fallback"`` so that a pin that cannot be honoured is a
-    warning; :func:`check_placed_graph` fails on every other warning (a
-    partition fell back to the host), where ``"error"`` would have stopped.
-    """
-    return {
-        "plugins": list(dict.fromkeys(plugins)),
-        "disable": [],
-        "priority": list(priority),
-        "hook-order": {},
-        "lowering-order": ["host", *priority],
-        "placement": {},
-        "on-error": "fallback",
-    }
 
 
 def cross_vocabulary(
@@ -279,8 +262,8 @@ class CrossConformanceSuite:
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """One test for the named accelerators together (id ``a+b``)."""
+        from umahub.testing._options import suite_options
         from umahub.testing._session import UsageProblem
-        from umahub.testing._suite import suite_options
 
         try:
             targets, _, _ = suite_options(metafunc.definition, metafunc.config)
@@ -302,7 +285,7 @@ class CrossConformanceSuite:
         from hypothesis import strategies as st
 
         from umahub.testing._graphs import graphs, pin_choices, placements
-        from umahub.testing._suite import session_of, suite_options
+        from umahub.testing._options import session_of, suite_options
 
         session = session_of(request.config)
         targets, _, examples = suite_options(request.node, request.config)

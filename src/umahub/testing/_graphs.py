@@ -18,6 +18,10 @@ to an accelerator, one of its instances or ``host``, or left free.
 
 A :class:`GraphSpec` is plain data with a readable ``repr``: hypothesis prints
 it when an example fails, and :func:`build` turns it back into the module.
+
+Why this module is long: the graphs of one accelerator and the cross-accelerator
+graphs (several outputs, shared constants, branches) share one vocabulary, one
+spec and one builder; split, the two halves would import each other.
 """
 
 from __future__ import annotations

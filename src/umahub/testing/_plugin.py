@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from umahub.testing._cross import CrossConformanceSuite
+from umahub.testing._options import SESSION_KEY
 from umahub.testing._session import (
     DEFAULT_EXAMPLES,
     DEFAULT_MODELS,
@@ -37,8 +38,6 @@ __all__ = [
     "umahub_host_reference",
 ]
 
-#: Where the :class:`ConformanceSession` of a run lives: ``config.stash[SESSION_KEY]``.
-SESSION_KEY = pytest.StashKey[ConformanceSession]()
 #: (accelerator, model or None, check) of a conformance test item.
 _CASE_KEY = pytest.StashKey[tuple[str, Any, str]]()
 #: The accelerators (joined by "+") of a cross-accelerator test item.
@@ -274,7 +273,7 @@ def umahub_conformance_accelerator(request: pytest.FixtureRequest) -> str:
 
     Exactly one accelerator must be meant (a plugin with one accelerator is fine).
     """
-    from umahub.testing._suite import suite_options
+    from umahub.testing._options import suite_options
 
     try:
         targets, _, _ = suite_options(request.node, request.config)

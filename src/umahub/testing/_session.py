@@ -225,10 +225,9 @@ class ConformanceSession:
         """A hub of these plugins where ``priority``'s accelerators claim in that order (cached).
 
         Only pins the check passes place operators; see
-        :func:`umahub.testing._cross.cross_config` for ``on-error``.
+        :func:`cross_config` for ``on-error``.
         """
         import umahub
-        from umahub.testing._cross import cross_config
 
         key = (tuple(sorted(set(plugins))), tuple(priority))
         if key not in self._cross_hubs:
@@ -305,3 +304,21 @@ def _numpy(value: Any) -> Any:
     if hasattr(value, "numpy"):
         return value.numpy()
     return [_numpy(v) for v in value]
+
+
+def cross_config(plugins: Sequence[str], priority: Sequence[str]) -> dict[str, Any]:
+    """The ``config=`` of the cross check's hub: these plugins, this priority, no project pins.
+
+    ``on-error`` is ``"fallback"`` so that a pin that cannot be honoured is a
+    warning; :func:`umahub.testing._cross.check_placed_graph` fails on every other warning (a
+    partition fell back to the host), where ``"error"`` would have stopped.
+    """
+    return {
+        "plugins": list(dict.fromkeys(plugins)),
+        "disable": [],
+        "priority": list(priority),
+        "hook-order": {},
+        "lowering-order": ["host", *priority],
+        "placement": {},
+        "on-error": "fallback",
+    }

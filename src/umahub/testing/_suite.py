@@ -17,56 +17,13 @@ from typing import Any
 import pytest
 
 from umahub.testing._compare import compare
-from umahub.testing._session import ConformanceSession, Target, UsageProblem
+from umahub.testing._options import session_of, suite_options
+from umahub.testing._session import ConformanceSession, UsageProblem
 
-__all__ = ["ConformanceSuite", "suite_options"]
+__all__ = ["ConformanceSuite"]
+
 
 #: The marker that names the accelerator a ConformanceSuite subclass or a fixture checks.
-MARKER = "umahub_conformance"
-
-
-def session_of(config: pytest.Config) -> ConformanceSession:
-    """The kit's :class:`ConformanceSession` of this pytest run."""
-    from umahub.testing._plugin import SESSION_KEY
-
-    return config.stash[SESSION_KEY]
-
-
-def _names(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [n.strip() for n in value.split(",") if n.strip()]
-    return [str(v) for v in value]
-
-
-def suite_options(node: Any, config: pytest.Config) -> tuple[list[Target], list[str], int]:
-    """``(accelerators, models, examples)`` for a test: its marker's, else the options'.
-
-    Raises:
-        UsageProblem: no accelerator named anywhere, or a name that does not resolve.
-    """
-    session = session_of(config)
-    marker = node.get_closest_marker(MARKER)
-    if marker is not None:
-        names = marker.kwargs.get("accelerator", marker.args[0] if marker.args else None)
-        if not names:
-            raise UsageProblem(
-                f"@pytest.mark.{MARKER}(...) needs accelerator='name' (an accelerator or a plugin)"
-            )
-        targets = session.resolve(_names(names), f"@pytest.mark.{MARKER}(accelerator)")
-        models = marker.kwargs.get("models")
-        models = session.models(
-            None if models is None else _names(models), f"@pytest.mark.{MARKER}(models)"
-        )
-        examples = int(marker.kwargs.get("examples", session.examples))
-        return targets, models, examples
-    if not session.names:
-        raise UsageProblem(
-            f"no accelerator to check: run pytest with --umahub-conformance=NAME "
-            f"or mark the test class with @pytest.mark.{MARKER}(accelerator=...)"
-        )
-    return session.targets, session.models(), session.examples
-
-
 def _taken(report: Any, accelerator: str) -> list[Any]:
     return [o for o in report.placement if o.device.split(":")[0] == accelerator]
 

@@ -53,6 +53,10 @@ From Python (a vendor's own tests)::
 The module needs from umahub only ``umahub.Hub``, ``Hub.compile(mod,
 placement=...)`` and ``Compiled.run``, so it can also check an older umahub
 (``PYTHONPATH=<old checkout>/src python path/to/onnx_suite.py``).
+
+Why this module is long: it runs as one file, also by path against an older
+umahub checkout (to measure before and after a change), so it cannot be split
+into modules that the older checkout does not have.
 """
 
 from __future__ import annotations
