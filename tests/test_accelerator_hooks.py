@@ -12,8 +12,8 @@ import sys
 import pytest
 
 import umahub
-from umahub.tracing import recording
 from umahub.errors import PluginLoadError
+from umahub.tracing import recording
 
 TWO_ACCELERATORS = """
 import umahub

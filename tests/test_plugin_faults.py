@@ -284,3 +284,50 @@ def test_a_warning_points_at_the_users_call(model):
 def _line_of(text: str) -> int:
     lines = Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
+
+
+class MissingKernel:
+    """C that compiles but calls a vendor function no library defines: the load fails."""
+
+    UMAHUB_API = 1
+
+    @umahub.hookimpl
+    def umahub_accelerators(self):
+        return [umahub.Accelerator("linkless", codegen="c")]
+
+    @umahub.hookimpl(accelerator="linkless")
+    def umahub_patterns(self):
+        from tvm.relax.dpl import is_op, wildcard
+
+        return [("linkless.relu", is_op("relax.nn.relu")(wildcard()))]
+
+    @umahub.hookimpl(accelerator="linkless")
+    def umahub_codegen(self, context):
+        source = (
+            "#include <stdint.h>\n"
+            "int32_t vendor_relu_not_linked(void);\n"
+            f"int32_t __tvm_ffi_{context.symbol}(void* self, void* args, int32_t n, void* out) "
+            "{ return vendor_relu_not_linked(); }\n"
+        )
+        create = tvm.get_global_func("runtime.CSourceModuleCreate")
+        return create(source, "c", [f"__tvm_ffi_{context.symbol}"], [])
+
+
+def test_a_model_that_cannot_be_loaded_is_built_again_on_the_host(model):
+    mod, xs, ref = model
+    hub = umahub.Hub(config={}, autoload=False, plugins=[MissingKernel()], project_config=False)
+    with pytest.warns(umahub.UmahubWarning, match="every partition runs on the host"):
+        compiled = hub.compile(mod)
+    assert {o.name: o.device for o in compiled.report.placement} == {"n0": "host", "n1": "host"}
+    (note,) = compiled.report.notes
+    assert note.startswith("building the model with its partitions placed failed (CompileError: ")
+    assert "vendor_relu_not_linked" in note
+    np.testing.assert_allclose(compiled.run(*xs), ref, **TOL)
+    strict = umahub.Hub(
+        config={"on-error": "error"},
+        autoload=False,
+        plugins=[MissingKernel()],
+        project_config=False,
+    )
+    with pytest.raises(CompileError, match="vendor_relu_not_linked"):
+        strict.compile(mod)

@@ -33,7 +33,7 @@ from umahub.compilation import Compilation, Partitioned
 from umahub.compiled import Compiled, signature_of
 from umahub.config import HOST
 from umahub.context import Copy
-from umahub.errors import CompileError, warn
+from umahub.errors import CompileError
 from umahub.memory import tensor_bytes
 from umahub.vdevice import VirtualDevice
 
@@ -375,13 +375,10 @@ def run(comp: Compilation) -> None:
         text = str(exc).strip()
         message = (
             f"building the model with its partitions placed failed ({type(exc).__name__}: "
-            f"{text.splitlines()[-1] if text else ''}); this is a bug of umahub or TVM, "
-            "please report it"
+            f"{text.splitlines()[-1] if text else ''}); a symbol missing at load time points "
+            "at a plugin's kernel library (c_sources), anything else is a bug to report"
         )
-        if comp.config.on_error == "error":
-            raise CompileError(message) from exc
-        warn(f"{message}; every partition runs on the host")
-        comp.notes.append(f"{message}; every partition runs on the host")
+        comp.fail(message, CompileError, exc, then="every partition runs on the host")
         for p in placed.partitions:
             comp.reports[p.symbol].fallback = "the placed model failed to build (see the notes)"
         comp.compiled = _build(comp, comp.placed())
