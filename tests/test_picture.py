@@ -36,14 +36,6 @@ class EdgeOperator(Operator):
     flops: int = 0
 
 
-@dataclass(frozen=True)
-class NamedCopy(Copy):
-    """A copy as a report that names its producer and consumer would hold it."""
-
-    producer: str = ""
-    consumer: str = ""
-
-
 def small_report() -> Report:
     """conv on the host, matmul on the NPU (async pool), relu on a DSP (sync pool).
 
@@ -180,7 +172,7 @@ def test_named_producer_and_consumer_place_the_copy():
         Operator("m2", "relax.matmul", "npu:0", "npu.matmul", "p2"),
     ]
     # without names, the weights would go to the first NPU group (p1); named, to m2's
-    copies = [NamedCopy("constant", "host", "npu:0", 2_000_000, "async", True, consumer="p2")]
+    copies = [Copy("constant", "host", "npu:0", 2_000_000, "async", True, consumer="p2")]
     report = Report(ops, [], ["host", "npu:0"], copies)
     spans = {s.label: s for s in timeline(report)}
     assert spans["m1"].start == 0.0
@@ -308,7 +300,7 @@ def test_weights_loaded_once_stay_out_of_the_inference():
     assert "npu:0 (1 op, weights 121 KiB)" in text
     assert not [g for g in root.iter(f"{SVG}g") if g.get("class") == "load-copy"]
     # a load copy that names its partition is shown on that partition's box
-    report.copies[0] = NamedCopy(
+    report.copies[0] = Copy(
         "weight", "host", "npu:0", 123_456, "async", True, "load", consumer="p_npu"
     )
     root = parse(render_svg(report))

@@ -54,6 +54,10 @@ class Copy:
         kind: ``"sync"`` (the CPU copies) or ``"async"`` (a DMA engine copies).
         constant: whether it is a constant (a weight).
         when: ``"inference"`` (at every inference) or ``"load"`` (once, at load).
+        producer: the operator (node name) or partition (symbol) that made
+            the tensor; "" for a model input or a constant.
+        consumer: the operator or partition that reads it on ``dst``; "" for
+            a model output.
     """
 
     tensor: str
@@ -63,6 +67,8 @@ class Copy:
     kind: str
     constant: bool = False
     when: str = "inference"
+    producer: str = ""
+    consumer: str = ""
 
     def to_dict(self) -> dict:
         """JSON-ready form for the report."""

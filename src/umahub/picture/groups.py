@@ -7,13 +7,13 @@ those received by a group and those that leave the model (outputs). Weights
 copied once, when the model is loaded (``Copy.when == "load"``), are not part
 of an inference (:func:`at_load`).
 
-Which copy feeds which group: when a copy names its ``consumer`` (and
-``producer``), an operator or partition symbol, that is used; otherwise copies,
+Which copy feeds which group: the build stage names each copy's ``consumer``
+and ``producer`` (an operator or a partition symbol), and those are used; for
+a copy without them (a report written by hand, an older report), copies,
 which the report lists in the order they happen, are matched in order to the
 next group on their destination device, and the producer is the operator the
 tensor is named after, or else the latest group on the source device before
-the consumer. :class:`~umahub.context.Copy` itself carries no ``producer`` or
-``consumer``: only a copy type that adds them (a subclass) is placed by name.
+the consumer.
 
 No drawing and no times here: :mod:`umahub.picture.timeline` and
 :mod:`umahub.picture.layout` build on this.
@@ -89,7 +89,7 @@ def load_bytes(copies: Sequence[Copy]) -> dict[str, int]:
 
 
 def _named(c: Copy, role: str) -> str:
-    """The ``producer`` or ``consumer`` a copy names, or "" (``Copy`` itself names none)."""
+    """The ``producer`` or ``consumer`` a copy names, or ""."""
     return getattr(c, role, "") or ""
 
 

@@ -34,6 +34,7 @@ from umahub.compiled import Compiled, signature_of
 from umahub.config import HOST
 from umahub.context import Copy
 from umahub.errors import CompileError
+from umahub.ir import bindings, node_name
 from umahub.memory import tensor_bytes
 from umahub.vdevice import VirtualDevice
 
@@ -95,18 +96,18 @@ def _partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | 
     return None
 
 
-def _device_weights(mod: tvm.IRModule, device_of: Mapping[str, str]) -> list[tuple]:
-    """(constant, device) of every weight a partition on an accelerator reads, once each."""
-    found: dict[tuple, None] = {}  # TVM objects hash by identity
-    for block in mod["main"].body.blocks:
-        for binding in block.bindings:
-            call = _partition_call(mod, binding.value)
-            if call is None or call[0] not in device_of:
-                continue
-            for arg in call[1]:
-                if isinstance(arg, Constant) and isinstance(type_of(arg), TensorType):
-                    found.setdefault((arg, device_of[call[0]]), None)
-    return list(found)
+def _device_weights(mod: tvm.IRModule, device_of: Mapping[str, str]) -> dict[tuple, str]:
+    """(constant, device) -> the first partition reading it, for every weight a
+    partition on an accelerator reads, in model order."""
+    found: dict[tuple, str] = {}  # TVM objects hash by identity
+    for binding in bindings(mod["main"]):
+        call = _partition_call(mod, binding.value)
+        if call is None or call[0] not in device_of:
+            continue
+        for arg in call[1]:
+            if isinstance(arg, Constant) and isinstance(type_of(arg), TensorType):
+                found.setdefault((arg, device_of[call[0]]), call[0])
+    return found
 
 
 def place_on_devices(
@@ -140,7 +141,8 @@ def place_on_devices(
     others = {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}
     bb = relax.BlockBuilder(tvm.IRModule(others, attrs=mod.attrs))
     params = [relax.Var(name_of(p), _on(type_of(p), vdevices[0])) for p in main.params]
-    weights = _device_weights(mod, device_of)
+    first_reader = _device_weights(mod, device_of)
+    weights = list(first_reader)
     weight_params = [
         relax.Var(f"umahub_w{i}", _on(type_of(c), vdevices[index[d]]))
         for i, (c, d) in enumerate(weights)
@@ -149,6 +151,8 @@ def place_on_devices(
     where: dict = {w: d for w, (_, d) in zip(weight_params, weights)}
     fetched: dict = {}
     copies: list[Copy] = []
+    made_by: dict = {}  # variable -> the operator (node) or partition (symbol) that made it
+    reader = [""]  # the operator or partition being emitted: the consumer of its copies
     for (constant, device), param in zip(weights, weight_params):
         fetched[(constant, device)] = param
         copies.append(
@@ -160,6 +164,7 @@ def place_on_devices(
                 copy_kind.get(device, "sync"),
                 constant=True,
                 when="load",
+                consumer=first_reader[(constant, device)],
             )
         )
 
@@ -175,6 +180,7 @@ def place_on_devices(
             for i in range(len(type_of(expr).fields)):
                 item = bb.emit(relax.TupleGetItem(expr, i))
                 where[item] = source
+                made_by[item] = made_by.get(expr, "")
                 fields.append(fetch(item, device))
             fetched[key] = bb.emit(relax.Tuple(fields))
             return fetched[key]
@@ -191,6 +197,8 @@ def place_on_devices(
                     bytes=tensor_bytes(type_of(expr)),
                     kind=copy_kind.get(accelerator_end, "sync"),
                     constant=isinstance(expr, Constant),
+                    producer=made_by.get(expr, ""),
+                    consumer=reader[0],
                 )
             )
         return fetched[key]
@@ -216,18 +224,20 @@ def place_on_devices(
     def emit(binding: relax.Binding, dataflow: bool) -> None:
         value = binding.value
         name = name_of(binding.var)
+        call = _partition_call(mod, value)
+        placed_call = call is not None and call[0] in device_of
+        reader[0] = call[0] if placed_call else node_name(binding)
         if isinstance(binding, relax.MatchCast):  # defines symbolic sizes: kept, on the host
             var = type(binding.var)(name, type_of(binding.var))
             bb.emit_normalized(relax.MatchCast(var, bb.normalize(host_value(value)), type_of(var)))
             remap[binding.var] = var
             return
-        call = _partition_call(mod, value)
         tuple_value = (
             remap.get(value.tuple_value, value.tuple_value)
             if isinstance(value, relax.TupleGetItem)
             else None
         )
-        if call is not None and call[0] in device_of:
+        if placed_call:
             symbol, call_args = call
             device = device_of[symbol]
             args = [fetch(remap.get(a, a), device) for a in call_args]
@@ -246,9 +256,12 @@ def place_on_devices(
             if device != HOST:
                 on_device = bb.emit(new, name)
                 where[on_device] = device
+                made_by[on_device], reader[0] = reader[0], ""  # read by the model's caller
                 new = fetch(on_device, HOST)
+                reader[0] = made_by[on_device]
             var = bb.emit_output(new, name)
         remap[binding.var] = var
+        made_by[var] = reader[0]
 
     with bb.function("main", params + weight_params, attrs=attrs, pure=main.is_pure):
         for block in main.body.blocks:
