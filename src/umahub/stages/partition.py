@@ -155,6 +155,8 @@ def _check_pins(comp: Compilation, part: Partitioned, planned_names: dict[str, l
     """
     pins = comp.pins
     selected = {selector: False for selector, _ in pins.ordered}
+    misplaced: list = []
+    honoured_nodes: set[tuple[str, str]] = set()  # (selector, node) with an operator in place
     for op in part.operators:
         hit = pins.resolve(op.name, op.op, op.pattern)
         if hit is None:
@@ -164,7 +166,12 @@ def _check_pins(comp: Compilation, part: Partitioned, planned_names: dict[str, l
         accel, _, instance = op.device.partition(":")
         ok = accel == pin.accelerator and (pin.instance is None or str(pin.instance) == instance)
         if ok:
-            continue
+            honoured_nodes.add((selector, op.name))
+        else:
+            misplaced.append((op, selector, pin))
+    for op, selector, pin in misplaced:
+        if (selector, op.name) in honoured_nodes:
+            continue  # a source node imported as several operators: its main one is in place
         if pin.accelerator == HOST:
             continue  # only a pattern pin that a plugin check overrode could land here
         names = ", ".join(planned_names.get(pin.accelerator, [])) or "none"
