@@ -364,3 +364,39 @@ def test_a_shape_output_is_an_int64_array(hub):
         bb.emit_func_output(relax.ShapeExpr([]))
     out = quiet_compile(hub, bb.get()).run(np.zeros((2, 3), "float32"))
     assert out.dtype == np.int64 and out.shape == (0,)
+
+
+# ------------------------------------------------------- overlapping matches
+
+
+def _conv_read_by_two_adds():
+    """A convolution read by two adds: two "conv2d + bias" matches share the convolution."""
+    rng = np.random.default_rng(11)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 8, 6, 6), "float32"))
+    w = relax.const(rng.standard_normal((8, 8, 3, 3)).astype("float32"))
+    b = relax.const(rng.standard_normal((1, 8, 6, 6)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            n0 = bb.emit(relax.op.nn.conv2d(x, w, padding=1), "n0")
+            n1 = bb.emit(relax.op.add(n0, b), "n1")
+            n2 = bb.emit(relax.op.add(x, n0), "n2")
+            out = bb.emit_output(relax.Tuple([n1, n2]), "out")
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_convolution_read_by_two_adds_is_in_one_match_only(hub):
+    mod = _conv_read_by_two_adds()
+    x = np.random.default_rng(12).standard_normal((1, 8, 6, 6)).astype("float32")
+    compiled = quiet_compile(hub, mod)
+    # First claimant wins: one "conv2d + bias" partition; the other add goes on to
+    # the DSP, not into a "conv2d + bias" composite without its convolution (which
+    # TVM's FuseOpsByPattern made of it).
+    assert [(o.name, o.device, o.pattern) for o in compiled.report.placement] == [
+        ("n0", "npu:0", "npu.conv2d_bias"),
+        ("n1", "npu:0", "npu.conv2d_bias"),
+        ("n2", "dsp_cpu:0", "dsp_cpu.add"),
+    ]
+    for got, want in zip(compiled.run(x), plain(mod, x)):
+        np.testing.assert_allclose(got, want, **TOL)

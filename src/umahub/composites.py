@@ -43,20 +43,28 @@ def composites(mod: tvm.IRModule) -> dict[str, relax.Function]:
     return {gv.name_hint: f for gv, f in mod.functions.items() if is_composite(f)}
 
 
-def mergeable(main: relax.Function) -> bool:
-    """Whether TVM's MergeCompositeFunctions can take ``main`` (TVM 0.25-0.27).
+def mergeable(mod: tvm.IRModule) -> bool:
+    """Whether TVM's MergeCompositeFunctions can take ``mod``'s ``main`` (TVM 0.25-0.27).
 
-    The pass handles plain variable bindings in dataflow blocks only: a
-    ``MatchCast`` (a shape computed at run time) or a plain block (control
-    flow) makes it fail. Such a module is partitioned one match per partition,
-    which is always correct, only with more calls between the host and the
+    The pass handles plain variable bindings in dataflow blocks that call
+    operators, PrimFuncs or composites: a ``MatchCast`` (a shape computed at run
+    time), a plain block (control flow) or a call of another Relax function
+    makes it fail. Such a module is partitioned one match per partition, which
+    is always correct, only with more calls between the host and the
     accelerators.
     """
-    return all(
-        isinstance(block, relax.DataflowBlock)
-        and all(isinstance(b, relax.VarBinding) for b in block.bindings)
-        for block in main.body.blocks
-    )
+    for block in mod["main"].body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            return False
+        for b in block.bindings:
+            if not isinstance(b, relax.VarBinding):
+                return False
+            value = b.value
+            if isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar):
+                callee = mod[value.op]
+                if isinstance(callee, relax.Function) and not is_composite(callee):
+                    return False
+    return True
 
 
 def _pinned_device(func: relax.Function, pattern: str, pins: Pins, accel: str) -> int | None:
@@ -226,16 +234,20 @@ def one_composite_per_call(
     FuseOpsByPattern shares one function between structurally equal matches
     (two identical relus); each call site must be its own partition, so shared
     composites are copied, and each copy's operators are named after the match
-    that made it (matches of one pattern are taken in model order).
+    that made it (matches of one pattern are taken in model order). A
+    composite whose operators are those of no accepted match is not placed:
+    it stays a plain function that the host runs.
 
     With ``wrap`` (when nothing is merged afterwards), each copy goes straight
     into a partition function of its own (see :func:`_outer`), whose Codegen
     ``wrap(copy)`` gives.
     """
-    queues: dict[str, list[list[str]]] = {}
+    queues: dict[str, list[tuple[list[str], list[str]]]] = {}  # pattern -> [(names, ops)]
     for pattern, nodes in sorted(accepted, key=lambda m: max(position.get(n, -1) for n, _ in m[1])):
         ordered = sorted(nodes, key=lambda node: position.get(node[0], -1))
-        queues.setdefault(pattern, []).append([n for n, _ in ordered])
+        queues.setdefault(pattern, []).append(
+            ([n for n, _ in ordered], sorted(o for _, o in ordered))
+        )
     bb = relax.BlockBuilder(
         tvm.IRModule(
             {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}, attrs=mod.attrs
@@ -254,10 +266,13 @@ def one_composite_per_call(
         if not (isinstance(func, relax.Function) and func.attrs and "Composite" in func.attrs):
             return value
         queue = queues.get(str(func.attrs["Composite"]), [])
-        names = queue.pop(0) if queue else None
-        if names is not None and len(names) != len(op_calls(func)):
-            names = None
-        copy = _with_span_names(func, names) if names else func
+        ops = sorted(op for _, op in op_calls(func))
+        match = next((i for i, (_, wanted) in enumerate(queue) if wanted == ops), None)
+        if match is None:  # not a match any check accepted: the host runs it
+            gv = bb.add_func(func.without_attr("Composite").without_attr("Primitive"), "unmatched")
+            return relax.Call(gv, value.args, value.attrs, type_args(value), span=value.span)
+        names = queue.pop(match)[0]
+        copy = _with_span_names(func, names)
         if wrap is None:
             gv = bb.add_func(copy.with_attr("umahub.match", count), f"{name_of(value.op)}_{count}")
         else:

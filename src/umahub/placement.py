@@ -34,6 +34,7 @@ from umahub.ir import span_name
 
 __all__ = [
     "MODEL_PLACEMENT_ATTR",
+    "Matches",
     "Pins",
     "PlannedPattern",
     "annotate",
@@ -151,10 +152,28 @@ def matched_operators(ctx: Any) -> list[tuple[str, str]]:
     return nodes
 
 
+class Matches(list):
+    """The matches accepted so far, as ``(pattern name, [(node, op), ...])``.
+
+    It also holds the bindings they take: a binding already in an accepted
+    match is refused to any later one. TVM's FuseOpsByPattern (0.25-0.27) may
+    otherwise accept two overlapping matches (a convolution read by two adds,
+    each a "conv2d + bias" match) and leave one of them as a composite without
+    its convolution, which its pattern never described.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken: set = set()
+
+
 def _guard(
     planned: PlannedPattern, pins: Pins, accepted: list | None, failures: list | None
 ) -> Callable[[Any], bool]:
     def guarded(ctx: Any) -> bool:
+        taken = getattr(accepted, "taken", None)
+        if taken is not None and any(v in taken for v in ctx.matched_bindings.keys()):
+            return False  # first claimant wins
         try:
             ok = _allowed(planned, pins, ctx)
         except Exception as exc:  # a plugin's check: never let it through TVM's pass
@@ -163,6 +182,8 @@ def _guard(
             return False
         if ok and accepted is not None:
             accepted.append((planned.name, matched_operators(ctx)))
+            if taken is not None:
+                taken.update(ctx.matched_bindings.keys())
         return ok
 
     return guarded

@@ -41,7 +41,7 @@ from umahub.errors import CompileError, PlacementError, did_you_mean
 from umahub.ir import node_name, op_calls
 from umahub.memory import tensor_bytes
 from umahub.operators import Row, flops, producers, walk
-from umahub.placement import Pins, PlannedPattern
+from umahub.placement import Matches, Pins, PlannedPattern
 from umahub.report import PartitionReport
 
 __all__ = ["partition", "run"]
@@ -70,20 +70,26 @@ def partition(
     mod = name_nodes(relax.transform.ConvertToDataflow()(mod))
     if planned:
         position = {node: i for i, (node, _) in enumerate(op_calls(mod["main"]))}
-        accepted: list = []
+        accepted = Matches()
         patterns = [p.fusion_pattern(pins, accepted, failures) for p in planned]
         mod = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=False
         )(mod)
-        if not composites(mod):
+        fused = mod
+        merged = None
+        if not composites(fused):
             pass  # nothing matched: the module goes on as it was
-        elif any(p.accelerator.merge for p in planned) and mergeable(mod["main"]):
-            mod = one_composite_per_call(mod, accepted, position)
-            mod = tag_composites(mod, pins, accelerators)
-            mod = relax.transform.MergeCompositeFunctions()(mod)
-        else:  # TVM's merge pass grows quadratically with the model: skip it when unused
+        elif any(p.accelerator.merge for p in planned) and mergeable(fused):
+            merged = one_composite_per_call(fused, accepted[:], position)
+            # MergeCompositeFunctions takes composites and operators only.
+            merged = merged if mergeable(merged) else None
+        if merged is not None:
+            mod = relax.transform.MergeCompositeFunctions()(
+                tag_composites(merged, pins, accelerators)
+            )
+        elif composites(fused):  # TVM's merge pass grows quadratically: skip it when unused
             mod = one_composite_per_call(
-                mod, accepted, position, wrap=lambda comp: codegen_of(comp, pins)
+                fused, accepted, position, wrap=lambda comp: codegen_of(comp, pins)
             )
 
     def operator(row: Row, device: str = "host", symbol: str = "") -> Operator:
@@ -139,6 +145,11 @@ def partition(
                 )
                 operators.append(operator(row))
                 env[binding.var] = (name,)
+            elif isinstance(func, relax.Function):  # a plain function the host runs
+                inner = {p: producers(a, env) for p, a in zip(func.params, value.args)}
+                rows, out = walk(func, mod, pattern_of, "", inner)
+                operators.extend(operator(r) for r in rows)
+                env[binding.var] = out
             else:
                 env[binding.var] = producers(value, env)
     funcs = dict(mod.functions)
