@@ -128,6 +128,8 @@ class Compilation:
         needs: (memory) what each partition needs of its pool.
         lowered_plan: (lower) the plan as partitions were lowered (what hooks saw).
         modules: (lower) partition symbol -> its runtime module.
+        reference_tir: (lower) the default lowering's TIR (unscheduled) of the
+            partitions whose plugin used it; the verify stage's reference.
         devices: (build) virtual device names, index = runtime device index.
         copies: (build) the copies between devices.
         compiled: (build) the runnable model.
@@ -148,6 +150,7 @@ class Compilation:
     needs: dict[str, Need] = field(default_factory=dict)
     lowered_plan: MemoryPlan | None = None
     modules: dict[str, Any] = field(default_factory=dict)
+    reference_tir: dict[str, Any] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
     copies: list[Copy] = field(default_factory=list)
     compiled: Compiled | None = None

@@ -41,12 +41,19 @@ from umahub.tracing import last_returned, recording, returned_by
 __all__ = ["run"]
 
 
-def _lower_one(hub: Any, ctx: CompileContext, func: relax.Function) -> tuple[Any, list[str]]:
-    """relax_to_tir -> schedule -> tir_passes -> codegen for one partition."""
+def _lower_one(
+    hub: Any, ctx: CompileContext, func: relax.Function
+) -> tuple[Any, list[str], tvm.IRModule | None]:
+    """relax_to_tir -> schedule -> tir_passes -> codegen for one partition.
+
+    Returns the runtime module, what the schedule hooks said, and the default
+    lowering's TIR when it was used (the verify stage's reference, unscheduled).
+    """
     acc = ctx.accelerator
     tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
+    default = None
     if tir_mod is None:
-        tir_mod = default_relax_to_tir(func, ctx.symbol, acc.name)
+        tir_mod = default = default_relax_to_tir(func, ctx.symbol, acc.name)
     else:
         _blame("umahub_relax_to_tir", checked_relax_to_tir, tir_mod, ctx.symbol, func)
     schedule = tvm.s_tir.Schedule(tir_mod)
@@ -90,7 +97,7 @@ def _lower_one(hub: Any, ctx: CompileContext, func: relax.Function) -> tuple[Any
                 ) from exc
             exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
             raise
-    return module, said
+    return module, said, default
 
 
 def _attributed(tir_pass: Any, plugin: str, failed: list[str]) -> Any:
@@ -155,11 +162,13 @@ def run(comp: Compilation) -> None:
             with comp.clock.stage("lower", f"{p.symbol} on {p.device}"), recording() as calls:
                 start = time.perf_counter()
                 try:
-                    comp.modules[p.symbol], said = within(
+                    comp.modules[p.symbol], said, default = within(
                         hub.config.hook_timeout,
                         functools.partial(_lower_one, hub, ctx, functions[p.symbol]),
                         f"lowering {p.symbol}",
                     )
+                    if default is not None:
+                        comp.reference_tir[p.symbol] = default
                 except Exception as exc:
                     comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
                 report.seconds["lower"] = time.perf_counter() - start

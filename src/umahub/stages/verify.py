@@ -106,8 +106,13 @@ def _largest_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got[finite] - want[finite]), initial=0.0))
 
 
-def _host_kernels(functions: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def _host_kernels(
+    functions: Mapping[str, Any], lowered: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The host's kernels of the partitions, built for LLVM in one module.
+
+    ``lowered`` holds the default lowering of partitions already lowered that
+    way (before their schedules), reused rather than made again.
 
     Returns symbol -> packed function, and symbol -> why the host cannot lower
     it. One build for all (per-module setup dominates for small kernels); if
@@ -118,7 +123,8 @@ def _host_kernels(functions: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
     prims, failed = {}, {}
     for symbol, function in functions.items():
         try:
-            prims[symbol] = default_relax_to_tir(function, symbol, "host")[symbol]
+            tir = lowered.get(symbol) or default_relax_to_tir(function, symbol, "host")
+            prims[symbol] = tir[symbol]
         except Exception as exc:
             failed[symbol] = _why(exc)
     try:
@@ -157,6 +163,7 @@ def verify_partitions(
     inputs: Sequence[np.ndarray],
     functions: Mapping[str, Any],
     tolerance: float,
+    lowered: Mapping[str, Any] | None = None,
 ) -> dict[str, Verdict]:
     """Run each partition on the model's own values and compare with the host.
 
@@ -167,12 +174,15 @@ def verify_partitions(
         inputs: the model's inputs for the one recorded run.
         functions: partition symbol -> its Relax function (before lowering).
         tolerance: see the module's docs.
+        lowered: symbol -> the default lowering's TIR, where it was made already.
 
     Returns:
         symbol -> :class:`Verdict`, for every symbol of ``functions``.
     """
     recorded = _record_calls(library, devices, weights, inputs, set(functions))
-    kernels, failed = _host_kernels({s: f for s, f in functions.items() if s in recorded})
+    kernels, failed = _host_kernels(
+        {s: f for s, f in functions.items() if s in recorded}, lowered or {}
+    )
     verdicts = {}
     for symbol, function in functions.items():
         args = recorded.get(symbol)
@@ -210,6 +220,7 @@ def run(comp: Compilation) -> set[str]:
         example_inputs(compiled.input_info, seed=0),
         functions,
         hub.config.verify_tolerance,
+        comp.reference_tir,
     )
     wrong = set()
     for symbol, verdict in verdicts.items():
