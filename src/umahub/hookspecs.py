@@ -89,9 +89,10 @@ Contract versions
 A plugin states the contract it was written for with ``UMAHUB_API``; umahub
 refuses a plugin written for a contract it no longer speaks.
 
-* ``1`` (umahub 0.1): the six hooks below. Outputs checked at compile time,
-  ``hook-timeout`` and ``verify`` were added without changing what a correct
-  plugin writes, so they stay ``1``.
+* ``1`` (umahub 0.1): the six hooks below. Added since without changing what
+  a correct plugin writes, so still ``1``: outputs checked at compile time,
+  ``hook-timeout``, ``verify``, and ``@umahub.hookimpl(accelerator=...)``
+  (plugins that check ``accelerator.name`` themselves work as before).
 """
 
 from __future__ import annotations
