@@ -9,6 +9,7 @@ Plain TVM gets every case here right (checked by the sweep), so umahub must too.
 from __future__ import annotations
 
 import pytest
+import tvm
 
 pytest.importorskip("onnx")
 
@@ -70,4 +71,10 @@ def test_onnx_node_case_matches_expected(name, onnx_cases, onnx_hub):
     """umahub's outputs of the case match the case's expected outputs."""
     assert name in onnx_cases, f"{name}: not generated (or not tensor-only) by this onnx"
     result = onnx_suite.run_case(onnx_cases[name], "umahub", onnx_hub)
+    if result.outcome != "ok":
+        # The promise is "never worse than plain TVM": on an older apache-tvm that
+        # cannot import or run this case itself, there is nothing to compare.
+        plain = onnx_suite.run_case(onnx_cases[name], "plain", None)
+        if plain.outcome != "ok":
+            pytest.skip(f"plain TVM {tvm.__version__} fails {name} too: {plain.outcome}")
     assert result.outcome == "ok", f"{name} ({SAMPLE[name][1]}): {result.outcome}: {result.detail}"

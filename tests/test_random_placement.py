@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 
 import pytest
+import tvm
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -282,4 +283,9 @@ def test_convolution_output_returned_from_an_npu_partition():
         outputs=(1,),
     )
     placed = check(spec, {})
-    assert placed.devices == {"n0": "npu:0", "n1": "npu:0"}
+    if tvm.__version__.startswith("0.25"):
+        # TVM 0.25's FuseOpsByPattern loses a returned value held inside a match:
+        # umahub refuses such matches there, so the relu goes on to the DSP.
+        assert placed.devices == {"n0": "npu:0", "n1": "dsp_cpu:0"}
+    else:
+        assert placed.devices == {"n0": "npu:0", "n1": "npu:0"}

@@ -162,9 +162,23 @@ class Matches(list):
     its convolution, which its pattern never described.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, inner_outputs: bool = True) -> None:
         super().__init__()
         self.taken: set = set()
+        #: Whether a match may hold, other than as its result, a value that its
+        #: dataflow block outputs; TVM 0.25's FuseOpsByPattern loses such a value.
+        self.inner_outputs = inner_outputs
+
+
+def _holds_inner_output(ctx: Any) -> bool:
+    """Whether a match holds a block output other than its own result."""
+    from tvm import relax
+
+    root = ctx.value_to_bound_var.get(ctx.matched_expr)
+    return any(
+        not isinstance(var, relax.DataflowVar) and not (root is not None and var.same_as(root))
+        for var in ctx.matched_bindings.keys()
+    )
 
 
 def _guard(
@@ -174,6 +188,8 @@ def _guard(
         taken = getattr(accepted, "taken", None)
         if taken is not None and any(v in taken for v in ctx.matched_bindings.keys()):
             return False  # first claimant wins
+        if not getattr(accepted, "inner_outputs", True) and _holds_inner_output(ctx):
+            return False
         try:
             ok = _allowed(planned, pins, ctx)
         except Exception as exc:  # a plugin's check: never let it through TVM's pass

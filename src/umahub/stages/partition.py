@@ -55,6 +55,38 @@ def _symbol(accelerator: str, index: int, ops: list[str]) -> str:
     return f"{accelerator}_{index}_{short}"
 
 
+def _fuse(
+    mod: tvm.IRModule, planned: Sequence[PlannedPattern], pins: Pins, failures: list | None
+) -> tuple[Matches, tvm.IRModule]:
+    """FuseOpsByPattern with the planned patterns: (the accepted matches, the module).
+
+    TVM 0.25's pass loses a block output that a match holds other than as its
+    result (a convolution that is returned and also activated): the module it
+    gives is not well formed. Then the fusion runs again without such matches.
+    """
+    for inner_outputs in (True, False):
+        accepted = Matches(inner_outputs)
+        patterns = [p.fusion_pattern(pins, accepted, failures) for p in planned]
+        fused = relax.transform.FuseOpsByPattern(
+            patterns, bind_constants=False, annotate_codegen=False
+        )(mod)
+        if _well_formed(fused):
+            break
+        if failures is not None:
+            failures.clear()  # the checks run again
+    return accepted, fused
+
+
+def _well_formed(mod: tvm.IRModule) -> bool:
+    """TVM's well-formedness check (0.25 raises, and returns None when all is well,
+    where 0.26 and 0.27 return a bool)."""
+    try:
+        result = relax.analysis.well_formed(mod)
+    except Exception:
+        return False
+    return result is None or bool(result)
+
+
 def partition(
     mod: tvm.IRModule,
     planned: Sequence[PlannedPattern],
@@ -70,12 +102,7 @@ def partition(
     mod = name_nodes(relax.transform.ConvertToDataflow()(mod))
     if planned:
         position = {node: i for i, (node, _) in enumerate(op_calls(mod["main"]))}
-        accepted = Matches()
-        patterns = [p.fusion_pattern(pins, accepted, failures) for p in planned]
-        mod = relax.transform.FuseOpsByPattern(
-            patterns, bind_constants=False, annotate_codegen=False
-        )(mod)
-        fused = mod
+        accepted, fused = _fuse(mod, planned, pins, failures)
         merged = None
         if not composites(fused):
             pass  # nothing matched: the module goes on as it was
@@ -84,9 +111,13 @@ def partition(
             # MergeCompositeFunctions takes composites and operators only.
             merged = merged if mergeable(merged) else None
         if merged is not None:
-            mod = relax.transform.MergeCompositeFunctions()(
+            merged = relax.transform.MergeCompositeFunctions()(
                 tag_composites(merged, pins, accelerators)
             )
+            # TVM 0.25's pass, too, can lose a block output: then one match per partition.
+            merged = merged if _well_formed(merged) else None
+        if merged is not None:
+            mod = merged
         elif composites(fused):  # TVM's merge pass grows quadratically: skip it when unused
             mod = one_composite_per_call(
                 fused, accepted, position, wrap=lambda comp: codegen_of(comp, pins)
