@@ -20,12 +20,19 @@ import collections
 
 import pytest
 import tvm
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import umahub
 from umahub.testing._cross import check_placed_graph, cross_config, cross_vocabulary, likely_pins
-from umahub.testing._graphs import GraphSpec, Step, graphs, pin_choices, placements
+from umahub.testing._graphs import (
+    GraphSpec,
+    Step,
+    graphs,
+    kit_settings,
+    pin_choices,
+    placements,
+)
 
 ACCELERATORS = ("npu", "vanilla_accel", "dsp_cpu")
 PLUGINS = ("npu", "vanilla", "dsp")
@@ -94,16 +101,7 @@ def _random_placement(vocabulary, examples: int):
     ops, likely = vocabulary
     seen = []
 
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        phases=[Phase.generate],
-        report_multiple_bugs=False,
-        print_blob=False,
-        suppress_health_check=list(HealthCheck),
-    )
+    @kit_settings(examples)
     @given(st.data())
     def run(data):
         spec = data.draw(graphs(ops, dag=True, max_steps=7), label="graph")

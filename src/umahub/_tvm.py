@@ -32,6 +32,7 @@ __all__ = [
     "ret_type",
     "type_args",
     "type_of",
+    "well_formed",
 ]
 
 TensorType: Any = getattr(relax, "TensorStructInfo", None) or relax.TensorType
@@ -79,7 +80,7 @@ def call_dps_packed(func: Any, args: Any, out: Any) -> Any:
 
 
 def type_args(call: Any) -> Any:
-    """The type arguments of a Relax call (``sinfo_args``, ``ty_args`` in 0.27)."""
+    """The type arguments of a Relax call (``sinfo_args`` in 0.25, ``ty_args`` in 0.26, 0.27)."""
     args = getattr(call, "sinfo_args", None)
     return args if args is not None else call.ty_args
 
@@ -97,6 +98,16 @@ def rebind(binding: Any, value: Any) -> Any:
             cast_to = binding.ty
         return relax.MatchCast(binding.var, value, cast_to)
     return relax.VarBinding(binding.var, value)
+
+
+def well_formed(mod: Any) -> bool:
+    """Relax's well-formedness check: 0.26 and 0.27 return a bool; 0.25 raises when
+    the module is not well formed and returns None when it is."""
+    try:
+        result = relax.analysis.well_formed(mod)
+    except Exception:
+        return False
+    return result is None or bool(result)
 
 
 def param_buffers(prim_func: Any) -> list[Any]:

@@ -109,7 +109,7 @@ def _c_compiler() -> str:
         from tvm.support import cc  # apache-tvm 0.27
     except ImportError:  # 0.25, 0.26
         from tvm.contrib import cc
-    return os.environ.get("CXX") or cc.get_cc() or "g++"
+    return cc.get_cc() or "g++"  # $CXX or $CC first, as the export
 
 
 def check_c(module: Any, accelerator: Accelerator) -> None:

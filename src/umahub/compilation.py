@@ -25,7 +25,7 @@ from tvm import relax
 
 from umahub.context import Copy, Operator
 from umahub.errors import CompileError, warn
-from umahub.ir import is_partition
+from umahub.ir import is_partition, partition_functions
 from umahub.memory import MemoryPlan, Need
 from umahub.report import PartitionReport, Report
 from umahub.tracing import HookCall
@@ -198,8 +198,6 @@ class Compilation:
 
     def functions(self) -> dict[str, relax.Function]:
         """symbol -> Relax function of every partition (fallen back or not)."""
-        from umahub.ir import partition_functions
-
         assert self.partitioned is not None
         return partition_functions(self.partitioned.mod)
 

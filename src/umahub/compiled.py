@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from umahub.errors import UmahubError
+from umahub.errors import UmahubError, last_line
 
 __all__ = ["Compiled", "LoadedModel", "load", "signature_of"]
 
@@ -236,7 +236,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         library = tvm.runtime.load_module(path)
         runner = _Runner(library, len(meta["devices"]), meta.get("weights", []))
     except Exception as exc:
-        raise UmahubError(f"{path} cannot be loaded: {str(exc).strip().splitlines()[-1]}") from exc
+        raise UmahubError(f"{path} cannot be loaded: {last_line(exc)}") from exc
     return LoadedModel(path, meta["devices"], _input_info(meta["inputs"]), runner)
 
 

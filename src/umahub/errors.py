@@ -26,6 +26,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "VerificationError",
     "did_you_mean",
+    "last_line",
     "warn",
 ]
 
@@ -45,6 +46,15 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
 
 class UmahubWarning(UserWarning):
     """A problem umahub worked around (a skipped plugin, a partition sent back to the host)."""
+
+
+def last_line(exc: BaseException) -> str:
+    """The last line of an exception's message ("" when it has none).
+
+    TVM's errors carry a long C++ trace first; the last line says what went wrong.
+    """
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else ""
 
 
 def warn(message: str) -> None:

@@ -33,8 +33,8 @@ from umahub.compilation import Compilation, Partitioned
 from umahub.compiled import Compiled, signature_of
 from umahub.config import HOST
 from umahub.context import Copy
-from umahub.errors import CompileError
-from umahub.ir import bindings, node_name
+from umahub.errors import CompileError, last_line
+from umahub.ir import bindings, is_partition, node_name
 from umahub.memory import tensor_bytes
 from umahub.vdevice import VirtualDevice
 
@@ -89,10 +89,8 @@ def _partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | 
         and isinstance(value.args[0], relax.ExternFunc)
     ):
         return str(value.args[0].global_symbol), list(value.args[1].fields)
-    if isinstance(value.op, relax.GlobalVar):
-        func = mod[value.op]
-        if isinstance(func, relax.Function) and func.attrs and "Codegen" in func.attrs:
-            return str(func.attrs["global_symbol"]), list(value.args)
+    if isinstance(value.op, relax.GlobalVar) and is_partition(func := mod[value.op]):
+        return str(func.attrs["global_symbol"]), list(value.args)
     return None
 
 
@@ -300,14 +298,8 @@ def _devices(hub: Any, part: Partitioned) -> tuple[list[str], dict[str, str], di
     used = {p.device for p in part.partitions}
     devices = [HOST] + [d for a in hub.accelerators for d in a.devices if d in used]
     device_of = {p.symbol: p.device for p in part.partitions}
-    kinds = {
-        d: (
-            hub.accelerator(d.split(":")[0]).pool.copy
-            if hub.accelerator(d.split(":")[0]).pool
-            else "sync"
-        )
-        for d in devices[1:]
-    }
+    pools = {d: hub.accelerator(d.split(":")[0]).pool for d in devices[1:]}
+    kinds = {d: pool.copy if pool else "sync" for d, pool in pools.items()}
     return devices, device_of, kinds
 
 
@@ -385,10 +377,9 @@ def run(comp: Compilation) -> None:
     except Exception as exc:
         if not placed.partitions:
             raise
-        text = str(exc).strip()
         message = (
             f"building the model with its partitions placed failed ({type(exc).__name__}: "
-            f"{text.splitlines()[-1] if text else ''}); a symbol missing at load time points "
+            f"{last_line(exc)}); a symbol missing at load time points "
             "at a plugin's kernel library (c_sources), anything else is a bug to report"
         )
         comp.fail(message, CompileError, exc, then="every partition runs on the host")

@@ -30,7 +30,7 @@ from umahub.contract import (
     checked_passes,
     checked_relax_to_tir,
 )
-from umahub.errors import CompileError, PluginOutputError
+from umahub.errors import CompileError, PluginOutputError, last_line
 from umahub.lowering import default_relax_to_tir
 from umahub.memory import MemoryPlan, PoolUse
 from umahub.report import hooks_that_acted
@@ -76,16 +76,17 @@ def _lower_one(
         ctx = replace(ctx, tir_pipeline=pipeline)
         try:
             module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
-            if module is None:
+            if module is None:  # valid C already (see codegen.prepend_c)
                 module = codegen.build_default(acc, scheduled, ctx.symbol, pipeline)
             else:
                 _blame("umahub_codegen", checked_codegen, module, ctx.symbol, codegen.module_kind)
+                if codegen.module_kind(module) == "c":  # a plugin's C: made valid the same way
+                    module = codegen.prepend_c(module, "", ctx.symbol)
         except Exception as exc:
             if failed:
                 exc.umahub_culprit = (failed[0], "umahub_tir_passes")  # type: ignore[attr-defined]
             raise
     if codegen.module_kind(module) == "c":  # compiled now, so that a failure can fall back
-        module = codegen.prepend_c(module, "", ctx.symbol)
         try:
             codegen.check_c(module, acc)
         except CompileError as exc:
@@ -131,8 +132,7 @@ def _lowering_failure(exc: Exception, p: Partition, acc: Any) -> tuple[str, type
     if isinstance(exc, CompileError) and not plugin:  # umahub's message names the culprit
         return str(exc), type(exc), exc
     who = f"plugin '{plugin}' failed in {hook}" if plugin else f"lowering of '{acc.name}' failed"
-    text = str(exc).strip()
-    detail = text.splitlines()[-1] if text else ""  # TVM errors carry a long trace first
+    detail = last_line(exc)
     return (
         f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on {p.device}: "
         f"{type(exc).__name__}: {detail}",

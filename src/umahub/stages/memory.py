@@ -38,7 +38,7 @@ def _need(p: Partition, func: relax.Function, call_args: list[Any], scope_policy
     return Need(resident, transient)
 
 
-def _unbounded_sizes(func: relax.Function, call_args: list[Any], bounds: dict) -> set[str]:
+def _unbounded_sizes(func: relax.Function, bounds: dict) -> set[str]:
     """Symbolic sizes of a partition's tensors that no upper bound covers."""
     sizes = set().union(*(symbolic_sizes(type_of(p)) for p in func.params))
     sizes |= symbolic_sizes(ret_type(func))
@@ -105,7 +105,7 @@ def run(comp: Compilation) -> None:
             pool = acc.pool
             if pool is None:
                 continue
-            unknown = _unbounded_sizes(*calls[p.symbol], bounds)
+            unknown = _unbounded_sizes(calls[p.symbol][0], bounds)
             if unknown:
                 notes.append(
                     f"partition {p.symbol} on {p.device}: sizes {', '.join(sorted(unknown))} are "

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import tvm
 from tvm import relax
 
-from umahub._tvm import name_of, type_of
+from umahub._tvm import name_of, type_of, well_formed
 from umahub.accelerator import Accelerator
 from umahub.compilation import Compilation, Partition, Partitioned
 from umahub.composites import (
@@ -70,21 +70,11 @@ def _fuse(
         fused = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=False
         )(mod)
-        if _well_formed(fused):
+        if well_formed(fused):
             break
         if failures is not None:
             failures.clear()  # the checks run again
     return accepted, fused
-
-
-def _well_formed(mod: tvm.IRModule) -> bool:
-    """TVM's well-formedness check (0.25 raises, and returns None when all is well,
-    where 0.26 and 0.27 return a bool)."""
-    try:
-        result = relax.analysis.well_formed(mod)
-    except Exception:
-        return False
-    return result is None or bool(result)
 
 
 def partition(
@@ -107,7 +97,7 @@ def partition(
         if not composites(fused):
             pass  # nothing matched: the module goes on as it was
         elif any(p.accelerator.merge for p in planned) and mergeable(fused):
-            merged = one_composite_per_call(fused, accepted[:], position)
+            merged = one_composite_per_call(fused, accepted, position)
             # MergeCompositeFunctions takes composites and operators only.
             merged = merged if mergeable(merged) else None
         if merged is not None:
@@ -115,7 +105,7 @@ def partition(
                 tag_composites(merged, pins, accelerators)
             )
             # TVM 0.25's pass, too, can lose a block output: then one match per partition.
-            merged = merged if _well_formed(merged) else None
+            merged = merged if well_formed(merged) else None
         if merged is not None:
             mod = merged
         elif composites(fused):  # TVM's merge pass grows quadratically: skip it when unused

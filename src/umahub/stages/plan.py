@@ -25,7 +25,7 @@ from umahub.ir import bindings
 from umahub.memory import size_bounds, symbolic_sizes
 from umahub.placement import Pins, PlannedPattern, model_pins, pinned_accelerators
 from umahub.timelimit import within
-from umahub.tracing import recording
+from umahub.tracing import recording, returned_by
 
 __all__ = ["plan_patterns", "run"]
 
@@ -55,9 +55,9 @@ def _patterns_getter(comp: Compilation) -> Callable[[Any], list[Any]]:
     hub = comp.hub
 
     def ask(acc: Any) -> list[Any]:
-        with recording() as calls:
+        with recording():
             results = hub.traced_hook.umahub_patterns(accelerator=acc)
-        givers = [c.plugin for c in calls if c.returned]  # pluggy drops None results
+            givers = returned_by("umahub_patterns", len(results))
         patterns = []
         for plugin, result in zip(givers, results):
             try:

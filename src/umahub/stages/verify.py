@@ -9,9 +9,10 @@ models. Verification checks the model being compiled, right after it is built:
    partition: each partition's inputs are recorded as the model's own
    operators produced them (their value ranges, masks, indices), and so are its
    outputs.
-2. Each partition's operators are lowered again by umahub's default lowering
-   and built for the host with LLVM, without any plugin hook, and run on the
-   same inputs.
+2. Each partition's operators, as umahub's default lowering makes them (the
+   TIR the lower stage made before scheduling, where the plugin used that
+   lowering), are built for the host with LLVM, without any plugin hook, and
+   run on the same inputs.
 3. A partition passes when its largest absolute error is at most
    ``verify-tolerance`` times the largest magnitude of the host's outputs (at
    least 1); NaN or infinity where the host has none (or the reverse) fails.
@@ -36,7 +37,7 @@ import numpy as np
 
 from umahub.compilation import Compilation
 from umahub.compiled import example_inputs
-from umahub.errors import VerificationError
+from umahub.errors import VerificationError, last_line
 from umahub.lowering import default_relax_to_tir
 
 __all__ = ["Verdict", "run", "verify_partitions"]
@@ -123,7 +124,11 @@ def _host_kernels(
     prims, failed = {}, {}
     for symbol, function in functions.items():
         try:
-            tir = lowered.get(symbol) or default_relax_to_tir(function, symbol, "host")
+            tir = (
+                lowered[symbol]
+                if symbol in lowered
+                else default_relax_to_tir(function, symbol, "host")
+            )
             prims[symbol] = tir[symbol]
         except Exception as exc:
             failed[symbol] = _why(exc)
@@ -143,8 +148,7 @@ def _host_kernels(
 
 
 def _why(exc: Exception) -> str:
-    detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-    return f"the host cannot lower its operators ({type(exc).__name__}: {detail})"
+    return f"the host cannot lower its operators ({type(exc).__name__}: {last_line(exc)})"
 
 
 def _host_outputs(kernel: Any, args: list[np.ndarray], n_inputs: int) -> list[np.ndarray]:

@@ -281,10 +281,10 @@ class CrossConformanceSuite:
         pytest.importorskip(
             "hypothesis", reason="random graphs need hypothesis (pip install 'umahub[test]')"
         )
-        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import given
         from hypothesis import strategies as st
 
-        from umahub.testing._graphs import graphs, pin_choices, placements
+        from umahub.testing._graphs import graphs, kit_settings, pin_choices, placements
         from umahub.testing._options import session_of, suite_options
 
         session = session_of(request.config)
@@ -304,16 +304,7 @@ class CrossConformanceSuite:
         choices = pin_choices((t.accelerator, t.instances) for t in targets)
         seen: list[Placed] = []
 
-        @settings(
-            max_examples=examples,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            phases=[Phase.generate],
-            report_multiple_bugs=False,
-            print_blob=False,
-            suppress_health_check=list(HealthCheck),
-        )
+        @kit_settings(examples)
         @given(st.data())
         def check(data: Any) -> None:
             spec = data.draw(graphs(ops, dag=True, max_steps=7), label="graph")

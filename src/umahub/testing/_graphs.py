@@ -38,6 +38,7 @@ __all__ = [
     "build",
     "graph_inputs",
     "graphs",
+    "kit_settings",
     "pattern_ops",
     "pin_choices",
     "placements",
@@ -207,6 +208,23 @@ def _shapes(spec: GraphSpec) -> list[tuple[int, ...]]:
     for i, step in enumerate(spec.steps):
         shapes.append(_shape_after(shapes[i if step.src is None else step.src], step))
     return shapes
+
+
+def kit_settings(examples: int) -> Any:
+    """The kit's hypothesis settings: ``examples`` examples, deterministic
+    (``derandomize``), no example database, no shrinking, no health checks."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.generate],
+        report_multiple_bugs=False,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def graphs(ops: Sequence[str], *, dag: bool = False, max_steps: int = 6) -> Any:

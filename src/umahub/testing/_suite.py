@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from umahub.errors import last_line
 from umahub.testing._compare import compare
 from umahub.testing._options import session_of, suite_options
 from umahub.testing._session import ConformanceSession, UsageProblem
@@ -34,7 +35,7 @@ def _compiled_or_skip(session: ConformanceSession, accelerator: str, model: str)
     except Exception as exc:
         pytest.skip(
             f"{model} did not compile for {accelerator} (the compile check fails): "
-            f"{type(exc).__name__}: {_first_line(exc)}"
+            f"{type(exc).__name__}: {last_line(exc)}"
         )
 
 
@@ -42,11 +43,6 @@ def _fail_if(problem: Any) -> None:
     """Fail the check with ``problem`` (a sentence) unless it is empty."""
     if problem:
         raise AssertionError(problem)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else ""
 
 
 class ConformanceSuite:
@@ -216,10 +212,17 @@ class ConformanceSuite:
         pytest.importorskip(
             "hypothesis", reason="random graphs need hypothesis (pip install 'umahub[test]')"
         )
-        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import given
 
         from umahub.placement import normalise_pattern
-        from umahub.testing._graphs import build, graph_inputs, graphs, pattern_ops, vocabulary
+        from umahub.testing._graphs import (
+            build,
+            graph_inputs,
+            graphs,
+            kit_settings,
+            pattern_ops,
+            vocabulary,
+        )
         from umahub.testing._session import host_outputs
 
         session = session_of(request.config)
@@ -250,16 +253,7 @@ class ConformanceSuite:
             )
         seen: dict[str, tuple[int, int]] = {}
 
-        @settings(
-            max_examples=examples,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            phases=[Phase.generate],
-            report_multiple_bugs=False,
-            print_blob=False,
-            suppress_health_check=list(HealthCheck),
-        )
+        @kit_settings(examples)
         @given(graphs(ops))
         def check(spec: Any) -> None:
             mod, xs = build(spec), graph_inputs(spec)
@@ -267,7 +261,7 @@ class ConformanceSuite:
                 compiled = hub.compile(mod)
             except Exception as exc:
                 raise AssertionError(
-                    f"{spec!r} did not compile: {type(exc).__name__}: {_first_line(exc)}"
+                    f"{spec!r} did not compile: {type(exc).__name__}: {last_line(exc)}"
                 ) from exc
             taken = len(_taken(compiled.report, accelerator))
             seen[repr(spec)] = (len(compiled.report.placement), taken)
