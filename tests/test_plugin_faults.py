@@ -331,3 +331,27 @@ def test_a_model_that_cannot_be_loaded_is_built_again_on_the_host(model):
     )
     with pytest.raises(CompileError, match="vendor_relu_not_linked"):
         strict.compile(mod)
+
+
+def test_verify_of_a_model_with_a_shape_input_says_it_could_not_run():
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class WithShape:
+        @R.function
+        def main(x: R.Tensor((4, 16), "float32"), s: R.Shape([4])):
+            with R.dataflow():
+                y = R.nn.relu(x)
+                R.output(y)
+            return y
+
+    compiled = _hub("none", verify=True).compile(WithShape)
+    (partition,) = compiled.report.partitions
+    assert partition.device == "faulty:0" and partition.fallback == ""
+    assert partition.max_error is None
+    assert partition.verified == (
+        "not verified: the model did not run on random inputs (UmahubError: input 1 is not a "
+        "tensor: random inputs cannot be made for it; give the inputs (umahub run --inputs "
+        "x.npz))"
+    )

@@ -87,10 +87,20 @@ def _check_inputs(info: Sequence[InputInfo], arrays: Sequence[Any]) -> None:
 
 
 def example_inputs(info: Sequence[InputInfo], seed: int = 0, size: int = 1) -> list[np.ndarray]:
-    """Random inputs of the model's signature; symbolic sizes get ``size``."""
+    """Random inputs of the model's signature; symbolic sizes get ``size``.
+
+    Raises:
+        UmahubError: an input is not a tensor (a shape, a tuple): its values
+            cannot be made up.
+    """
     rng = np.random.default_rng(seed)
     arrays = []
-    for shape, dtype in info:
+    for i, (shape, dtype) in enumerate(info):
+        if not dtype:
+            raise UmahubError(
+                f"input {i} is not a tensor: random inputs cannot be made for it; give the "
+                "inputs (umahub run --inputs x.npz)"
+            )
         dims = [d if isinstance(d, int) else size for d in (shape or ())]
         if dtype == "bool":
             arrays.append(rng.integers(0, 2, dims).astype(bool))

@@ -217,15 +217,19 @@ def run(comp: Compilation) -> set[str]:
         s: f for s, f in comp.functions().items() if s in comp.modules and not reports[s].fallback
     }
     runner = compiled._runner
-    verdicts = verify_partitions(
-        runner.library,
-        runner.devices,
-        runner.weights,
-        example_inputs(compiled.input_info, seed=0),
-        functions,
-        hub.config.verify_tolerance,
-        comp.reference_tir,
-    )
+    try:
+        verdicts = verify_partitions(
+            runner.library,
+            runner.devices,
+            runner.weights,
+            example_inputs(compiled.input_info, seed=0),
+            functions,
+            hub.config.verify_tolerance,
+            comp.reference_tir,
+        )
+    except Exception as exc:  # no run to record: nothing is verified, nothing is blamed
+        reason = f"the model did not run on random inputs ({type(exc).__name__}: {last_line(exc)})"
+        verdicts = {s: Verdict(s, None, reason=reason) for s in functions}
     wrong = set()
     for symbol, verdict in verdicts.items():
         report = reports[symbol]
