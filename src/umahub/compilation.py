@@ -132,6 +132,8 @@ class Compilation:
             partitions whose plugin used it; the verify stage's reference.
         devices: (build) virtual device names, index = runtime device index.
         copies: (build) the copies between devices.
+        weight_devices: (build) the runtime device of each weight lifted into
+            a parameter of ``main``.
         compiled: (build) the runnable model.
     """
 
@@ -152,6 +154,7 @@ class Compilation:
     modules: dict[str, Any] = field(default_factory=dict)
     reference_tir: dict[str, Any] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
+    weight_devices: list[int] = field(default_factory=list)
     copies: list[Copy] = field(default_factory=list)
     compiled: Compiled | None = None
 

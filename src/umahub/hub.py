@@ -204,6 +204,18 @@ class Hub:
 
         return explain(self, to_relax(mod), **options)
 
+    def relax_pipeline(self, *, placement: Mapping[str, str] | None = None) -> Any:
+        """This hub's plugins as a Relax pipeline for ``tvm.compile``.
+
+        ``tvm.compile(mod, target="llvm", relax_pipeline=hub.relax_pipeline())``
+        places, lowers and codegens ``mod`` as :meth:`compile` does; the
+        returned pass then gives the report, the devices and a runnable
+        :class:`umahub.Compiled` (see :mod:`umahub.relax_pipeline`).
+        """
+        from umahub.relax_pipeline import RelaxPipeline
+
+        return RelaxPipeline(self, placement)
+
     def __repr__(self) -> str:
         loaded = [p.name for p in self.plugins if p.loaded]
         return f"<umahub.Hub plugins={loaded} accelerators={[a.name for a in self.accelerators]}>"

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from umahub.hub import Hub
     from umahub.report import Report
 
-__all__ = ["compile", "explain"]
+__all__ = ["compile", "explain", "prepare"]
 
 
 @contextlib.contextmanager
@@ -136,3 +136,23 @@ def compile(
 def _bounds(mod: tvm.IRModule) -> dict[str, int]:
     names = [name_of(gv) for gv in mod.get_global_vars()]
     return size_bounds(mod["main"]) if "main" in names else {}
+
+
+def prepare(
+    hub: Hub,
+    mod: tvm.IRModule,
+    placement: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+) -> tuple[tvm.IRModule, Compilation]:
+    """``mod`` placed, lowered and through codegen, ready for TVM's Relax pipeline.
+
+    What :class:`umahub.relax_pipeline.RelaxPipeline` hands back to
+    ``tvm.compile``: the stages of :func:`compile` up to the build, with the
+    weights left where the model has them (``main``'s parameters unchanged).
+    """
+    with bounded(_bounds(mod)):
+        comp = _start(hub, mod, placement, progress)
+        lower.run(comp)
+        with comp.clock.stage("build"):
+            prepared = build.prepare(comp, comp.placed(), lift_weights=False)
+    return prepared, comp

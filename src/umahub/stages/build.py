@@ -8,6 +8,10 @@ tensor is needed on another device, one ``R.to_vdevice`` copy is inserted (and
 reused by every later consumer on that device). The module carries the
 ``vdevice`` list; ``RealizeVDevice`` and the VM, made with the device list, do
 the rest.
+
+Why this module is long: :func:`place_on_devices` rebuilds ``main`` binding by
+binding, and its closures (fetch a value onto a device, record the copy) share
+that walk's state; split up, they would pass half a dozen maps to each other.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from umahub.ir import bindings, is_partition, node_name
 from umahub.memory import tensor_bytes
 from umahub.vdevice import VirtualDevice
 
-__all__ = ["count_copies", "place_on_devices", "run"]
+__all__ = ["count_copies", "disabled_passes", "load", "place_on_devices", "prepare", "run"]
 
 
 @relax.expr_functor.mutator
@@ -114,6 +118,7 @@ def place_on_devices(
     devices: Sequence[str],
     copy_kind: Mapping[str, str],
     realize: bool = True,
+    lift_weights: bool = True,
 ) -> tuple[tvm.IRModule, list[Copy], list[int]]:
     """Put each partition (by symbol) on its device and insert the copies.
 
@@ -128,6 +133,8 @@ def place_on_devices(
         devices: virtual device names; index = runtime device index; [0] is the host.
         copy_kind: virtual device -> "sync" or "async" (how its pool is filled).
         realize: run ``RealizeVDevice`` (needed to build; not to count copies).
+        lift_weights: make weights parameters copied at load; False copies
+            them at every inference and keeps ``main``'s parameters as they are.
 
     Returns:
         The module, the copies (in the order they happen), and the runtime
@@ -139,7 +146,7 @@ def place_on_devices(
     others = {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}
     bb = relax.BlockBuilder(tvm.IRModule(others, attrs=mod.attrs))
     params = [relax.Var(name_of(p), _on(type_of(p), vdevices[0])) for p in main.params]
-    first_reader = _device_weights(mod, device_of)
+    first_reader = _device_weights(mod, device_of) if lift_weights else {}
     weights = list(first_reader)
     weight_params = [
         relax.Var(f"umahub_w{i}", _on(type_of(c), vdevices[index[d]]))
@@ -303,19 +310,6 @@ def _devices(hub: Any, part: Partitioned) -> tuple[list[str], dict[str, str], di
     return devices, device_of, kinds
 
 
-def _build_host(mod: tvm.IRModule, multi_device: bool) -> Any:
-    """``tvm.compile`` of the host part.
-
-    With several devices, Relax's StaticPlanBlockMemory (TVM 0.25-0.27) would
-    let a tensor on one device reuse storage allocated on another (it plans by
-    size and scope, not by device), so it is disabled: each tensor is then
-    allocated by the VM's pooled allocator of its own device.
-    """
-    disabled = ["StaticPlanBlockMemory"] if multi_device else []
-    with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled):
-        return tvm.compile(mod, target="llvm")
-
-
 def count_copies(comp: Compilation) -> None:
     """The devices and copies of ``comp``'s placement, without building (for ``explain``)."""
     placed = comp.placed()
@@ -325,42 +319,74 @@ def count_copies(comp: Compilation) -> None:
     _virtual_devices(comp.hub, comp.reports.values(), devices)
 
 
-def _build(comp: Compilation, placed: Partitioned) -> Compiled:
+def prepare(comp: Compilation, placed: Partitioned, lift_weights: bool = True) -> tvm.IRModule:
+    """The placed module, ready for TVM's Relax pipeline: partitions replaced by calls
+    of their runtime modules (``RunCodegen``), on their devices, with the copies.
+
+    Sets ``comp.devices`` and ``comp.copies``. ``lift_weights``: see
+    :func:`place_on_devices`; False keeps ``main``'s signature the model's own
+    (what a module handed back to ``tvm.compile`` must do).
+    """
     hub = comp.hub
-    with comp.clock.stage("build"):
-        devices, device_of, kinds = _devices(hub, placed)
-        copies: list[Copy] = []
-        weight_devices: list[int] = []
-        host = placed.mod
-        if placed.partitions:
-            for acc in hub.accelerators:
-                codegen.register_ext_codegen(acc)
-            with codegen.serving(comp.modules):
-                host = relax.transform.RunCodegen()(host)
-            host, copies, weight_devices = place_on_devices(host, device_of, devices, kinds)
-        if comp.fallen:
-            host = relax.transform.LambdaLift()(host)  # fallen-back composites are local
-        executable = _build_host(host, multi_device=len(devices) > 1)
-    comp.devices, comp.copies = devices, copies
+    devices, device_of, kinds = _devices(hub, placed)
+    copies: list[Copy] = []
+    weight_devices: list[int] = []
+    host = placed.mod
+    if placed.partitions:
+        for acc in hub.accelerators:
+            codegen.register_ext_codegen(acc)
+        with codegen.serving(comp.modules):
+            host = relax.transform.RunCodegen()(host)
+        host, copies, weight_devices = place_on_devices(
+            host, device_of, devices, kinds, lift_weights=lift_weights
+        )
+    if comp.fallen:
+        host = relax.transform.LambdaLift()(host)  # fallen-back composites are local
+    comp.devices, comp.copies, comp.weight_devices = devices, copies, weight_devices
     _virtual_devices(hub, comp.reports.values(), devices)
-    used = [hub.accelerator(p.accelerator) for p in placed.partitions]
-    kinds_built = {codegen.module_kind(comp.modules[p.symbol]) for p in placed.partitions}
+    return host
+
+
+def disabled_passes(comp: Compilation) -> list[str]:
+    """TVM passes the placed module must be built without.
+
+    With several devices, Relax's StaticPlanBlockMemory (TVM 0.25-0.27) would
+    let a tensor on one device reuse storage allocated on another (it plans by
+    size and scope, not by device), so it is disabled: each tensor is then
+    allocated by the VM's pooled allocator of its own device.
+    """
+    return ["StaticPlanBlockMemory"] if len(comp.devices) > 1 else []
+
+
+def _build(comp: Compilation, placed: Partitioned) -> Compiled:
+    with comp.clock.stage("build"):
+        host = prepare(comp, placed)
+        with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled_passes(comp)):
+            executable = tvm.compile(host, target="llvm")
     with comp.clock.stage("load"):
         try:
-            return Compiled(
-                executable,
-                devices,
-                signature_of(comp.mod["main"]),
-                codegen.export_options(used),
-                None,
-                weight_devices,
-                needs_export="c" in kinds_built,
-            )
+            return load(comp, executable)
         except Exception as exc:
             detail = str(exc).strip()
             raise CompileError(
                 f"the compiled model cannot be linked or loaded: {type(exc).__name__}: {detail}"
             ) from exc
+
+
+def load(comp: Compilation, executable: Any) -> Compiled:
+    """The runnable model of ``executable``, built from ``comp``'s prepared module."""
+    placed = comp.placed()
+    used = [comp.hub.accelerator(p.accelerator) for p in placed.partitions]
+    kinds_built = {codegen.module_kind(comp.modules[p.symbol]) for p in placed.partitions}
+    return Compiled(
+        executable,
+        comp.devices,
+        signature_of(comp.mod["main"]),
+        codegen.export_options(used),
+        None,
+        comp.weight_devices,
+        needs_export="c" in kinds_built,
+    )
 
 
 def run(comp: Compilation) -> None:

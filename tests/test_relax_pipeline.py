@@ -1,0 +1,87 @@
+"""umahub inside ``tvm.compile``: ``relax_pipeline=hub.relax_pipeline()`` and ``"umahub"``."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from conftest import host_reference
+from tvm import relax
+
+import umahub
+import umahub.models as zoo
+
+THREE = {
+    "plugins": ["npu", "vanilla", "dsp"],
+    "priority": ["npu", "vanilla_accel", "dsp_cpu"],
+    "placement": {"conv1_relu": "dsp_cpu:1"},
+}
+
+
+def _rows(report):
+    return [(o.name, o.device, o.pattern, o.pinned) for o in report.placement]
+
+
+@pytest.fixture(scope="module")
+def three():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the broken test plugins installed beside
+        hub = umahub.Hub(config=THREE, project_config=False)
+    return hub, hub.compile(zoo.get("cnn"))
+
+
+def test_tvm_compile_with_the_pipeline_places_and_computes_as_hub_compile(three):
+    hub, reference = three
+    pipeline = hub.relax_pipeline()
+    executable = tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline=pipeline)
+    assert _rows(pipeline.report) == _rows(reference.report)
+    assert [p.virtual_device for p in pipeline.report.partitions] == [
+        p.virtual_device for p in reference.report.partitions
+    ]
+    compiled = pipeline.load(executable)
+    inputs = zoo.inputs("cnn")
+    np.testing.assert_array_equal(compiled.run(*inputs), reference.run(*inputs))
+    np.testing.assert_allclose(compiled.run(*inputs), host_reference("cnn"), rtol=1e-5, atol=1e-5)
+    # The weights stay the model's: copied at every inference, not lifted into main.
+    assert [c for c in pipeline.report.copies if c.when == "load"] == []
+    assert compiled.report.devices == ["host", "npu:0", "vanilla_accel:0", "dsp_cpu:1"]
+
+
+def test_tvm_compile_by_name_runs_on_tvms_own_vm(isolated):
+    # LLVM partitions only (the npu's): TVM's VM runs the executable as it is.
+    (isolated / "pyproject.toml").write_text('[tool.umahub]\nplugins = ["npu"]\n')
+    executable = tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline="umahub")
+    pipeline = relax.get_pipeline("umahub")
+    assert type(pipeline).__name__ == "RelaxPipeline"
+    vm = relax.VirtualMachine(executable, [tvm.cpu(0), tvm.cpu(1)])
+    out = vm["main"](*[tvm.runtime.tensor(x) for x in zoo.inputs("cnn")]).numpy()
+    np.testing.assert_allclose(out, host_reference("cnn"), rtol=1e-5, atol=1e-5)
+
+
+def test_devices_are_those_the_vm_needs():
+    hub = umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
+    pipeline = hub.relax_pipeline()
+    executable = tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline=pipeline)
+    assert pipeline.devices == [tvm.cpu(0), tvm.cpu(1)]
+    vm = relax.VirtualMachine(executable, pipeline.devices)
+    out = vm["main"](*[tvm.runtime.tensor(x) for x in zoo.inputs("cnn")]).numpy()
+    np.testing.assert_allclose(out, host_reference("cnn"), rtol=1e-5, atol=1e-5)
+
+
+def test_report_before_the_pipeline_ran_says_what_to_do():
+    pipeline = umahub.Hub(config={"plugins": ["npu"]}, project_config=False).relax_pipeline()
+    with pytest.raises(umahub.errors.UmahubError) as info:
+        _ = pipeline.report
+    assert str(info.value) == (
+        "the umahub pipeline has not run yet: pass it to "
+        "tvm.compile(mod, target, relax_pipeline=pipeline) first"
+    )
+
+
+def test_verify_is_not_silently_dropped():
+    hub = umahub.Hub(config={"plugins": ["npu"], "verify": True}, project_config=False)
+    message = "verify = true is not applied inside tvm.compile"
+    with pytest.warns(umahub.UmahubWarning, match=message):
+        tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline=hub.relax_pipeline())
