@@ -183,8 +183,8 @@ def test_pin_the_accelerator_cannot_take_is_an_error_or_falls_back(model):
     with pytest.raises(PlacementError) as info:
         hub.explain(mod)
     assert str(info.value) == (
-        "pin 'n4' -> 'beta_accel': operator 'n4' (relax.sigmoid) runs on host, because the "
-        "patterns of 'beta_accel' (beta_accel.relu) do not take it; pin it elsewhere or "
+        "pin 'n4' -> 'beta_accel': operator 'n4' (relax.sigmoid) runs on host, because none "
+        "of the patterns of 'beta_accel' (beta_accel.relu) matches it; pin it elsewhere or "
         "extend the plugin's patterns"
     )
     hub = umahub.Hub(config={**BOTH, "placement": {"n4": "beta_accel"}})
@@ -308,10 +308,10 @@ def test_partition_that_does_not_fit_its_pool(model):
     with pytest.raises(MemoryPoolError) as info:
         hub.compile(mod)
     assert str(info.value) == (
-        "partition flaky_0_relu (flaky.relu) needs 512 bytes of pool "
-        "'flaky.mem' on flaky:0 (0 resident + 512 working), but only 300 of 300 are free"
+        "partition flaky_0_relu (flaky.relu) needs 512 B of pool "
+        "'flaky.mem' on flaky:0 (0 B resident + 512 B working), but only 300 B of 300 B are free"
     )
-    with pytest.warns(umahub.UmahubWarning, match="needs 512 bytes"):
+    with pytest.warns(umahub.UmahubWarning, match="needs 512 B"):
         compiled = umahub.Hub(autoload=False, plugins=[_Base(pool_bytes=300)]).compile(mod)
     assert {d for _, _, d in placement(compiled)} == {"host"}
     np.testing.assert_allclose(compiled.run(*xs), ref, **TOL)

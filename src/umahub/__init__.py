@@ -11,10 +11,10 @@ The public API (everything else is internal)::
     umahub.load("model.so").run(*arrays)
 
 For plugin authors: :data:`hookimpl` (``@umahub.hookimpl(accelerator="npu")``
-for a hook of one accelerator), :class:`Accelerator`, :class:`MemoryPool`, the
-hook contract in :mod:`umahub.hookspecs`, :data:`API_VERSION`, and
-:mod:`umahub.compat`: the TVM names that differ between apache-tvm 0.25, 0.26
-and 0.27.
+for a hook of one accelerator), :class:`Accelerator`, :class:`MemoryPool`,
+:class:`Refusal` (a pattern check's "no", with its reason), the hook contract
+in :mod:`umahub.hookspecs`, :data:`API_VERSION`, and :mod:`umahub.compat`: the
+TVM names that differ between apache-tvm 0.25, 0.26 and 0.27.
 
 ``import umahub`` does not import TVM nor any plugin: both happen when they are
 first needed (a :class:`Hub` is made, a model compiled).
@@ -29,6 +29,7 @@ from umahub.accelerator import Accelerator, MemoryPool
 from umahub.errors import UmahubWarning
 from umahub.hub import Hub
 from umahub.markers import API_VERSION, hookimpl, hookspec
+from umahub.patterns import Refusal
 
 if TYPE_CHECKING:
     from umahub.compiled import Compiled, load
@@ -45,6 +46,7 @@ __all__ = [
     "Compiled",
     "Hub",
     "MemoryPool",
+    "Refusal",
     "UmahubWarning",
     "VirtualDevice",
     "__version__",

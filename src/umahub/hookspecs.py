@@ -91,8 +91,10 @@ refuses a plugin written for a contract it no longer speaks.
 
 * ``1`` (umahub 0.1): the six hooks below. Added since without changing what
   a correct plugin writes, so still ``1``: outputs checked at compile time,
-  ``hook-timeout``, ``verify``, and ``@umahub.hookimpl(accelerator=...)``
-  (plugins that check ``accelerator.name`` themselves work as before).
+  ``hook-timeout``, ``verify``, ``@umahub.hookimpl(accelerator=...)``
+  (plugins that check ``accelerator.name`` themselves work as before), and
+  ``umahub.Refusal`` for a pattern check's reason (a check returning a bool
+  works as before).
 """
 
 from __future__ import annotations
@@ -154,10 +156,13 @@ def umahub_patterns(accelerator: Accelerator) -> list[Any] | None:
         ``(name, pattern[, annotations[, check]])`` as
         ``tvm.relax.transform.FuseOpsByPattern`` takes them. ``name`` must be
         ``"<accelerator>.<what>"`` (``"npu.matmul"``); ``check`` receives a
-        ``tvm.relax.transform.PatternCheckContext`` and returns False to reject
-        a match it cannot handle (a shape too big for its memory, a stride it
-        does not support): the operator then stays with the next claimant or
-        the host, never a crash.
+        ``tvm.relax.transform.PatternCheckContext`` and returns True to take
+        the match, or False to reject a match it cannot handle (a shape too
+        big for its memory, a stride it does not support): the operator then
+        stays with the next claimant or the host, never a crash. To say why,
+        it returns ``umahub.Refusal("reason")`` instead of False (it is
+        false as well): when a user pinned the operator to this accelerator,
+        the warning that the pin cannot be honoured quotes the reason.
 
     Marked ``@umahub.hookimpl(accelerator=...)``, it is called for those
     accelerators only, and need not take ``accelerator``.
@@ -166,9 +171,18 @@ def umahub_patterns(accelerator: Accelerator) -> list[Any] | None:
 
         from tvm.relax.dpl import is_op, wildcard
 
+        from umahub.patterns import match_bytes
+        from umahub.sizes import human_size
+
+        def fits(ctx):
+            need = match_bytes(ctx)
+            if need > 16 * 1024:
+                return umahub.Refusal(f"its tensors take {human_size(need)}, over 16 KiB")
+            return True
+
         @umahub.hookimpl(accelerator="dsp_cpu")
         def umahub_patterns():
-            return [("dsp_cpu.relu", is_op("relax.nn.relu")(wildcard()))]
+            return [("dsp_cpu.relu", is_op("relax.nn.relu")(wildcard()), {}, fits)]
     """
 
 

@@ -3,6 +3,13 @@
 A pattern's ``check`` receives a ``tvm.relax.transform.PatternCheckContext``;
 these functions read what checks usually need from it (shapes, dtypes,
 attributes, the bytes a match touches), the same way on every supported TVM.
+
+A check returns True to take a match and a false value to refuse it. To say
+*why* it refuses, it returns a :class:`Refusal` (``umahub.Refusal``), which is
+false too: ``return Refusal(f"a tensor of {human_size(n)}, more than a quarter
+of the 64 KiB TCM")``. When an operator pinned to the accelerator stays
+elsewhere, the user's message passes that reason on. A check that returns a
+plain bool keeps working; its refusals are reported without a reason.
 """
 
 from __future__ import annotations
@@ -12,7 +19,47 @@ from typing import Any
 # TVM is imported inside the functions: plugins import this module when they
 # are loaded, and loading a plugin must not import TVM.
 
-__all__ = ["calls", "dtype_of", "match_bytes", "shape_of"]
+__all__ = ["Refusal", "calls", "dtype_of", "match_bytes", "refusal_reason", "shape_of"]
+
+
+class Refusal:
+    """A pattern check's "no", with the reason: false, so it refuses wherever a bool would.
+
+    ``reason`` is one phrase that completes "the check refused it: ..." (no
+    final period), naming what the hardware cannot take and the numbers that
+    decided it, e.g. ``"a tensor of 24 KiB, more than a quarter of the 64 KiB
+    TCM"``. Sizes go through :func:`umahub.sizes.human_size`.
+    """
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = str(reason)
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Refusal) and other.reason == self.reason
+
+    def __hash__(self) -> int:
+        return hash((Refusal, self.reason))
+
+    def __repr__(self) -> str:
+        return f"Refusal({self.reason!r})"
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def refusal_reason(result: Any) -> str | None:
+    """What a check's ``result`` says: None when it takes the match, else the reason ("" if none).
+
+    A :class:`Refusal` gives its reason; any other false value refuses without one.
+    """
+    if isinstance(result, Refusal):
+        return result.reason
+    return None if result else ""
 
 
 def shape_of(expr: Any) -> tuple[int, ...] | None:

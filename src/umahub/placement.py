@@ -31,12 +31,14 @@ from umahub._tvm import name_of
 from umahub.accelerator import Accelerator
 from umahub.config import HOST, Pin, parse_pin
 from umahub.ir import span_name
+from umahub.patterns import refusal_reason
 
 __all__ = [
     "MODEL_PLACEMENT_ATTR",
     "Matches",
     "Pins",
     "PlannedPattern",
+    "Refusals",
     "annotate",
     "model_pins",
     "normalise_pattern",
@@ -125,11 +127,15 @@ class PlannedPattern:
     name: str
     pattern: Any
     annotations: Mapping[str, Any]
-    check: Callable[[Any], bool] | None
+    check: Callable[[Any], Any] | None  # true: take; false or a Refusal: refuse
     claims: bool  # False: the accelerator takes only what is pinned to it
 
     def fusion_pattern(
-        self, pins: Pins, accepted: list | None = None, failures: list | None = None
+        self,
+        pins: Pins,
+        accepted: list | None = None,
+        failures: list | None = None,
+        refusals: Refusals | None = None,
     ) -> relax.transform.FusionPattern:
         """The FusionPattern with a check that also enforces the pins.
 
@@ -137,10 +143,11 @@ class PlannedPattern:
         ``(pattern name, [(node, op), ...])``. A plugin check that raises
         refuses the match (its operators go on to the next claimant or the
         host) and appends ``(pattern name, nodes, exception)`` to ``failures``.
+        A refused match that holds an operator pinned to this accelerator is
+        recorded in ``refusals``, with why (see :class:`Refusals`).
         """
-        return relax.transform.FusionPattern(
-            self.name, self.pattern, dict(self.annotations), _guard(self, pins, accepted, failures)
-        )
+        guard = _guard(self, pins, accepted, failures, refusals)
+        return relax.transform.FusionPattern(self.name, self.pattern, dict(self.annotations), guard)
 
 
 def matched_operators(ctx: Any) -> list[tuple[str, str]]:
@@ -164,7 +171,8 @@ class Matches(list):
 
     def __init__(self, inner_outputs: bool = True) -> None:
         super().__init__()
-        self.taken: set = set()
+        #: binding -> the pattern of the accepted match that holds it.
+        self.taken: dict = {}
         #: Whether a match may hold, other than as its result, a value that its
         #: dataflow block outputs; TVM 0.25's FuseOpsByPattern loses such a value.
         self.inner_outputs = inner_outputs
@@ -182,48 +190,110 @@ def _holds_inner_output(ctx: Any) -> bool:
 
 
 def _guard(
-    planned: PlannedPattern, pins: Pins, accepted: list | None, failures: list | None
+    planned: PlannedPattern,
+    pins: Pins,
+    accepted: list | None,
+    failures: list | None,
+    refusals: Refusals | None = None,
 ) -> Callable[[Any], bool]:
     def guarded(ctx: Any) -> bool:
-        taken = getattr(accepted, "taken", None)
-        if taken is not None and any(v in taken for v in ctx.matched_bindings.keys()):
-            return False  # first claimant wins
-        if not getattr(accepted, "inner_outputs", True) and _holds_inner_output(ctx):
+        why = _taken(accepted, ctx)
+        if why is None:
+            try:
+                why = _refused(planned, pins, ctx)
+            except Exception as exc:  # a plugin's check: never let it through TVM's pass
+                if failures is not None:
+                    failures.append((planned.name, [n for n, _ in matched_operators(ctx)], exc))
+                return False
+        if why is not None:
+            if refusals is not None and pins and _wanted(planned, pins, ctx):
+                refusals.add(planned.name, [n for n, _ in matched_operators(ctx)], why)
             return False
-        try:
-            ok = _allowed(planned, pins, ctx)
-        except Exception as exc:  # a plugin's check: never let it through TVM's pass
-            if failures is not None:
-                failures.append((planned.name, [n for n, _ in matched_operators(ctx)], exc))
-            return False
-        if ok and accepted is not None:
+        if accepted is not None:
             accepted.append((planned.name, matched_operators(ctx)))
+            taken = getattr(accepted, "taken", None)
             if taken is not None:
-                taken.update(ctx.matched_bindings.keys())
-        return ok
+                taken.update(dict.fromkeys(ctx.matched_bindings.keys(), planned.name))
+        return True
 
     return guarded
 
 
-def _allowed(planned: PlannedPattern, pins: Pins, ctx: Any) -> bool:
-    """Pins first (a match holding an operator pinned elsewhere is refused), then the check."""
+def _taken(accepted: list | None, ctx: Any) -> str | None:
+    """Why a match may not be taken whatever its check says (None: it may)."""
+    taken = getattr(accepted, "taken", None)
+    if taken:
+        owner = next((taken[v] for v in ctx.matched_bindings.keys() if v in taken), None)
+        if owner is not None:  # first claimant wins
+            return f"part of the match is already taken by a match of pattern '{owner}'"
+    if not getattr(accepted, "inner_outputs", True) and _holds_inner_output(ctx):
+        return (
+            "the match holds a value the model also uses outside it, "
+            "which this TVM's FuseOpsByPattern cannot keep"
+        )
+    return None
+
+
+def _wanted(planned: PlannedPattern, pins: Pins, ctx: Any) -> bool:
+    """Whether the match holds an operator (or is of a pattern) pinned to its accelerator."""
+    accel = planned.accelerator.name
+    pattern_pin = pins.for_pattern(planned.name)
+    if pattern_pin is not None and pattern_pin.accelerator == accel:
+        return True
+    for node, op in matched_operators(ctx):
+        hit = pins.resolve(node, op, planned.name)
+        if hit is not None and hit[1].accelerator == accel:
+            return True
+    return False
+
+
+def _refused(planned: PlannedPattern, pins: Pins, ctx: Any) -> str | None:
+    """Pins first (a match holding an operator pinned elsewhere is refused), then the check.
+
+    Returns None when the match is taken, else why not ("" when a plugin's
+    check refused without a reason).
+    """
     accel = planned.accelerator.name
     wanted = False
     if pins:
         pattern_pin = pins.for_pattern(planned.name)
         if pattern_pin is not None:
             if pattern_pin.accelerator != accel:
-                return False
+                return f"pattern '{planned.name}' is pinned to '{pattern_pin}'"
             wanted = True
         for node, op in matched_operators(ctx):
             hit = pins.resolve(node, op, planned.name)
             if hit is not None:
-                if hit[1].accelerator != accel:
-                    return False
+                selector, pin = hit
+                if pin.accelerator != accel:
+                    return f"the match also holds '{node}', pinned to '{pin}' by {selector!r}"
                 wanted = True
     if not planned.claims and not wanted:
-        return False
-    return bool(planned.check(ctx)) if planned.check is not None else True
+        return "its accelerator takes only what is pinned to it"
+    if planned.check is None:
+        return None
+    return refusal_reason(planned.check(ctx))
+
+
+class Refusals(dict):
+    """Why matches holding a pinned operator were refused: node -> [(pattern, reason)].
+
+    Only matches that hold an operator pinned to the pattern's accelerator
+    are recorded (those are the ones a user asked for), each (pattern,
+    reason) once per node. The reason is "" when a plugin's check refused
+    without giving one.
+    """
+
+    def add(self, pattern: str, nodes: Sequence[str], reason: str) -> None:
+        """Record that a match of ``pattern`` over ``nodes`` was refused for ``reason``."""
+        for node in nodes:
+            seen = self.setdefault(node, [])
+            if (pattern, reason) not in seen:
+                seen.append((pattern, reason))
+
+    def of(self, node: str, accelerator: str) -> list[tuple[str, str]]:
+        """The refusals of ``accelerator``'s patterns of matches holding ``node``."""
+        return [(p, r) for p, r in self.get(node, ()) if p.split(".", 1)[0] == accelerator]
 
 
 def normalise_pattern(accelerator: Accelerator, item: Any) -> tuple[str, Any, dict, Any]:

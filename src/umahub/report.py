@@ -14,6 +14,7 @@ from typing import Any
 
 from umahub.context import Copy, Operator
 from umahub.memory import MemoryPlan
+from umahub.sizes import human_size
 from umahub.tracing import HookCall
 
 __all__ = ["PartitionReport", "Report"]
@@ -157,18 +158,19 @@ class Report:
             for e in edges:
                 lines.append(
                     f"  {e['src']} -> {e['dst']}: {e['count']} copies, "
-                    f"{e['bytes']} bytes, {e['kind']}"
+                    f"{human_size(e['bytes'])}, {e['kind']}"
                 )
         if self.memory is not None:
             lines.append("memory:")
             lines.append(
-                f"  host: {self.memory.host_bytes} bytes planned "
-                f"(+{self.memory.host_constants} bytes of constants)"
+                f"  host: {human_size(self.memory.host_bytes)} planned "
+                f"(+{human_size(self.memory.host_constants)} of constants)"
             )
             for pool in self.memory.pools:
                 lines.append(
-                    f"  {pool.device} {pool.scope}: {pool.used} of {pool.size_bytes} "
-                    f"bytes used ({pool.resident} resident), {pool.free} free"
+                    f"  {pool.device} {pool.scope}: {human_size(pool.used)} of "
+                    f"{human_size(pool.size_bytes)} used ({human_size(pool.resident)} "
+                    f"resident), {human_size(pool.free)} free"
                 )
         if self.stages:
             total = sum(self.stages.values())

@@ -69,7 +69,7 @@ def _copy_markers(
         out.append(
             f'<g class="copy" data-tensor="{esc(c.tensor)}" data-src="{esc(c.src)}" '
             f'data-dst="{esc(c.dst)}" data-bytes="{c.bytes}" data-kind="{esc(c.kind)}">'
-            f"<title>{esc(c.tensor)}: {esc(c.src)} -&gt; {esc(c.dst)}, {c.bytes} bytes, "
+            f"<title>{esc(c.tensor)}: {esc(c.src)} -&gt; {esc(c.dst)}, {fmt_bytes(c.bytes)}, "
             f"{esc(c.kind)}{' (constant)' if c.constant else ''}</title>"
             f'<circle cx="{x + 8:.1f}" cy="{cy + 6:.1f}" r="3.5" {dot}/>'
             + text(
@@ -91,7 +91,11 @@ def _copy_markers(
         cy = y + 8 + len(shown) * CROW
         out.append(
             '<g class="copy-more"><title>'
-            + esc("; ".join(f"{c.tensor} {c.src}->{c.dst} {c.bytes} B {c.kind}" for c, _ in rest))
+            + esc(
+                "; ".join(
+                    f"{c.tensor} {c.src}->{c.dst} {fmt_bytes(c.bytes)} {c.kind}" for c, _ in rest
+                )
+            )
             + "</title>"
             + text(
                 x + 4,
@@ -117,7 +121,7 @@ def _op_title(op: Operator) -> str:
 
 def _load_title(weights: Sequence[Copy]) -> str:
     return f"{len(weights)} weight tensor(s) copied once, when the model is loaded: " + ", ".join(
-        f"{c.src} -> {c.dst} {c.bytes} bytes {c.kind}" for c in weights
+        f"{c.src} -> {c.dst} {fmt_bytes(c.bytes)} {c.kind}" for c in weights
     )
 
 

@@ -15,6 +15,7 @@ import html
 from collections.abc import Sequence
 
 from umahub.config import HOST
+from umahub.sizes import human_size
 
 __all__ = [
     "CHAR",
@@ -86,15 +87,8 @@ def text(
 
 
 def fmt_bytes(n: float) -> str:
-    """``n`` bytes in B, KiB, MiB or GiB, with three significant digits at most."""
-    k = 0
-    while n >= 1024 and k < 3:
-        n /= 1024
-        k += 1
-    unit = ("B", "KiB", "MiB", "GiB")[k]
-    if unit == "B":
-        return f"{int(n)} B"
-    return f"{n:.1f} {unit}" if n < 10 else f"{n:.0f} {unit}"
+    """``n`` bytes in B, KiB, MiB or GiB: :func:`umahub.sizes.human_size`."""
+    return human_size(n)
 
 
 def fmt_time(t: float) -> str:

@@ -19,6 +19,7 @@ from umahub.config import HOST
 from umahub.errors import MemoryPoolError
 from umahub.ir import bindings, partition_calls
 from umahub.memory import MemoryPlan, Need, PoolUse, size_bounds, symbolic_sizes, tensor_bytes
+from umahub.sizes import human_size
 
 __all__ = ["run"]
 
@@ -117,10 +118,11 @@ def run(comp: Compilation) -> None:
             if not use.fits(need):
                 comp.fall_back(
                     p.symbol,
-                    f"partition {p.symbol} ({', '.join(p.patterns)}) needs {need.total} bytes "
-                    f"of pool '{pool.scope}' on {p.device} ({need.resident} resident + "
-                    f"{need.transient} working), but only {use.free} of {use.size_bytes} are "
-                    "free",
+                    f"partition {p.symbol} ({', '.join(p.patterns)}) needs "
+                    f"{human_size(need.total)} of pool '{pool.scope}' on {p.device} "
+                    f"({human_size(need.resident)} resident + {human_size(need.transient)} "
+                    f"working), but only {human_size(use.free)} of {human_size(use.size_bytes)} "
+                    "are free",
                     MemoryPoolError,
                 )
                 continue

@@ -16,6 +16,7 @@ their accelerator's instances round robin, in model order.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tvm
 from tvm import relax
@@ -41,7 +42,7 @@ from umahub.errors import CompileError, PlacementError, did_you_mean
 from umahub.ir import node_name, op_calls
 from umahub.memory import tensor_bytes
 from umahub.operators import Row, flops, producers, walk
-from umahub.placement import Matches, Pins, PlannedPattern
+from umahub.placement import Matches, Pins, PlannedPattern, Refusals
 from umahub.report import PartitionReport
 
 __all__ = ["partition", "run"]
@@ -56,7 +57,11 @@ def _symbol(accelerator: str, index: int, ops: list[str]) -> str:
 
 
 def _fuse(
-    mod: tvm.IRModule, planned: Sequence[PlannedPattern], pins: Pins, failures: list | None
+    mod: tvm.IRModule,
+    planned: Sequence[PlannedPattern],
+    pins: Pins,
+    failures: list | None,
+    refusals: Refusals | None = None,
 ) -> tuple[Matches, tvm.IRModule]:
     """FuseOpsByPattern with the planned patterns: (the accepted matches, the module).
 
@@ -66,14 +71,15 @@ def _fuse(
     """
     for inner_outputs in (True, False):
         accepted = Matches(inner_outputs)
-        patterns = [p.fusion_pattern(pins, accepted, failures) for p in planned]
+        patterns = [p.fusion_pattern(pins, accepted, failures, refusals) for p in planned]
         fused = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=False
         )(mod)
         if well_formed(fused):
             break
-        if failures is not None:
-            failures.clear()  # the checks run again
+        for record in (failures, refusals):
+            if record is not None:
+                record.clear()  # the checks run again
     return accepted, fused
 
 
@@ -83,16 +89,19 @@ def partition(
     pins: Pins,
     accelerators: Mapping[str, Accelerator],
     failures: list | None = None,
+    refusals: Refusals | None = None,
 ) -> Partitioned:
     """Partition ``mod`` by the planned patterns; place every partition on an instance.
 
     A pattern check that raises refuses its match; ``(pattern, nodes,
-    exception)`` is appended to ``failures`` (see :meth:`PlannedPattern.fusion_pattern`).
+    exception)`` is appended to ``failures``; why matches holding pinned
+    operators were refused goes to ``refusals`` (see
+    :meth:`PlannedPattern.fusion_pattern`).
     """
     mod = name_nodes(relax.transform.ConvertToDataflow()(mod))
     if planned:
         position = {node: i for i, (node, _) in enumerate(op_calls(mod["main"]))}
-        accepted, fused = _fuse(mod, planned, pins, failures)
+        accepted, fused = _fuse(mod, planned, pins, failures, refusals)
         merged = None
         if not composites(fused):
             pass  # nothing matched: the module goes on as it was
@@ -179,11 +188,48 @@ def partition(
     return Partitioned(mod, tuple(placed.values()), tuple(operators))
 
 
-def _check_pins(comp: Compilation, part: Partitioned, planned_names: dict[str, list[str]]) -> None:
+def _not_taken(op: Operator, pin: Any, names: list[str], refusals: Refusals) -> str:
+    """Why the pinned accelerator did not take ``op``, and what to do, for the pin's message."""
+    refused = refusals.of(op.name, pin.accelerator)
+    if not refused:
+        return (
+            f"none of the patterns of '{pin.accelerator}' ({', '.join(names) or 'none'}) "
+            "matches it; pin it elsewhere or extend the plugin's patterns"
+        )
+    by_reason: dict[str, list[str]] = {}
+    for pattern, reason in refused:
+        by_reason.setdefault(reason, []).append(pattern)
+    said = [
+        f"{_patterns(patterns)} refused it: {reason}"
+        if reason
+        else f"the check of {_patterns(patterns)} refused it (it gives no reason)"
+        for reason, patterns in list(by_reason.items())[:_MAX_REASONS]
+    ]
+    if len(by_reason) > _MAX_REASONS:
+        said.append(f"{len(by_reason) - _MAX_REASONS} more reason(s)")
+    return f"{'; '.join(said)}; pin it elsewhere"
+
+
+def _patterns(names: list[str]) -> str:
+    return f"pattern{'s' if len(names) > 1 else ''} " + ", ".join(f"'{n}'" for n in names)
+
+
+#: Reasons a pin's message quotes; the rest are counted.
+_MAX_REASONS = 3
+
+
+def _check_pins(
+    comp: Compilation,
+    part: Partitioned,
+    planned_names: dict[str, list[str]],
+    refusals: Refusals | None = None,
+) -> None:
     """Every pin selects some operator, and every pinned operator is where its pin says.
 
     A pin that cannot be honoured is an error with on-error "error", else a
     warning and a note (a project's config may pin nodes of other models).
+    The message says why: the reasons the pinned accelerator's pattern checks
+    gave (``refusals``), or that none of its patterns matches the operator.
     """
     pins = comp.pins
     selected = {selector: False for selector, _ in pins.ordered}
@@ -206,11 +252,10 @@ def _check_pins(comp: Compilation, part: Partitioned, planned_names: dict[str, l
             continue  # a source node imported as several operators: its main one is in place
         if pin.accelerator == HOST:
             continue  # only a pattern pin that a plugin check overrode could land here
-        names = ", ".join(planned_names.get(pin.accelerator, [])) or "none"
+        why = _not_taken(op, pin, planned_names.get(pin.accelerator, []), refusals or Refusals())
         message = (
             f"pin {selector!r} -> '{pin}': operator '{op.name}' ({op.op}) runs on "
-            f"{op.device}, because the patterns of '{pin.accelerator}' ({names}) do not "
-            "take it; pin it elsewhere or extend the plugin's patterns"
+            f"{op.device}, because {why}"
         )
         comp.fail(message, PlacementError)
     candidates = {n for o in part.operators for n in (o.name, o.op, o.pattern) if n}
@@ -248,12 +293,13 @@ def run(comp: Compilation) -> None:
     """Stage 2: partition ``comp.mod`` by ``comp.planned``; one report per partition."""
     accelerators = {a.name: a for a in comp.hub.accelerators}
     failures: list = []
-    part = partition(comp.mod, comp.planned, comp.pins, accelerators, failures)
+    refusals = Refusals()
+    part = partition(comp.mod, comp.planned, comp.pins, accelerators, failures, refusals)
     _check_failures(comp, failures)
     names: dict[str, list[str]] = {}
     for p in comp.planned:
         names.setdefault(p.accelerator.name, []).append(p.name)
-    _check_pins(comp, part, names)
+    _check_pins(comp, part, names, refusals)
     comp.partitioned = part
     comp.reports = {
         p.symbol: PartitionReport(p.symbol, p.accelerator, p.device, p.patterns, len(p.operators))

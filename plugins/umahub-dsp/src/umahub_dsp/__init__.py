@@ -15,7 +15,9 @@ codegen, a 64 KiB TCM per core filled by the CPU (synchronous copies).
 from __future__ import annotations
 
 import umahub
+from umahub.memory import UNBOUNDED
 from umahub.patterns import dtype_of, match_bytes
+from umahub.sizes import human_size
 
 UMAHUB_API = 1
 
@@ -50,12 +52,25 @@ def umahub_accelerators():
     ]
 
 
-def fits_tcm(ctx) -> bool:
-    """Take float32 matches whose tensors fit the budget; leave the rest to others."""
-    values = list(ctx.matched_bindings.values())
-    if any(dtype_of(v) != "float32" for v in values):
-        return False
-    return 0 < match_bytes(ctx) <= MATCH_BUDGET
+def fits_tcm(ctx) -> bool | umahub.Refusal:
+    """Take float32 matches whose tensors fit the budget; refuse the rest, saying why."""
+    for value in ctx.matched_bindings.values():
+        if dtype_of(value) != "float32":
+            return umahub.Refusal(f"a {dtype_of(value)} tensor; the DSP computes float32 only")
+    need = match_bytes(ctx)
+    if need >= UNBOUNDED:
+        return umahub.Refusal(
+            "tensors whose size is known only at run time, with no upper bound; "
+            f"they may not fit the {human_size(TCM_BYTES)} TCM"
+        )
+    if need > MATCH_BUDGET:
+        return umahub.Refusal(
+            f"its tensors take {human_size(need)}, more than a quarter of the "
+            f"{human_size(TCM_BYTES)} TCM ({human_size(MATCH_BUDGET)})"
+        )
+    if need == 0:
+        return umahub.Refusal("no tensor of known size")
+    return True
 
 
 @umahub.hookimpl(accelerator=NAME)

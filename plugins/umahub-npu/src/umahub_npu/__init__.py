@@ -23,6 +23,7 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
 from __future__ import annotations
 
 import umahub
+from umahub.sizes import human_size
 
 UMAHUB_API = 1
 
@@ -51,45 +52,62 @@ def umahub_accelerators():
     ]
 
 
-def _float32_static(ctx) -> bool:
+def _float32_static(ctx) -> umahub.Refusal | None:
+    """None when every tensor of the match is float32 of static shape, else why not."""
     from umahub.patterns import dtype_of, shape_of
 
     for value in ctx.matched_bindings.values():
-        if dtype_of(value) != "float32" or shape_of(value) is None:
-            return False
-    return True
+        if dtype_of(value) != "float32":
+            return umahub.Refusal(f"a {dtype_of(value)} tensor; the npu computes float32 only")
+        if shape_of(value) is None:
+            return umahub.Refusal("a tensor whose shape is known only at run time")
+    return None
 
 
-def matmul_ok(ctx) -> bool:
+def matmul_ok(ctx) -> bool | umahub.Refusal:
     """float32, static shapes, 2-D to 4-D operands."""
     from umahub.patterns import calls, shape_of
 
-    if not _float32_static(ctx):
-        return False
+    refused = _float32_static(ctx)
+    if refused is not None:
+        return refused
     for mm in calls(ctx, "relax.matmul"):
-        shapes = [shape_of(a) for a in mm.args]
-        if any(s is None or not 2 <= len(s) <= 4 for s in shapes):
-            return False
+        for shape in (shape_of(a) for a in mm.args):
+            if shape is None:
+                return umahub.Refusal("a matmul operand whose shape is known only at run time")
+            if not 2 <= len(shape) <= 4:
+                return umahub.Refusal(
+                    f"a {len(shape)}-D matmul operand; the npu takes 2-D to 4-D operands"
+                )
     return True
 
 
-def conv2d_ok(ctx) -> bool:
+def conv2d_ok(ctx) -> bool | umahub.Refusal:
     """NCHW/OIHW, dilation 1, and input channels a multiple of 8 or depthwise."""
     from umahub.patterns import calls, shape_of
 
-    if not _float32_static(ctx):
-        return False
+    refused = _float32_static(ctx)
+    if refused is not None:
+        return refused
     for conv in calls(ctx, "relax.nn.conv2d"):
         attrs = conv.attrs
-        if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW"):
-            return False
-        if any(int(d) != 1 for d in attrs.dilation):
-            return False
+        layout = (str(attrs.data_layout), str(attrs.kernel_layout))
+        if layout != ("NCHW", "OIHW"):
+            return umahub.Refusal(f"layout {'/'.join(layout)}; the npu takes NCHW/OIHW")
+        dilation = tuple(int(d) for d in attrs.dilation)
+        if any(d != 1 for d in dilation):
+            return umahub.Refusal(f"dilation {dilation}; the npu takes dilation 1 only")
         channels = shape_of(conv.args[0])[1]
         groups = int(attrs.groups)
         depthwise = groups == channels and shape_of(conv.args[1])[0] == channels
-        if not depthwise and (groups != 1 or channels % ARRAY_WIDTH):
-            return False
+        if depthwise:
+            continue
+        if groups != 1:
+            return umahub.Refusal(f"a grouped convolution ({groups} groups) that is not depthwise")
+        if channels % ARRAY_WIDTH:
+            return umahub.Refusal(
+                f"{channels} input channels, not a multiple of the npu's {ARRAY_WIDTH}-wide array"
+            )
     return True
 
 
@@ -158,7 +176,7 @@ def umahub_schedule(accelerator, schedule, context):
     sram = next(p.size_bytes for p in accelerator.memory if p.scope == "npu.sram")
     strategy = npu_schedule(schedule, sram_bytes=sram)
     return (
-        f"{strategy}: tiles fit npu.sram ({sram // 1024} KiB)"
+        f"{strategy}: tiles fit npu.sram ({human_size(sram)})"
         if strategy != "none"
         else ("not recognised: left unscheduled")
     )

@@ -42,20 +42,25 @@ def umahub_accelerators():
     ]
 
 
-def supported_conv2d(ctx) -> bool:
+def supported_conv2d(ctx) -> bool | umahub.Refusal:
     """float32 NCHW/OIHW convolution, groups 1, dilation 1: what the kernel computes."""
     from umahub.patterns import calls, dtype_of
 
     for conv in calls(ctx, "relax.nn.conv2d"):
         attrs = conv.attrs
-        if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW"):
-            return False
-        if int(attrs.groups) != 1 or any(int(d) != 1 for d in attrs.dilation):
-            return False
+        layout = (str(attrs.data_layout), str(attrs.kernel_layout))
+        if layout != ("NCHW", "OIHW"):
+            return umahub.Refusal(f"layout {'/'.join(layout)}; its kernel takes NCHW/OIHW")
+        if int(attrs.groups) != 1:
+            return umahub.Refusal(f"{int(attrs.groups)} groups; its kernel takes groups 1")
+        dilation = tuple(int(d) for d in attrs.dilation)
+        if any(d != 1 for d in dilation):
+            return umahub.Refusal(f"dilation {dilation}; its kernel takes dilation 1 only")
         if str(attrs.out_layout) not in ("NCHW", ""):
-            return False
-        if any(dtype_of(a) != "float32" for a in conv.args) or dtype_of(conv) != "float32":
-            return False
+            return umahub.Refusal(f"output layout {attrs.out_layout}; its kernel writes NCHW")
+        for value in (*conv.args, conv):
+            if dtype_of(value) != "float32":
+                return umahub.Refusal(f"a {dtype_of(value)} tensor; its kernel takes float32")
     return True
 
 

@@ -1,0 +1,28 @@
+"""Byte counts as people read them: one format for every message, report and picture.
+
+:func:`human_size` is the only place a byte count becomes text for a user
+(``"16 KiB"``, ``"3.8 MiB"``); plugins use it too, in the reasons their
+pattern checks give (``umahub.Refusal``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["human_size"]
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def human_size(n: float) -> str:
+    """``n`` bytes in B, KiB, MiB, GiB (or TiB), with three significant digits at most.
+
+    ``human_size(512) == "512 B"``, ``human_size(16384) == "16 KiB"``,
+    ``human_size(8192) == "8 KiB"``, ``human_size(3_900_000) == "3.7 MiB"``.
+    """
+    value, k = float(n), 0
+    while abs(value) >= 1024 and k < len(_UNITS) - 1:
+        value /= 1024
+        k += 1
+    if k == 0:
+        return f"{int(value)} B"
+    number = f"{value:.1f}" if abs(value) < 10 else f"{value:.0f}"
+    return f"{number.removesuffix('.0')} {_UNITS[k]}"

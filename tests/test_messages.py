@@ -1,0 +1,199 @@
+"""Messages say the real reason, in sizes people read.
+
+A pin that an accelerator's pattern check refused quotes the check's reason
+(``umahub.Refusal``); a check returning a bool still works and is reported
+as giving no reason; every byte count a user reads is in B/KiB/MiB/GiB.
+"""
+
+from __future__ import annotations
+
+import pytest
+from graphs import chain
+
+import umahub
+import umahub.models as zoo
+from umahub.errors import PlacementError
+from umahub.patterns import Refusal, refusal_reason
+from umahub.sizes import human_size
+
+BUNDLED = {"plugins": ["npu", "vanilla", "dsp"], "on-error": "error"}
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (512, "512 B"),
+        (1023, "1023 B"),
+        (1024, "1 KiB"),
+        (1536, "1.5 KiB"),
+        (16 * 1024, "16 KiB"),
+        (24 * 1024, "24 KiB"),
+        (1000 * 1024, "1000 KiB"),
+        (4_000_000, "3.8 MiB"),
+        (1024**3, "1 GiB"),
+        (3 * 1024**4, "3 TiB"),
+    ],
+)
+def test_human_size(n, text):
+    assert human_size(n) == text
+
+
+def test_a_refusal_is_false_and_carries_its_reason():
+    refusal = Refusal("too big")
+    assert not refusal
+    assert (str(refusal), repr(refusal)) == ("too big", "Refusal('too big')")
+    assert refusal == Refusal("too big") and refusal != Refusal("too small")
+    assert umahub.Refusal is Refusal
+    assert [refusal_reason(r) for r in (True, 1, refusal, False, None, 0)] == [
+        None,
+        None,
+        "too big",
+        "",
+        "",
+        "",
+    ]
+
+
+def _explain_error(placement):
+    hub = umahub.Hub(config={**BUNDLED, "placement": placement}, project_config=False)
+    with pytest.raises(PlacementError) as info:
+        hub.explain(zoo.get("cnn"))
+    return str(info.value)
+
+
+def test_pin_refused_by_the_dsp_check_says_the_tcm_is_too_small():
+    # The residual add reads two (1, 8, 16, 16) tensors and writes one: 24 KiB.
+    assert _explain_error({"residual": "dsp_cpu"}) == (
+        "pin 'residual' -> 'dsp_cpu': operator 'residual' (relax.add) runs on host, because "
+        "pattern 'dsp_cpu.add' refused it: its tensors take 24 KiB, more than a quarter of "
+        "the 64 KiB TCM (16 KiB); pin it elsewhere"
+    )
+
+
+def test_pin_refused_by_the_npu_check_names_the_channels_once_for_all_its_patterns():
+    assert _explain_error({"conv1": "npu"}) == (
+        "pin 'conv1' -> 'npu': operator 'conv1' (relax.nn.conv2d) runs on host, because "
+        "patterns 'npu.conv2d_bias_act', 'npu.conv2d_bias', 'npu.conv2d' refused it: "
+        "3 input channels, not a multiple of the npu's 8-wide array; pin it elsewhere"
+    )
+
+
+def test_a_pin_refused_warns_with_the_reason_under_fallback():
+    hub = umahub.Hub(
+        config={"plugins": ["npu", "dsp"], "placement": {"residual": "dsp_cpu:1"}},
+        project_config=False,
+    )
+    with pytest.warns(umahub.UmahubWarning, match="more than a quarter of the 64 KiB TCM"):
+        report = hub.explain(zoo.get("cnn"))
+    assert report.notes == [
+        "pin 'residual' -> 'dsp_cpu:1': operator 'residual' (relax.add) runs on host, because "
+        "pattern 'dsp_cpu.add' refused it: its tensors take 24 KiB, more than a quarter of "
+        "the 64 KiB TCM (16 KiB); pin it elsewhere"
+    ]
+
+
+class _Checked:
+    """An accelerator 'picky' whose relu pattern is refused by ``check``."""
+
+    UMAHUB_API = 1
+
+    def __init__(self, check):
+        self.check = check
+
+    @umahub.hookimpl
+    def umahub_accelerators(self):
+        return [umahub.Accelerator("picky")]
+
+    @umahub.hookimpl(accelerator="picky")
+    def umahub_patterns(self):
+        from tvm.relax.dpl import is_op, wildcard
+
+        return [("picky.relu", is_op("relax.nn.relu")(wildcard()), {}, self.check)]
+
+
+@pytest.mark.parametrize(
+    ("check", "why"),
+    [
+        (lambda ctx: False, "the check of pattern 'picky.relu' refused it (it gives no reason)"),
+        (lambda ctx: None, "the check of pattern 'picky.relu' refused it (it gives no reason)"),
+        (
+            lambda ctx: Refusal(""),
+            "the check of pattern 'picky.relu' refused it (it gives no reason)",
+        ),
+        (
+            lambda ctx: Refusal("no relu on Tuesdays"),
+            "pattern 'picky.relu' refused it: no relu on Tuesdays",
+        ),
+    ],
+)
+def test_a_check_that_returns_a_bool_still_refuses_and_is_reported(check, why):
+    hub = umahub.Hub(
+        config={"on-error": "error", "placement": {"n0": "picky"}},
+        autoload=False,
+        plugins=[_Checked(check)],
+    )
+    with pytest.raises(PlacementError) as info:
+        hub.explain(chain())
+    assert str(info.value) == (
+        f"pin 'n0' -> 'picky': operator 'n0' (relax.nn.relu) runs on host, because {why}; "
+        "pin it elsewhere"
+    )
+
+
+def test_a_check_that_takes_the_match_places_the_pin():
+    hub = umahub.Hub(
+        config={"on-error": "error", "placement": {"n0": "picky"}},
+        autoload=False,
+        plugins=[_Checked(lambda ctx: True)],
+    )
+    report = hub.explain(chain())
+    assert [(o.name, o.device) for o in report.placement][:2] == [
+        ("n0", "picky:0"),
+        ("n1", "host"),
+    ]
+
+
+class _Pair(_Checked):
+    """An accelerator 'picky' whose only pattern is relu followed by add."""
+
+    @umahub.hookimpl(accelerator="picky")
+    def umahub_patterns(self):
+        from tvm.relax.dpl import is_op, wildcard
+
+        pair = is_op("relax.add")(is_op("relax.nn.relu")(wildcard()), wildcard())
+        return [("picky.relu_add", pair, {}, self.check)]
+
+
+def test_a_match_holding_an_operator_pinned_elsewhere_says_which():
+    hub = umahub.Hub(
+        config={"on-error": "error", "placement": {"n0": "picky", "n1": "host"}},
+        autoload=False,
+        plugins=[_Pair(lambda ctx: True)],
+    )
+    with pytest.raises(PlacementError) as info:
+        hub.explain(chain())
+    assert str(info.value) == (
+        "pin 'n0' -> 'picky': operator 'n0' (relax.nn.relu) runs on host, because pattern "
+        "'picky.relu_add' refused it: the match also holds 'n1', pinned to 'host' by 'n1'; "
+        "pin it elsewhere"
+    )
+
+
+def test_the_npu_takes_a_smaller_match_when_a_larger_one_holds_a_host_pin():
+    hub = umahub.Hub(
+        config={**BUNDLED, "placement": {"conv2": "npu", "conv2_relu": "host"}},
+        project_config=False,
+    )
+    report = hub.explain(zoo.get("cnn"))
+    by_name = {o.name: (o.device, o.pattern) for o in report.placement}
+    assert by_name["conv2"] == ("npu:0", "npu.conv2d_bias")
+    assert by_name["conv2_relu"] == ("host", "")
+
+
+def test_report_text_gives_sizes_in_kib():
+    hub = umahub.Hub(config={**BUNDLED, "priority": ["npu", "vanilla_accel", "dsp_cpu"]})
+    text = str(hub.explain(zoo.get("cnn")))
+    assert "  host -> vanilla_accel:0: 1 copies, 3 KiB, sync" in text
+    assert "  npu:0 npu.dram: " in text and " of 1 GiB used (" in text
+    assert " bytes" not in text
