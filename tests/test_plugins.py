@@ -187,9 +187,26 @@ def test_two_distributions_with_one_plugin_name_is_an_error_naming_both(install)
     assert message.startswith("two plugins are named 'alpha': distribution ")
     assert "vendor-one 1.0 (vendor_one)" in message
     assert "umahub-test-alpha 1.0.0 (umahub_test_alpha)" in message
+    assert "uninstall one, or disable one by its distribution: [tool.umahub] disable = [" in message
 
 
-def test_two_plugins_with_one_accelerator_name_is_an_error_naming_both(install):
+def test_disable_names_a_distribution_to_choose_between_two_of_one_plugin_name(install):
+    install("vendor-one", "1.0", {"alpha": "vendor_one"}, {"vendor_one": ""})
+    hub = umahub.Hub(config={"plugins": ["alpha"], "disable": ["vendor-one"]})
+    assert [(p.name, p.distribution) for p in hub.plugins] == [("alpha", "umahub-test-alpha")]
+    hub = umahub.Hub(config={"plugins": ["alpha"], "disable": ["umahub-test-alpha"]})
+    assert [(p.name, p.distribution) for p in hub.plugins] == [("alpha", "vendor-one")]
+
+
+def test_disable_of_an_unknown_name_suggests_a_plugin_or_distribution():
+    with pytest.raises(ConfigError) as info:
+        umahub.Hub(config={"plugins": GOOD, "disable": ["umahub-test-alpah"]})
+    assert "[tool.umahub] disable: unknown plugin or distribution 'umahub-test-alpah'" in str(
+        info.value
+    )
+
+
+def test_a_plugin_redeclaring_an_accelerator_is_skipped_naming_both(install):
     install(
         "vendor-two",
         "3.1",
@@ -203,13 +220,26 @@ def test_two_plugins_with_one_accelerator_name_is_an_error_naming_both(install):
     """
         },
     )
-    with pytest.raises(PluginConflictError) as info:
-        umahub.Hub(config={"plugins": ["alpha", "alpha_clone"]})
-    assert str(info.value) == (
-        "accelerator 'alpha_accel' is declared by two plugins: plugin 'alpha' (distribution "
-        "umahub-test-alpha 1.0.0) and plugin 'alpha_clone' (distribution vendor-two 3.1); "
-        "uninstall one, or name one in [tool.umahub] disable = [...]"
+    reason = (
+        "declares accelerator 'alpha_accel', which plugin 'alpha' (distribution "
+        "umahub-test-alpha 1.0.0) already declares; uninstall one, or disable one: "
+        '[tool.umahub] disable = ["alpha_clone"]'
     )
+    with pytest.warns(umahub.UmahubWarning) as caught:
+        hub = umahub.Hub(config={"plugins": ["alpha", "alpha_clone"]})
+    assert [str(w.message) for w in caught] == [
+        f"umahub: skipped plugin 'alpha_clone' (distribution vendor-two 3.1): {reason}"
+    ]
+    assert [(p.name, p.loaded, p.error) for p in hub.plugins] == [
+        ("alpha", True, None),
+        ("alpha_clone", False, reason),
+    ]
+    assert [a.name for a in hub.accelerators] == ["alpha_accel"]
+    assert hub.owner("alpha_accel") == "alpha"
+    with pytest.raises(PluginLoadError, match="already declares"):
+        umahub.Hub(config={"plugins": ["alpha", "alpha_clone"]}, strict=True)
+    hub = umahub.Hub(config={"plugins": ["alpha", "alpha_clone"], "disable": ["alpha_clone"]})
+    assert loaded(hub) == ["alpha"]
 
 
 def test_a_plugin_whose_accelerators_hook_raises_is_skipped(install):

@@ -6,32 +6,34 @@ The configuration is found, in this order:
    ``pyproject.toml`` with a ``[tool.umahub]`` table, or a TOML file whose top
    level holds the keys);
 2. the nearest ``pyproject.toml`` with a ``[tool.umahub]`` table, from the working
-   directory upward.
+   directory upward; a broken one on the way is skipped unless it mentions
+   ``tool.umahub`` (see :mod:`umahub.config_files`).
 
 A ``config=`` mapping given to :class:`umahub.Hub` overrides the file key by key.
 Keys are written as in TOML (``hook-order``); ``hook_order`` is accepted too.
 
 Names that only exist once plugins are loaded (plugins, accelerators, hooks)
-are checked by :meth:`Config.check_names`, which the hub calls after loading.
+are checked by :meth:`Config.check_plugin_names` and
+:meth:`Config.check_accelerator_names`, which the hub calls while loading.
+
+What is valid but almost surely a mistake is warned about (an
+:class:`~umahub.errors.UmahubWarning` naming the key, what is wrong and what
+to do): a name listed twice, an empty ``plugins`` or ``priority`` list, a pin
+selector with a ``[`` that is never closed (so it is no glob), two pins that
+name the same op (``"nn.relu"`` and ``"relax.nn.relu"``).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from umahub.errors import ConfigError, did_you_mean
+from umahub.config_files import find_config_file, read_toml
+from umahub.errors import ConfigError, did_you_mean, warn
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
-__all__ = ["Config", "Pin", "find_config_file", "load_config", "parse_pin"]
+__all__ = ["Config", "Pin", "find_config_file", "glob_problem", "load_config", "parse_pin"]
 
 HOST = "host"
 ON_ERROR = ("fallback", "error")
@@ -140,12 +142,30 @@ class Config:
             }
         )
 
-    def check_plugin_names(self, plugins: Iterable[str], hooks: Iterable[str]) -> None:
-        """Check the plugin and hook names the config uses against those found."""
+    def check_plugin_names(
+        self, plugins: Iterable[str], hooks: Iterable[str], distributions: Iterable[str] = ()
+    ) -> None:
+        """Check the plugin and hook names the config uses against those found.
+
+        ``disable`` may also name a distribution (``"umahub-dsp"``), to choose
+        between two distributions of one plugin name; ``distributions`` is
+        read only when ``disable`` names something that is no plugin.
+        """
         plugins, hooks = set(plugins), set(hooks)
-        for key, names in (("plugins", self.plugins or ()), ("disable", self.disable)):
-            for name in names:
-                _known(name, plugins, f"[tool.umahub] {key}", "plugin", self.source)
+        for name in self.plugins or ():
+            _known(name, plugins, "[tool.umahub] plugins", "plugin", self.source)
+        unknown = [name for name in self.disable if name not in plugins]
+        if unknown:
+            dists = set(distributions)
+            for name in unknown:
+                if name not in dists:
+                    _known(
+                        name,
+                        plugins,
+                        "[tool.umahub] disable",
+                        "plugin or distribution",
+                        self.source,
+                    )
         for hook, order in self.hook_order.items():
             _known(hook, hooks, "[tool.umahub.hook-order]", "hook", self.source)
             for name in order:
@@ -197,7 +217,26 @@ def _type_name(value: Any) -> str:
 def _str_list(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: expected a list of strings, got {_type_name(value)}")
+    for name in dict.fromkeys(value):
+        count = value.count(name)
+        if count > 1:
+            warn(
+                f"{where}: '{name}' is listed {count} times; only its first place counts, "
+                "remove the repeats"
+            )
     return tuple(value)
+
+
+def _not_empty(empty_means: str, instead: str):
+    """A list of names that warns when it is empty: ``empty_means`` what then happens."""
+
+    def parse(value: Any, where: str) -> tuple[str, ...]:
+        names = _str_list(value, where)
+        if not names:
+            warn(f"{where} is empty, so {empty_means}; {instead}")
+        return names
+
+    return parse
 
 
 def _choice(options: tuple[str, ...]):
@@ -243,13 +282,54 @@ def _placement(value: Any, where: str) -> dict[str, Pin]:
             f"{where}: expected a table of selector = 'accelerator[:N]' | 'host', "
             f"got {_type_name(value)}"
         )
-    return {str(k): parse_pin(v, f"{where} {k!r}") for k, v in value.items()}
+    pins = {str(k): parse_pin(v, f"{where} {k!r}") for k, v in value.items()}
+    same_op: dict[str, str] = {}
+    for selector in pins:
+        problem = glob_problem(selector)
+        if problem:
+            warn(f"{where} {selector!r}: {problem}")
+        op = selector.removeprefix("relax.")
+        first = same_op.setdefault(op, selector)
+        if first != selector:
+            warn(
+                f"{where}: {first!r} and {selector!r} name the same op; {first!r} -> "
+                f"'{pins[first]}' wins (it is written first), remove {selector!r}"
+            )
+    return pins
+
+
+def glob_problem(selector: str) -> str:
+    """What is wrong with a pin selector as a glob ("" when nothing is).
+
+    A ``[`` that no ``]`` closes is read by ``fnmatch`` as a plain ``[``:
+    ``"fc[1"`` selects only an operator named ``fc[1``, never what was meant.
+    """
+    i = selector.find("[")
+    while i >= 0:
+        j = i + 1
+        j += selector.startswith("!", j)
+        j += selector.startswith("]", j)  # a ']' right after '[' is inside the set
+        end = selector.find("]", j)
+        if end < 0:
+            return (
+                f"the '[' at position {i} is never closed, so it is taken as a plain '[' "
+                f"and the pin selects only names with a '[' in them; close it "
+                f"({selector + ']'!r}), or write '[[]' for a plain '['"
+            )
+        i = selector.find("[", end + 1)
+    return ""
 
 
 _PARSERS = {
-    "plugins": _str_list,
+    "plugins": _not_empty(
+        "no installed plugin is loaded (only those given as Hub(plugins=[...]))",
+        "list the plugins to load, or remove the key to load all of them",
+    ),
     "disable": _str_list,
-    "priority": _str_list,
+    "priority": _not_empty(
+        "no accelerator claims operators (only pins place them)",
+        "list the accelerators that should claim, or remove the key to let all of them claim",
+    ),
     "hook-order": _hook_order,
     "lowering-order": _str_list,
     "placement": _placement,
@@ -262,36 +342,12 @@ _PARSERS = {
 }
 
 
-def find_config_file(start: Path | None = None) -> Path | None:
-    """Return ``$UMAHUB_CONFIG``, else the nearest pyproject.toml with [tool.umahub], else None."""
-    env = os.environ.get("UMAHUB_CONFIG")
-    if env:
-        path = Path(env)
-        if not path.is_file():
-            raise ConfigError(f"UMAHUB_CONFIG names {env!r}, which is not a file")
-        return path
-    directory = (start or Path.cwd()).resolve()
-    for folder in (directory, *directory.parents):
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file() and "umahub" in _read_toml(candidate).get("tool", {}):
-            return candidate
-    return None
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-
-
 def load_config(overrides: Mapping[str, Any] | None = None, start: Path | None = None) -> Config:
     """Read the configuration file (see module docs) and apply ``overrides`` on top."""
     path = find_config_file(start)
     base = Config()
     if path is not None:
-        data = _read_toml(path)
+        data = read_toml(path)
         table = data.get("tool", {}).get("umahub", data if path.name != "pyproject.toml" else {})
         base = Config.from_mapping(table, str(path))
     return base.merged(overrides)

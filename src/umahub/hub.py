@@ -12,7 +12,6 @@ from umahub.accelerator import Accelerator
 from umahub.config import Config, load_config
 from umahub.dispatch import HOOK_NAMES, PluginManager
 from umahub.errors import (
-    PluginConflictError,
     PluginLoadError,
     UmahubError,
     UmahubWarning,
@@ -48,7 +47,9 @@ class Hub:
 
     Raises:
         ConfigError: an unknown key or name in the configuration.
-        PluginConflictError: two plugins share a plugin or accelerator name.
+        PluginConflictError: two plugins share a plugin name (a plugin that
+            declares an accelerator another plugin declared is skipped, and
+            shows as failed with that reason).
         PluginLoadError: in strict mode, the first plugin that failed to load.
     """
 
@@ -66,7 +67,11 @@ class Hub:
             cfg = replace(cfg, strict=strict)
         self.config: Config = cfg
         found = find(autoload, plugins)
-        cfg.check_plugin_names([c.name for c in found], HOOK_NAMES)
+        cfg.check_plugin_names(
+            [c.name for c in found],
+            HOOK_NAMES,
+            (c.distribution for c in found if c.dist is not None),
+        )
         self._pm = PluginManager()
         infos: list[PluginInfo] = []
         impls: dict[str, dict[str, Any]] = {}
@@ -113,12 +118,13 @@ class Hub:
                     f"umahub_accelerators failed: {type(exc).__name__}: {exc}", exc
                 ), {}
         for acc in declared:
-            if acc.name in owners:
+            if acc.name in owners:  # the first declaration stands; this plugin is skipped
                 other = owners[acc.name][0]
-                raise PluginConflictError(
-                    f"accelerator '{acc.name}' is declared by two plugins: {_who(other)} and "
-                    f"{_who(info)}; uninstall one, or name one in [tool.umahub] disable = [...]"
-                )
+                return info.failed(
+                    f"declares accelerator '{acc.name}', which {_who(other)} already declares; "
+                    f"uninstall one, or disable one: [tool.umahub] disable = "
+                    f'["{info.name}"]'
+                ), {}
         info = replace(info, accelerators=tuple(a.name for a in declared))
         for acc in declared:
             owners[acc.name] = (info, acc)

@@ -4,7 +4,10 @@ A plugin is found in one of three ways, in this order:
 
 * an entry point of the group ``umahub.plugins`` (sorted by entry-point name,
   never by the order in which the file system lists distributions), unless
-  ``UMAHUB_DISABLE_PLUGIN_AUTOLOAD=1`` or ``Hub(autoload=False)``;
+  ``UMAHUB_DISABLE_PLUGIN_AUTOLOAD`` is true (``1``, ``true``, ``yes``, ``on``,
+  in any case; ``0``, ``false``, ``no``, ``off`` and empty are false, and any
+  other value is taken as true, with a warning: the variable was set to
+  disable) or ``Hub(autoload=False)``;
 * a name in ``UMAHUB_PLUGINS=a,b``: an entry-point name, else a module to import
   (loaded even when autoload is off);
 * an object or module passed as ``Hub(plugins=[...])``.
@@ -27,10 +30,19 @@ from typing import Any
 import importlib_metadata
 
 from umahub.config import Config
-from umahub.errors import PluginConflictError, did_you_mean
+from umahub.errors import PluginConflictError, did_you_mean, warn
 from umahub.markers import API_VERSION, SUPPORTED_API_VERSIONS
 
-__all__ = ["ENTRY_POINT_GROUP", "Candidate", "PluginInfo", "find", "load", "select"]
+__all__ = [
+    "AUTOLOAD_VARIABLE",
+    "ENTRY_POINT_GROUP",
+    "Candidate",
+    "PluginInfo",
+    "env_flag",
+    "find",
+    "load",
+    "select",
+]
 
 ENTRY_POINT_GROUP = "umahub.plugins"
 
@@ -137,8 +149,27 @@ class PluginInfo(_FromDistribution):
         }
 
 
+AUTOLOAD_VARIABLE = "UMAHUB_DISABLE_PLUGIN_AUTOLOAD"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def env_flag(name: str) -> bool:
+    """The environment variable ``name`` as a yes/no switch (see the module docs)."""
+    value = os.environ.get(name, "")
+    spelled = value.strip().lower()
+    if spelled in _TRUE:
+        return True
+    if spelled not in _FALSE:
+        warn(
+            f"{name}={value!r} is neither true ({', '.join(_TRUE)}) nor false "
+            f"({', '.join(_FALSE[:-1])} or empty); taken as true, since it is set"
+        )
+    return spelled not in _FALSE
+
+
 def _autoload_enabled(autoload: bool) -> bool:
-    return autoload and os.environ.get("UMAHUB_DISABLE_PLUGIN_AUTOLOAD", "") not in ("1", "true")
+    return autoload and not env_flag(AUTOLOAD_VARIABLE)
 
 
 def _entry_point_candidates() -> dict[str, list[Candidate]]:
@@ -193,10 +224,21 @@ def find(autoload: bool = True, objects: Sequence[Any] = ()) -> list[Candidate]:
 def select(candidates: Iterable[Candidate], config: Config) -> list[Candidate]:
     """Apply ``plugins`` (allowlist and order) and ``disable``; refuse name clashes.
 
+    ``disable`` names plugins or distributions (``"umahub-dsp"``): the latter
+    chooses between two distributions that install one plugin name.
     Objects given in code are kept even when the allowlist does not name them
     (the code asked for them), after the allowlisted ones.
     """
-    candidates = [c for c in candidates if c.name not in config.disable]
+    candidates = list(candidates)
+    disabled = set(config.disable)
+    # Distribution names are read (from metadata) only if disable names something else.
+    by_distribution = disabled - {c.name for c in candidates}
+    candidates = [
+        c
+        for c in candidates
+        if c.name not in disabled
+        and not (by_distribution and c.dist is not None and c.distribution in by_distribution)
+    ]
     if config.plugins is not None:
         rank = {name: i for i, name in enumerate(config.plugins)}
         kept = [c for c in candidates if c.name in rank or c.origin == "Hub(plugins=...)"]
@@ -207,10 +249,17 @@ def select(candidates: Iterable[Candidate], config: Config) -> list[Candidate]:
             other = by_name[c.name]
             raise PluginConflictError(
                 f"two plugins are named '{c.name}': {_describe(other)} and {_describe(c)}; "
-                "uninstall one, or name one in [tool.umahub] disable = [...]"
+                f"uninstall one, or disable one by its distribution: [tool.umahub] "
+                f"disable = [{_disable_hint(c, other)}]"
             )
         by_name[c.name] = c
     return candidates
+
+
+def _disable_hint(c: Candidate, other: Candidate) -> str:
+    """What to write in ``disable`` to keep one of two same-named plugins: a distribution."""
+    names = [x.distribution for x in (c, other) if x.distribution]
+    return f'"{names[0]}"' if names else "..."
 
 
 def _describe(c: Candidate) -> str:

@@ -18,9 +18,9 @@ from tvm import relax
 from umahub._tvm import type_of
 from umahub.accelerator import Accelerator
 from umahub.compilation import Compilation
-from umahub.config import HOST, parse_pin
+from umahub.config import HOST, glob_problem, parse_pin
 from umahub.contract import checked_patterns
-from umahub.errors import CompileError, ConfigError, PluginOutputError, did_you_mean
+from umahub.errors import CompileError, ConfigError, PluginOutputError, did_you_mean, warn
 from umahub.ir import bindings
 from umahub.memory import size_bounds, symbolic_sizes
 from umahub.placement import Pins, PlannedPattern, model_pins, pinned_accelerators
@@ -37,6 +37,9 @@ def _pins(hub: Any, mod: tvm.IRModule, placement: Mapping[str, str] | None) -> P
     known = {a.name: a.instances for a in hub.accelerators}
     for layer in layers[::2]:  # the config's own pins were checked when the hub was made
         for selector, pin in layer.items():
+            problem = glob_problem(selector)
+            if problem:
+                warn(f"pin {selector!r}: {problem}")
             if pin.accelerator != HOST and pin.accelerator not in known:
                 raise ConfigError(
                     f"pin {selector!r} -> '{pin}': unknown accelerator "
