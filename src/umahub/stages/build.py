@@ -40,6 +40,7 @@ from umahub.context import Copy
 from umahub.errors import CompileError, last_line
 from umahub.ir import bindings, is_partition, node_name
 from umahub.memory import tensor_bytes
+from umahub.steps import with_steps
 from umahub.vdevice import VirtualDevice
 
 __all__ = ["count_copies", "disabled_passes", "load", "place_on_devices", "prepare", "run"]
@@ -361,6 +362,7 @@ def disabled_passes(comp: Compilation) -> list[str]:
 def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
+        host = with_steps(host, comp.devices, comp.hub)  # for the concurrent executor
         with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled_passes(comp)):
             executable = tvm.compile(host, target="llvm")
     with comp.clock.stage("load"):
