@@ -183,14 +183,15 @@ class Hub:
 
     # ------------------------------------------------------------------ compiling
 
-    def compile(self, mod: tvm.IRModule | Any, **options: Any) -> Compiled:
+    def compile(self, mod: tvm.IRModule | Any, *, model: str = "", **options: Any) -> Compiled:
         """Compile a model through the plugins' hooks.
 
         ``mod`` is a Relax module with a ``main``, a
         ``torch.export.ExportedProgram`` or an ``onnx.ModelProto`` (imported
         by :func:`umahub.frontends.to_relax`, weights as constants, operators
         named after the source model's nodes and layers, so that pins can
-        name them). See :func:`umahub.pipeline.compile` for the options.
+        name them). ``model`` names it in the report and its picture (a zoo
+        name, a file name). See :func:`umahub.pipeline.compile` for the options.
 
         Raises:
             UmahubError: ``mod`` is none of these, or could not be imported.
@@ -198,17 +199,21 @@ class Hub:
         from umahub.frontends import to_relax
         from umahub.pipeline import compile as compile_module
 
-        return compile_module(self, to_relax(mod), **options)
+        compiled = compile_module(self, to_relax(mod), **options)
+        compiled.report.model = model
+        return compiled
 
-    def explain(self, mod: tvm.IRModule | Any, **options: Any) -> Report:
+    def explain(self, mod: tvm.IRModule | Any, *, model: str = "", **options: Any) -> Report:
         """Plan placement, copies and memory for ``mod`` without building it.
 
-        ``mod`` is what :meth:`compile` takes.
+        ``mod`` and ``model`` are what :meth:`compile` takes.
         """
         from umahub.frontends import to_relax
         from umahub.pipeline import explain
 
-        return explain(self, to_relax(mod), **options)
+        report = explain(self, to_relax(mod), **options)
+        report.model = model
+        return report
 
     def relax_pipeline(self, *, placement: Mapping[str, str] | None = None) -> Any:
         """This hub's plugins as a Relax pipeline for ``tvm.compile``.

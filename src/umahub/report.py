@@ -64,6 +64,7 @@ class Report:
     hook_seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     built: bool = True
+    model: str = ""  # the model's name, for the picture's title ("" when not given)
 
     # ------------------------------------------------------------------ summaries
 
@@ -103,6 +104,7 @@ class Report:
             "hook_seconds": self.hook_seconds,
             "notes": self.notes,
             "built": self.built,
+            "model": self.model,
         }
 
     def to_json(self, indent: int = 2) -> str:

@@ -19,7 +19,6 @@ from umahub.picture.svg import (
     CHAR,
     HOST_COLOUR,
     esc,
-    fit,
     fmt_bytes,
     fmt_time,
     ink,
@@ -107,9 +106,7 @@ def draw_timeline(
             f'height="{LANE - 3}" fill="{"#f7f7f7" if k % 2 == 0 else "#ffffff"}"/>',
             f'<rect x="{M}" y="{ly:.1f}" width="5" height="{LANE - 3}" '
             f'fill="{colours.get(device, HOST_COLOUR)}"/>',
-            text(
-                M + 10, ly + 12, fit(lane, 110, 10.5), size=10.5, weight="normal" if dma else "bold"
-            ),
+            text(M + 10, ly + 12, lane, width=110, size=10.5, weight="normal" if dma else "bold"),
             text(
                 x0 - 8,
                 ly + 12,
@@ -179,11 +176,9 @@ def draw_memory(
             + text(
                 px + bar + 8,
                 py + 12,
-                fit(
-                    f"{p.device} {p.scope}: {fmt_bytes(p.used)} of "
-                    f"{fmt_bytes(p.size_bytes)} ({share:.1%}), {p.copy}",
-                    col_w - bar - 16,
-                ),
+                f"{p.device} {p.scope}: {fmt_bytes(p.used)} of "
+                f"{fmt_bytes(p.size_bytes)} ({share:.1%}), {p.copy}",
+                width=col_w - bar - 16,
                 size=10,
             )
             + "</g>"

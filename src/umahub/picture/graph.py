@@ -4,7 +4,10 @@ The model's operators in model order, grouped into partition boxes (placed by
 :mod:`umahub.picture.layout`) and coloured by the device they run on, with
 every copy drawn as a labelled marker (bytes, sync or async) in front of the
 group that receives it, the model's outputs after the last box, and data
-edges that skip boxes as curves. :func:`draw_graph` draws it all.
+edges that skip boxes as curves. Edges are drawn first, beneath everything:
+boxes are filled white and labels in the gaps have a white halo, so no edge
+runs over text. A name cut to fit carries the whole of it in a ``<title>``.
+:func:`draw_graph` draws it all.
 """
 
 from __future__ import annotations
@@ -75,10 +78,12 @@ def _copy_markers(
             + text(
                 x + 16,
                 cy + 10,
-                fit(label, width - 22, 9),
+                label,
+                width=width - 22,
                 size=9,
                 fill="#666" if c.constant else "#1f1f1f",
                 cls="copy-label",
+                halo=True,
             )
             + f'<line x1="{x + 4:.1f}" y1="{cy + 14:.1f}" x2="{x + width - 8:.1f}" '
             f'y2="{cy + 14:.1f}" stroke="{colour}" stroke-width="2"{dash} '
@@ -100,8 +105,10 @@ def _copy_markers(
             + text(
                 x + 4,
                 cy + 10,
-                fit(f"+{len(rest)}: {fmt_bytes(total)} {kinds}", width - 8),
+                f"+{len(rest)}: {fmt_bytes(total)} {kinds}",
+                width=width - 8,
                 fill="#555",
+                halo=True,
             )
             + "</g>"
         )
@@ -139,11 +146,13 @@ def _draw_group(
     out = [
         f'<g class="group" data-device="{esc(g.device)}" data-partition="{esc(g.partition)}">',
         f"<title>{esc(g.partition or 'host operators')} on {esc(g.device)}, "
-        f"{len(g.ops)} operator(s)</title>",
+        f"{len(g.ops)} operator(s)"
+        f"{esc(', patterns ' + patterns[g.partition]) if patterns.get(g.partition) else ''}"
+        "</title>",
         f'<rect x="{x:.1f}" y="{y:.1f}" width="{GW}" height="{p.height:.1f}" rx="6" '
         f'fill="#ffffff" stroke="{colour}" stroke-width="2"{dashed}/>',
         f'<rect x="{x:.1f}" y="{y:.1f}" width="{GW}" height="5" rx="2" fill="{colour}"/>',
-        text(x + 8, y + 17, fit(g.device, GW - 60), weight="bold", size=11),
+        text(x + 8, y + 17, g.device, width=GW - 60, weight="bold", size=11),
         text(
             x + GW - 8,
             y + 17,
@@ -155,11 +164,8 @@ def _draw_group(
         text(
             x + 8,
             y + 27,
-            fit(
-                patterns.get(g.partition, "") if g.partition else "host operators",
-                GW - 20 - len(badge) * 8.5 * CHAR,
-                8.5,
-            ),
+            patterns.get(g.partition, "") if g.partition else "host operators",
+            width=GW - 20 - len(badge) * 8.5 * CHAR,
             size=8.5,
             fill="#666",
         ),
@@ -188,9 +194,16 @@ def _draw_group(
             f'<rect class="op" data-node="{esc(op.name)}" data-device="{esc(op.device)}" '
             f'x="{x + 4:.1f}" y="{row_y:.1f}" width="{GW - 8}" height="{ROW - 2}" '
             f'rx="3" fill="{colours.get(op.device, HOST_COLOUR)}"{pin}/>'
-            + text(x + 9, row_y + 10.5, fit(op.name, room, 9.5), size=9.5, fill=on_colour)
+            + text(x + 9, row_y + 10.5, op.name, width=room, size=9.5, fill=on_colour)
             + text(
-                x + GW - 9, row_y + 10.5, kind, size=8, fill=on_colour, anchor="end", cls="op-kind"
+                x + GW - 9,
+                row_y + 10.5,
+                _short_op(op.op),
+                width=60,
+                size=8,
+                fill=on_colour,
+                anchor="end",
+                cls="op-kind",
             )
             + "</g>"
         )
@@ -214,7 +227,7 @@ def _draw_hidden(
         counts[_short_op(op.op)] += 1
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
     out.append(
-        text(x + 8, y + 10, fit(f"+{len(hidden)} more: {summary}", GW - 16, 9), size=9, fill="#444")
+        text(x + 8, y + 10, f"+{len(hidden)} more: {summary}", width=GW - 16, size=9, fill="#444")
     )
     y += 16
     per_row = ticks_per_row()
@@ -232,8 +245,13 @@ def _draw_hidden(
 
 
 def _draw_edges(placed: list[Placed]) -> list[str]:
-    """Data edges that skip over groups (when the operators carry their inputs)."""
-    where = {name: (p.group.index, a) for p in placed for name, a in p.anchors.items()}
+    """Data edges that skip over groups (when the operators carry their inputs).
+
+    An edge runs from the right border of its source's box, at the source's
+    row, to the left border of its consumer's box, where its dot sits: the
+    boxes, drawn over the edges, hide nothing of it but what lies beneath them.
+    """
+    where = {name: (p.group.index, a[1], p.x + GW) for p in placed for name, a in p.anchors.items()}
     out: list[str] = []
     for p in placed:
         for op in p.group.ops:
@@ -242,10 +260,10 @@ def _draw_edges(placed: list[Placed]) -> list[str]:
             for src in op.inputs:
                 if src not in where:
                     continue
-                gi, (_, sy, sx2) = where[src]
+                gi, sy, sx2 = where[src]
                 if gi >= p.group.index - 1:
                     continue  # within the group or from the one before: the flow shows it
-                tx, ty, _ = p.anchors[op.name]
+                tx, ty = p.x, p.anchors[op.name][1]
                 bend = max(40.0, abs(tx - sx2) / 3)
                 out.append(
                     f'<path class="edge" d="M{sx2:.1f},{sy:.1f} C{sx2 + bend:.1f},'
@@ -278,9 +296,7 @@ def _draw_fallbacks(report: Report, bottom: float, width: float) -> tuple[list[s
         bottom += 15
         out.append(
             f'<g class="fallback"><title>{esc(p.fallback)}</title>'
-            + text(
-                M + 10, bottom, fit(p.fallback, width - 2 * M - 10, 9.5), size=9.5, fill="#c0392b"
-            )
+            + text(M + 10, bottom, p.fallback, width=width - 2 * M - 10, size=9.5, fill="#c0392b")
             + "</g>"
         )
     if len(fallen) > MAX_NOTES:
@@ -325,17 +341,20 @@ def draw_graph(
     ]
     placed, bottom = place(gs, incoming, width, top + 28)
     flow: list[str] = []
+    boxes: list[str] = []
     for k, p in enumerate(placed):
         if p.copies:
-            body += _copy_markers(p.copies, p.x - p.gap, p.y + HEAD, p.gap, colours)
+            boxes += _copy_markers(p.copies, p.x - p.gap, p.y + HEAD, p.gap, colours)
         elif k > 0 and p.x - p.gap > M:
             flow.append(
                 f'<line x1="{p.x - p.gap + 3:.1f}" y1="{p.y + 17:.1f}" '
                 f'x2="{p.x - 3:.1f}" y2="{p.y + 17:.1f}" stroke="#999" '
                 'stroke-width="1.5" marker-end="url(#arrow)"/>'
             )
-        body += _draw_group(p, colours, patterns, loaded.get(p.group.index, ()))
-    body += flow
+        boxes += _draw_group(p, colours, patterns, loaded.get(p.group.index, ()))
+    # Edges first: the boxes (white) and the labels (haloed) drawn after them
+    # cover them, so no edge runs over text.
+    body += _draw_edges(placed) + boxes + flow
     if outputs:
         last = placed[-1] if placed else None
         ox = (last.x + GW) if last else M
@@ -349,6 +368,5 @@ def draw_graph(
             + text(ox + CGAP + 26, oy + HEAD + 14, "output", size=10, anchor="middle", fill="#444")
         )
         bottom = max(bottom, oy + HEAD + copies_height(len(outputs)))
-    body += _draw_edges(placed)
     notes, bottom = _draw_fallbacks(report, bottom, width)
     return body + notes, bottom

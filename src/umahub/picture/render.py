@@ -65,12 +65,14 @@ def render_svg(
 
     Args:
         report: what to draw.
-        title: a name for the model, shown in the heading.
+        title: a name for the model, shown in the heading (default: the
+            report's ``model``).
         width: the picture's width in pixels; the graph wraps into rows to fit.
         throughput: FLOP/s overrides of the cost model (see
             :func:`umahub.picture.timeline.timeline`).
         bandwidth: bytes/s of a copy.
     """
+    title = title or getattr(report, "model", "")
     width = max(width, 2 * M + GW + CGAP)
     devices = all_devices(report)
     colours = device_colours(devices)
@@ -102,6 +104,7 @@ def render_svg(
 
 def render_html(report: Report, *, title: str = "", **options: Any) -> str:
     """A page with the SVG of :func:`render_svg`, a legend and ``str(report)`` in a <pre>."""
+    title = title or getattr(report, "model", "")
     svg = render_svg(report, title=title, **options)
     devices = all_devices(report)
     colours = device_colours(devices)
@@ -153,8 +156,8 @@ def save_picture(report: Report, path: str | Path, **options: Any) -> str:
     Args:
         report: the report of a compile or of ``explain``.
         path: where to write; its suffix chooses the format.
-        options: ``title`` (default: the file's stem), ``width``, ``throughput``
-            and ``bandwidth`` (see :func:`render_svg`).
+        options: ``title`` (default: the report's ``model``, else the file's
+            stem), ``width``, ``throughput`` and ``bandwidth`` (see :func:`render_svg`).
 
     Returns:
         The path written, as a string.
@@ -169,7 +172,7 @@ def save_picture(report: Report, path: str | Path, **options: Any) -> str:
             f"cannot save a picture as '{path.name}': the suffix must be one of "
             f"{', '.join(SUFFIXES)} (got '{path.suffix or 'none'}')"
         )
-    options.setdefault("title", path.stem)
+    options.setdefault("title", getattr(report, "model", "") or path.stem)
     if suffix == ".svg":
         svg = '<?xml version="1.0" encoding="UTF-8"?>\n' + render_svg(report, **options)
     else:

@@ -11,6 +11,7 @@ gives each device its colour and :func:`ink` the text colour that reads on it;
 
 from __future__ import annotations
 
+import hashlib
 import html
 from collections.abc import Sequence
 
@@ -22,6 +23,7 @@ __all__ = [
     "DEFS",
     "FONT",
     "HOST_COLOUR",
+    "device_colour",
     "device_colours",
     "esc",
     "fit",
@@ -73,13 +75,28 @@ def text(
     anchor: str = "start",
     weight: str = "normal",
     cls: str = "",
+    width: float | None = None,
+    halo: bool = False,
 ) -> str:
-    """One ``<text>`` element at (``x``, ``y``), ``content`` escaped."""
+    """One ``<text>`` element at (``x``, ``y``), ``content`` escaped.
+
+    With ``width``, ``content`` is cut to fit it (:func:`fit`), and a cut
+    text carries the whole of it in a ``<title>``, shown on hover. With
+    ``halo``, the text is drawn over a white outline of itself, so a line that
+    passes beneath it never runs through its letters.
+    """
+    shown = fit(content, width, size) if width is not None else content
     extra = f' class="{cls}"' if cls else ""
     bold = f' font-weight="{weight}"' if weight != "normal" else ""
+    outline = (
+        ' stroke="#ffffff" stroke-width="3" stroke-linejoin="round" paint-order="stroke"'
+        if halo
+        else ""
+    )
+    whole = f"<title>{esc(content)}</title>" if shown != content else ""
     return (
         f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" fill="{fill}" '
-        f'text-anchor="{anchor}"{bold}{extra}>{esc(content)}</text>'
+        f'text-anchor="{anchor}"{bold}{extra}{outline}>{whole}{esc(shown)}</text>'
     )
 
 
@@ -104,16 +121,19 @@ def fmt_time(t: float) -> str:
 
 # ---------------------------------------------------------------------- colours
 
+# Indexed by a stable hash of the accelerator's name (see _slot), not by order
+# of appearance; ordered so that the bundled accelerators get distinct,
+# well-separated hues (npu blue, vanilla_accel orange, dsp_cpu green).
 _PALETTE = (
-    "#4e79a7",
-    "#f28e2b",
-    "#59a14f",
-    "#e15759",
-    "#b07aa1",
     "#76b7b2",
+    "#b07aa1",
+    "#4e79a7",
     "#edc948",
     "#9c755f",
     "#ff9da7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
     "#17becf",
 )
 #: The host's colour, and the colour of a device :func:`device_colours` was not given.
@@ -128,19 +148,49 @@ def _mix(colour: str, amount: float) -> str:
     return "#" + "".join(f"{v:02x}" for v in rgb)
 
 
+def _slot(accelerator: str) -> int:
+    """The accelerator's palette index: a hash of its name, the same in every process."""
+    digest = hashlib.md5(accelerator.encode("utf-8"), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:4], "big") % len(_PALETTE)
+
+
+def _shade(base: str, device: str) -> str:
+    _, _, instance = device.partition(":")
+    i = int(instance) if instance.isdigit() else 0
+    return _mix(base, _SHADES[i % len(_SHADES)])
+
+
+def device_colour(device: str) -> str:
+    """The colour of ``device`` (``"npu:0"``, ``"host"``), the same in every picture.
+
+    The accelerator's hue comes from a fixed palette indexed by a stable hash
+    of its name; instance ``i`` is a shade of it; the host is grey.
+    :func:`device_colours` gives the same colours, except that two
+    accelerators of one picture whose names hash to one hue are told apart.
+    """
+    if device == HOST:
+        return HOST_COLOUR
+    return _shade(_PALETTE[_slot(device.split(":")[0])], device)
+
+
 def device_colours(devices: Sequence[str]) -> dict[str, str]:
-    """A colour per device: grey for the host, a hue per accelerator, a shade per instance."""
-    accelerators = list(dict.fromkeys(d.split(":")[0] for d in devices if d != HOST))
-    colours: dict[str, str] = {}
-    for d in devices:
-        if d == HOST:
-            colours[d] = HOST_COLOUR
-            continue
-        name, _, instance = d.partition(":")
-        base = _PALETTE[accelerators.index(name) % len(_PALETTE)]
-        i = int(instance) if instance.isdigit() else 0
-        colours[d] = _mix(base, _SHADES[i % len(_SHADES)])
-    return colours
+    """The colour of each device: :func:`device_colour`, with no hue shared in one picture.
+
+    When two accelerators' names hash to one hue, the one later by name (never
+    by order of appearance) takes the next free hue, so a picture never shows
+    two accelerators alike and the choice depends on the names alone.
+    """
+    hues: dict[str, int] = {}
+    for name in sorted({d.split(":")[0] for d in devices if d != HOST}):
+        slot = _slot(name)
+        used = set(hues.values())
+        if len(used) < len(_PALETTE):
+            while slot in used:
+                slot = (slot + 1) % len(_PALETTE)
+        hues[name] = slot
+    return {
+        d: HOST_COLOUR if d == HOST else _shade(_PALETTE[hues[d.split(":")[0]]], d) for d in devices
+    }
 
 
 def ink(colour: str) -> str:
