@@ -38,6 +38,7 @@ __all__ = ["Config", "Pin", "find_config_file", "glob_problem", "load_config", "
 HOST = "host"
 ON_ERROR = ("fallback", "error")
 SCOPE_POLICIES = ("io", "outputs")
+EXECUTORS = ("auto", "vm", "concurrent")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,12 @@ class Config:
             largest magnitude of the host's output (at least 1).
         hook_timeout: seconds the hooks of one partition (or one accelerator's
             ``umahub_patterns``) may take; past it, a plugin failure. 0: no limit.
+        executor: how ``run`` runs a compiled model: ``"vm"`` (TVM's Relax VM,
+            one step after the other), ``"concurrent"`` (a worker per device,
+            see :mod:`umahub.executor`) or ``"auto"`` (concurrent when the
+            model runs on more than one device).
+        profile: after the build, run the model on random inputs with both
+            executors and put the measured timeline in the report.
         source: where the configuration came from, for messages.
     """
 
@@ -108,6 +115,8 @@ class Config:
     verify: bool = False
     verify_tolerance: float = 1e-4
     hook_timeout: float = 600.0
+    executor: str = "auto"
+    profile: bool = False
     source: str = "<defaults>"
 
     @classmethod
@@ -339,6 +348,8 @@ _PARSERS = {
     "verify": _bool,
     "verify-tolerance": _positive(allow_zero=False),
     "hook-timeout": _positive(allow_zero=True),
+    "executor": _choice(EXECUTORS),
+    "profile": _bool,
 }
 
 

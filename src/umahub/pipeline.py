@@ -99,6 +99,8 @@ def compile(
     placement: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     verify: bool | None = None,
+    executor: str | None = None,
+    profile: bool | None = None,
 ) -> Compiled:
     """Compile ``mod`` through the hub's plugins.
 
@@ -112,6 +114,10 @@ def compile(
         verify: check every partition against the host's lowering of its
             operators on the model's own values (:mod:`umahub.stages.verify`);
             None: the config's ``verify``.
+        executor: how ``run`` runs the model unless told (``"auto"``,
+            ``"vm"``, ``"concurrent"``); None: the config's ``executor``.
+        profile: run the model once built, with both executors, and put the
+            measured timeline in ``report.measured``; None: the config's ``profile``.
 
     Raises:
         CompileError: a stage failed and ``on-error = "error"`` (or the failure
@@ -130,6 +136,9 @@ def compile(
     compiled = comp.compiled
     assert compiled is not None
     compiled.report = comp.report()
+    compiled.executor = executor or hub.config.executor
+    if hub.config.profile if profile is None else profile:
+        compiled.profile_into_report()
     return compiled
 
 

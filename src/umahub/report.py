@@ -64,6 +64,7 @@ class Report:
     hook_seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     built: bool = True
+    measured: dict[str, Any] = field(default_factory=dict)  # Compiled.profile's, when run
     model: str = ""  # the model's name, for the picture's title ("" when not given)
 
     # ------------------------------------------------------------------ summaries
@@ -104,6 +105,7 @@ class Report:
             "hook_seconds": self.hook_seconds,
             "notes": self.notes,
             "built": self.built,
+            "measured": self.measured,
             "model": self.model,
         }
 
@@ -181,6 +183,12 @@ class Report:
         if self.hook_seconds:
             parts = ", ".join(f"{k} {v * 1e3:.1f}ms" for k, v in self.hook_seconds.items())
             lines.append(f"hook time: {parts}")
+        if self.measured.get("spans"):
+            m = self.measured
+            lines.append(
+                f"measured: vm {m['vm_seconds'] * 1e3:.2f}ms, concurrent "
+                f"{m['concurrent_seconds'] * 1e3:.2f}ms per inference (median of {m['runs']})"
+            )
         for note in self.notes:
             lines.append(f"note: {note}")
         return "\n".join(lines)

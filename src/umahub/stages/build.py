@@ -40,7 +40,7 @@ from umahub.context import Copy
 from umahub.errors import CompileError, last_line
 from umahub.ir import bindings, is_partition, node_name
 from umahub.memory import tensor_bytes
-from umahub.steps import with_steps
+from umahub.step_functions import with_steps
 from umahub.vdevice import VirtualDevice
 
 __all__ = ["count_copies", "disabled_passes", "load", "place_on_devices", "prepare", "run"]

@@ -1,0 +1,281 @@
+"""How a loaded library runs: TVM's Relax VM or the concurrent executor, chosen per call.
+
+:class:`Running` gives :class:`umahub.Compiled` and :class:`umahub.LoadedModel`
+their ``run``, ``stream`` and ``profile``; :class:`Executors` holds the two
+ways to run one library:
+
+* ``"vm"``: ``main`` on TVM's Relax VM, one step after the other; one VM per
+  calling thread (a VM keeps per-call state in its registers, so one VM must
+  not run two calls at once), the library and the weights on the devices shared.
+* ``"concurrent"``: the model's step graph (:mod:`umahub.steps`, carried by the
+  library) with a worker per device (:mod:`umahub.executor`), made at its first use.
+* ``"auto"`` (the default): the concurrent one when the library has a step
+  graph (the model runs on more than one device), the VM otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from umahub.config import EXECUTORS
+from umahub.errors import UmahubError
+
+__all__ = ["Executors", "InputInfo", "Runner", "Running", "check_inputs", "to_numpy"]
+
+# One input: its shape (a dimension is an int, or the name of a size known only
+# at run time; None: any rank) and its dtype.
+InputInfo = tuple[tuple[int | str, ...] | None, str]
+
+
+def check_inputs(info: Sequence[InputInfo], arrays: Sequence[Any]) -> None:
+    """Refuse inputs of the wrong number, rank, static size or dtype.
+
+    A symbolic size (``"n"``) takes any value, the same one wherever it appears.
+    """
+    if len(arrays) != len(info):
+        raise UmahubError(f"the model takes {len(info)} input(s), got {len(arrays)}")
+    bound: dict[str, int] = {}
+    for i, ((shape, dtype), a) in enumerate(zip(info, arrays)):
+        if not dtype:
+            continue
+        a = np.asarray(a)
+        ok = str(a.dtype) == dtype and (shape is None or a.ndim == len(shape))
+        for want, got in zip(shape or (), a.shape):
+            if isinstance(want, int):
+                ok = ok and want == got
+            elif want != "?":
+                ok = ok and bound.setdefault(want, got) == got
+        if not ok:
+            shown = "any shape" if shape is None else f"shape {tuple(shape)}"
+            raise UmahubError(
+                f"input {i}: expected {shown} {dtype}, got {tuple(a.shape)} {a.dtype}"
+                + (f" (sizes so far: {bound})" if bound else "")
+            )
+
+
+class Runner:
+    """Relax VMs over one loaded library, with numpy in and out; one VM per thread.
+
+    Weights that partitions read on accelerators are extra parameters of
+    ``main`` (see :func:`umahub.build.place_on_devices`): they are copied to
+    their devices once, here, not at every inference, and shared by all VMs.
+    """
+
+    def __init__(self, library: Any, devices: int, weight_devices: Sequence[int] = ()):
+        import tvm
+
+        self.library = library
+        self.devices = [tvm.cpu(i) for i in range(devices)]
+        self._local = threading.local()
+        self.weights: list[Any] = []
+        if weight_devices:
+            values = self.vm()["umahub_weights"]()
+            self.weights = [values[i].copyto(self.devices[d]) for i, d in enumerate(weight_devices)]
+
+    def vm(self) -> Any:
+        """This thread's VM (made at its first use)."""
+        vm = getattr(self._local, "vm", None)
+        if vm is None:
+            from tvm import relax
+
+            vm = self._local.vm = relax.VirtualMachine(self.library, self.devices)
+            self._local.main = vm["main"]
+        return vm
+
+    def tensors(self, arrays: Sequence[Any]) -> list[Any]:
+        """The inputs as TVM tensors on the host."""
+        import tvm
+
+        # np.require keeps 0-d arrays 0-d (np.ascontiguousarray makes them 1-d).
+        host = self.devices[0]
+        return [tvm.runtime.tensor(np.require(a, requirements="C"), host) for a in arrays]
+
+    def __call__(self, *arrays: Any) -> Any:
+        self.vm()
+        return to_numpy(self._local.main(*self.tensors(arrays), *self.weights))
+
+
+class Executors:
+    """The executors of one loaded library: the VM runner, and the concurrent
+    executor, made at its first use from the step graph the library carries."""
+
+    def __init__(self, runner: Runner, devices: Sequence[str], executor: str = "auto"):
+        self.runner, self.devices = runner, list(devices)
+        self.executor = _choice(executor)
+        self._graph: Any = None
+        self._concurrent: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def graph(self) -> Any:
+        """The library's :class:`umahub.steps.StepGraph` (``unsupported`` says why not)."""
+        if self._graph is None:
+            from umahub.steps import StepGraph, read_graph
+
+            if len(self.devices) < 2:
+                self._graph = StepGraph(tuple(self.devices), unsupported="one device only")
+            else:
+                self._graph = read_graph(self.runner.vm(), self.devices)
+        return self._graph
+
+    def resolve(self, executor: str | None) -> str:
+        """``"vm"`` or ``"concurrent"``, for the requested (or the default) executor."""
+        choice = _choice(executor or self.executor)
+        if choice == "auto":
+            return "vm" if self.graph.unsupported else "concurrent"
+        if choice == "concurrent" and self.graph.unsupported:
+            raise UmahubError(
+                f"the concurrent executor cannot run this model: {self.graph.unsupported}; "
+                'use executor="vm"'
+            )
+        return choice
+
+    def concurrent(self) -> Any:
+        """The concurrent executor (made once)."""
+        with self._lock:
+            if self._concurrent is None:
+                from umahub.executor import Executor
+
+                self._concurrent = Executor(self.runner.library, self.graph, self.runner.weights)
+            return self._concurrent
+
+    def run(self, arrays: Sequence[Any], executor: str | None, timeout: float | None) -> Any:
+        if self.resolve(executor) == "vm":
+            return self.runner(*arrays)
+        return to_numpy(self.concurrent().run(self.runner.tensors(arrays), timeout))
+
+    def stream(
+        self, batches: Iterable[Any], info: Sequence[InputInfo], executor: str | None,
+        depth: int | None,
+    ) -> Iterator[Any]:  # fmt: skip
+        def checked() -> Iterator[list[Any]]:
+            for batch in batches:
+                arrays = [batch] if isinstance(batch, np.ndarray) else list(batch)
+                check_inputs(info, arrays)
+                yield arrays
+
+        if self.resolve(executor) == "vm":
+            for arrays in checked():
+                yield self.runner(*arrays)
+            return
+        ex = self.concurrent()
+        tensors = (self.runner.tensors(arrays) for arrays in checked())
+        for inference in ex.stream(tensors, depth):
+            yield to_numpy(inference.result())
+
+    def profile(self, arrays: Sequence[Any], runs: int) -> dict[str, Any]:
+        """Time both executors on ``arrays``; the concurrent one's steps of its median run."""
+        import time
+
+        vm_times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            self.runner(*arrays)
+            vm_times.append(time.perf_counter() - start)
+        result: dict[str, Any] = {"runs": runs, "vm_seconds": float(np.median(vm_times))}
+        if self.graph.unsupported:
+            return {**result, "executor": "vm", "why": self.graph.unsupported, "spans": []}
+        ex = self.concurrent()
+        tensors = self.runner.tensors(arrays)
+        done = []
+        for _ in range(runs):
+            inference = ex.submit(tensors, profile=True)
+            inference.result()
+            done.append(inference)
+        done.sort(key=lambda i: i.seconds)
+        median = done[len(done) // 2]
+        return {
+            **result,
+            "executor": "concurrent",
+            "concurrent_seconds": median.seconds,
+            "lanes": {lane: ex.cores[lane] for lane in ex.lanes},
+            "spans": [m.to_dict() for m in sorted(median.spans, key=lambda m: m.start)],
+        }
+
+
+def _choice(executor: str) -> str:
+    if executor not in EXECUTORS:
+        from umahub.errors import did_you_mean
+
+        raise UmahubError(
+            f"unknown executor {executor!r}{did_you_mean(str(executor), EXECUTORS)}; "
+            f"known: {', '.join(EXECUTORS)}"
+        )
+    return executor
+
+
+def to_numpy(value: Any) -> Any:
+    """A VM result in numpy: a tensor as an array, a shape (``R.shape``) as an int64
+    array, a tuple as a list."""
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    if type(value).__name__ in ("Shape", "ShapeTuple"):
+        return np.asarray(list(value), dtype="int64")
+    if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
+        return [to_numpy(v) for v in value]
+    return value
+
+
+class Running:
+    """``run``, ``stream`` and ``profile``, shared by :class:`Compiled` and :class:`LoadedModel`."""
+
+    input_info: list[InputInfo]
+    _executors: Executors
+
+    @property
+    def executor(self) -> str:
+        """The default executor of :meth:`run`: ``"auto"``, ``"vm"`` or ``"concurrent"``."""
+        return self._executors.executor
+
+    @executor.setter
+    def executor(self, value: str) -> None:
+        self._executors.executor = _choice(value)
+
+    @property
+    def step_graph(self) -> Any:
+        """The :class:`umahub.steps.StepGraph` the concurrent executor runs."""
+        return self._executors.graph
+
+    def run(self, *arrays: Any, executor: str | None = None, timeout: float | None = None) -> Any:
+        """Run one inference; numpy in, numpy out (a list for several outputs).
+
+        Args:
+            executor: ``"vm"``, ``"concurrent"`` or ``"auto"``; default: :attr:`executor`.
+            timeout: (concurrent) seconds to wait before giving up with an error.
+
+        Raises:
+            UmahubError: wrong inputs, an unknown executor, or the concurrent
+                executor asked for a model it cannot run.
+            umahub.executor.ExecutionError: a partition or copy failed (naming
+                it and its device), or the timeout passed.
+        """
+        check_inputs(self.input_info, arrays)
+        return self._executors.run(arrays, executor, timeout)
+
+    def stream(
+        self, inputs: Iterable[Any], *, executor: str | None = None, depth: int | None = None
+    ) -> Iterator[Any]:
+        """Run a stream of inferences, several in flight at once; yield outputs in order.
+
+        Each item of ``inputs`` is the list of a model's inputs (or one array
+        for a model of one input). With the concurrent executor up to ``depth``
+        inferences (default: one per worker) are in flight, so a stream moves
+        through the devices like a pipeline; with the VM, one at a time.
+        """
+        return self._executors.stream(inputs, self.input_info, executor, depth)
+
+    def profile(self, *arrays: Any, runs: int = 5) -> dict[str, Any]:
+        """Run ``arrays`` ``runs`` times on each executor; the measured timeline.
+
+        Returns:
+            ``vm_seconds`` and ``concurrent_seconds`` (medians), ``lanes`` (the
+            cores of each worker), and ``spans``: every step of the concurrent
+            executor's median run (lane, start, end, label, kind; seconds from
+            the start of the inference).
+        """
+        check_inputs(self.input_info, arrays)
+        return self._executors.profile(arrays, max(1, runs))
