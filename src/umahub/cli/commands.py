@@ -1,23 +1,52 @@
-"""The ``umahub`` command: ``plugins``, ``compile``, ``run``, ``explain``."""
+"""The subcommands of ``umahub``: each a function of its parsed arguments, returning the exit code.
+
+Everything a command will write is checked before its long work starts: a
+compile must not run for minutes and then fail on ``-o`` in a missing directory.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Sequence
+import time
 from pathlib import Path
 from typing import Any
 
+from umahub.cli.files import check_writable, read_inputs
+from umahub.cli.progress import Progress
+from umahub.cli.summary import summary
 from umahub.errors import UmahubError
 
-__all__ = ["main"]
+__all__ = ["cmd_compile", "cmd_explain", "cmd_plugins", "cmd_run"]
 
 
 def _hub(args: argparse.Namespace) -> Any:
     from umahub.hub import Hub
 
     return Hub(strict=True if getattr(args, "strict", False) else None)
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if not args.quiet:
+        print(text)
+
+
+def _tvm_backends() -> list[dict[str, str]]:
+    """The entry points of TVM's own plugin group, which ``import tvm`` calls."""
+    import importlib_metadata
+
+    found = []
+    for ep in sorted(importlib_metadata.entry_points(group="tvm.backends"), key=lambda e: e.name):
+        dist = ep.dist
+        found.append(
+            {
+                "name": ep.name,
+                "value": ep.value,
+                "distribution": dist.name if dist is not None else "",
+                "version": dist.version if dist is not None else "",
+            }
+        )
+    return found
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -42,6 +71,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                 for a in hub.accelerators
             ],
             "hook_order": {h: hub.call_order(h) for h in _hook_names()},
+            "tvm_backends": _tvm_backends(),
         }
         print(json.dumps(data, indent=2))
         return 0
@@ -69,6 +99,11 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         for a in hub.accelerators:
             note = "" if a.name in claimants else "  (not in priority: claims nothing)"
             print(f"  {a.name:<16} {a.codegen:<5} x{a.instances}  from {hub.owner(a.name)}{note}")
+    backends = _tvm_backends()
+    if backends:
+        print("TVM backends (group tvm.backends, called by TVM itself at 'import tvm'):")
+        for b in backends:
+            print(f"  {b['name']:<16} {b['value']}  ({b['distribution']} {b['version']})")
     return 0
 
 
@@ -78,48 +113,77 @@ def _hook_names() -> tuple[str, ...]:
     return HOOK_NAMES
 
 
-def _load_model(spec: str) -> Any:
+def _load_model(spec: str, progress: Progress) -> Any:
     from umahub.frontends import load_model
 
-    return load_model(spec)
+    with progress.step("import", spec):
+        return load_model(spec)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile MODEL through the plugins and export it as one shared library."""
-    mod = _load_model(args.model)  # a bad file fails before the plugins are loaded
-    hub = _hub(args)
-    compiled = hub.compile(mod, progress=_progress, verify=args.verify or None)
-    compiled.export_library(args.output)
-    print(compiled.report)
-    print(f"wrote {args.output}")
-    if args.report:
-        Path(args.report).write_text(compiled.report.to_json())
-        print(f"wrote {args.report}")
+    check_writable(args.output, "-o")
+    if args.report and args.report != "-":
+        check_writable(args.report, "--report")
+    progress = Progress(quiet=args.quiet)
+    hub = _hub(args)  # a configuration error comes before any progress line
+    mod = _load_model(args.model, progress)
+    compiled = hub.compile(mod, progress=progress, verify=args.verify or None)
+    with progress.step("export", f"{args.output} (compile and link)"):
+        compiled.export_library(args.output)
+    report = compiled.report
+    if args.report == "-":
+        print(report)
+    else:
+        _say(args, summary(report, progress.elapsed()))
+    _say(args, f"wrote {args.output}")
+    if args.report and args.report != "-":
+        Path(args.report).write_text(report.to_json())
+        _say(args, f"wrote {args.report}")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run an exported library on random inputs or on the arrays of an .npz file."""
+    """Run an exported library on random inputs or on the arrays of an .npz/.npy file."""
     import numpy as np
 
     from umahub.compiled import example_inputs, load
 
-    model = load(args.library)
-    if args.inputs:
-        with np.load(args.inputs) as data:
-            arrays = [data[k] for k in data.files]
-    else:  # sizes known only at run time are 1
-        arrays = example_inputs(model.input_info, seed=0)
-    outputs = model.run(*arrays)
-    for i, out in enumerate(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
-        flat = np.asarray(out).ravel()
-        print(
-            f"output {i}: shape {tuple(np.shape(out))} dtype {np.asarray(out).dtype} "
-            f"first {np.array2string(flat[:5], precision=4)}"
-        )
     if args.output:
-        np.savez(args.output, *(outputs if isinstance(outputs, (list, tuple)) else [outputs]))
-        print(f"wrote {args.output}")
+        check_writable(args.output, "-o")
+    arrays = read_inputs(args.inputs) if args.inputs else None
+    model = load(args.library)
+    if arrays is None:  # sizes known only at run time are 1
+        arrays = example_inputs(model.input_info, seed=0)
+    start = time.perf_counter()
+    outputs = model.run(*arrays)
+    first = time.perf_counter() - start
+    times = []
+    if args.repeat > 1:
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            model.run(*arrays)
+            times.append(time.perf_counter() - start)
+    listed = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    for i, out in enumerate(listed):
+        flat = np.asarray(out).ravel()
+        _say(
+            args,
+            f"output {i}: shape {tuple(np.shape(out))} dtype {np.asarray(out).dtype} "
+            f"first {np.array2string(flat[:5], precision=4)}",
+        )
+    if times:
+        ms = sorted(t * 1e3 for t in times)
+        _say(
+            args,
+            f"latency: median {ms[len(ms) // 2]:.3f} ms, min {ms[0]:.3f} ms, "
+            f"max {ms[-1]:.3f} ms over {len(ms)} runs after one warm-up run",
+        )
+    else:
+        _say(args, f"latency: {first * 1e3:.3f} ms (the first run; --repeat N for a median)")
+    if args.output:
+        np.savez(args.output, *listed)
+        _say(args, f"wrote {args.output}")
     return 0
 
 
@@ -133,77 +197,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 f"--out {args.out}: the picture is written as "
                 f"{' or '.join(SUFFIXES)}; give a file name ending in one of them"
             )
-    mod = _load_model(args.model)
+        check_writable(args.out, "--out")
+    progress = Progress(quiet=args.quiet)
     hub = _hub(args)
-    report = hub.explain(mod)
-    print(report)
+    mod = _load_model(args.model, progress)
+    report = hub.explain(mod, progress=progress)
+    _say(args, str(report))
     if args.out:
         report.save_picture(args.out)
-        print(f"wrote {args.out}")
+        _say(args, f"wrote {args.out}")
     return 0
-
-
-def _progress(stage: str, detail: str = "") -> None:
-    print(f"[umahub] {stage}{': ' + detail if detail else ''}", file=sys.stderr, flush=True)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``umahub`` command."""
-    parser = argparse.ArgumentParser(prog="umahub", description=__doc__)
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="a plugin that fails to load is an error, not a warning",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("plugins", help="what is installed, in what order, and what failed")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks of failures")
-    p.set_defaults(func=cmd_plugins)
-
-    p = sub.add_parser("compile", help="compile MODEL into a shared library")
-    p.add_argument(
-        "model",
-        help="a model-zoo name, a TVMScript .py file, an .onnx file or a .pt2 file "
-        "(torch.export.save)",
-    )
-    p.add_argument("-o", "--output", default="model.so", help="library to write")
-    p.add_argument("--report", help="also write the report as JSON to this file")
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="check every partition against the host on the model's own values "
-        "(as verify = true in [tool.umahub])",
-    )
-    p.set_defaults(func=cmd_compile)
-
-    p = sub.add_parser("run", help="run a library written by 'umahub compile'")
-    p.add_argument("library")
-    p.add_argument("--inputs", help=".npz file with the inputs, in order")
-    p.add_argument("-o", "--output", help="write the outputs to this .npz file")
-    p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser("explain", help="placement, copies and memory, without building")
-    p.add_argument("model", help="what 'umahub compile' takes")
-    p.add_argument("--out", help="save the picture (.svg or .html)")
-    p.set_defaults(func=cmd_explain)
-    return parser
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    text = str(message).removeprefix("umahub: ")
-    print(f"umahub: warning: {text}", file=file or sys.stderr)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``umahub`` command; return its exit code."""
-    import warnings
-
-    warnings.showwarning = _show_warning
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except UmahubError as exc:
-        print(f"umahub: error: {exc}", file=sys.stderr)
-        return 2

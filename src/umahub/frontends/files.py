@@ -56,6 +56,7 @@ def _from_onnx_file(path: Path) -> Any:
         raise UmahubError(
             f"{path}: reading ONNX needs the 'onnx' package: pip install 'umahub[onnx]'"
         ) from None
+    _check_external_data(onnx, path)
     try:
         model = onnx.load(str(path))
     except Exception as exc:
@@ -68,6 +69,28 @@ def _from_onnx_file(path: Path) -> Any:
         return from_onnx(model)
     except UmahubError as exc:
         raise UmahubError(f"{path}: {exc}") from exc.__cause__
+
+
+def _check_external_data(onnx: Any, path: Path) -> None:
+    """Refuse a model whose external weights files are missing, naming them."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return  # not readable at all: onnx.load says why
+    missing: dict[str, list[str]] = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not (path.parent / location).is_file():
+            missing.setdefault(location, []).append(tensor.name)
+    if missing:
+        location, tensors = next(iter(missing.items()))
+        raise UmahubError(
+            f"{path}: its weights are in a separate file, {path.parent / location}, which "
+            f"does not exist ({len(tensors)} tensor(s), e.g. '{tensors[0]}'); copy it next "
+            "to the model, as torch.onnx.export or onnx.save_model wrote it"
+        )
 
 
 def _from_pt2(path: Path) -> Any:

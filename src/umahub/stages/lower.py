@@ -151,30 +151,35 @@ def run(comp: Compilation) -> None:
         host_bytes=plan.host_bytes,
         host_constants=plan.host_constants,
     )
-    for name in comp.order:
-        for p in (p for p in part.partitions if p.accelerator == name):
-            report = comp.reports[p.symbol]
-            if report.fallback:
-                continue
-            acc = hub.accelerator(name)
-            ctx = CompileContext(hub.config, acc, p.instance, p.symbol, p.operators, lowered)
-            said: list[str] = []
-            with comp.clock.stage("lower", f"{p.symbol} on {p.device}"), recording() as calls:
-                start = time.perf_counter()
-                try:
-                    comp.modules[p.symbol], said, default = within(
-                        hub.config.hook_timeout,
-                        functools.partial(_lower_one, hub, ctx, functions[p.symbol]),
-                        f"lowering {p.symbol}",
-                    )
-                    if default is not None:
-                        comp.reference_tir[p.symbol] = default
-                except Exception as exc:
-                    comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
-                report.seconds["lower"] = time.perf_counter() - start
-            comp.clock.count(list(calls))
-            report.hooks = hooks_that_acted(list(calls))
-            report.schedule = said
-            if p.symbol in comp.modules and acc.pool is not None:
-                lowered = lowered.add(p.device, acc.pool.scope, comp.needs[p.symbol])
+    todo = [
+        p
+        for name in comp.order
+        for p in part.partitions
+        if p.accelerator == name and not comp.reports[p.symbol].fallback
+    ]
+    for i, p in enumerate(todo, 1):
+        report = comp.reports[p.symbol]
+        name = p.accelerator
+        acc = hub.accelerator(name)
+        ctx = CompileContext(hub.config, acc, p.instance, p.symbol, p.operators, lowered)
+        said: list[str] = []
+        step = f"{i}/{len(todo)} {p.symbol} on {p.device}"
+        with comp.clock.stage("lower", step), recording() as calls:
+            start = time.perf_counter()
+            try:
+                comp.modules[p.symbol], said, default = within(
+                    hub.config.hook_timeout,
+                    functools.partial(_lower_one, hub, ctx, functions[p.symbol]),
+                    f"lowering {p.symbol}",
+                )
+                if default is not None:
+                    comp.reference_tir[p.symbol] = default
+            except Exception as exc:
+                comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
+            report.seconds["lower"] = time.perf_counter() - start
+        comp.clock.count(list(calls))
+        report.hooks = hooks_that_acted(list(calls))
+        report.schedule = said
+        if p.symbol in comp.modules and acc.pool is not None:
+            lowered = lowered.add(p.device, acc.pool.scope, comp.needs[p.symbol])
     comp.lowered_plan = lowered

@@ -1,0 +1,168 @@
+"""The ``umahub`` command's arguments: the subcommands, their options, the help texts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+__all__ = ["build_parser"]
+
+DESCRIPTION = """\
+Accelerator backends for Apache TVM as installable plugins.
+
+  umahub plugins               what is installed, in what order, what failed
+  umahub explain MODEL         where each operator would run, without building
+  umahub compile MODEL -o F    compile through the plugins into one library
+  umahub run F                 run that library (no plugins needed)
+
+The configuration is [tool.umahub] in the nearest pyproject.toml (or the file
+named by UMAHUB_CONFIG). Errors are one line and exit status 2; -v or
+UMAHUB_DEBUG=1 adds the traceback.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported as one line (status 2), as every error is."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _global_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """Options every subcommand takes, before or after its name.
+
+    ``default`` is False on the main parser and SUPPRESS on the subcommands,
+    so that an option given before the subcommand is not reset by it.
+    """
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        default=default,
+        help="a plugin that fails to load is an error, not a warning",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=default,
+        help="tracebacks of errors and of plugins that failed to load",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", default=default, help="print only errors"
+    )
+
+
+MODEL_HELP = (
+    "a zoo model ({zoo}), a TVMScript .py file, an .onnx file or a .pt2 file (torch.export.save)"
+)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help texts with ``{zoo}`` replaced by the zoo's model names.
+
+    Only ``--help`` pays for it: listing the zoo imports TVM (seconds).
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if text and "{zoo}" in text:
+            from umahub.models import names
+
+            text = text.replace("{zoo}", ", ".join(names()))
+        return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``umahub`` command."""
+    from umahub.cli import commands
+
+    parser = _Parser(prog="umahub", description=DESCRIPTION, formatter_class=_Formatter)
+    _global_options(parser, False)
+    parser.add_argument("--version", action=_Version)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+
+    def add(name: str, help: str, func) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=help[0].upper() + help[1:] + ".",
+            formatter_class=_Formatter,
+        )
+        _global_options(p, argparse.SUPPRESS)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("plugins", "what is installed, in what order, and what failed", commands.cmd_plugins)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = add("compile", "compile MODEL into a shared library", commands.cmd_compile)
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("-o", "--output", default="model.so", help="library to write (model.so)")
+    p.add_argument(
+        "--report",
+        metavar="FILE",
+        help="the full report: '-' prints it, a file name gets it as JSON "
+        "(by default a summary is printed)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every partition against the host on the model's own values "
+        "(as verify = true in [tool.umahub])",
+    )
+
+    p = add("run", "run a library written by 'umahub compile'", commands.cmd_run)
+    p.add_argument("library")
+    p.add_argument(
+        "--inputs",
+        metavar="FILE",
+        help="the inputs: an .npz file (in order) or, for a model of one input, an .npy "
+        "file; random inputs when not given",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write the outputs to this .npz file")
+    p.add_argument(
+        "--repeat",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run N times after one warm-up run and print the latency's min, median "
+        "and max (default: time the one run)",
+    )
+
+    p = add("explain", "placement, copies and memory, without building", commands.cmd_explain)
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument("--out", metavar="FILE", help="save the picture (.svg or .html)")
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+class _Version(argparse.Action):
+    """``--version``: umahub's, TVM's, Python's and the plugins' versions, then exit."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="versions of umahub, TVM, Python and the installed plugins",
+        )
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from umahub.cli.version import version_text
+
+        print(version_text())
+        parser.exit()

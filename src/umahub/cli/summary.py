@@ -1,0 +1,56 @@
+"""The few lines ``umahub compile`` prints by default: what went where, copies, time."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from umahub.sizes import human_size
+
+__all__ = ["summary"]
+
+
+def _copies(report: Any, when: str) -> str:
+    copies = [c for c in report.copies if c.when == when]
+    if not copies:
+        return "none"
+    size = human_size(sum(c.bytes for c in copies))
+    kinds = Counter(c.kind for c in copies)
+    split = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    return f"{len(copies)} ({size}; {split})"
+
+
+def _verdict(text: str) -> str:
+    if text.startswith("not verified"):
+        return "not verified"
+    return "wrong" if "beyond the limit" in text else "right"
+
+
+def summary(report: Any, seconds: float) -> str:
+    """What a compile did, in a few lines; the full report is ``--report -``."""
+    per_device = Counter(op.device for op in report.placement)
+    host = per_device.pop("host", 0)
+    placed = sum(per_device.values())
+    where = ", ".join(f"{d} {n}" for d, n in sorted(per_device.items()))
+    lines = [
+        f"placement: {placed} of {len(report.placement)} operators on accelerators"
+        + (f" ({where})" if where else "")
+        + f", {host} on the host"
+    ]
+    fallen = [p for p in report.partitions if p.fallback]
+    lines.append(
+        f"partitions: {len(report.partitions) - len(fallen)} placed"
+        + (f", {len(fallen)} fell back to the host" if fallen else "")
+    )
+    lines += [f"  {p.symbol} fell back: {p.fallback}" for p in fallen]
+    verified = [p for p in report.partitions if p.verified]
+    if verified:
+        counts = Counter(_verdict(p.verified) for p in verified)
+        lines.append("verify: " + ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
+    lines.append(f"copies per inference: {_copies(report, 'inference')}")
+    lines.append(f"weights copied at load: {_copies(report, 'load')}")
+    stages = ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items() if v >= 0.05)
+    lines.append(f"time: {seconds:.1f}s" + (f" ({stages})" if stages else ""))
+    lines += [f"note: {n}" for n in report.notes]
+    lines.append("the full report: --report - (text) or --report FILE (JSON)")
+    return "\n".join(lines)
