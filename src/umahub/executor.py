@@ -131,10 +131,7 @@ class Inference:
         """
         if not self.done.wait(timeout):
             with self.lock:
-                busy = [self.executor.graph.steps[i] for i in self.running]
-                running = ", ".join(
-                    f"{s.label} on {lane}" for s, lane in zip(busy, self.running.values())
-                )
+                running = ", ".join(_what(self.executor.graph.steps[i]) for i in self.running)
                 left = self.remaining
             raise ExecutionError(
                 f"the inference did not finish within {timeout:g} s: {left} step(s) left"
