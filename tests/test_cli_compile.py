@@ -66,7 +66,9 @@ def test_explain_a_tvmscript_file_and_draw_it(project):
     result = umahub_cli("explain", "model.py", "--out", "graph.html", cwd=project)
     assert result.returncode == 0, result.stderr
     assert "  a     relax.nn.relu  alpha_accel:0  alpha_accel.relu" in result.stdout
-    assert "<svg" in (project / "graph.html").read_text()
+    picture = (project / "graph.html").read_text()
+    assert "<svg" in picture
+    assert "<title>model.py: umahub placement and timeline</title>" in picture  # the model's name
 
 
 def test_unknown_model_is_one_clear_line(project):

@@ -128,7 +128,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     progress = Progress(quiet=args.quiet)
     hub = _hub(args)  # a configuration error comes before any progress line
     mod = _load_model(args.model, progress)
-    compiled = hub.compile(mod, progress=progress, verify=args.verify or None)
+    compiled = hub.compile(
+        mod, model=Path(args.model).name, progress=progress, verify=args.verify or None
+    )
     with progress.step("export", f"{args.output} (compile and link)"):
         compiled.export_library(args.output)
     report = compiled.report
@@ -201,7 +203,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     progress = Progress(quiet=args.quiet)
     hub = _hub(args)
     mod = _load_model(args.model, progress)
-    report = hub.explain(mod, progress=progress)
+    report = hub.explain(mod, model=Path(args.model).name, progress=progress)
     _say(args, str(report))
     if args.out:
         report.save_picture(args.out)
