@@ -1,6 +1,7 @@
 """TVM's default TIR pipeline cut into UMA's four phases, with plugin passes at the cuts.
 
-TVM builds a PrimFunc with the ``s_tir`` pipeline (``tvm/s_tir/pipeline.py``).
+TVM builds a PrimFunc with the ``s_tir`` pipeline (``tvm/s_tir/pipeline.py`` in
+the apache-tvm wheel).
 umahub runs the same passes in the same order, in four stretches, and runs the
 passes returned by ``umahub_tir_passes(phase=N)`` before stretch N:
 
