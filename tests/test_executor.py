@@ -18,6 +18,7 @@ import umahub.models as zoo
 from umahub._tvm import TensorType
 from umahub.errors import ConfigError, UmahubError
 from umahub.executor import ExecutionError, plan_cores
+from umahub.running import AUTO_TRIALS
 
 BUNDLED = {"plugins": ["npu", "vanilla", "dsp"]}
 
@@ -135,12 +136,20 @@ def test_concurrent_equals_the_vm(which, request):
         assert same(compiled.run(*xs, executor="concurrent"), compiled.run(*xs, executor="vm"))
 
 
-def test_auto_is_concurrent_for_several_devices_and_vm_for_one(hub, dsp_model):
-    assert dsp_model.executor == "auto"
-    assert dsp_model._executors.resolve(None) == "concurrent"
+def test_auto_times_both_then_keeps_the_faster_and_vm_for_one_device(hub):
+    compiled = hub.compile(branches(), placement=pins("dsp_cpu:0", "dsp_cpu:1"))
+    assert (compiled.executor, compiled.executor_in_use) == ("auto", "auto")
+    xs = inputs(compiled)
+    want = compiled.run(*xs, executor="vm")
+    for _ in range(2 * (AUTO_TRIALS + 1)):
+        assert same(compiled.run(*xs), want)
+    timed = compiled._executors._timed
+    assert [len(timed["vm"]), len(timed["concurrent"])] == [AUTO_TRIALS + 1] * 2
+    faster = min(timed, key=lambda k: np.median(timed[k][1:]))
+    assert compiled.executor_in_use == compiled._executors.chosen == faster
     alone = hub.compile(branches(), placement={"*": "host"})
     assert alone.devices == ["host"]
-    assert alone._executors.resolve(None) == "vm"
+    assert alone.executor_in_use == "vm"
     with pytest.raises(UmahubError) as info:
         alone.run(*inputs(alone), executor="concurrent")
     assert str(info.value) == (
@@ -232,7 +241,7 @@ def test_a_loaded_library_runs_concurrently_without_the_plugins(npu_model, tmp_p
     path = npu_model.export_library(tmp_path / "model.so")
     loaded = umahub.load(path)
     assert loaded.step_graph == npu_model.step_graph
-    assert loaded._executors.resolve(None) == "concurrent"
+    assert loaded.executor_in_use == "auto"  # it has a step graph: auto will time both
     xs = inputs(npu_model, 5)
     assert same(loaded.run(*xs), npu_model.run(*xs, executor="vm"))
 
@@ -413,6 +422,6 @@ def test_sizes_known_only_at_run_time_run_on_the_vm(hub):
     compiled = hub.compile(mod, placement={"a": "dsp_cpu:0"})
     assert compiled.devices == ["host", "dsp_cpu:0"]
     assert compiled.step_graph.unsupported == "input x has a size known only at run time"
-    assert compiled._executors.resolve(None) == "vm"
+    assert compiled.executor_in_use == "vm"
     x = np.random.default_rng(0).standard_normal((3, 16)).astype("float32")
     np.testing.assert_allclose(compiled.run(x), 1 / (1 + np.exp(-np.maximum(x, 0))), rtol=1e-5)

@@ -9,13 +9,20 @@ ways to run one library:
   not run two calls at once), the library and the weights on the devices shared.
 * ``"concurrent"``: the model's step graph (:mod:`umahub.steps`, carried by the
   library) with a worker per device (:mod:`umahub.executor`), made at its first use.
-* ``"auto"`` (the default): the concurrent one when the library has a step
-  graph (the model runs on more than one device), the VM otherwise.
+* ``"auto"`` (the default): the VM when the library has no step graph (the
+  model runs on one device); otherwise the faster of the two on this model:
+  the first calls of ``run`` alternate between them, timed, and once each has
+  run :data:`AUTO_TRIALS` times (after one to warm up) the faster is kept.
+  The concurrent executor costs some tens of microseconds per step (threads
+  handing work to each other), so a model of tiny kernels stays on the VM and
+  a model whose devices can overlap long kernels goes concurrent. A stream
+  under "auto" runs concurrently unless auto has chosen the VM.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -24,7 +31,18 @@ import numpy as np
 from umahub.config import EXECUTORS
 from umahub.errors import UmahubError
 
-__all__ = ["Executors", "InputInfo", "Runner", "Running", "check_inputs", "to_numpy"]
+__all__ = [
+    "AUTO_TRIALS",
+    "Executors",
+    "InputInfo",
+    "Runner",
+    "Running",
+    "check_inputs",
+    "to_numpy",
+]
+
+#: Timed calls of ``run`` on each executor (after one to warm up) before "auto" keeps the faster.
+AUTO_TRIALS = 3
 
 # One input: its shape (a dimension is an int, or the name of a size known only
 # at run time; None: any rank) and its dtype.
@@ -109,6 +127,9 @@ class Executors:
         self._graph: Any = None
         self._concurrent: Any = None
         self._lock = threading.Lock()
+        self._trials = 0
+        self._timed: dict[str, list[float]] = {"vm": [], "concurrent": []}
+        self.chosen = ""  # what "auto" chose, once it has timed both
 
     @property
     def graph(self) -> Any:
@@ -123,10 +144,11 @@ class Executors:
         return self._graph
 
     def resolve(self, executor: str | None) -> str:
-        """``"vm"`` or ``"concurrent"``, for the requested (or the default) executor."""
+        """``"vm"`` or ``"concurrent"`` for the requested (or the default) executor;
+        ``"auto"`` while auto is still timing both."""
         choice = _choice(executor or self.executor)
         if choice == "auto":
-            return "vm" if self.graph.unsupported else "concurrent"
+            return "vm" if self.graph.unsupported else self.chosen or "auto"
         if choice == "concurrent" and self.graph.unsupported:
             raise UmahubError(
                 f"the concurrent executor cannot run this model: {self.graph.unsupported}; "
@@ -144,9 +166,30 @@ class Executors:
             return self._concurrent
 
     def run(self, arrays: Sequence[Any], executor: str | None, timeout: float | None) -> Any:
-        if self.resolve(executor) == "vm":
+        which = self.resolve(executor)
+        if which != "auto":
+            return self._run(which, arrays, timeout)
+        with self._lock:
+            which = ("vm", "concurrent")[self._trials % 2]
+            self._trials += 1
+        start = time.perf_counter()
+        out = self._run(which, arrays, timeout)
+        self._timed_run(which, time.perf_counter() - start)
+        return out
+
+    def _run(self, which: str, arrays: Sequence[Any], timeout: float | None) -> Any:
+        if which == "vm":
             return self.runner(*arrays)
         return to_numpy(self.concurrent().run(self.runner.tensors(arrays), timeout))
+
+    def _timed_run(self, which: str, seconds: float) -> None:
+        """Keep the time of one of auto's trials; choose once both have enough."""
+        with self._lock:
+            self._timed[which].append(seconds)
+            trials = [t[1:] for t in self._timed.values()]  # the first of each warms up
+            if not self.chosen and all(len(t) >= AUTO_TRIALS for t in trials):
+                vm, concurrent = (float(np.median(t)) for t in trials)
+                self.chosen = "concurrent" if concurrent < vm else "vm"
 
     def stream(
         self, batches: Iterable[Any], info: Sequence[InputInfo], executor: str | None,
@@ -158,7 +201,7 @@ class Executors:
                 check_inputs(info, arrays)
                 yield arrays
 
-        if self.resolve(executor) == "vm":
+        if self.resolve(executor) == "vm":  # auto still timing: concurrent, made for streams
             for arrays in checked():
                 yield self.runner(*arrays)
             return
@@ -169,8 +212,6 @@ class Executors:
 
     def profile(self, arrays: Sequence[Any], runs: int) -> dict[str, Any]:
         """Time both executors on ``arrays``; the concurrent one's steps of its median run."""
-        import time
-
         vm_times = []
         for _ in range(runs):
             start = time.perf_counter()
@@ -234,6 +275,12 @@ class Running:
     @executor.setter
     def executor(self, value: str) -> None:
         self._executors.executor = _choice(value)
+
+    @property
+    def executor_in_use(self) -> str:
+        """What :meth:`run` uses unless told: ``"vm"``, ``"concurrent"``, or ``"auto"``
+        while auto is still timing both."""
+        return self._executors.resolve(None)
 
     @property
     def step_graph(self) -> Any:
