@@ -394,7 +394,7 @@ def test_the_executor_comes_from_the_config_and_the_api(dsp_model):
     assert str(info.value) == "unknown executor 'threads'; known: auto, vm, concurrent"
 
 
-def test_profile_puts_the_measured_timeline_in_the_report(hub):
+def test_profile_puts_the_measured_timeline_in_the_report_and_picture(hub, tmp_path):
     compiled = hub.compile(
         branches((32, 32), heavy=True), placement=pins("npu", "host"), profile=True
     )
@@ -406,6 +406,19 @@ def test_profile_puts_the_measured_timeline_in_the_report(hub):
     assert sorted((s["lane"], s["label"]) for s in measured["spans"]) == want
     assert all(0 <= s["start"] <= s["end"] for s in measured["spans"])
     assert "measured: vm " in str(compiled.report)
+    from umahub.picture.timeline import measured as measured_items
+
+    items = measured_items(compiled.report)
+    assert [(i.lane, i.label) for i in items] == [
+        (s["lane"], s["label"]) for s in measured["spans"]
+    ]
+    copy_in = next(i for i in items if i.label == "copy x host->npu:0")
+    assert (copy_in.kind, copy_in.bytes) == ("async", 32 * 32 * 4)
+    svg = compiled.report.save_picture(str(tmp_path / "model.svg"))
+    text = open(svg).read()
+    assert "Timeline estimate of one inference" in text
+    assert "Measured: one inference on the concurrent executor" in text
+    assert text.count('class="span compute" data-lane="npu:0"') >= 2  # estimate and measured
 
 
 def test_sizes_known_only_at_run_time_run_on_the_vm(hub):

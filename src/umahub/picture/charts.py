@@ -58,15 +58,20 @@ def draw_timeline(
     top: float,
     colours: Mapping[str, str],
     cost: str,
+    heading: str = "Timeline estimate of one inference",
 ) -> tuple[list[str], float]:
-    """The timeline chart from ``top`` down, and its bottom: summary, cost model, lanes, spans."""
+    """The timeline chart from ``top`` down, and its bottom: summary, cost model, lanes, spans.
+
+    ``heading`` and ``cost`` (the lines under the summary) name what is drawn:
+    the estimate, or a measured run (:func:`umahub.picture.timeline.measured`).
+    """
     total = max((i.end for i in items), default=0.0)
     busy: dict[str, float] = defaultdict(float)
     for i in items:
         busy[i.lane] += i.end - i.start
     cost_lines = wrap(cost, width - 2 * M, 9.5)
     out = [
-        text(M, top + 16, "Timeline estimate of one inference", size=15, weight="bold"),
+        text(M, top + 16, heading, size=15, weight="bold"),
         text(
             M,
             top + 34,

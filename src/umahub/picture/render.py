@@ -18,7 +18,14 @@ from umahub.picture.graph import draw_graph
 from umahub.picture.groups import at_load, groups, has_edges, load_bytes, per_inference, split
 from umahub.picture.layout import CGAP, GW, M
 from umahub.picture.svg import DEFS, FONT, device_colours, esc, fmt_bytes, text
-from umahub.picture.timeline import BANDWIDTH, all_devices, lanes, schedule
+from umahub.picture.timeline import (
+    BANDWIDTH,
+    all_devices,
+    lanes,
+    measured,
+    measured_text,
+    schedule,
+)
 
 if TYPE_CHECKING:
     from umahub.report import Report
@@ -90,6 +97,13 @@ def render_svg(
     cost = cost_text(throughput, bandwidth, has_edges(report.placement))
     chart, bottom = draw_timeline(items, lanes(report, items), width, bottom + 24, colours, cost)
     body += chart
+    real = measured(report)
+    if real:  # the run of Compiled.profile, next to the estimate
+        chart, bottom = draw_timeline(
+            real, lanes(report, real), width, bottom + 24, colours, measured_text(report),
+            heading="Measured: one inference on the concurrent executor",
+        )  # fmt: skip
+        body += chart
     memory, bottom = draw_memory(report, bottom + 10, width, colours)
     body += memory
     height = bottom + M

@@ -23,6 +23,11 @@ The estimate is made to compare placements, not to predict milliseconds:
 Weights copied once, when the model is loaded, are not part of an inference
 and stay out of the schedule. :func:`timeline` is the public form (spans);
 :func:`schedule` adds what drawing a span needs (:class:`Item`).
+
+Next to the estimate, :func:`measured` gives the spans of a real run, when the
+report has one (``report.measured``, from :meth:`umahub.Compiled.profile` or
+``profile = true``): every step of one inference on the concurrent executor,
+on the lane of the worker that ran it.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ __all__ = [
     "all_devices",
     "estimate_flops",
     "lanes",
+    "measured",
+    "measured_text",
     "schedule",
     "timeline",
 ]
@@ -232,3 +239,36 @@ def lanes(report: Report, items: Sequence[Item]) -> list[str]:
             out.append(f"{d} DMA")
     out += [i.lane for i in items if i.lane not in out]
     return list(dict.fromkeys(out))
+
+
+def measured(report: Report) -> list[Item]:
+    """The measured run of ``report.measured`` as items to draw ([] when there is none).
+
+    A copy's bytes are those of the report's copy of the same tensor between
+    the same devices.
+    """
+    spans = (getattr(report, "measured", None) or {}).get("spans", [])
+    sizes = {f"copy {c.tensor} {c.src}->{c.dst}": c.bytes for c in report.copies}
+    items = []
+    for s in spans:
+        lane, label, kind = s["lane"], s["label"], s["kind"]
+        took = f"{(s['end'] - s['start']) * 1e3:.3g} ms"
+        detail = f"{label} on {lane}, measured: {took}"
+        device = lane.removesuffix(" DMA")
+        items.append(
+            Item(lane, s["start"], s["end"], label, kind, device, detail, sizes.get(label, 0))
+        )
+    return items
+
+
+def measured_text(report: Report) -> str:
+    """What the measured chart is: both executors' times and the workers' cores."""
+    m = getattr(report, "measured", None) or {}
+    if not m.get("spans"):
+        return ""
+    cores = "; ".join(f"{lane} on cores {','.join(map(str, c))}" for lane, c in m["lanes"].items())
+    return (
+        f"Measured on this machine (median of {m['runs']} runs): the VM "
+        f"{m['vm_seconds'] * 1e3:.3g} ms, the concurrent executor "
+        f"{m['concurrent_seconds'] * 1e3:.3g} ms per inference. Workers: {cores}."
+    )
