@@ -438,3 +438,34 @@ def test_sizes_known_only_at_run_time_run_on_the_vm(hub):
     assert compiled.executor_in_use == "vm"
     x = np.random.default_rng(0).standard_normal((3, 16)).astype("float32")
     np.testing.assert_allclose(compiled.run(x), 1 / (1 + np.exp(-np.maximum(x, 0))), rtol=1e-5)
+
+
+def test_the_graph_survives_its_json_and_refuses_another_version():
+    from umahub.steps import Step, StepGraph
+
+    graph = StepGraph(
+        ("host", "npu:0"),
+        params=1,
+        values=3,
+        steps=(
+            Step("call", "host", (), (1,), "umahub_step_0", "host: shape"),  # reads no value
+            Step(
+                "copy",
+                "npu:0",
+                (1,),
+                (2,),
+                label="copy a host->npu:0",
+                mode="async",
+                src="host",
+                dst="npu:0",
+                dst_index=1,
+            ),
+        ),
+        output=[2, [0, 1]],
+        copy_kind={"npu:0": "async"},
+    )
+    assert StepGraph.from_json(graph.to_json()) == graph
+    other = graph.to_json().replace('"umahub_steps":1', '"umahub_steps":99')
+    assert StepGraph.from_json(other).unsupported == (
+        "its step graph was written by another umahub version"
+    )

@@ -97,7 +97,13 @@ class StepGraph:
         if data.pop("umahub_steps", None) != FORMAT:
             return cls((), unsupported="its step graph was written by another umahub version")
         steps = tuple(
-            Step(**{**s, "inputs": tuple(s["inputs"]), "outputs": tuple(s["outputs"])})
+            Step(
+                **{
+                    **s,
+                    "inputs": tuple(s.get("inputs", ())),
+                    "outputs": tuple(s.get("outputs", ())),
+                }
+            )
             for s in data.pop("steps")
         )
         return cls(**{**data, "devices": tuple(data["devices"]), "steps": steps})
