@@ -19,7 +19,8 @@
  *            (must not alias data or weight)
  *
  * Returns 0 on success, -1 when an argument is out of range (non-positive
- * size or stride, negative padding, kernel larger than the padded input);
+ * size or stride, negative padding, kernel larger than the padded input),
+ * -2 when its scratch memory (C*R*S*OW + K*C*R*S floats) cannot be had;
  * out is left untouched then.
  *
  * The pointer parameters are deliberately NOT const-qualified: TVM's C
