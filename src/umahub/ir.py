@@ -18,6 +18,7 @@ from umahub._tvm import name_of
 
 __all__ = [
     "bindings",
+    "fold_constants",
     "is_composite",
     "is_partition",
     "name_span",
@@ -91,3 +92,18 @@ def partition_calls(mod: tvm.IRModule) -> dict[str, tuple[relax.Function, list[A
             if is_partition(func):
                 found[str(func.attrs["global_symbol"])] = (func, list(value.args))
     return found
+
+
+def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with what depends on weights alone computed once, now.
+
+    A transpose of a constant weight (ONNX's ``Gemm`` with ``transB``, a
+    PyTorch ``linear``), a reshape or a cast of one: left in the graph, it
+    would run, and its result be copied to an accelerator, at every inference.
+    Relax's ``FoldConstant`` evaluates such expressions at compile time. A
+    module it cannot fold is kept as it is (only slower, never different).
+    """
+    try:
+        return relax.transform.FoldConstant()(mod)
+    except Exception:  # an optimisation: the module stays correct without it
+        return mod

@@ -26,6 +26,7 @@ import tvm
 from umahub._tvm import name_of
 from umahub.compilation import Clock, Compilation, Progress
 from umahub.errors import CompileError
+from umahub.ir import fold_constants
 from umahub.memory import bounded, size_bounds
 from umahub.stages import build, lower, memory, partition, plan
 from umahub.stages import verify as verification
@@ -69,6 +70,7 @@ def _start(
     comp = Compilation(hub, mod, placement, verify, Clock(progress))
     with _gc_paused():
         with comp.clock.stage("plan"):
+            comp.mod = fold_constants(comp.mod)
             plan.run(comp)
         with comp.clock.stage("partition"):
             partition.run(comp)
