@@ -122,6 +122,29 @@ def test_batched_matmul(a_shape, b_shape):
     close(got, ref)
 
 
+@pytest.mark.parametrize(
+    "a_shape,b_shape,padded",
+    [
+        ((1, 3, 197, 64), (1, 3, 64, 197), {"a_pad", "b_pad"}),  # ViT: 197 tokens, a prime
+        ((1, 2, 196, 32), (1, 2, 32, 196), {"b_pad"}),  # 196 rows: 4 | 196; columns: 28-wide
+        ((37, 48), (48, 53), {"a_pad", "b_pad"}),  # both odd
+    ],
+)
+def test_sizes_no_tile_divides_are_padded_not_scalar(a_shape, b_shape, padded):
+    mod = primfunc_from_relax(
+        [("a", a_shape), ("b", b_shape)], lambda bb, a, b: relax.op.matmul(a, b)
+    )
+    sch = s_tir.Schedule(mod)
+    assert schedules.schedule(sch) == "matmul"
+    # the zero-padded copies of the inputs are stages of their own, so that the
+    # micro-kernel runs whole vectors and the B panels are packed again
+    names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    assert {n for n in names if n.endswith("_pad")} == padded
+    assert ("b_pad_global" in names) == ("b_pad" in names)
+    a, b = f32(*a_shape), f32(*b_shape)
+    close(run(sch.mod, [a, b], (a @ b).shape), a.astype(np.float64) @ b)
+
+
 def test_transposed_b_dense():
     # a dense with B stored [N, K] (as topi/te dense writes it): B is packed and transposed per tile
     from tvm import te

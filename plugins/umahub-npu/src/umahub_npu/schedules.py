@@ -346,6 +346,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
 def _pick_nr(n: int, lanes: int) -> int:
     for cand in (2 * lanes, lanes):
         if n % cand == 0:
@@ -544,6 +548,35 @@ def _pack_b(sch, red, p: Plan, k0, tk: int, tj: int, nr: int, lanes: int):
     sch.transform_layout(bp, ("write", 0), panel)
 
 
+def _padding(M: int, N: int, lanes: int) -> tuple[int, int]:
+    """The multiples to pad M and N to, 1 for none: sizes nothing small divides.
+
+    Tiles divide their axis (a predicated tile does not vectorise), so a size
+    like 197 (ViT's tokens, a prime) would get 1-row and 1-column tiles and
+    run scalar code, 10x slower, and 196 columns a tile of 28, not a whole
+    number of vectors. Padded to a multiple of the register tile, it runs
+    the same micro-kernel as 200 or 224, for a few extra rows and columns.
+    """
+    pad_m = 4 if M > 4 and _pick_mr(M) == 1 else 1
+    wide = 2 * lanes if N > 2 * lanes else lanes
+    pad_n = wide if N > lanes and _pick_nr(N, lanes) % lanes else 1
+    return pad_m, pad_n
+
+
+def _pad_to_tiles(sch: s_tir.Schedule, red, n_batch: int, pad_m: int, pad_n: int, lanes: int):
+    """``pad_einsum`` the reduction: zero-padded copies of its inputs (separate parallel
+    stages) and of its accumulator, which the output block then reads directly."""
+    before = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    sch.pad_einsum(red, [1] * n_batch + [pad_m, pad_n, 1])
+    for blk in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(blk).name_hint in before:
+            continue
+        if any(sch.get(c).same_as(sch.get(red)) for c in sch.get_consumers(blk)):
+            _parallel_spatial(sch, blk, lanes)  # an input, padded
+        else:
+            sch.compute_inline(blk)  # the accumulator's copy back: read in place
+
+
 def _schedule_matmul(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int):
     for name in p.prologue:  # e.g. a transpose feeding the matmul
         try:
@@ -554,6 +587,10 @@ def _schedule_matmul(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lane
     e = p.extents
     batch = math.prod(e["batch"]) if e["batch"] else 1
     M, N, K = e["M"], e["N"], e["K"]
+    pad_m, pad_n = _padding(M, N, lanes)
+    if pad_m > 1 or pad_n > 1:
+        _pad_to_tiles(sch, red, len(e["batch"]), pad_m, pad_n, lanes)
+        M, N = _round_up(M, pad_m), _round_up(N, pad_n)
     ti, tj, tk, mr, nr = matmul_tiles(batch, M, N, K, lanes, sram, threads)
     loops = sch.get_loops(red)
     *bl, i, j, k = loops
