@@ -1,0 +1,244 @@
+"""Sequential (TVM's Relax VM) against concurrent (a worker per device) on this machine.
+
+Three models, each compiled once with the bundled plugins and run both ways:
+
+* ``npu+host``: two independent branches, matmuls on the npu (async copies, a
+  DMA lane) and host code on the host, joined on the host;
+* ``dsp0+dsp1``: two elementwise branches, one on each DSP core (C code,
+  sync copies), joined on the host: kernels of microseconds;
+* ``pipeline``: two stages, the npu's matmuls and then host code: a stream of
+  inputs through ``Compiled.stream`` against one ``run`` after the other;
+* ``resnet18``: the zoo model through the three plugins, a chain whose
+  partitions alternate between the npu and the vanilla accelerator: nothing
+  to overlap within an inference, which shows what the executor costs.
+
+Latency is the median of single inferences; throughput is inferences per
+second over a stream. The measured timeline of one concurrent inference
+(``Compiled.profile``) is written next to the timeline estimate of the
+report, to compare the overlap measured with the overlap estimated.
+
+    python benchmarks/concurrency.py [--quick]
+
+Writes benchmarks/results/concurrency.json. The machine has 2 cores, and other
+work (another compile) may have run on the second one during a measurement:
+each figure is the median of ``--repeat`` rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TVM_NUM_THREADS", "1")  # one thread per kernel, both executors
+
+import numpy as np
+from tvm import relax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write
+
+import umahub
+import umahub.models as zoo
+from umahub._tvm import TensorType
+from umahub.picture.timeline import timeline
+from umahub.running import AUTO_TRIALS
+
+PLUGINS = {"plugins": ["npu", "vanilla", "dsp"]}
+
+
+def _const(rng, shape):
+    return relax.const((rng.standard_normal(shape) / np.sqrt(shape[0])).astype("float32"))
+
+
+def npu_and_host(n: int, npu_layers: int, host_rank: int, host_layers: int, seed=0):
+    """x (n x n) -> [npu: npu_layers matmuls] + [host: host_layers low-rank products, tanh]."""
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((n, n), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = x
+            for i in range(npu_layers):
+                a = bb.emit(relax.op.matmul(a, _const(rng, (n, n))), name_hint=f"npu{i}")
+            b = x
+            for i in range(host_layers):
+                low = bb.emit(relax.op.matmul(b, _const(rng, (n, host_rank))), name_hint=f"hd{i}")
+                up = bb.emit(relax.op.matmul(low, _const(rng, (host_rank, n))), name_hint=f"hu{i}")
+                b = bb.emit(relax.op.tanh(up), name_hint=f"ht{i}")
+            out = bb.emit_output(relax.op.add(a, b), name_hint="out")
+        bb.emit_func_output(out)
+    pins = {f"npu{i}": "npu" for i in range(npu_layers)}
+    pins.update({f"h{k}{i}": "host" for i in range(host_layers) for k in "du"})
+    return bb.get(), {**pins, "out": "host"}
+
+
+def two_stages(n: int, npu_layers: int, host_rank: int, host_layers: int, seed=1):
+    """x -> [npu: matmuls] -> [host: low-rank products, tanh]: a two-stage pipeline."""
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((n, n), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = x
+            for i in range(npu_layers):
+                h = bb.emit(relax.op.matmul(h, _const(rng, (n, n))), name_hint=f"npu{i}")
+            for i in range(host_layers):
+                low = bb.emit(relax.op.matmul(h, _const(rng, (n, host_rank))), name_hint=f"hd{i}")
+                up = bb.emit(relax.op.matmul(low, _const(rng, (host_rank, n))), name_hint=f"hu{i}")
+                h = bb.emit(relax.op.tanh(up), name_hint=f"ht{i}")
+            out = bb.emit_output(h, name_hint="out")
+        bb.emit_func_output(out)
+    pins = {f"npu{i}": "npu" for i in range(npu_layers)}
+    pins.update({f"h{k}{i}": "host" for i in range(host_layers) for k in "du"})
+    return bb.get(), pins
+
+
+def dsp_branches(shape=(16, 64), layers=3, seed=2):
+    """x -> [dsp_cpu:0: add, multiply ...] + [dsp_cpu:1: the same] -> add on the host."""
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType(shape, "float32"))
+    pins = {}
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ends = []
+            for core in (0, 1):
+                h = x
+                for i in range(layers):
+                    c = relax.const(rng.standard_normal(shape).astype("float32"))
+                    op = (relax.op.add, relax.op.multiply)[i % 2]
+                    h = bb.emit(op(h, c), name_hint=f"d{core}_{i}")
+                    pins[f"d{core}_{i}"] = f"dsp_cpu:{core}"
+                ends.append(h)
+            out = bb.emit_output(relax.op.add(*ends), name_hint="out")
+        bb.emit_func_output(out)
+    return bb.get(), {**pins, "out": "host"}
+
+
+def latency(compiled, x, executor: str, runs: int) -> float:
+    compiled.run(x, executor=executor)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        compiled.run(x, executor=executor)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def throughput(compiled, xs, executor: str) -> float:
+    start = time.perf_counter()
+    count = sum(1 for _ in compiled.stream(xs, executor=executor))
+    return count / (time.perf_counter() - start)
+
+
+def lane_busy(spans) -> dict[str, float]:
+    busy: dict[str, float] = {}
+    for s in spans:
+        busy[s["lane"]] = busy.get(s["lane"], 0.0) + s["end"] - s["start"]
+    return busy
+
+
+def estimate(report) -> dict[str, float]:
+    """The timeline estimate: its length and the sum of its compute spans (the sequential time)."""
+    spans = timeline(report)
+    end = max(s.end for s in spans)
+    compute = sum(s.end - s.start for s in spans if not s.label.startswith("copy "))
+    return {"estimate_seconds": end, "estimate_compute_seconds": compute}
+
+
+def measure(name, mod, pins, runs, repeat, stream_len):
+    config = {**PLUGINS, "priority": ["npu", "vanilla_accel", "dsp_cpu"]}
+    hub = umahub.Hub(config=config, project_config=False)
+    compiled = hub.compile(mod, placement=pins)
+    assert compiled.step_graph.unsupported == "", compiled.step_graph.unsupported
+    x = umahub.compiled.example_inputs(compiled.input_info)[0]
+    for _ in range(2 * (AUTO_TRIALS + 1)):
+        compiled.run(x)  # auto times both executors and keeps the faster
+    auto = compiled.executor_in_use
+    assert np.array_equal(compiled.run(x, executor="vm"), compiled.run(x, executor="concurrent"))
+    rounds = []
+    for _ in range(repeat):
+        rounds.append(
+            {
+                "vm_latency": latency(compiled, x, "vm", runs),
+                "concurrent_latency": latency(compiled, x, "concurrent", runs),
+            }
+        )
+    xs = [x] * stream_len
+    for r in rounds:
+        r["vm_throughput"] = throughput(compiled, xs, "vm")
+        r["concurrent_throughput"] = throughput(compiled, xs, "concurrent")
+    result = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    result["latency_ratio"] = result["vm_latency"] / result["concurrent_latency"]
+    result["throughput_ratio"] = result["concurrent_throughput"] / result["vm_throughput"]
+    profile = compiled.profile(x, runs=runs)
+    busy = lane_busy(profile["spans"])
+    result.update(
+        {
+            "auto_chose": auto,
+            "rounds": rounds,
+            "steps": len(compiled.step_graph.steps),
+            "lanes": profile["lanes"],
+            "measured_lane_busy_seconds": busy,
+            "measured_seconds": profile["concurrent_seconds"],
+            # the overlap: how much of the busy time ran side by side
+            "measured_overlap": sum(busy.values()) / profile["concurrent_seconds"],
+            "measured_spans": profile["spans"],
+            **estimate(compiled.report),
+        }
+    )
+    result["estimated_overlap"] = (
+        result["estimate_compute_seconds"] / result["estimate_seconds"]
+        if result["estimate_seconds"]
+        else 0.0
+    )
+    print(
+        f"{name:10s} latency vm {result['vm_latency'] * 1e3:8.2f} ms  concurrent "
+        f"{result['concurrent_latency'] * 1e3:8.2f} ms  x{result['latency_ratio']:.2f}   "
+        f"throughput vm {result['vm_throughput']:7.1f}/s  concurrent "
+        f"{result['concurrent_throughput']:7.1f}/s  x{result['throughput_ratio']:.2f}   "
+        f"busy {', '.join(f'{k} {v * 1e3:.1f}ms' for k, v in busy.items())}   auto: {auto}"
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer runs")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per figure (median)")
+    args = parser.parse_args()
+    runs, stream_len = (5, 10) if args.quick else (15, 40)
+    results = {
+        "npu+host": measure(
+            "npu+host", *npu_and_host(256, 12, 24, 3), runs, args.repeat, stream_len
+        ),
+        "dsp0+dsp1": measure("dsp0+dsp1", *dsp_branches(), runs, args.repeat, stream_len),
+        "pipeline": measure("pipeline", *two_stages(256, 12, 24, 3), runs, args.repeat, stream_len),
+    }
+    if not args.quick:
+        runs_zoo, len_zoo = max(3, runs // 3), max(4, stream_len // 4)
+        results["resnet18"] = measure(
+            "resnet18", zoo.get("resnet18"), None, runs_zoo, args.repeat, len_zoo
+        )
+    path = write(
+        "concurrency",
+        {
+            "note": (
+                "2 cores; the second core may have been busy with other work (another "
+                "compile) during some rounds: figures are medians of the rounds"
+            ),
+            "repeat": args.repeat,
+            "runs": runs,
+            "stream_length": stream_len,
+            "results": results,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
