@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -24,12 +25,19 @@ def machine() -> dict[str, Any]:
             )
     except OSError:
         pass
-    versions = {}
-    for name in ("tvm", "pluggy", "numpy", "torch"):
+    versions = {}  # read from the installed metadata: importing torchvision can fail
+    for name, dist in (
+        ("tvm", "apache-tvm"),
+        ("pluggy", "pluggy"),
+        ("numpy", "numpy"),
+        ("torch", "torch"),
+        ("torchvision", "torchvision"),
+        ("onnxruntime", "onnxruntime"),
+        ("onnx", "onnx"),
+    ):
         try:
-            module = __import__(name)
-            versions[name] = getattr(module, "__version__", "?")
-        except ImportError:
+            versions[name] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return {
         "cpu": cpu,

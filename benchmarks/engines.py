@@ -1,0 +1,222 @@
+"""umahub against the engines people compare it with: PyTorch eager, ONNX Runtime, plain TVM.
+
+For each model, in one run on one machine, each engine in a process of its
+own (TVM's and PyTorch's thread pools keep spinning after a run and would take
+the cores from the next engine), the same weights, the same input, the same
+thread count (``--threads``, default 2), numpy in and numpy out:
+
+* ``torch``: PyTorch eager, ``torch.no_grad()``;
+* ``ort``: ONNX Runtime on the model exported by ``torch.onnx.export``
+  (TorchScript exporter, opset 17), ``intra_op_num_threads`` = threads;
+* ``tvm``: plain ``tvm.compile(mod, "llvm")`` of the same Relax module;
+* ``umahub``: ``umahub.Hub`` with the three bundled plugins, priority
+  npu, vanilla_accel, dsp_cpu.
+
+Denormals: random weights make tiny values whose arithmetic is 10-100x slower
+on x86 unless the CPU flushes them to zero; PyTorch does not by default, ONNX
+Runtime and TVM's LLVM code neither. Every worker calls
+``torch.set_flush_denormal(True)`` before its engine makes a thread (threads
+inherit the setting), so all engines run with flush-to-zero, and ONNX Runtime
+is also told ``session.set_denormal_as_zero``. Outputs are compared with
+PyTorch's (largest absolute error, in the results).
+
+Models: the zoo's (``resnet18``, ``mobilenetv2``, ``bert``, ``bert2``; PyTorch
+twins with the same weights from ``umahub.models.torch_zoo``) and torchvision
+architectures with random weights (seed 0): ``resnet50``, ``efficientnet_b0``,
+``mobilenet_v3_small``, ``vit_b_16``, ``squeezenet1_1``.
+
+    python benchmarks/engines.py [MODEL ...] [--engines torch,ort,tvm,umahub] [--repeat N]
+
+Needs torch, torchvision, onnx and onnxruntime (``tox -e bench``). Results:
+``results/engines.json``; the table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import write
+
+ZOO = ["resnet18", "mobilenetv2", "bert", "bert2"]
+TORCHVISION = ["resnet50", "efficientnet_b0", "mobilenet_v3_small", "vit_b_16", "squeezenet1_1"]
+ENGINES = ["torch", "ort", "tvm", "umahub"]
+
+# One engine on one model, in a fresh process; prints one JSON line.
+_WORKER = r"""
+import json, os, statistics, sys, time
+name, engine, repeat, workdir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+threads = int(os.environ["TVM_NUM_THREADS"])
+import numpy as np
+import torch
+torch.set_flush_denormal(True)
+torch.set_num_threads(threads)
+
+def torchvision_models():
+    try:
+        import torchvision
+    except RuntimeError:  # PyPI's CUDA torchvision next to the CPU torch: declare its ops
+        for m in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[m]
+        lib = torch.library.Library("torchvision", "DEF")
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        globals()["_keep"] = lib
+        import torchvision
+    return torchvision.models
+
+def model():
+    from umahub.models import names
+    if name in names():
+        from umahub.models import torch_zoo
+        module, inputs = torch_zoo.torch_module(name)
+        return module.eval(), tuple(inputs)
+    torch.manual_seed(0)
+    module = getattr(torchvision_models(), name)(weights=None).eval()
+    return module, (torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)),)
+
+def timed(run):
+    run()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3, min(times) * 1e3
+
+module, inputs = model()
+arrays = [x.numpy() for x in inputs]
+compile_s = 0.0
+start = time.perf_counter()
+if engine == "torch":
+    def run():
+        with torch.no_grad():
+            return module(*inputs).numpy()
+elif engine == "ort":
+    import onnxruntime as ort
+    path = os.path.join(workdir, name + ".onnx")
+    if not os.path.exists(path):
+        with torch.no_grad():
+            torch.onnx.export(module, inputs, path, dynamo=False, opset_version=17)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.set_denormal_as_zero", "1")
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    feeds = {i.name: a for i, a in zip(session.get_inputs(), arrays)}
+    def run():
+        return session.run(None, feeds)[0]
+else:
+    import warnings
+    warnings.simplefilter("ignore")
+    import tvm
+    import umahub
+    from umahub.frontends import to_relax
+    from umahub.models import names
+    if name in names():
+        import umahub.models as zoo
+        mod = zoo.get(name)
+    else:
+        mod = to_relax(torch.export.export(module, inputs))
+    if engine == "tvm":
+        vm = tvm.relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        main = vm["main"]
+        def run():
+            return main(*[tvm.runtime.tensor(a) for a in arrays]).numpy()
+    else:
+        hub = umahub.Hub(
+            config={"plugins": ["npu", "vanilla", "dsp"],
+                    "priority": ["npu", "vanilla_accel", "dsp_cpu"]},
+            project_config=False,
+        )
+        compiled = hub.compile(mod)
+        def run():
+            return compiled.run(*arrays, executor="vm")
+compile_s = time.perf_counter() - start
+out = np.asarray(run())
+median_ms, min_ms = timed(run)
+np.save(os.path.join(workdir, f"{name}.{engine}.npy"), out)
+print(json.dumps({"median_ms": median_ms, "min_ms": min_ms, "compile_s": compile_s}))
+"""
+
+
+def measure(name: str, engine: str, repeat: int, workdir: str, env: dict) -> dict:
+    """One engine on one model, in its own process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _WORKER, name, engine, str(repeat), workdir],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        cwd=workdir,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": tail[:300]}
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=ZOO + TORCHVISION)
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    import numpy as np
+
+    env = dict(os.environ, TVM_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
+    )
+    engines = args.engines.split(",")
+    rows: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="umahub-engines-") as workdir:
+        for name in args.models:
+            row = {
+                e: measure(name, e, args.repeat if e != "tvm" else 3, workdir, env) for e in engines
+            }
+            reference = Path(workdir) / f"{name}.torch.npy"
+            for e, result in row.items():
+                out = Path(workdir) / f"{name}.{e}.npy"
+                if "error" not in result and reference.exists() and out.exists():
+                    got, want = np.load(out), np.load(reference)
+                    result["max_error"] = float(np.abs(got - want).max())
+            ours = row.get("umahub", {}).get("median_ms")
+            for e in ("torch", "ort"):
+                theirs = row.get(e, {}).get("median_ms")
+                if ours and theirs:
+                    row[f"umahub_over_{e}"] = ours / theirs
+            rows[name] = row
+            cells = "  ".join(
+                f"{e} {row[e]['median_ms']:8.1f} ms" if "median_ms" in row[e] else f"{e} failed"
+                for e in engines
+            )
+            ratios = "  ".join(
+                f"/{e} {row[f'umahub_over_{e}']:.2f}"
+                for e in ("torch", "ort")
+                if f"umahub_over_{e}" in row
+            )
+            print(f"{name:20} {cells}  {ratios}", flush=True)
+    path = write(
+        "engines",
+        {
+            "threads": args.threads,
+            "repeat": args.repeat,
+            "denormals": "flushed to zero in every engine (torch.set_flush_denormal(True) "
+            "in each worker before its threads start; ONNX Runtime also "
+            "session.set_denormal_as_zero)",
+            "models": rows,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
