@@ -213,6 +213,8 @@ class _Lane:
         self.order = itertools.count()
 
     def put(self, inference: Inference, index: int) -> None:
+        """Queue step ``index`` of ``inference`` (oldest inference first); start the
+        thread if it is not running."""
         with self.lock:
             self.queue.put((inference.seq, index, next(self.order), inference))
             if self.thread is None:

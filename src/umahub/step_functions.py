@@ -43,6 +43,7 @@ re-derive them), and control flow (``R.If``) in ``main``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -345,7 +346,7 @@ def _with_functions(mod: Any, devices: tuple[str, ...], copy_kind: dict[str, str
         mapping = {var_of[v]: p for v, p in zip(step.inputs, params)}
         pure = bool(main.is_pure) or draft.dataflow
         with bb.function(step.function, params, pure=pure, private=False):
-            frame = bb.dataflow() if draft.dataflow else _nothing()
+            frame = bb.dataflow() if draft.dataflow else contextlib.nullcontext()
             with frame:
                 for binding in draft.bindings:
                     value = _substitute(binding.value, mapping)
@@ -362,14 +363,6 @@ def _with_functions(mod: Any, devices: tuple[str, ...], copy_kind: dict[str, str
         bb.emit_func_output(_string(graph.to_json()))
     out = bb.get()
     return out if not calls or well_formed(out) else None
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _ids(main: Any, drafts: list[_Draft]) -> dict[Any, int]:
