@@ -469,3 +469,14 @@ def test_the_graph_survives_its_json_and_refuses_another_version():
     assert StepGraph.from_json(other).unsupported == (
         "its step graph was written by another umahub version"
     )
+
+
+def test_the_estimate_overlaps_a_host_branch_with_the_npu(hub):
+    """An operator waits only for the copies it reads, not for its group's others."""
+    from umahub.picture.timeline import timeline
+
+    report = hub.explain(branches((32, 32), heavy=True), placement=pins("npu", "host"))
+    spans = {s.label: s for s in timeline(report)}
+    assert spans["b0"].start == 0.0 < spans["a1"].start  # side by side with the npu
+    back = next(s for label, s in spans.items() if label.endswith("npu:0->host"))
+    assert spans["out"].start == max(back.end, spans["b1"].end)

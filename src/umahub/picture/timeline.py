@@ -18,7 +18,9 @@ The estimate is made to compare placements, not to predict milliseconds:
   starts after the one before it in model order (which is a topological
   order), once its device is free and its copies have arrived. When the
   operators carry their inputs (``Operator.inputs``, names of producer nodes),
-  an operator waits only for its producers, so devices may run side by side.
+  an operator waits only for its producers and for the copies it reads
+  (``Copy.consumer``: the operator, or its partition), so devices may run
+  side by side.
 
 Weights copied once, when the model is loaded, are not part of an inference
 and stay out of the schedule. :func:`timeline` is the public form (spans);
@@ -173,13 +175,17 @@ def schedule(
 
     for g in gs:
         arrived = 0.0
+        arrived_for: dict[str, float] = defaultdict(float)  # consumer -> its copies' end
         for c, producer in incoming[g.index]:
             end = do_copy(c, producer, pc if sequential else 0.0)
             if sequential and c.kind != "async":
                 pc = max(pc, end)
             arrived = max(arrived, end)
+            arrived_for[c.consumer] = max(arrived_for[c.consumer], end)
         rate = _throughput(g.device, throughput)
         for op in g.ops:
+            if not sequential:  # with data edges an operator waits only for its own copies
+                arrived = max(arrived_for[""], arrived_for[op.name], arrived_for[op.partition])
             start = max(free[g.device], arrived, pc, *(end_of[i] for i in op.inputs if i in end_of))
             end = start + estimate_flops(op) / rate
             free[g.device] = end
