@@ -201,7 +201,8 @@ class Executors:
                 check_inputs(info, arrays)
                 yield arrays
 
-        if self.resolve(executor) == "vm":  # auto still timing: concurrent, made for streams
+        # "auto" still timing both runs a stream concurrently: pipelining is what it is for
+        if self.resolve(executor) == "vm":
             for arrays in checked():
                 yield self.runner(*arrays)
             return
