@@ -9,6 +9,8 @@ The public API (everything else is internal)::
     outputs = compiled.run(*arrays)    # numpy in, numpy out
     compiled.export_library("model.so")
     umahub.load("model.so").run(*arrays)
+    with umahub.remote(tracker="farm:9190", key="rk3588") as board:   # TVM's RPC
+        board.load("model.so").run(*arrays)
 
 For plugin authors: :data:`hookimpl` (``@umahub.hookimpl(accelerator="npu")``
 for a hook of one accelerator), :class:`Accelerator`, :class:`MemoryPool`,
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from umahub.compiled import Compiled, load
     from umahub.context import CompileContext
     from umahub.placement import annotate
+    from umahub.rpc import remote
     from umahub.vdevice import VirtualDevice
 
 __version__ = "0.1.0"
@@ -56,6 +59,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "load",
+    "remote",
 ]
 
 # Names whose modules import TVM: resolved on first use.
@@ -65,6 +69,7 @@ _LAZY = {
     "CompileContext": "umahub.context",
     "VirtualDevice": "umahub.vdevice",
     "annotate": "umahub.placement",
+    "remote": "umahub.rpc",
 }
 
 

@@ -17,7 +17,7 @@ from umahub.cli.progress import Progress
 from umahub.cli.summary import summary
 from umahub.errors import UmahubError
 
-__all__ = ["cmd_compile", "cmd_explain", "cmd_plugins", "cmd_run"]
+__all__ = ["cmd_bench", "cmd_compile", "cmd_explain", "cmd_plugins", "cmd_run"]
 
 
 def _hub(args: argparse.Namespace) -> Any:
@@ -149,12 +149,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run an exported library on random inputs or on the arrays of an .npz/.npy file."""
     import numpy as np
 
-    from umahub.compiled import example_inputs, load
+    from umahub.compiled import example_inputs
 
     if args.output:
         check_writable(args.output, "-o")
     arrays = read_inputs(args.inputs) if args.inputs else None
-    model = load(args.library)
+    model = _model(args)
     if arrays is None:  # sizes known only at run time are 1
         arrays = example_inputs(model.input_info, seed=0)
     start = time.perf_counter()
@@ -187,6 +187,96 @@ def cmd_run(args: argparse.Namespace) -> int:
         np.savez(args.output, *listed)
         _say(args, f"wrote {args.output}")
     return 0
+
+
+def _model(args: argparse.Namespace) -> Any:
+    """The library loaded here, or on the board that ``--rpc``/``--rpc-server`` name."""
+    import os
+
+    from umahub.compiled import load
+
+    if not (args.rpc or args.rpc_server):
+        if args.key:
+            raise UmahubError("--key names the boards to ask a tracker for: give --rpc HOST:PORT")
+        return load(args.library)
+    if args.rpc and not args.key:
+        raise UmahubError(f"--rpc {args.rpc}: give --key, the kind of board to ask the tracker for")
+    if not os.path.isfile(args.library):
+        raise UmahubError(f"{args.library}: no such file")
+    from umahub.rpc import connect
+
+    board = connect(tracker=args.rpc, server=args.rpc_server, key=args.key, timeout=args.timeout)
+    _say(args, f"on {board.name} ({board.info.get('machine', '?')})")
+    return board.load(args.library)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Measure the latency of an exported library, here or on a board."""
+    from umahub.bench import bench
+    from umahub.compiled import example_inputs
+
+    if args.json and args.json != "-":
+        check_writable(args.json, "--json")
+    arrays = read_inputs(args.inputs) if args.inputs else None
+    model = _model(args)
+    if arrays is None:
+        arrays = example_inputs(model.input_info, seed=0)
+    bar = _Bar(quiet=args.quiet)
+    try:
+        result = bench(model, arrays, repeat=args.repeat, warmup=args.warmup, progress=bar)
+    finally:
+        bar.done()
+        if hasattr(model, "board"):
+            model.board.close()
+    ms = result["latency_ms"]
+    _say(
+        args,
+        f"latency on {result['where']}: median {ms['median']:.3f} ms, min {ms['min']:.3f}, "
+        f"p90 {ms['p90']:.3f}, max {ms['max']:.3f} over {result['repeat']} runs",
+    )
+    if "board_latency_ms" in result:
+        on = result["board_latency_ms"]
+        _say(args, f"main on the board alone: median {on['median']:.3f} ms, min {on['min']:.3f}")
+    for device, busy in result.get("device_ms", {}).items():
+        _say(args, f"  {device}: {busy:.3f} ms busy")
+    if result.get("device_ms_why"):
+        _say(args, f"per-device time: not measured ({result['device_ms_why']})")
+    text = json.dumps(result, indent=2)
+    if args.json == "-":
+        print(text)
+    elif args.json:
+        Path(args.json).write_text(text + "\n")
+        _say(args, f"wrote {args.json}")
+    return 0
+
+
+class _Bar:
+    """``bench 37/50`` on stderr: redrawn in place on a terminal, every tenth elsewhere."""
+
+    def __init__(self, quiet: bool):
+        import sys
+
+        self.quiet, self.stream = quiet, sys.stderr
+        self.live = self.stream.isatty()
+        self.start = time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        width = 30
+        filled = width * done // total
+        text = (
+            f"[umahub {time.perf_counter() - self.start:5.1f}s] bench "
+            f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+        )
+        if self.live:
+            print("\r" + text, end="", file=self.stream, flush=True)
+        elif done == total or done % max(1, total // 10) == 0:
+            print(text, file=self.stream, flush=True)
+
+    def done(self) -> None:
+        if self.live and not self.quiet:
+            print(file=self.stream, flush=True)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

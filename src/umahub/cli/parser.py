@@ -15,6 +15,7 @@ Accelerator backends for Apache TVM as installable plugins.
   umahub explain MODEL         where each operator would run, without building
   umahub compile MODEL -o F    compile through the plugins into one library
   umahub run F                 run that library (no plugins needed)
+  umahub bench F               its latency, here or on a board (--rpc)
 
 The configuration is [tool.umahub] in the nearest pyproject.toml (or the file
 named by UMAHUB_CONFIG). Errors are one line and exit status 2; -v or
@@ -133,10 +134,59 @@ def build_parser() -> argparse.ArgumentParser:
         "and max (default: time the one run)",
     )
 
+    _board_options(p)
+
+    p = add("bench", "measure the latency of a library, here or on a board", commands.cmd_bench)
+    p.add_argument("library")
+    p.add_argument(
+        "--inputs", metavar="FILE", help="the inputs (.npz or .npy); random when not given"
+    )
+    p.add_argument(
+        "--repeat", type=_positive, default=50, metavar="N", help="timed runs (default: 50)"
+    )
+    p.add_argument(
+        "--warmup", type=_positive, default=1, metavar="N", help="untimed runs first (default: 1)"
+    )
+    p.add_argument("--json", metavar="FILE", help="write the numbers as JSON ('-' prints them)")
+    _board_options(p)
+
     p = add("explain", "placement, copies and memory, without building", commands.cmd_explain)
     p.add_argument("model", help=MODEL_HELP)
     p.add_argument("--out", metavar="FILE", help="save the picture (.svg or .html)")
     return parser
+
+
+def _board_options(p: argparse.ArgumentParser) -> None:
+    """``--rpc``/``--rpc-server``/``--key``/``--timeout``: run on a board over TVM's RPC."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--rpc",
+        metavar="HOST:PORT",
+        help="run on a board from this TVM tracker (python -m tvm.exec.rpc_tracker); with --key",
+    )
+    where.add_argument(
+        "--rpc-server",
+        metavar="HOST:PORT",
+        help="run on this one board (python -m umahub.board), no tracker",
+    )
+    p.add_argument("--key", help="the kind of board to ask the tracker for")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="S",
+        help="seconds to wait for the tracker, a free board, or one call on it (default: 60)",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
 
 
 def _positive(text: str) -> int:
