@@ -15,9 +15,9 @@ the session's upload.
 Nothing waits without a limit: the tracker and the server are probed with a
 socket timeout before TVM's client (which retries refused connections for a
 minute) is asked; a request for a board waits at most ``timeout`` seconds for
-a free one; every call on the board runs on one worker thread of the session
-and is given up after ``timeout`` seconds (the board is then closed for this
-session: a call stuck on the wire cannot be taken back). Every failure is a
+a free one; every call on the board is given up after ``timeout`` seconds
+(on the main thread: a ``SIGALRM`` interrupts TVM's wait), and the session
+is then closed. Every failure is a
 :class:`RemoteError` naming the board and what to do.
 
 Why this module is long: the session, the model on the board and the two ways
@@ -30,7 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import queue
+import signal
 import socket
 import threading
 import uuid
@@ -93,32 +93,38 @@ def _probe(host: str, port: int, timeout: float, what: str, start: str) -> None:
         ) from None
 
 
+class _Timeout(Exception):
+    pass
+
+
 class _Worker:
-    """One daemon thread that makes every call of a session, so that a call can be
-    given up after a timeout (the thread is left to the wire; the session is closed)."""
+    """Makes the calls of a session, each given up after a timeout.
 
-    def __init__(self) -> None:
-        self._jobs: queue.Queue = queue.Queue()
-        threading.Thread(target=self._loop, name="umahub-rpc", daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            fn, future = self._jobs.get()
-            if fn is None:
-                return
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except BaseException as exc:
-                    future.set_exception(exc)
+    TVM's calls hold the GIL while they wait on the wire, so no other thread
+    could notice the time: on the main thread a ``SIGALRM`` interrupts the
+    wait (TVM checks for signals when a wait is interrupted, as for Ctrl-C).
+    Off the main thread the call is made as it is (no signal can reach it).
+    """
 
     def call(self, fn: Callable[[], _T], timeout: float) -> _T:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._jobs.put((fn, future))
-        return future.result(timeout)
+        if threading.current_thread() is not threading.main_thread():
+            return fn()
+
+        def expired(signum: int, frame: Any) -> None:
+            raise _Timeout()
+
+        previous = signal.signal(signal.SIGALRM, expired)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            return fn()
+        except _Timeout:
+            raise concurrent.futures.TimeoutError() from None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
     def stop(self) -> None:
-        self._jobs.put((None, None))
+        """Nothing to stop (kept for the session's close)."""
 
 
 class Board:
