@@ -18,6 +18,8 @@ import pytest
 from umahub.cli import main
 from umahub.rpc import RemoteError, connect, parse_address
 
+pytest_plugins = ["pytester"]
+
 BUNDLED = {"plugins": ["npu", "vanilla", "dsp"], "priority": ["npu", "vanilla_accel", "dsp_cpu"]}
 KEY = "umahub-test-cpu"
 
@@ -259,3 +261,26 @@ def test_bench_here(cnn, capsys, tmp_path):
     assert result["where"] == "this machine" and result["repeat"] == 3
     assert result["machine"]["apache-tvm"]
     assert "device_ms" in result or "device_ms_why" in result
+
+
+def test_the_kit_runs_its_numeric_checks_on_a_board(farm, cnn):
+    from umahub.testing._session import ConformanceSession
+
+    session = ConformanceSession(["npu"], ["cnn"], 1, None, rpc=(farm["tracker"], KEY))
+    compiled = session.compiled("npu", "cnn")
+    remote = session.run(compiled, cnn["inputs"])
+    np.testing.assert_allclose(remote, compiled.run(*cnn["inputs"]), rtol=1e-6, atol=1e-6)
+    assert session._board.name == f"board '{KEY}' from tracker {farm['tracker']}"
+    session._board.close()
+
+
+def test_the_kit_options_go_together(pytester):
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest("--umahub-rpc", "127.0.0.1:9")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --umahub-rpc HOST:PORT and --umahub-rpc-key KEY go together: the tracker, "
+            "and the kind of board to ask it for"
+        ]
+    )

@@ -88,6 +88,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="also check the accelerators of --umahub-conformance together: random graphs "
         "over all their operators, random pins to any of them, any instance or the host",
     )
+    group.addoption(
+        "--umahub-rpc",
+        metavar="HOST:PORT",
+        default=None,
+        help="run the numeric checks on a board from this TVM tracker (with --umahub-rpc-key)",
+    )
+    group.addoption(
+        "--umahub-rpc-key",
+        metavar="KEY",
+        default=None,
+        help="the kind of board to ask the --umahub-rpc tracker for",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -111,6 +123,7 @@ def pytest_configure(config: pytest.Config) -> None:
         examples,
         report,
         cross=bool(config.getoption("umahub_conformance_cross", False)),
+        rpc=_rpc(config),
     )
     if session.cross and not names:
         raise pytest.UsageError(
@@ -124,6 +137,17 @@ def pytest_configure(config: pytest.Config) -> None:
             session.models()
         except UsageProblem as exc:
             raise pytest.UsageError(str(exc)) from None
+
+
+def _rpc(config: pytest.Config) -> tuple[str, str] | None:
+    tracker = config.getoption("umahub_rpc", None)
+    key = config.getoption("umahub_rpc_key", None)
+    if bool(tracker) != bool(key):
+        raise pytest.UsageError(
+            "--umahub-rpc HOST:PORT and --umahub-rpc-key KEY go together: the tracker, and "
+            "the kind of board to ask it for"
+        )
+    return (tracker, key) if tracker else None
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -67,6 +67,8 @@ class ConformanceSession:
         report_path: where the JSON report goes; None = do not write one.
         cross: also check the named accelerators together
             (``--umahub-conformance-cross``).
+        rpc: ``(tracker, key)`` of a board farm (``--umahub-rpc``,
+            ``--umahub-rpc-key``): the numeric checks run there.
     """
 
     def __init__(
@@ -76,12 +78,16 @@ class ConformanceSession:
         examples: int,
         report_path: Path | None,
         cross: bool = False,
+        rpc: tuple[str, str] | None = None,
     ):
         self.names = tuple(names)
         self.requested_models = tuple(models)
         self.examples = examples
         self.report_path = report_path
         self.cross = cross
+        self.rpc = rpc
+        self._board: Any = None
+        self._exports: Any = None
         self.recorder = Recorder()
         self._targets: dict[str, Target] | None = None
         self._plugins: dict[str, tuple[str, ...]] = {}
@@ -281,6 +287,31 @@ class ConformanceSession:
                 if o.pattern and o.device.split(":")[0] == accelerator
             }
         )
+
+    def run(self, compiled: Any, inputs: Sequence[Any]) -> Any:
+        """Run a compiled model here, or exported on a board of the farm (``--umahub-rpc``)."""
+        if self.rpc is None:
+            return compiled.run(*inputs)
+        import tempfile
+
+        if self._exports is None:
+            self._exports = tempfile.TemporaryDirectory(prefix="umahub-kit-")
+        path = Path(self._exports.name) / f"model{id(compiled)}.so"
+        if not path.exists():
+            compiled.export_library(path)
+        return self.run_library(path, inputs)
+
+    def run_library(self, path: Any, inputs: Sequence[Any]) -> Any:
+        """Run an exported library here, or on a board of the farm (``--umahub-rpc``)."""
+        if self.rpc is None:
+            import umahub
+
+            return umahub.load(path).run(*inputs)
+        from umahub.rpc import connect
+
+        if self._board is None:
+            self._board = connect(tracker=self.rpc[0], key=self.rpc[1])
+        return self._board.load(path).run(*inputs)
 
     def reference(self, model: str) -> Any:
         """Outputs of plain ``tvm.compile(target="llvm")`` on ``zoo.inputs(model)`` (cached)."""

@@ -143,7 +143,8 @@ class ConformanceSuite:
 
         session = session_of(request.config)
         compiled = _compiled_or_skip(session, accelerator, model)
-        largest, problem = compare(compiled.run(*zoo.inputs(model)), session.reference(model))
+        outputs = session.run(compiled, zoo.inputs(model))
+        largest, problem = compare(outputs, session.reference(model))
         session.recorder.error(accelerator, model, largest)
         _fail_if(problem)
 
@@ -163,7 +164,9 @@ class ConformanceSuite:
             and f"reloaded devices {loaded.devices}, compiled {compiled.devices}"
         )
         largest, problem = compare(
-            loaded.run(*zoo.inputs(model)), session.reference(model), "reloaded output"
+            session.run_library(path, zoo.inputs(model)),
+            session.reference(model),
+            "reloaded output",
         )
         session.recorder.error(accelerator, model, largest)
         _fail_if(problem)
@@ -195,7 +198,9 @@ class ConformanceSuite:
             and f"{device} is not among the devices {compiled.devices}"
         )
         largest, problem = compare(
-            compiled.run(*zoo.inputs(model)), session.reference(model), f"output pinned to {device}"
+            session.run(compiled, zoo.inputs(model)),
+            session.reference(model),
+            f"output pinned to {device}",
         )
         session.recorder.error(accelerator, model, largest)
         _fail_if(problem)
