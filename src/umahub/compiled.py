@@ -176,6 +176,9 @@ class Compiled(Running):
         devices: the virtual devices, index = runtime device index (0 = host).
         input_info: ``(shape, dtype)`` of each input; a symbolic size is a
             string (its name).
+        executor: how :meth:`run` runs it unless told (``"auto"``, ``"vm"``,
+            ``"concurrent"``; see :mod:`umahub.running`); :meth:`stream` keeps
+            several inferences in flight, :meth:`profile` times both executors.
     """
 
     def __init__(
