@@ -134,6 +134,8 @@ class Compilation:
         copies: (build) the copies between devices.
         weight_devices: (build) the runtime device of each weight lifted into
             a parameter of ``main``.
+        host_schedules: (build) how the host's functions were scheduled, and
+            how many each way.
         compiled: (build) the runnable model.
     """
 
@@ -155,6 +157,7 @@ class Compilation:
     reference_tir: dict[str, Any] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
     weight_devices: list[int] = field(default_factory=list)
+    host_schedules: dict[str, int] = field(default_factory=dict)
     copies: list[Copy] = field(default_factory=list)
     compiled: Compiled | None = None
 
@@ -219,4 +222,5 @@ class Compilation:
             self.clock.hooks,
             self.notes,
             built=built,
+            host_schedules=self.host_schedules,
         )

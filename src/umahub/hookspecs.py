@@ -14,7 +14,7 @@ name, so an implementation takes only the arguments it needs, in any order::
 
 The hooks are called in the order of the compile pipeline, which is also the
 order of this file: discovery, partition, lowering (Relax to TIR, schedule, TIR
-passes), codegen.
+passes), codegen, and the host's schedules when the model is built.
 
 Hooks that take an ``accelerator`` are called for every accelerator. Mark an
 implementation with the accelerator(s) it is for, and umahub calls it for
@@ -89,12 +89,13 @@ Contract versions
 A plugin states the contract it was written for with ``UMAHUB_API``; umahub
 refuses a plugin written for a contract it no longer speaks.
 
-* ``1`` (umahub 0.1): the six hooks below. Added since without changing what
+* ``1`` (umahub 0.1): the first six hooks below. Added since without changing what
   a correct plugin writes, so still ``1``: outputs checked at compile time,
   ``hook-timeout``, ``verify``, ``@umahub.hookimpl(accelerator=...)``
   (plugins that check ``accelerator.name`` themselves work as before), and
   ``umahub.Refusal`` for a pattern check's reason (a check returning a bool
-  works as before).
+  works as before), and ``umahub_host_schedule`` (the host's schedules, which
+  a plugin may replace; one that does not implement it changes nothing).
 """
 
 from __future__ import annotations
@@ -323,4 +324,48 @@ def umahub_codegen(
         def umahub_codegen(module, context):
             return tvm.tirx.build(module, target="llvm -mcpu=native",
                                   pipeline=context.tir_pipeline)
+    """
+
+
+# -------------------------------------------------------------------------
+# The host: what no accelerator took
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def umahub_host_schedule(schedule: tvm.s_tir.Schedule, target: tvm.target.Target) -> str | None:
+    """Schedule one function of the host's part: operators no accelerator took.
+
+    The host's part of the model is fused as TVM's CPU pipeline fuses it
+    (``LegalizeOps``, ``FuseOps``, ``FuseTIR``: an elementwise chain, a
+    softmax, a layer norm become one PrimFunc each); then this hook is called
+    once per PrimFunc, in hook order, and stops at the first result that is
+    not ``None``. When every implementation returns ``None``, umahub's own
+    schedules run (:mod:`umahub.host_schedules`: TVM's ``dlight`` CPU rules
+    for reductions, parallel and vectorized loops for the rest). A plugin for
+    a CPU (or a vendor of a better CPU backend) implements it to replace them
+    for the functions it knows, and returns ``None`` for the others.
+
+    :param schedule: a ``tvm.s_tir.Schedule`` over one host PrimFunc, named
+        ``"main"`` in ``schedule.mod``; change it in place.
+    :param target: the host's target (``llvm`` with the CPU's features): the
+        vector width is ``tvm.target.codegen.llvm_get_vector_width(target)``
+        bits.
+    :return: ``None`` (not handled: the next implementation, then umahub's
+        default), or a short name of what was done (``"softmax row kernel"``),
+        counted in the report's ``host_schedules``. A schedule left half done
+        by an implementation that raises is discarded: the function is
+        scheduled as if the hook had returned ``None``, and the failure is a
+        warning naming the plugin.
+
+    Not called for accelerators, so it takes no ``accelerator`` and cannot
+    be marked with one.
+
+    Example::
+
+        @umahub.hookimpl
+        def umahub_host_schedule(schedule, target):
+            block = schedule.get_sblock("T_softmax_norm", func_name="main")
+            ...
+            return "softmax row kernel"
     """

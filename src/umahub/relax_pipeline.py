@@ -41,6 +41,7 @@ from tvm import relax
 
 from umahub import pipeline
 from umahub.errors import UmahubError, warn
+from umahub.host_lowering import lower_host
 from umahub.stages import build
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class RelaxPipeline:
                 "the model); use umahub.Hub().compile to verify the partitions"
             )
         prepared, comp = pipeline.prepare(self.hub, mod, self.placement, self.progress)
+        prepared, comp.host_schedules = lower_host(self.hub, prepared)
         self.compilation = comp
         inner = tvm.transform.PassContext(
             opt_level=ctx.opt_level,

@@ -66,6 +66,7 @@ class Report:
     built: bool = True
     measured: dict[str, Any] = field(default_factory=dict)  # Compiled.profile's, when run
     model: str = ""  # the model's name, for the picture's title ("" when not given)
+    host_schedules: dict[str, int] = field(default_factory=dict)  # how -> host functions
 
     # ------------------------------------------------------------------ summaries
 
@@ -107,6 +108,7 @@ class Report:
             "built": self.built,
             "measured": self.measured,
             "model": self.model,
+            "host_schedules": self.host_schedules,
         }
 
     def to_json(self, indent: int = 2) -> str:
@@ -176,6 +178,9 @@ class Report:
                     f"{human_size(pool.size_bytes)} used ({human_size(pool.resident)} "
                     f"resident), {human_size(pool.free)} free"
                 )
+        if self.host_schedules:
+            parts = ", ".join(f"{how} {n}" for how, n in self.host_schedules.items())
+            lines.append(f"host functions: {sum(self.host_schedules.values())} ({parts})")
         if self.stages:
             total = sum(self.stages.values())
             parts = ", ".join(f"{k} {v:.2f}s" for k, v in self.stages.items())

@@ -38,6 +38,7 @@ from umahub.compiled import Compiled, signature_of
 from umahub.config import HOST
 from umahub.context import Copy
 from umahub.errors import CompileError, last_line
+from umahub.host_lowering import HOST_TARGET, lower_host
 from umahub.ir import bindings, is_partition, node_name
 from umahub.memory import tensor_bytes
 from umahub.step_functions import with_steps
@@ -363,8 +364,9 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
         host = with_steps(host, comp.devices, comp.hub)  # for the concurrent executor
+        host, comp.host_schedules = lower_host(comp.hub, host)
         with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled_passes(comp)):
-            executable = tvm.compile(host, target="llvm")
+            executable = tvm.compile(host, target=HOST_TARGET)
     with comp.clock.stage("load"):
         try:
             return load(comp, executable)

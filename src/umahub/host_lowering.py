@@ -1,0 +1,78 @@
+"""The host's part of a placed model, fused and scheduled before TVM builds it.
+
+What no accelerator took runs on the host. ``tvm.compile`` with its default
+Relax pipeline neither fuses nor schedules for a CPU: every operator would be
+a loop nest of its own, on one thread, without vectors. So the build stage
+first lowers the host's part here, as TVM's CPU pipeline does
+(``LegalizeOps``, ``AnnotateTIROpPattern``, ``FoldConstant``, ``FuseOps``,
+``FuseTIR``), then schedules each resulting PrimFunc: through the hook
+``umahub_host_schedule`` (a plugin may take any function), else with
+:func:`umahub.host_schedules.default_schedule`. The partitions are already
+calls of their runtime modules by then; only host code is touched.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import tvm
+from tvm import relax, s_tir, tirx
+
+from umahub.errors import warn
+from umahub.host_schedules import default_schedule
+from umahub.tracing import last_returned, recording
+
+__all__ = ["HOST_TARGET", "lower_host"]
+
+#: The target the host's part is built for.
+HOST_TARGET = "llvm"
+
+_FUSION = (
+    relax.transform.LegalizeOps,
+    relax.transform.AnnotateTIROpPattern,
+    relax.transform.FoldConstant,
+    relax.transform.FuseOps,
+    relax.transform.FuseTIR,
+)
+
+
+def _by_plugin(hub: Any, func: tirx.PrimFunc, target: Any, name: str) -> tuple[Any, str] | None:
+    """``umahub_host_schedule`` on ``func``: (scheduled function, what) or None."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    try:
+        said = hub.traced_hook.umahub_host_schedule(schedule=sch, target=target)
+    except Exception as exc:
+        plugin, _ = getattr(exc, "umahub_culprit", ("?", "umahub_host_schedule"))
+        warn(
+            f"plugin '{plugin}' failed in umahub_host_schedule for the host function "
+            f"'{name}': {type(exc).__name__}: {exc}; umahub's own schedule is used instead"
+        )
+        return None
+    if said is None:
+        return None
+    plugin = last_returned("umahub_host_schedule") or "a plugin"
+    return sch.mod["main"], f"{plugin}: {said}"
+
+
+def lower_host(hub: Any, mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, int]]:
+    """``mod`` with its host part fused and scheduled; how many functions each way."""
+    target = tvm.target.Target(HOST_TARGET)
+    with target:
+        mod = tvm.transform.Sequential([make() for make in _FUSION])(mod)
+    counts: Counter[str] = Counter()
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        name = gv.name_hint
+        with recording():
+            done = _by_plugin(hub, func, target, name)
+        new, how = done or default_schedule(func, target)
+        if new is not func:
+            mod.update_func(gv, new.with_attr("global_symbol", name) if _named(func) else new)
+        counts[how] += 1
+    return mod, dict(sorted(counts.items()))
+
+
+def _named(func: tirx.PrimFunc) -> bool:
+    return func.attrs is not None and "global_symbol" in func.attrs

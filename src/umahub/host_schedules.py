@@ -1,0 +1,141 @@
+"""umahub's own schedules for the host: what runs when no ``umahub_host_schedule`` does.
+
+The operators no accelerator takes run on the host's CPU. Built without a
+schedule, each is a loop nest on one thread with no vectors (TVM's default
+Relax pipeline schedules nothing on a CPU). Each fused host PrimFunc gets, in
+this order, the first of:
+
+1. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
+   softmax, layer norm and their kin (rows in parallel, the elementwise
+   stages vectorized), ``GEMV`` for matrix-vector products;
+2. ``"elementwise"``: a function of spatial blocks only (an activation, a
+   bias add, a transpose, a fused chain of them): the chain inlined into its
+   last block, its loops fused, split into vectors, the outer loop parallel
+   when there is enough work;
+3. ``"parallel"``: anything else (a pooling, a reduction dlight does not
+   take, a convolution no accelerator took): the leading spatial loops of
+   each root block fused and run in parallel;
+4. ``"unscheduled"``: what none of these could change, built as it is.
+
+A rule that fails part-way leaves nothing behind: each works on a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import s_tir, tirx
+
+__all__ = ["default_schedule", "vector_lanes"]
+
+#: Iterations below which a parallel loop costs more than it saves.
+PARALLEL_MIN = 4096
+
+
+def vector_lanes(target: Any) -> int:
+    """float32 lanes of one vector register of ``target`` (4 for plain x86-64)."""
+    try:
+        bits = int(tvm.target.codegen.llvm_get_vector_width(target))
+    except Exception:
+        bits = 128
+    return max(1, bits // 32)
+
+
+def _dlight(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str] | None:
+    from tvm.s_tir import dlight
+
+    for name, rule in (("reduction", dlight.cpu.Reduction()), ("gemv", dlight.cpu.GEMV())):
+        try:
+            sch = rule.apply(func, target, False)
+        except Exception:  # a rule refusing part-way: the next one
+            continue
+        if isinstance(sch, s_tir.Schedule):
+            return sch.mod["main"], name
+    return None
+
+
+_SPATIAL = 0  # IterVar.iter_type of a data-parallel block axis
+
+
+def _spatial(sch: s_tir.Schedule, block: Any) -> bool:
+    return all(iv.iter_type == _SPATIAL for iv in sch.get(block).iter_vars)
+
+
+def _extent(sch: s_tir.Schedule, loop: Any) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def _vector_width(extent: int, lanes: int) -> int:
+    """The widest power of two at most ``2 * lanes`` that divides ``extent``."""
+    width = 2 * lanes
+    while width > 1 and extent % width:
+        width //= 2
+    return width
+
+
+def _elementwise(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if not blocks or not all(_spatial(sch, b) for b in blocks):
+        return None
+    for block in blocks[:-1]:
+        sch.compute_inline(block)
+    blocks = sch.get_child_blocks(root)
+    if len(blocks) != 1:
+        return None
+    loops = sch.get_loops(blocks[0])
+    if not loops:
+        return None
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    extent = _extent(sch, fused)
+    if extent is None:  # a size known at run time: parallel rows, no vectors
+        sch.parallel(fused)
+        return sch.mod["main"], "elementwise"
+    width = _vector_width(extent, lanes)
+    if width > 1:
+        outer, inner = sch.split(fused, [None, width])
+        sch.vectorize(inner)
+    else:
+        outer = fused
+    if extent >= PARALLEL_MIN:
+        sch.parallel(outer)
+    return sch.mod["main"], "elementwise"
+
+
+def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
+    sch = s_tir.Schedule(func)
+    changed = False
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        loops = sch.get_loops(block)
+        axes = sch.get(block).iter_vars
+        if len(loops) != len(axes):  # not one loop per axis, as TE makes them: left alone
+            continue
+        # TE puts a block's spatial axes first and binds loop i to axis i
+        n = next((i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL), len(axes))
+        if n == 0:
+            continue
+        fused = sch.fuse(*loops[:n]) if n > 1 else loops[0]
+        extent = _extent(sch, fused)
+        if extent is None or extent >= 2:
+            sch.parallel(fused)
+            changed = True
+    return (sch.mod["main"], "parallel") if changed else None
+
+
+def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str]:
+    """``func`` scheduled by the first rule that takes it, and that rule's name."""
+    for rule in (
+        lambda f: _dlight(f, target),
+        lambda f: _elementwise(f, vector_lanes(target)),
+        _parallel,
+    ):
+        try:
+            done = rule(func)
+        except Exception:  # a schedule primitive refused: the next rule, from scratch
+            continue
+        if done is not None:
+            return done
+    return func, "unscheduled"

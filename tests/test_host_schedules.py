@@ -1,0 +1,147 @@
+"""The host's part is fused and scheduled, by a plugin's ``umahub_host_schedule`` or umahub's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, s_tir
+
+import umahub
+from umahub.host_schedules import default_schedule
+
+
+def _host_model() -> tvm.IRModule:
+    """softmax, a convolution, an elementwise chain: nothing an accelerator takes here."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 32, 32), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 4, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            s = bb.emit(relax.op.nn.softmax(x, axis=-1))
+            c = bb.emit(relax.op.nn.conv2d(s, w, padding=1))
+            e = bb.emit(relax.op.multiply(relax.op.sigmoid(c), c))
+            out = bb.emit_output(e)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+_FOR_KINDS = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled"}  # tirx.ForKind
+
+
+def _kinds(sch, block) -> list[str]:
+    return [_FOR_KINDS[int(sch.get(loop).kind)] for loop in sch.get_loops(block)]
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    return [
+        rng.standard_normal((1, 4, 32, 32)).astype("float32"),
+        rng.standard_normal((8, 4, 3, 3)).astype("float32"),
+    ]
+
+
+def _plain(mod, inputs):
+    vm = tvm.relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _plain(_host_model(), _inputs())
+
+
+def test_the_host_is_fused_and_scheduled_and_computes_the_same(reference):
+    compiled = umahub.Hub(autoload=False).compile(_host_model())
+    # fused as TVM's CPU pipeline fuses: the softmax; the convolution with its
+    # activation as epilogue; both taken by dlight's CPU reduction rule
+    assert compiled.report.host_schedules == {"reduction": 2}
+    assert "host functions: 2 (reduction 2)" in str(compiled.report)
+    np.testing.assert_allclose(compiled.run(*_inputs()), reference, rtol=1e-5, atol=1e-6)
+
+
+class SoftmaxKernels:
+    """A CPU vendor's plugin that schedules softmax itself and leaves the rest to umahub."""
+
+    UMAHUB_API = 1
+
+    @umahub.hookimpl
+    def umahub_host_schedule(self, schedule, target):
+        names = {schedule.get(b).name_hint for b in schedule.get_child_blocks(
+            schedule.get_sblock("root", func_name="main"))}
+        if "T_softmax_norm" not in names:
+            return None
+        for block in schedule.get_child_blocks(schedule.get_sblock("root", func_name="main")):
+            outer = schedule.get_loops(block)[0]
+            schedule.parallel(outer)
+            break
+        return "rows in parallel"
+
+
+def test_a_plugin_replaces_the_host_schedule_of_the_functions_it_takes(reference):
+    hub = umahub.Hub(autoload=False, plugins=[SoftmaxKernels()])
+    compiled = hub.compile(_host_model())
+    assert compiled.report.host_schedules == {
+        "SoftmaxKernels: rows in parallel": 1,
+        "reduction": 1,
+    }
+    np.testing.assert_allclose(compiled.run(*_inputs()), reference, rtol=1e-5, atol=1e-6)
+
+
+class Broken:
+    UMAHUB_API = 1
+
+    @umahub.hookimpl
+    def umahub_host_schedule(self, schedule, target):
+        raise RuntimeError("no such block")
+
+
+def test_a_plugin_failing_at_the_host_schedule_is_named_and_the_default_used(reference):
+    hub = umahub.Hub(autoload=False, plugins=[Broken()])
+    with pytest.warns(umahub.UmahubWarning) as warned:
+        compiled = hub.compile(_host_model())
+    messages = [str(w.message) for w in warned]
+    assert any(
+        m.startswith("umahub: plugin 'Broken' failed in umahub_host_schedule for the host "
+                     "function '")
+        and m.endswith("': RuntimeError: no such block; umahub's own schedule is used instead")
+        for m in messages
+    ), messages
+    assert compiled.report.host_schedules == {"reduction": 2}
+    np.testing.assert_allclose(compiled.run(*_inputs()), reference, rtol=1e-5, atol=1e-6)
+
+
+def test_an_elementwise_function_gets_vectors_and_parallel_rows():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 256), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.add(relax.op.sigmoid(x), x)))
+        bb.emit_func_output(out)
+    seq = tvm.transform.Sequential(
+        [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+         relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    )  # fmt: skip
+    mod = seq(bb.get())
+    func = next(f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    scheduled, how = default_schedule(func, tvm.target.Target("llvm"))
+    assert how == "elementwise"
+    sch = s_tir.Schedule(scheduled)
+    (block,) = sch.get_child_blocks(sch.get_sblock("root"))
+    assert _kinds(sch, block) == ["parallel", "vectorized"]
+
+
+def test_what_dlight_does_not_take_gets_its_spatial_loops_in_parallel():
+    from umahub.host_schedules import _parallel
+
+    mod = relax.transform.LegalizeOps()(_host_model())
+    conv = next(
+        f for gv, f in mod.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc) and "conv2d" in gv.name_hint
+    )  # fmt: skip
+    scheduled, how = _parallel(conv)
+    assert how == "parallel"
+    sch = s_tir.Schedule(scheduled)
+    block = sch.get_sblock("conv2d_nchw")
+    # n, f, y, x fused and parallel; the reduction over c, ky, kx serial
+    assert _kinds(sch, block) == ["parallel", "serial", "serial", "serial"]
