@@ -1,4 +1,4 @@
-"""The host's part is fused and scheduled, by a plugin's ``umahub_host_schedule`` or umahub's own."""
+"""The host's part is fused and scheduled: by a plugin's ``umahub_host_schedule``, or umahub."""
 
 from __future__ import annotations
 
@@ -67,8 +67,10 @@ class SoftmaxKernels:
 
     @umahub.hookimpl
     def umahub_host_schedule(self, schedule, target):
-        names = {schedule.get(b).name_hint for b in schedule.get_child_blocks(
-            schedule.get_sblock("root", func_name="main"))}
+        names = {
+            schedule.get(b).name_hint
+            for b in schedule.get_child_blocks(schedule.get_sblock("root", func_name="main"))
+        }
         if "T_softmax_norm" not in names:
             return None
         for block in schedule.get_child_blocks(schedule.get_sblock("root", func_name="main")):
@@ -102,8 +104,9 @@ def test_a_plugin_failing_at_the_host_schedule_is_named_and_the_default_used(ref
         compiled = hub.compile(_host_model())
     messages = [str(w.message) for w in warned]
     assert any(
-        m.startswith("umahub: plugin 'Broken' failed in umahub_host_schedule for the host "
-                     "function '")
+        m.startswith(
+            "umahub: plugin 'Broken' failed in umahub_host_schedule for the host function '"
+        )
         and m.endswith("': RuntimeError: no such block; umahub's own schedule is used instead")
         for m in messages
     ), messages
