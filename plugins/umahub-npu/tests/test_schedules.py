@@ -210,6 +210,25 @@ def test_conv2d_bias_relu(C, H, O, k, s, p, groups, expect):
     close(got, ref)
 
 
+def test_conv2d_channels_and_positions_no_vector_divides():
+    # SqueezeNet's classifier: 1000 channels (8 divides it, 16 does not) on 13x13
+    # positions (13 is prime): half vectors and a whole row per micro-kernel, not a
+    # 1x25 tile of scalar code
+    def body(bb, x, w, b):
+        y = bb.emit(relax.op.nn.conv2d(x, w))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b))))
+
+    C, H, O = 16, 13, 40
+    mod = primfunc_from_relax([("x", (1, C, H, H)), ("w", (O, C, 1, 1)), ("b", (1, O, 1, 1))], body)
+    plan = schedules.plan(s_tir.Schedule(mod))
+    tf, tp, tc, nr, mr = schedules.conv_tiles(plan, lanes=16, sram_bytes=256 * 1024, threads=2)
+    assert (nr, mr) == (8, 13)
+    x, w, b = f32(1, C, H, H), f32(O, C, 1, 1, scale=0.3), f32(1, O, 1, 1)
+    name, got = schedule_and_run(mod, [x, w, b], (1, O, H, H))
+    assert name == "conv2d"
+    close(got, conv_ref(x, w, b, 1, 0, 1))
+
+
 def test_conv2d_clip_epilogue():
     def body(bb, x, w, b):
         y = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w, padding=1)), b))

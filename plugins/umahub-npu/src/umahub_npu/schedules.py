@@ -408,15 +408,20 @@ def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
     s = p.stride
     P = OH * OW
     # micro-kernel mr positions x nr channels: at most 12 accumulator vectors
-    # (of 16 registers); best FMA per load (mr broadcasts + nr/lanes loads)
+    # (of 16 registers; 14 with one vector per row); best FMA per load (mr
+    # broadcasts + nr/lanes loads), times how full the vectors are: channel
+    # counts no whole vector divides (1000 classes) take half or quarter
+    # vectors, and positions no small number divides (13x13) whole rows,
+    # rather than a 1-wide tile that runs scalar code
     best = (0.0, 1, lanes)
-    for nv in (2, 1):
-        nr_c = nv * lanes
+    widths = [(2, 2 * lanes), (1, lanes)] + [(1, w) for w in (lanes // 2, lanes // 4) if w >= 4]
+    for nv, nr_c in widths:
         if F % nr_c:
             continue
-        for m in range(1, 13):
-            if P % m == 0 and m * nv <= 12:
-                best = max(best, ((m * nv) / (m + nv), m, nr_c))
+        fill = nr_c / (nv * lanes)
+        for m in range(1, 15):
+            if P % m == 0 and m * nv <= (14 if nv == 1 else 12):
+                best = max(best, ((m * nv) / (m + nv) * fill, m, nr_c))
     _, mr, nr = best
     if F % nr:
         nr = _pick_nr(F, lanes)
