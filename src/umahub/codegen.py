@@ -2,11 +2,13 @@
 
 The default codegens, named by ``Accelerator.codegen``:
 
-* ``"llvm"``: ``tvm.tirx.build(module, target="llvm", pipeline=<phased>)``.
+* ``"llvm"``: ``tvm.tirx.build(module, target="llvm", pipeline=<phased>)``, or
+  the compile's target (``context.target``, a cross build).
 * ``"c"``: TVM's C codegen, built with vectorization lowered to plain loops
   (TVM's C printer has no vector types; the C compiler vectorizes at -O2), with
   the accelerator's ``c_includes`` put at the top of the source. The C is
-  compiled when the model is exported, with ``-O2``, the accelerator's
+  compiled when the model is exported (by the compile's ``cc`` in a cross
+  build), with ``-O2``, the accelerator's
   ``include_dirs`` and its ``c_sources`` (see :func:`export_options`).
 
 Several C modules are linked into one library; TVM's C codegen defines the
@@ -112,8 +114,9 @@ def _c_compiler() -> str:
     return cc.get_cc() or "g++"  # $CXX or $CC first, as the export
 
 
-def check_c(module: Any, accelerator: Accelerator) -> None:
-    """Compile a C source module's code (syntax only) as the export will.
+def check_c(module: Any, accelerator: Accelerator, cc: str | None = None) -> None:
+    """Compile a C source module's code (syntax only) as the export will, with ``cc``
+    (a cross compiler) or the export's default compiler.
 
     Raises:
         CompileError: the compiler's first error, and the line it points at.
@@ -133,7 +136,7 @@ def check_c(module: Any, accelerator: Accelerator) -> None:
             f.write(source)
         flags = [f"-I{d}" for d in _flatten(includes)]
         done = subprocess.run(
-            [_c_compiler(), "-fsyntax-only", "-w", *flags, path],
+            [cc or _c_compiler(), "-fsyntax-only", "-w", *flags, path],
             capture_output=True,
             text=True,
             check=False,
@@ -155,11 +158,21 @@ def _flatten(paths: Iterable[Any]) -> list[str]:
 
 
 def build_default(
-    accelerator: Accelerator, module: tvm.IRModule, symbol: str, pipeline: str
+    accelerator: Accelerator,
+    module: tvm.IRModule,
+    symbol: str,
+    pipeline: str,
+    target: Any = None,
 ) -> Any:
-    """Build ``module`` with the accelerator's default codegen and the phased TIR pipeline."""
+    """Build ``module`` with the accelerator's default codegen and the phased TIR pipeline.
+
+    ``target``: the LLVM target of an ``"llvm"`` codegen (``context.target``);
+    None: this machine. C is the same for every target (its compiler differs).
+    """
     if accelerator.codegen == "llvm":
-        return tvm.tirx.build(module, target="llvm", pipeline=pipeline)
+        return tvm.tirx.build(
+            module, target=target if target is not None else "llvm", pipeline=pipeline
+        )
     with tvm.transform.PassContext(config={"tirx.disable_vectorize": True}):
         built = tvm.tirx.build(module, target="c", pipeline=pipeline)
     return prepend_c(built, accelerator.c_includes, symbol)

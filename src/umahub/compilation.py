@@ -33,6 +33,7 @@ from umahub.tracing import HookCall
 if TYPE_CHECKING:
     from umahub.compiled import Compiled
     from umahub.placement import Pins, PlannedPattern
+    from umahub.targets import BuildTarget
 
 __all__ = ["Clock", "Compilation", "Partition", "Partitioned", "Progress"]
 
@@ -117,6 +118,8 @@ class Compilation:
         placement: the pins given to ``compile(placement=...)``.
         verify: whether the verify stage runs.
         clock: stage and hook times.
+        target: the machine the model is built for and its C compiler; None:
+            this machine (see :mod:`umahub.targets`).
         notes: what went differently from the plan, for the report.
         pins: (plan) every pin, in precedence order.
         planned: (plan) the patterns, in claiming order.
@@ -144,6 +147,7 @@ class Compilation:
     placement: Mapping[str, str] | None = None
     verify: bool = False
     clock: Clock = field(default_factory=lambda: Clock(None))
+    target: BuildTarget | None = None
     notes: list[str] = field(default_factory=list)
     pins: Pins | None = None
     planned: list[PlannedPattern] = field(default_factory=list)
@@ -165,6 +169,11 @@ class Compilation:
     def config(self) -> Any:
         """The hub's validated ``[tool.umahub]``."""
         return self.hub.config
+
+    @property
+    def foreign(self) -> bool:
+        """Whether the model is built for another architecture (it cannot run here)."""
+        return self.target is not None and not self.target.native
 
     # ------------------------------------------------------------------ on-error
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from umahub.errors import UmahubError, last_line
 from umahub.running import Executors, InputInfo, Runner, Running
+from umahub.targets import elf_machine, this_machine
 
 __all__ = ["Compiled", "LoadedModel", "load", "signature_of"]
 
@@ -150,8 +151,8 @@ def load(path: str | os.PathLike) -> LoadedModel:
     """Load a library written by :meth:`Compiled.export_library` (no plugins needed).
 
     Raises:
-        UmahubError: no such file, not umahub's, or damaged (checked before
-            the library is opened).
+        UmahubError: no such file, not umahub's, damaged, or built for another
+            architecture (checked before the library is opened).
     """
     import tvm
 
@@ -159,12 +160,29 @@ def load(path: str | os.PathLike) -> LoadedModel:
     if not os.path.isfile(path):
         raise UmahubError(f"{path}: no such file")
     meta = _read_metadata(path)
+    built_for, here = elf_machine(path), this_machine()
+    if built_for and built_for != here:
+        raise UmahubError(
+            f"{path} is built for {built_for}, not for this machine ({here}); run it on such "
+            f"a board: umahub run {path} --rpc HOST:PORT --key KEY (or --rpc-server HOST:PORT)"
+        )
     try:
         library = tvm.runtime.load_module(path)
         runner = Runner(library, len(meta["devices"]), meta.get("weights", []))
     except Exception as exc:
         raise UmahubError(f"{path} cannot be loaded: {last_line(exc)}") from exc
     return LoadedModel(path, meta["devices"], _input_info(meta["inputs"]), runner)
+
+
+class _NotHere:
+    """The executors of a model built for another machine: every use is one clear error."""
+
+    def __init__(self, why: str):
+        self.why = why
+        self.executor = "auto"
+
+    def __getattr__(self, name: str) -> Any:
+        raise UmahubError(self.why)
 
 
 class Compiled(Running):
@@ -179,6 +197,9 @@ class Compiled(Running):
         executor: how :meth:`run` runs it unless told (``"auto"``, ``"vm"``,
             ``"concurrent"``; see :mod:`umahub.running`); :meth:`stream` keeps
             several inferences in flight, :meth:`profile` times both executors.
+        target: the :class:`umahub.targets.BuildTarget` it was built for (None:
+            this machine). Built for another architecture, it cannot run here:
+            :meth:`run` says so; export it and run it on a board.
     """
 
     def __init__(
@@ -190,14 +211,19 @@ class Compiled(Running):
         report: Any,
         weight_devices: Sequence[int] = (),
         needs_export: bool = False,
+        target: Any = None,
     ):
         self.executable = executable
+        self.target = target
         self.weight_devices = list(weight_devices)
         self.devices = devices
         self.input_info = input_info
         self.export_options = export_options
         self.report = report
         self._tmp: tempfile.TemporaryDirectory | None = None
+        if target is not None and not target.native:  # built for a board: nothing to load here
+            self._executors = _NotHere(target.not_here())  # type: ignore[assignment]
+            return
         self._runner = self._load(needs_export)
         self._executors = Executors(self._runner, devices)
 
@@ -213,14 +239,26 @@ class Compiled(Running):
         if needs_export:
             self._tmp = tempfile.TemporaryDirectory(prefix="umahub-")
             lib_path = os.path.join(self._tmp.name, "model.so")
-            self.executable.export_library(lib_path, options=list(self.export_options))
+            self.executable.export_library(lib_path, **self._export_arguments())
             library = tvm.runtime.load_module(lib_path)
         return Runner(library, len(self.devices), self.weight_devices)
 
+    def _export_arguments(self) -> dict[str, Any]:
+        """What TVM's ``export_library`` is given: the options, and a cross build's compiler."""
+        arguments: dict[str, Any] = {"options": list(self.export_options)}
+        if self.target is not None and self.target.cc:
+            arguments["cc"] = self.target.cc  # TVM's create_shared compiles and links with it
+        return arguments
+
     def export_library(self, path: str | os.PathLike) -> Path:
-        """Write one shared library that :func:`umahub.load` runs, without the plugins."""
+        """Write one shared library that :func:`umahub.load` runs, without the plugins.
+
+        A model built for another machine (``compile(target=..., cc=...)``) is
+        compiled and linked by its ``cc``; run the library on such a board
+        (``umahub run model.so --rpc ...``).
+        """
         path = Path(path)
-        self.executable.export_library(str(path), options=list(self.export_options))
+        self.executable.export_library(str(path), **self._export_arguments())
         _append_metadata(
             str(path),
             {
@@ -232,8 +270,19 @@ class Compiled(Running):
         )
         return path
 
+    def run(self, *arrays: Any, executor: str | None = None, timeout: float | None = None) -> Any:
+        """:meth:`LoadedModel.run`; a model built for another machine is an error saying
+        where to run it."""
+        self._here()
+        return super().run(*arrays, executor=executor, timeout=timeout)
+
+    def _here(self) -> None:
+        if isinstance(self._executors, _NotHere):
+            raise UmahubError(self._executors.why)
+
     def profile(self, *arrays: Any, runs: int = 5) -> dict[str, Any]:
         """:meth:`LoadedModel.profile`, also kept in ``report.measured`` (JSON, picture)."""
+        self._here()
         measured = super().profile(*arrays, runs=runs)
         if self.report is not None:
             self.report.measured = measured

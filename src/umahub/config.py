@@ -100,6 +100,11 @@ class Config:
             model runs on more than one device).
         profile: after the build, run the model on random inputs with both
             executors and put the measured timeline in the report.
+        target: the LLVM target the host part and LLVM partitions are built
+            for (``"llvm -mtriple=aarch64-linux-gnu"``, or a table of TVM's
+            dict form); None: this machine (see :mod:`umahub.targets`).
+        cc: the C compiler of C partitions and the export
+            (``"aarch64-linux-gnu-gcc"``); None: TVM's default.
         source: where the configuration came from, for messages.
     """
 
@@ -117,6 +122,8 @@ class Config:
     hook_timeout: float = 600.0
     executor: str = "auto"
     profile: bool = False
+    target: str | Mapping[str, Any] | None = None
+    cc: str | None = None
     source: str = "<defaults>"
 
     @classmethod
@@ -277,6 +284,22 @@ def _positive(allow_zero: bool):
     return parse
 
 
+def _target(value: Any, where: str) -> str | dict[str, Any]:
+    from umahub.targets import TargetError, parse_target
+
+    try:
+        parse_target(value, where)  # the form only; TVM checks it when a compile starts
+    except TargetError as exc:
+        raise ConfigError(str(exc)) from None
+    return value if isinstance(value, str) else dict(value)
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: expected a non-empty string, got {_type_name(value)}")
+    return value
+
+
 def _hook_order(value: Any, where: str) -> dict[str, tuple[str, ...]]:
     if not isinstance(value, Mapping):
         raise ConfigError(
@@ -350,6 +373,8 @@ _PARSERS = {
     "hook-timeout": _positive(allow_zero=True),
     "executor": _choice(EXECUTORS),
     "profile": _bool,
+    "target": _target,
+    "cc": _string,
 }
 
 

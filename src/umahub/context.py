@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from umahub.accelerator import Accelerator
@@ -90,6 +90,13 @@ class CompileContext:
             included), partitions lowered earlier already counted.
         tir_pipeline: the name of the TIR pipeline that runs the phase passes
             (give it to ``tvm.tirx.build(..., pipeline=...)``); set at codegen.
+        target: the ``tvm.target.Target`` (LLVM) the user builds the model for
+            (``hub.compile(mod, target=...)``, ``--target``), which may be
+            another architecture than this machine's: a codegen that builds
+            LLVM builds for it (``tvm.tirx.build(module, target=context.target,
+            ...)``). None: no target was given, build for this machine as you
+            would. Added to contract 1: a plugin that ignores it works for
+            native builds; only cross builds need it.
     """
 
     config: Config
@@ -99,6 +106,7 @@ class CompileContext:
     operators: tuple[Operator, ...] = ()
     memory: MemoryPlan | None = None
     tir_pipeline: str = field(default="default")
+    target: Any = None
 
     @property
     def device(self) -> str:

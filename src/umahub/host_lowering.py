@@ -25,7 +25,7 @@ from umahub.tracing import last_returned, recording
 
 __all__ = ["HOST_TARGET", "lower_host"]
 
-#: The target the host's part is built for.
+#: The target the host's part is built for, unless the compile names one (a cross build).
 HOST_TARGET = "llvm"
 
 _FUSION = (
@@ -55,9 +55,15 @@ def _by_plugin(hub: Any, func: tirx.PrimFunc, target: Any, name: str) -> tuple[A
     return sch.mod["main"], f"{plugin}: {said}"
 
 
-def lower_host(hub: Any, mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, int]]:
-    """``mod`` with its host part fused and scheduled; how many functions each way."""
-    target = tvm.target.Target(HOST_TARGET)
+def lower_host(
+    hub: Any, mod: tvm.IRModule, target: Any = None
+) -> tuple[tvm.IRModule, dict[str, int]]:
+    """``mod`` with its host part fused and scheduled; how many functions each way.
+
+    ``target``: what the host part is built for (a ``tvm.target.Target``; a
+    cross build's, whose vector width the schedules take); None: :data:`HOST_TARGET`.
+    """
+    target = target if target is not None else tvm.target.Target(HOST_TARGET)
     with target:
         mod = tvm.transform.Sequential([make() for make in _FUSION])(mod)
     counts: Counter[str] = Counter()

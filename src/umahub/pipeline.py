@@ -19,24 +19,26 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import tvm
 
 from umahub._tvm import name_of
 from umahub.compilation import Clock, Compilation, Progress
-from umahub.errors import CompileError
+from umahub.errors import CompileError, warn
 from umahub.ir import fold_constants
 from umahub.memory import bounded, size_bounds
 from umahub.stages import build, lower, memory, partition, plan
 from umahub.stages import verify as verification
+from umahub.targets import this_machine
 
 if TYPE_CHECKING:
     from umahub.compiled import Compiled
     from umahub.hub import Hub
     from umahub.report import Report
+    from umahub.targets import BuildTarget
 
-__all__ = ["compile", "explain", "prepare"]
+__all__ = ["check_target", "compile", "explain", "prepare"]
 
 
 @contextlib.contextmanager
@@ -63,11 +65,12 @@ def _start(
     placement: Mapping[str, str] | None,
     progress: Progress | None,
     verify: bool = False,
+    target: BuildTarget | None = None,
 ) -> Compilation:
     """A new compilation of ``mod``, planned, partitioned and with its memory checked."""
     if "main" not in [name_of(gv) for gv in mod.get_global_vars()]:
         raise CompileError("the module has no 'main' function to compile")
-    comp = Compilation(hub, mod, placement, verify, Clock(progress))
+    comp = Compilation(hub, mod, placement, verify, Clock(progress), target)
     with _gc_paused():
         with comp.clock.stage("plan"):
             comp.mod = fold_constants(comp.mod)
@@ -103,6 +106,8 @@ def compile(
     verify: bool | None = None,
     executor: str | None = None,
     profile: bool | None = None,
+    target: Any = None,
+    cc: str | None = None,
 ) -> Compiled:
     """Compile ``mod`` through the hub's plugins.
 
@@ -120,14 +125,33 @@ def compile(
             ``"vm"``, ``"concurrent"``); None: the config's ``executor``.
         profile: run the model once built, with both executors, and put the
             measured timeline in ``report.measured``; None: the config's ``profile``.
+        target: the LLVM target of the host part and the LLVM partitions
+            (``"llvm -mtriple=aarch64-linux-gnu"``, TVM's dict form, or a
+            checked :class:`umahub.targets.BuildTarget`); None: the config's
+            ``target``, else this machine. A model built for another
+            architecture cannot run here: export it and run it on a board.
+        cc: the C compiler of C partitions and the export
+            (``"aarch64-linux-gnu-gcc"``); None: the config's ``cc``, else TVM's default.
 
     Raises:
+        TargetError: a target or compiler that cannot be used, or ``verify``
+            asked for a model built for another architecture (checked first).
         CompileError: a stage failed and ``on-error = "error"`` (or the failure
             cannot fall back, like a model without ``main``).
     """
+    from umahub.targets import BuildTarget
+
+    build_target = (
+        target
+        if isinstance(target, BuildTarget)  # checked by the caller (the command line)
+        else check_target(hub, target, cc, verify=verify, profile=profile)
+    )
+    if build_target is not None and not build_target.native:
+        verify = False  # it runs the model: asked for, refused; from the config, warned
+        profile = False
     verify = hub.config.verify if verify is None else verify
     with bounded(_bounds(mod)):
-        comp = _start(hub, mod, placement, progress, verify)
+        comp = _start(hub, mod, placement, progress, verify, build_target)
         lower.run(comp)
         build.run(comp)
         if comp.verify:
@@ -142,6 +166,61 @@ def compile(
     if hub.config.profile if profile is None else profile:
         compiled.profile_into_report()
     return compiled
+
+
+def check_target(
+    hub: Hub,
+    target: Any = None,
+    cc: str | None = None,
+    *,
+    verify: bool | None = None,
+    profile: bool | None = None,
+    names: Mapping[str, str] | None = None,
+) -> BuildTarget | None:
+    """The checked target of a compile (None: this machine), before any work.
+
+    ``target`` and ``cc`` default to the config's. A model built for another
+    architecture cannot run here: ``verify`` or ``profile`` asked for is an
+    error, the config's are skipped with a warning. ``names`` gives the
+    option names for messages (``{"target": "--target", "cc": "--cc",
+    "verify": "--verify"}``).
+
+    Raises:
+        TargetError: see :func:`umahub.targets.resolve`; ``verify`` or
+            ``profile`` asked for a build for another architecture.
+    """
+    from umahub.targets import TargetError, resolve
+
+    config = hub.config
+    names = dict(names or {})
+    where = f"{config.source}: [tool.umahub]"
+    from_config = {
+        key: given is None and getattr(config, key) is not None
+        for key, given in (("target", target), ("cc", cc))
+    }
+    given = resolve(
+        config.target if from_config["target"] else target,
+        config.cc if from_config["cc"] else cc,
+        target_option=f"{where} target" if from_config["target"] else names.get("target", "target"),
+        cc_option=f"{where} cc" if from_config["cc"] else names.get("cc", "cc"),
+    )
+    if given is None or given.native:
+        return given
+    for name, asked in (("verify", verify), ("profile", profile)):
+        if asked:
+            option = names.get(name, name)
+            raise TargetError(
+                f"{option} runs the model on this machine ({this_machine()}), and it is built "
+                f"for {given.arch}: compile without {option}, or check a build for this "
+                "machine first"
+            )
+    skipped = [k for k in ("verify", "profile") if getattr(config, k)]
+    if skipped:
+        warn(
+            f"{' and '.join(skipped)} (in {config.source}) skipped: the model is built for "
+            f"{given.arch} and cannot run on this machine ({this_machine()})"
+        )
+    return given
 
 
 def _bounds(mod: tvm.IRModule) -> dict[str, int]:

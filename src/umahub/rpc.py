@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from umahub.errors import UmahubError, last_line
+from umahub.targets import elf_machine, machine_of, triple_of
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -57,9 +58,6 @@ DEFAULT_TIMEOUT = 60.0
 
 _T = TypeVar("_T")
 
-# ELF e_machine -> what platform.machine() says on such a board.
-_ELF_MACHINES = {3: "i386", 40: "arm", 62: "x86_64", 183: "aarch64", 243: "riscv64"}
-_SAME_MACHINE = {"amd64": "x86_64", "arm64": "aarch64", "i686": "i386", "armv7l": "arm"}
 
 _BOARD_COMMAND = "python -m umahub.board --tracker HOST:PORT --key KEY"
 
@@ -198,13 +196,13 @@ class Board:
             raise UmahubError(f"{path}: no such file")
         meta = _read_metadata(path)
         built_for = elf_machine(path)
-        board_is = _SAME_MACHINE.get(self.info.get("machine", ""), self.info.get("machine", ""))
+        board_is = machine_of(self.info.get("machine", ""))
         if built_for and board_is and built_for != board_is:
             raise RemoteError(
                 f"{self.name} cannot load {path}: the library is built for {built_for}, the "
                 f"board is {board_is} (wrong architecture); compile for the board: umahub "
-                f'compile MODEL --target "llvm -mtriple={_triple(board_is)}" --cc '
-                f"{_triple(board_is)}-gcc"
+                f'compile MODEL --target "llvm -mtriple={triple_of(board_is)}" --cc '
+                f"{triple_of(board_is)}-gcc"
             )
         name = f"umahub-{uuid.uuid4().hex[:12]}.so"
         session = self._session
@@ -306,21 +304,6 @@ def _connection_lost(exc: BaseException) -> bool:
         word in text
         for word in ("socket", "connection", "closed", "broken pipe", "eof", "shutdown", "recv")
     )
-
-
-def elf_machine(path: str) -> str:
-    """The architecture an ELF library is built for (``x86_64``, ``aarch64``...); "" if unknown."""
-    with open(path, "rb") as f:
-        head = f.read(20)
-    if len(head) < 20 or head[:4] != b"\x7fELF":
-        return ""
-    order = "little" if head[5] == 1 else "big"
-    code = int.from_bytes(head[18:20], order)
-    return _ELF_MACHINES.get(code, f"ELF machine {code}")
-
-
-def _triple(machine: str) -> str:
-    return {"arm": "arm-linux-gnueabihf"}.get(machine, f"{machine}-linux-gnu")
 
 
 def connect(

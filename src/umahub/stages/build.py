@@ -364,9 +364,10 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
         host = with_steps(host, comp.devices, comp.hub)  # for the concurrent executor
-        host, comp.host_schedules = lower_host(comp.hub, host)
+        target = comp.target.tvm() if comp.target is not None else None
+        host, comp.host_schedules = lower_host(comp.hub, host, target)
         with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled_passes(comp)):
-            executable = tvm.compile(host, target=HOST_TARGET)
+            executable = tvm.compile(host, target=target if target is not None else HOST_TARGET)
     with comp.clock.stage("load"):
         try:
             return load(comp, executable)
@@ -390,6 +391,7 @@ def load(comp: Compilation, executable: Any) -> Compiled:
         None,
         comp.weight_devices,
         needs_export="c" in kinds_built,
+        target=comp.target,
     )
 
 

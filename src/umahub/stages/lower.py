@@ -42,7 +42,7 @@ __all__ = ["run"]
 
 
 def _lower_one(
-    hub: Any, ctx: CompileContext, func: relax.Function
+    hub: Any, ctx: CompileContext, func: relax.Function, cc: str | None = None
 ) -> tuple[Any, list[str], tvm.IRModule | None]:
     """relax_to_tir -> schedule -> tir_passes -> codegen for one partition.
 
@@ -77,7 +77,7 @@ def _lower_one(
         try:
             module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
             if module is None:  # valid C already (see codegen.prepend_c)
-                module = codegen.build_default(acc, scheduled, ctx.symbol, pipeline)
+                module = codegen.build_default(acc, scheduled, ctx.symbol, pipeline, ctx.target)
             else:
                 _blame("umahub_codegen", checked_codegen, module, ctx.symbol, codegen.module_kind)
                 if codegen.module_kind(module) == "c":  # a plugin's C: made valid the same way
@@ -88,7 +88,7 @@ def _lower_one(
             raise
     if codegen.module_kind(module) == "c":  # compiled now, so that a failure can fall back
         try:
-            codegen.check_c(module, acc)
+            codegen.check_c(module, acc, cc)
         except CompileError as exc:
             plugin = last_returned("umahub_codegen")
             if plugin is None:
@@ -157,11 +157,15 @@ def run(comp: Compilation) -> None:
         for p in part.partitions
         if p.accelerator == name and not comp.reports[p.symbol].fallback
     ]
+    target = comp.target.tvm() if comp.target is not None else None
+    cc = comp.target.cc if comp.target is not None else None
     for i, p in enumerate(todo, 1):
         report = comp.reports[p.symbol]
         name = p.accelerator
         acc = hub.accelerator(name)
-        ctx = CompileContext(hub.config, acc, p.instance, p.symbol, p.operators, lowered)
+        ctx = CompileContext(
+            hub.config, acc, p.instance, p.symbol, p.operators, lowered, target=target
+        )
         said: list[str] = []
         step = f"{i}/{len(todo)} {p.symbol} on {p.device}"
         with comp.clock.stage("lower", step), recording() as calls:
@@ -169,7 +173,7 @@ def run(comp: Compilation) -> None:
             try:
                 comp.modules[p.symbol], said, default = within(
                     hub.config.hook_timeout,
-                    functools.partial(_lower_one, hub, ctx, functions[p.symbol]),
+                    functools.partial(_lower_one, hub, ctx, functions[p.symbol], cc),
                     f"lowering {p.symbol}",
                 )
                 if default is not None:
