@@ -17,7 +17,8 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   polynomial the vector units evaluate (TVM's legalization calls the scalar C
   ``erff`` per element); error under 1e-6.
 * codegen: LLVM for this host's CPU (``-mcpu`` of the host), so the vector
-  units (AVX2/FMA) the schedule counts on are used.
+  units (AVX2/FMA) the schedule counts on are used; in a cross build, for the
+  compile's target (``context.target``), whose vector width the schedule takes.
 """
 
 from __future__ import annotations
@@ -174,7 +175,12 @@ def umahub_schedule(accelerator, schedule, context):
     from umahub_npu.schedules import schedule as npu_schedule
 
     sram = next(p.size_bytes for p in accelerator.memory if p.scope == "npu.sram")
-    strategy = npu_schedule(schedule, sram_bytes=sram)
+    lanes = None
+    if context.target is not None:  # a cross build: the vector width of the target's CPU
+        from umahub.host_schedules import vector_lanes
+
+        lanes = vector_lanes(context.target)
+    strategy = npu_schedule(schedule, sram_bytes=sram, lanes=lanes)
     return (
         f"{strategy}: tiles fit npu.sram ({human_size(sram)})"
         if strategy != "none"
@@ -184,11 +190,13 @@ def umahub_schedule(accelerator, schedule, context):
 
 @umahub.hookimpl(accelerator=NAME)
 def umahub_codegen(module, context):
-    """LLVM for the host's CPU, so that the AVX2/FMA the schedule counts on are there."""
+    """LLVM for the compile's target (``context.target``, a cross build), else for this
+    host's CPU, so that the AVX2/FMA the schedule counts on are there."""
     import tvm
 
     from umahub_npu.schedules import recommended_target
 
-    return tvm.tirx.build(
-        module, target=tvm.target.Target(recommended_target()), pipeline=context.tir_pipeline
-    )
+    target = context.target
+    if target is None:
+        target = tvm.target.Target(recommended_target())
+    return tvm.tirx.build(module, target=target, pipeline=context.tir_pipeline)

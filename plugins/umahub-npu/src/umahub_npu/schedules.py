@@ -724,15 +724,23 @@ _STRATEGIES = {
 }
 
 
-def schedule(sch: s_tir.Schedule, sram_bytes: int = 256 * 1024, threads: int | None = None) -> str:
+def schedule(
+    sch: s_tir.Schedule,
+    sram_bytes: int = 256 * 1024,
+    threads: int | None = None,
+    lanes: int | None = None,
+) -> str:
     """Schedule the (single) PrimFunc of ``sch`` for the npu; return the strategy name.
+
+    ``lanes``: float32 lanes of the target's vector registers (a cross build);
+    None: this host's (:func:`vector_lanes`).
 
     Returns ``"matmul"``, ``"conv2d"``, ``"depthwise"``, or ``"none"`` when the
     function is not recognised or a primitive refuses (``sch`` is then left
     untouched).  Never raises.
     """
     threads = threads or _default_threads()
-    lanes = vector_lanes()
+    lanes = lanes or vector_lanes()
     try:
         p = plan(sch)
     except Exception as err:  # pylint: disable=broad-except
