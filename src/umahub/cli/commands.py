@@ -127,9 +127,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
         check_writable(args.report, "--report")
     progress = Progress(quiet=args.quiet)
     hub = _hub(args)  # a configuration error comes before any progress line
+    target = _target(hub, args)  # so does a wrong target or a missing compiler
     mod = _load_model(args.model, progress)
     compiled = hub.compile(
-        mod, model=Path(args.model).name, progress=progress, verify=args.verify or None
+        mod,
+        model=Path(args.model).name,
+        progress=progress,
+        verify=args.verify or None,
+        target=target,
     )
     with progress.step("export", f"{args.output} (compile and link)"):
         compiled.export_library(args.output)
@@ -139,10 +144,32 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:
         _say(args, summary(report, progress.elapsed()))
     _say(args, f"wrote {args.output}")
+    if target is not None and not target.native:
+        _say(
+            args,
+            f"run it on a board ({target.arch}): umahub run {args.output} "
+            "--rpc HOST:PORT --key KEY",
+        )
     if args.report and args.report != "-":
         Path(args.report).write_text(report.to_json())
         _say(args, f"wrote {args.report}")
     return 0
+
+
+def _target(hub: Any, args: argparse.Namespace) -> Any:
+    """``--target``/``--cc`` (or the config's), checked; None: build for this machine."""
+    from umahub.pipeline import check_target
+
+    target = check_target(
+        hub,
+        args.target,
+        args.cc,
+        verify=args.verify or None,
+        names={"target": "--target", "cc": "--cc", "verify": "--verify"},
+    )
+    if target is not None and not target.native:
+        _say(args, f"building for {target.arch} ({target.text}), compiled by {target.cc}")
+    return target
 
 
 def cmd_run(args: argparse.Namespace) -> int:

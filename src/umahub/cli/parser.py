@@ -115,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="check every partition against the host on the model's own values "
         "(as verify = true in [tool.umahub])",
     )
+    p.add_argument(
+        "--target",
+        metavar="TARGET",
+        help='build for another machine: an LLVM target, e.g. "llvm -mtriple=aarch64-linux-gnu" '
+        "(as target in [tool.umahub]; default: this machine); needs --cc",
+    )
+    p.add_argument(
+        "--cc",
+        metavar="COMPILER",
+        help="the C compiler that compiles and links the library, e.g. aarch64-linux-gnu-gcc "
+        "for --target (as cc in [tool.umahub])",
+    )
 
     p = add("run", "run a library written by 'umahub compile'", commands.cmd_run)
     p.add_argument("library")
