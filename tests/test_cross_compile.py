@@ -306,3 +306,42 @@ def test_the_command_line_refuses_before_loading_the_model(tmp_path, capsys):
         "(for aarch64 on Debian or Ubuntu: apt install gcc-aarch64-linux-gnu) or give its path\n"
     )
     assert os.listdir(tmp_path) == ["pyproject.toml"]  # nothing written
+
+
+class _Stubborn:
+    """A plugin whose LLVM codegen ignores ``context.target`` (builds for this machine)."""
+
+    UMAHUB_API = 1
+
+    @umahub.hookimpl
+    def umahub_accelerators(self):
+        return [umahub.Accelerator("stubborn", codegen="llvm")]
+
+    @umahub.hookimpl(accelerator="stubborn")
+    def umahub_patterns(self):
+        from tvm.relax.dpl import is_op, wildcard
+
+        return [("stubborn.relu", is_op("relax.nn.relu")(wildcard()))]
+
+    @umahub.hookimpl(accelerator="stubborn")
+    def umahub_codegen(self, module, context):
+        import tvm
+
+        return tvm.tirx.build(module, target="llvm", pipeline=context.tir_pipeline)
+
+
+@needs_arm_host
+@pytest.mark.skipif(CROSS is None, reason="no aarch64 cross compiler on PATH")
+def test_a_plugin_that_ignores_the_target_falls_back_naming_it():
+    import umahub.models as zoo
+
+    hub = umahub.Hub(plugins=[_Stubborn()], autoload=False, project_config=False)
+    with pytest.warns(umahub.UmahubWarning):
+        compiled = hub.compile(zoo.get("mlp"), target=TARGET, cc=CROSS)
+    assert compiled.report.notes == [
+        "plugin '_Stubborn' failed in umahub_codegen for partition stubborn_0_relu "
+        "(stubborn.relu) on stubborn:0: CompileError: the LLVM code is built for "
+        f"{HERE}, the compile's target is aarch64: build it for context.target "
+        "(tvm.tirx.build(module, target=context.target, ...))"
+    ]
+    assert compiled.devices == ["host"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import os
 import re
 import subprocess
@@ -49,6 +50,7 @@ __all__ = [
     "build_default",
     "c_special_floats",
     "check_c",
+    "check_llvm_target",
     "export_options",
     "module_kind",
     "prepend_c",
@@ -145,6 +147,30 @@ def check_c(module: Any, accelerator: Accelerator, cc: str | None = None) -> Non
         errors = [line for line in done.stderr.splitlines() if "error" in line]
         first = errors[0].split(f"{accelerator.name}.c:", 1)[-1] if errors else done.stderr
         raise CompileError(f"the generated C does not compile: {first.strip()}")
+
+
+def check_llvm_target(module: Any, target: Any) -> None:
+    """An LLVM module of a cross build is built for the compile's target's architecture.
+
+    Raises:
+        CompileError: it is built for another (a codegen that ignored ``context.target``).
+    """
+    from umahub.targets import machine_of, this_machine
+
+    def arch(triple: str) -> str:
+        return machine_of(triple) if triple else this_machine()
+
+    try:
+        built = json.loads(str(module.get_function("_get_target_string")()))
+    except Exception:  # not TVM's LLVM module, or an older TVM's string form: not checked
+        return
+    wanted = arch(str(target.attrs.get("mtriple", "") or ""))
+    got = arch(str(built.get("mtriple", "") or ""))
+    if got != wanted:
+        raise CompileError(
+            f"the LLVM code is built for {got}, the compile's target is {wanted}: build it "
+            "for context.target (tvm.tirx.build(module, target=context.target, ...))"
+        )
 
 
 def _flatten(paths: Iterable[Any]) -> list[str]:

@@ -98,6 +98,14 @@ def _lower_one(
                 ) from exc
             exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
             raise
+    if ctx.target is not None and codegen.module_kind(module) == "llvm":
+        try:
+            codegen.check_llvm_target(module, ctx.target)
+        except CompileError as exc:
+            plugin = last_returned("umahub_codegen")
+            if plugin is not None:
+                exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
+            raise
     return module, said, default
 
 
