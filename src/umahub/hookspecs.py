@@ -41,7 +41,8 @@ Implementations of one hook run in the plugin order of ``[tool.umahub]``
 
 The ``context`` argument is a :class:`umahub.CompileContext`: what earlier
 stages decided (the config, the accelerator and instance, the partition's
-operators, the memory plan so far). Hooks read it; they never change it.
+operators, the memory plan so far, the target of a cross build). Hooks read
+it; they never change it.
 
 When a hook fails
 -----------------
@@ -63,6 +64,8 @@ same message. A plugin failure is any of:
   partition's inputs then outputs in their shapes and dtypes, a codegen result
   that is not a runtime module or does not define ``context.symbol``);
 * generated C that does not compile (compiled when the partition is lowered);
+* in a cross build, LLVM code built for another architecture than
+  ``context.target``'s;
 * the hooks of one partition take longer than ``hook-timeout`` seconds (a
   :class:`~umahub.errors.HookTimeoutError`; the hook's thread cannot be
   stopped and is left running in the background);
@@ -95,7 +98,11 @@ refuses a plugin written for a contract it no longer speaks.
   (plugins that check ``accelerator.name`` themselves work as before), and
   ``umahub.Refusal`` for a pattern check's reason (a check returning a bool
   works as before), and ``umahub_host_schedule`` (the host's schedules, which
-  a plugin may replace; one that does not implement it changes nothing).
+  a plugin may replace; one that does not implement it changes nothing), and
+  ``context.target``: the LLVM target of a cross build (``hub.compile(mod,
+  target=...)``, ``umahub compile --target``), None when the model is built
+  for this machine. A plugin that ignores it works as before for native
+  builds; one that builds LLVM itself must build for it in a cross build.
 """
 
 from __future__ import annotations
@@ -318,12 +325,17 @@ def umahub_codegen(
     Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
     on those accelerators only.
 
+    A codegen that builds LLVM builds for ``context.target`` when it is set
+    (a cross build: the model runs on a board of another architecture), and
+    for this machine as it likes when it is None. C is compiled by the
+    compile's C compiler at export, whatever the target.
+
     Example::
 
         @umahub.hookimpl(accelerator="my_accel")
         def umahub_codegen(module, context):
-            return tvm.tirx.build(module, target="llvm -mcpu=native",
-                                  pipeline=context.tir_pipeline)
+            target = context.target or tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})
+            return tvm.tirx.build(module, target=target, pipeline=context.tir_pipeline)
     """
 
 
@@ -348,9 +360,9 @@ def umahub_host_schedule(schedule: tvm.s_tir.Schedule, target: tvm.target.Target
 
     :param schedule: a ``tvm.s_tir.Schedule`` over one host PrimFunc, named
         ``"main"`` in ``schedule.mod``; change it in place.
-    :param target: the host's target (``llvm`` with the CPU's features): the
-        vector width is ``tvm.target.codegen.llvm_get_vector_width(target)``
-        bits.
+    :param target: the host's target (``llvm`` with the CPU's features, or
+        a cross build's, ``llvm -mtriple=aarch64-linux-gnu``): the vector
+        width is ``tvm.target.codegen.llvm_get_vector_width(target)`` bits.
     :return: ``None`` (not handled: the next implementation, then umahub's
         default), or a short name of what was done (``"softmax row kernel"``),
         counted in the report's ``host_schedules``. A schedule left half done
