@@ -272,7 +272,10 @@ def measured_text(report: Report) -> str:
     m = getattr(report, "measured", None) or {}
     if not m.get("spans"):
         return ""
-    cores = "; ".join(f"{lane} on cores {','.join(map(str, c))}" for lane, c in m["lanes"].items())
+    cores = "; ".join(
+        f"{lane} on core{'s' if len(c) > 1 else ''} {','.join(map(str, c))}"
+        for lane, c in m["lanes"].items()
+    )
     return (
         f"Measured on this machine (median of {m['runs']} runs): the VM "
         f"{m['vm_seconds'] * 1e3:.3g} ms, the concurrent executor "
