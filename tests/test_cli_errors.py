@@ -124,13 +124,16 @@ BAD = {
     ),
     "picture in a missing directory": (
         ["explain", "mlp", "--out", "nowhere/m.svg"],
-        "umahub: error: --out nowhere/m.svg: the directory nowhere does not exist; "
-        "create it first",
+        "umahub: error: --out nowhere/m.svg: the directory nowhere does not exist; create it first",
     ),
     "usage mistake": (
         ["compile"],
         "umahub compile: error: the following arguments are required: model "
         "(see umahub compile --help)",
+    ),
+    "stream on a board": (
+        ["run", "mlp.so", "--stream", "3", "--rpc-server", "127.0.0.1:1"],
+        "umahub: error: --stream is for a run here; a board runs the model on TVM's VM",
     ),
     "repeat zero": (
         ["run", "mlp.so", "--repeat", "0"],
@@ -247,9 +250,7 @@ def test_compile_prints_counted_progress_and_a_summary(workdir):
     assert re.fullmatch(r" cnn: \d+\.\ds", steps[0][1])  # a step of its own: its duration
     assert re.fullmatch(r" cnn.so \(compile and link\): \d+\.\ds", steps[-1][1])
     lines = result.stdout.splitlines()
-    assert lines[0] == (
-        "placement: 5 of 10 operators on accelerators (npu:0 5), 5 on the host"
-    )
+    assert lines[0] == ("placement: 5 of 10 operators on accelerators (npu:0 5), 5 on the host")
     assert lines[1] == "partitions: 2 placed"
     assert lines[-1] == "wrote cnn.so"
     assert "relax.nn.conv2d" not in result.stdout  # the full table is on request
@@ -266,6 +267,9 @@ def test_run_prints_the_latency(workdir):
         result.stdout,
         re.M,
     )
+    result = umahub("run", "mlp.so", "--executor", "vm", "--stream", "5", cwd=workdir)
+    assert re.search(r"^stream: 5 inferences in \d+\.\d{3} s, [\d.]+/s \(executor vm\)$",
+                     result.stdout, re.M), result.stdout  # fmt: skip
     x = zoo.inputs("mlp")[0]
     np.save(workdir / "x.npy", x)
     one = umahub("run", "mlp.so", "--inputs", "x.npy", "-o", "y.npz", cwd=workdir)

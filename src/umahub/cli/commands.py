@@ -135,6 +135,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         progress=progress,
         verify=args.verify or None,
         target=target,
+        profile=args.profile or None,
     )
     with progress.step("export", f"{args.output} (compile and link)"):
         compiled.export_library(args.output)
@@ -180,18 +181,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.output:
         check_writable(args.output, "-o")
+    remote = bool(args.rpc or args.rpc_server)
+    if remote and (args.executor or args.stream):
+        option = "--executor" if args.executor else "--stream"
+        raise UmahubError(f"{option} is for a run here; a board runs the model on TVM's VM")
     arrays = read_inputs(args.inputs) if args.inputs else None
     model = _model(args)
     if arrays is None:  # sizes known only at run time are 1
         arrays = example_inputs(model.input_info, seed=0)
+    options = {} if remote else {"executor": args.executor}
     start = time.perf_counter()
-    outputs = model.run(*arrays)
+    outputs = model.run(*arrays, **options)
     first = time.perf_counter() - start
     times = []
     if args.repeat > 1:
         for _ in range(args.repeat):
             start = time.perf_counter()
-            model.run(*arrays)
+            model.run(*arrays, **options)
             times.append(time.perf_counter() - start)
     listed = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     for i, out in enumerate(listed):
@@ -210,6 +216,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     else:
         _say(args, f"latency: {first * 1e3:.3f} ms (the first run; --repeat N for a median)")
+    if args.stream:
+        start = time.perf_counter()
+        for _ in model.stream((arrays for _ in range(args.stream)), executor=args.executor):
+            pass
+        seconds = time.perf_counter() - start
+        _say(
+            args,
+            f"stream: {args.stream} inferences in {seconds:.3f} s, "
+            f"{args.stream / seconds:.1f}/s (executor {args.executor or model.executor_in_use})",
+        )
     if args.output:
         np.savez(args.output, *listed)
         _say(args, f"wrote {args.output}")

@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         "for --target (as cc in [tool.umahub])",
     )
 
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the build, time the VM and the concurrent executor on random inputs and "
+        "put the measured run in the report and its picture (as profile = true)",
+    )
+
     p = add("run", "run a library written by 'umahub compile'", commands.cmd_run)
     p.add_argument("library")
     p.add_argument(
@@ -144,6 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="run N times after one warm-up run and print the latency's min, median "
         "and max (default: time the one run)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=("auto", "vm", "concurrent"),
+        help="how the model runs here: TVM's VM one step after the other, the concurrent "
+        "executor (a worker per device), or auto (the faster of the two; the default)",
+    )
+    p.add_argument(
+        "--stream",
+        type=_positive,
+        metavar="N",
+        help="then run N inferences as a stream (several in flight, one per pipeline stage) "
+        "and print the throughput",
     )
 
     _board_options(p)
