@@ -26,6 +26,7 @@ architectures with random weights (seed 0): ``resnet50``, ``efficientnet_b0``,
 ``mobilenet_v3_small``, ``vit_b_16``, ``squeezenet1_1``.
 
     python benchmarks/engines.py [MODEL ...] [--engines torch,ort,tvm,umahub] [--repeat N]
+        [--baseline CHECKOUT]
 
 Needs torch, torchvision, onnx and onnxruntime (``tox -e bench``). Results:
 ``results/engines.json``; the table is printed.
@@ -50,7 +51,7 @@ ENGINES = ["torch", "ort", "tvm", "umahub"]
 # One engine on one model, in a fresh process; prints one JSON line.
 _WORKER = r"""
 import json, os, statistics, sys, time
-name, engine, repeat, workdir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+name, engine, repeat, workdir, label = sys.argv[1:3] + [int(sys.argv[3])] + sys.argv[4:6]
 threads = int(os.environ["TVM_NUM_THREADS"])
 import numpy as np
 import torch
@@ -135,20 +136,36 @@ else:
             project_config=False,
         )
         compiled = hub.compile(mod)
-        def run():
-            return compiled.run(*arrays, executor="vm")
+        try:  # the VM: the numbers of one inference on one thread of calls
+            compiled.run(*arrays, executor="vm")
+            def run():
+                return compiled.run(*arrays, executor="vm")
+        except TypeError:  # an umahub from before the concurrent executor (--baseline)
+            def run():
+                return compiled.run(*arrays)
 compile_s = time.perf_counter() - start
 out = np.asarray(run())
 median_ms, min_ms = timed(run)
-np.save(os.path.join(workdir, f"{name}.{engine}.npy"), out)
+np.save(os.path.join(workdir, f"{name}.{label}.npy"), out)
 print(json.dumps({"median_ms": median_ms, "min_ms": min_ms, "compile_s": compile_s}))
 """
 
 
 def measure(name: str, engine: str, repeat: int, workdir: str, env: dict) -> dict:
     """One engine on one model, in its own process."""
+    if engine == "before":  # umahub and its plugins from the baseline checkout, first on the path
+        env = dict(env, PYTHONPATH=env["UMAHUB_BASELINE_PATH"] + os.pathsep + env["PYTHONPATH"])
     proc = subprocess.run(
-        [sys.executable, "-c", _WORKER, name, engine, str(repeat), workdir],
+        [
+            sys.executable,
+            "-c",
+            _WORKER,
+            name,
+            "umahub" if engine == "before" else engine,
+            str(repeat),
+            workdir,
+            engine,
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -168,6 +185,12 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="also time umahub and its bundled plugins from this checkout (engine 'before'), "
+        "e.g. a git worktree of the previous release",
+    )
     args = parser.parse_args()
     import numpy as np
 
@@ -176,6 +199,11 @@ def main() -> None:
         [str(Path(__file__).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
     )
     engines = args.engines.split(",")
+    if args.baseline:
+        base = Path(args.baseline).resolve()
+        roots = [base / "src", *sorted((base / "plugins").glob("*/src"))]
+        env["UMAHUB_BASELINE_PATH"] = os.pathsep.join(str(r) for r in roots)
+        engines.append("before")
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="umahub-engines-") as workdir:
         for name in args.models:
@@ -189,7 +217,7 @@ def main() -> None:
                     got, want = np.load(out), np.load(reference)
                     result["max_error"] = float(np.abs(got - want).max())
             ours = row.get("umahub", {}).get("median_ms")
-            for e in ("torch", "ort"):
+            for e in ("torch", "ort", "before"):
                 theirs = row.get(e, {}).get("median_ms")
                 if ours and theirs:
                     row[f"umahub_over_{e}"] = ours / theirs
@@ -200,7 +228,7 @@ def main() -> None:
             )
             ratios = "  ".join(
                 f"/{e} {row[f'umahub_over_{e}']:.2f}"
-                for e in ("torch", "ort")
+                for e in ("torch", "ort", "before")
                 if f"umahub_over_{e}" in row
             )
             print(f"{name:20} {cells}  {ratios}", flush=True)
