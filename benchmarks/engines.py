@@ -102,6 +102,9 @@ elif engine == "ort":
     import onnxruntime as ort
     path = os.path.join(workdir, name + ".onnx")
     if not os.path.exists(path):
+        # nn.MultiheadAttention's fused fast path (aten::_native_multi_head_attention)
+        # has no ONNX export; the plain path computes the same
+        torch.backends.mha.set_fastpath_enabled(False)
         with torch.no_grad():
             torch.onnx.export(module, inputs, path, dynamo=False, opset_version=17)
     options = ort.SessionOptions()
