@@ -19,7 +19,8 @@ def human_size(n: float) -> str:
     ``human_size(8192) == "8 KiB"``, ``human_size(3_900_000) == "3.7 MiB"``.
     """
     value, k = float(n), 0
-    while abs(value) >= 1024 and k < len(_UNITS) - 1:
+    # 1023.9 MiB would print as "1024 MiB": a value that rounds to 1024 goes up a unit
+    while round(abs(value)) >= 1024 and k < len(_UNITS) - 1:
         value /= 1024
         k += 1
     if k == 0:
