@@ -54,3 +54,16 @@ def test_config_error_is_one_clear_line(tmp_path):
     result = run("plugins")
     assert result.returncode == 2
     assert "unknown key 'disabel' in [tool.umahub] (did you mean 'disable'?)" in result.stderr
+
+
+def test_plugins_lists_tvm_backends_entry_points_too():
+    # TVM calls these at `import tvm`; umahub's own registers relax_pipeline="umahub"
+    result = run("plugins")
+    lines = result.stdout.splitlines()
+    assert "TVM backends (group tvm.backends, called by TVM itself at 'import tvm'):" in lines
+    ours = "  umahub           umahub.tvm_backend:register  (umahub "
+    assert any(line.startswith(ours) for line in lines)
+    data = json.loads(run("plugins", "--json").stdout)
+    assert {"name": "umahub", "value": "umahub.tvm_backend:register"}.items() <= next(
+        b for b in data["tvm_backends"] if b["name"] == "umahub"
+    ).items()
