@@ -41,3 +41,22 @@ def test_a_transposed_constant_weight_is_transposed_once():
     assert per_inference == [("host", "npu:0", 2 * 16 * 4), ("npu:0", "host", 2 * 32 * 4)]
     x = np.random.default_rng(1).standard_normal((2, 16)).astype(np.float32)
     np.testing.assert_allclose(compiled.run(x), x @ w.T + b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_folding_would_break_is_kept_as_it_is():
+    # ONNX Slice with starts and ends given at run time: TVM's FoldConstant drops the
+    # PrimFunc "shape_func" while a call still names it; umahub keeps the unfolded module
+    from onnx import TensorProto, helper
+
+    ints = [helper.make_tensor_value_info(n, TensorProto.INT64, [1]) for n in ("s", "e", "a")]
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [20, 10, 5]), *ints],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [20, 10, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    compiled = umahub.Hub(config={"plugins": ["npu"]}, project_config=False).compile(model)
+    x = np.random.default_rng(0).standard_normal((20, 10, 5)).astype(np.float32)
+    got = compiled.run(x, np.array([0]), np.array([-1]), np.array([2]))
+    np.testing.assert_array_equal(got, x[:, :, 0:-1])

@@ -14,7 +14,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from umahub._tvm import name_of
+from umahub._tvm import name_of, well_formed
 
 __all__ = [
     "bindings",
@@ -104,6 +104,9 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     module it cannot fold is kept as it is (only slower, never different).
     """
     try:
-        return relax.transform.FoldConstant()(mod)
+        folded = relax.transform.FoldConstant()(mod)
     except Exception:  # an optimisation: the module stays correct without it
         return mod
+    # FoldConstant (TVM 0.27) can fold a call whose PrimFunc it then drops while
+    # another call still names it (ONNX Slice with run-time starts: "shape_func")
+    return folded if well_formed(folded) else mod
