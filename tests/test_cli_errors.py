@@ -177,9 +177,11 @@ def test_traceback_on_request(workdir):
     assert "Traceback" in umahub("compile", "garbage.onnx", cwd=workdir, env=env).stderr
 
 
-def test_a_closed_pipe_ends_quietly(workdir):
+@pytest.mark.parametrize("unbuffered", ["1", ""])  # written as it goes, or all at exit
+def test_a_closed_pipe_ends_quietly(workdir, unbuffered):
+    env = dict(os.environ, PYTHONUNBUFFERED=unbuffered)
     proc = subprocess.Popen(
-        [UMAHUB, "plugins"], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [UMAHUB, "plugins"], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
     proc.stdout.close()  # the reader is gone before umahub writes: `umahub plugins | head -0`
     err = proc.stderr.read().decode()

@@ -69,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a block-buffered pipe fails here, not at exit (status 120)
+        return code
     except BrokenPipeError:
         return _closed_pipe()
     except KeyboardInterrupt:
