@@ -233,3 +233,33 @@ def test_exported_module_matches_numpy(tmp_path, xs, ws, kw, bias):
     out = tvm.runtime.tensor(np.full(expected.shape, np.nan, "float32"))
     lib["vanilla_0"](*args, out)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_convolution_feeding_only_another_keeps_its_loop_nest(tmp_path):
+    # conv -> conv in one partition: the intermediate, touched by extern calls only,
+    # would be reached through its first element's address, and TVM 0.25 sizes such
+    # a buffer to that one element; the first convolution stays TIR, the last is the call
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 4, 6, 6), "float32"))
+    w1 = relax.Var("w1", R.Tensor((8, 4, 3, 3), "float32"))
+    w2 = relax.Var("w2", R.Tensor((4, 8, 3, 3), "float32"))
+    with bb.function("main", [x, w1, w2]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w1, padding=1))
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(y, w2, padding=1)))
+        bb.emit_func_output(out)
+    from umahub.lowering import default_relax_to_tir
+
+    # one PrimFunc for the whole partition, as umahub's default lowering makes it
+    mod = default_relax_to_tir(bb.get()["main"], "vanilla_0", "vanilla_accel")
+    mod = passes.conv2d_to_extern()(mod)
+    assert mod["vanilla_0"].script().count('T.call_extern("int32", "vanilla_conv2d_nchw"') == 1
+    lib = _export(mod, tmp_path / "vanilla_0.so")
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((1, 4, 6, 6)).astype("float32")
+    a = rng.standard_normal((8, 4, 3, 3)).astype("float32")
+    b = rng.standard_normal((4, 8, 3, 3)).astype("float32")
+    expected = _ref_conv(_ref_conv(xs, a, (1,) * 4, (1, 1)), b, (1,) * 4, (1, 1))
+    out = tvm.runtime.tensor(np.full(expected.shape, np.nan, "float32"))
+    lib["vanilla_0"](*[tvm.runtime.tensor(v) for v in (xs, a, b)], out)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-3)

@@ -489,6 +489,39 @@ def _extern_block(m: ConvMatch):
     return SBlockRealize([], True, block)
 
 
+def _read_by_loops(buf, stmts, skip: set[int]) -> bool:
+    """Whether a loop nest of ``stmts`` (other than those at ``skip``) reads or writes ``buf``."""
+    for i, stmt in enumerate(stmts):
+        if i in skip:
+            continue
+        named = _reads_writes(stmt)
+        if named is None or any(b.same_as(buf) for b in named):
+            return True  # a statement that is not a plain nest: assume it does
+    return False
+
+
+def _kept(matches: list[ConvMatch], root, stmts) -> list[ConvMatch]:
+    """The matches whose output buffer stays whole in the generated code.
+
+    An intermediate buffer that only extern calls touch is reached through
+    the address of its first element, and TVM 0.25's buffer compaction then
+    sizes it to that one element (``float conv2d_nchw[1];``): the next call
+    writes past it. Such a convolution keeps its loop nest, which writes the
+    buffer as TIR and so keeps it whole; the extern call reads it.
+    """
+    allocated = list(root.alloc_buffers)
+    rewritten = {m.conv_index for m in matches} | {
+        m.pad_index for m in matches if m.pad_index is not None
+    }
+    kept = []
+    for m in matches:
+        intermediate = any(m.out.same_as(b) for b in allocated)
+        if intermediate and not _read_by_loops(m.out, stmts, rewritten):
+            continue
+        kept.append(m)
+    return kept
+
+
 def rewrite_conv2d(func):
     """``func`` with every recognised convolution replaced by the extern call
     (``func`` itself when there is none)."""
@@ -496,6 +529,9 @@ def rewrite_conv2d(func):
     if not matches:
         return func
     realize, root, stmts = _root_of(func)
+    matches = _kept(matches, root, stmts)
+    if not matches:
+        return func
     replace = {m.conv_index: _extern_block(m) for m in matches}
     drop = {m.pad_index for m in matches if m.pad_index is not None}
     dropped_bufs = [m.pad_buffer for m in matches if m.pad_buffer is not None]
