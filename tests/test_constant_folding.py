@@ -31,10 +31,11 @@ def test_a_transposed_constant_weight_is_transposed_once():
     model, w, b = _gemm_with_transposed_weight()
     hub = umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
     compiled = hub.compile(model)
-    # no permute_dims left to run on the host at every inference
-    assert [(o.name, o.op, o.device) for o in compiled.report.placement] == [
-        ("fc", "relax.matmul", "npu:0"),
-        ("fc", "relax.add", "npu:0"),
+    # no permute_dims left to run on the host at every inference (apache-tvm 0.25's
+    # ONNX frontend keeps no node names: the ops only)
+    assert [(o.op, o.device) for o in compiled.report.placement] == [
+        ("relax.matmul", "npu:0"),
+        ("relax.add", "npu:0"),
     ]
     # the transposed weight goes to the npu once, at load; only x and y move per inference
     per_inference = [(c.src, c.dst, c.bytes) for c in compiled.report.copies if c.when != "load"]

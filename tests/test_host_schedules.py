@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax, s_tir
+from tvm.script import relax as R
 
 import umahub
 from umahub.host_schedules import default_schedule
@@ -14,8 +15,8 @@ from umahub.host_schedules import default_schedule
 def _host_model() -> tvm.IRModule:
     """softmax, a convolution, an elementwise chain: nothing an accelerator takes here."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 4, 32, 32), "float32"))
-    w = relax.Var("w", relax.TensorType((8, 4, 3, 3), "float32"))
+    x = relax.Var("x", R.Tensor((1, 4, 32, 32), "float32"))
+    w = relax.Var("w", R.Tensor((8, 4, 3, 3), "float32"))
     with bb.function("main", [x, w]):
         with bb.dataflow():
             s = bb.emit(relax.op.nn.softmax(x, axis=-1))
@@ -124,7 +125,7 @@ def test_a_plugin_failing_at_the_host_schedule_is_named_and_the_default_used(ref
 )
 def test_an_elementwise_chain_is_one_loop_nest_with_parallel_rows(shape, kinds):
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    x = relax.Var("x", R.Tensor(shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             out = bb.emit_output(bb.emit(relax.op.add(relax.op.sigmoid(x), x)))
