@@ -364,10 +364,10 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
         host = with_steps(host, comp.devices, comp.hub)  # for the concurrent executor
-        target = comp.target.tvm() if comp.target is not None else None
+        target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
         host, comp.host_schedules = lower_host(comp.hub, host, target)
         with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled_passes(comp)):
-            executable = tvm.compile(host, target=target if target is not None else HOST_TARGET)
+            executable = tvm.compile(host, target=target)
     with comp.clock.stage("load"):
         try:
             return load(comp, executable)
