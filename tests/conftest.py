@@ -11,9 +11,11 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
-    """Every test runs in an empty directory, with no umahub environment variables."""
+    """Every test runs in an empty directory, with no umahub environment variables,
+    and measures placement costs into a cache of its own (never the user's)."""
     for var in ("UMAHUB_CONFIG", "UMAHUB_PLUGINS", "UMAHUB_DISABLE_PLUGIN_AUTOLOAD"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("UMAHUB_CACHE_DIR", str(tmp_path / "umahub-cache"))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

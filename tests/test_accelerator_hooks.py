@@ -194,8 +194,8 @@ def test_a_marker_in_a_plugin_that_declares_no_accelerator_is_a_load_error():
             """,
             "hook implementation 'umahub_accelerators' is marked accelerator='a', but "
             "umahub_accelerators is not called per accelerator; the hooks that are: "
-            "umahub_patterns, umahub_relax_to_tir, umahub_schedule, umahub_tir_passes, "
-            "umahub_codegen",
+            "umahub_patterns, umahub_cost, umahub_relax_to_tir, umahub_schedule, "
+            "umahub_tir_passes, umahub_codegen",
         ),
         (
             """

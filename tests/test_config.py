@@ -95,7 +95,8 @@ def test_wrong_type_names_the_key_and_what_it_expects():
     with pytest.raises(ConfigError) as info:
         Config.from_mapping({"priority": "npu"}, "pyproject.toml")
     assert str(info.value) == (
-        "pyproject.toml: [tool.umahub] priority: expected a list of strings, got str 'npu'"
+        'pyproject.toml: [tool.umahub] priority: expected a list of accelerators or "auto" '
+        "(placement by cost), got 'npu'"
     )
 
 

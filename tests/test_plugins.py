@@ -56,7 +56,7 @@ def test_each_broken_plugin_is_skipped_with_its_cause_and_the_rest_work():
         "upgrade the plugin (or umahub) so that they agree",
         "zz_typo_hook": "hook implementation 'umahub_patern' matches no umahub hook (did you "
         "mean 'umahub_patterns'?); umahub (API 1) has: umahub_accelerators, umahub_codegen, "
-        "umahub_host_schedule, umahub_patterns, umahub_relax_to_tir, umahub_schedule, "
+        "umahub_cost, umahub_host_schedule, umahub_patterns, umahub_relax_to_tir, umahub_schedule, "
         "umahub_tir_passes",
     }
     messages = [str(w.message) for w in warned]

@@ -35,7 +35,7 @@ from umahub.patterns import Refusal
 
 if TYPE_CHECKING:
     from umahub.compiled import Compiled, load
-    from umahub.context import CompileContext
+    from umahub.context import CompileContext, CostContext
     from umahub.placement import annotate
     from umahub.rpc import remote
     from umahub.vdevice import VirtualDevice
@@ -47,6 +47,7 @@ __all__ = [
     "Accelerator",
     "CompileContext",
     "Compiled",
+    "CostContext",
     "Hub",
     "MemoryPool",
     "Refusal",
@@ -67,6 +68,7 @@ _LAZY = {
     "Compiled": "umahub.compiled",
     "load": "umahub.compiled",
     "CompileContext": "umahub.context",
+    "CostContext": "umahub.context",
     "VirtualDevice": "umahub.vdevice",
     "annotate": "umahub.placement",
     "remote": "umahub.rpc",

@@ -30,6 +30,7 @@ __all__ = [
     "param_buffers",
     "rebind",
     "ret_type",
+    "structural_hash",
     "type_args",
     "type_of",
     "well_formed",
@@ -39,6 +40,16 @@ TensorType: Any = getattr(relax, "TensorStructInfo", None) or relax.TensorType
 TupleType: Any = getattr(relax, "TupleStructInfo", None) or relax.TupleType
 Constant: Any = getattr(relax, "Constant", None) or tvm.ir.expr.Constant
 VDevice: Any = getattr(relax, "VDevice", None) or tvm.ir.VDevice
+
+
+def structural_hash(node: Any) -> int:
+    """TVM's structural hash of ``node`` (``tvm.ir``'s before 0.27, tvm-ffi's after)."""
+    legacy = getattr(tvm.ir, "structural_hash", None)
+    if legacy is not None:
+        return int(legacy(node))
+    import tvm_ffi
+
+    return int(tvm_ffi.structural_hash(node))
 
 
 def _analyzer() -> Any:

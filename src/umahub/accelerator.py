@@ -26,11 +26,14 @@ class MemoryPool:
         size_bytes: capacity; checked before codegen by the memory planner.
         copy: ``"sync"`` (the CPU copies) or ``"async"`` (a DMA engine copies,
             overlapping compute on the report's timeline).
+        bandwidth: bytes per second a copy between the host and this pool
+            moves, for placement by cost; None: measured (see :mod:`umahub.auto`).
     """
 
     scope: str
     size_bytes: int
     copy: str = "sync"
+    bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.scope, str) or not self.scope:
@@ -43,6 +46,15 @@ class MemoryPool:
         if self.copy not in COPY_KINDS:
             raise ValueError(
                 f"MemoryPool({self.scope!r}).copy must be one of {COPY_KINDS}, got {self.copy!r}"
+            )
+        if self.bandwidth is not None and (
+            isinstance(self.bandwidth, bool)
+            or not isinstance(self.bandwidth, (int, float))
+            or not 0 < self.bandwidth < float("inf")
+        ):
+            raise ValueError(
+                f"MemoryPool({self.scope!r}).bandwidth must be a positive number of bytes per "
+                f"second (or None: measured), got {self.bandwidth!r}"
             )
 
 

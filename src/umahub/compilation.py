@@ -115,12 +115,16 @@ class Compilation:
     Attributes:
         hub: the plugins and config (a :class:`umahub.Hub`).
         mod: the input module.
-        placement: the pins given to ``compile(placement=...)``.
+        placement: the pins given to ``compile(placement=...)``, or ``"auto"``
+            / ``"priority"`` (how operators are placed, over the config's ``priority``).
         verify: whether the verify stage runs.
         clock: stage and hook times.
         target: the machine the model is built for and its C compiler; None:
             this machine (see :mod:`umahub.targets`).
         notes: what went differently from the plan, for the report.
+        only: the accelerators that claim, with no pins and no auto: a cost
+            measurement's build (:mod:`umahub.auto.costs`); None: as configured.
+        auto: (auto) what placement by cost chose and why (:class:`umahub.auto.AutoChoice`).
         pins: (plan) every pin, in precedence order.
         planned: (plan) the patterns, in claiming order.
         partitioned: (partition) the module with its partitions; later stages
@@ -144,11 +148,13 @@ class Compilation:
 
     hub: Any
     mod: tvm.IRModule
-    placement: Mapping[str, str] | None = None
+    placement: Mapping[str, str] | str | None = None
     verify: bool = False
     clock: Clock = field(default_factory=lambda: Clock(None))
     target: BuildTarget | None = None
     notes: list[str] = field(default_factory=list)
+    only: tuple[Any, ...] | None = None
+    auto: Any = None
     pins: Pins | None = None
     planned: list[PlannedPattern] = field(default_factory=list)
     partitioned: Partitioned | None = None
@@ -232,4 +238,15 @@ class Compilation:
             self.notes,
             built=built,
             host_schedules=self.host_schedules,
+            auto=self.auto.to_dict() if self.auto is not None else None,
         )
+
+    @property
+    def placing_by_cost(self) -> bool:
+        """Whether placement is chosen by cost: ``placement="auto"``, or ``priority =
+        "auto"`` in the config and not ``placement="priority"``; never for a measurement."""
+        if self.only is not None:
+            return False
+        if isinstance(self.placement, str):
+            return self.placement == "auto"
+        return bool(getattr(self.config, "placement_auto", False))

@@ -21,6 +21,9 @@ What is valid but almost surely a mistake is warned about (an
 to do): a name listed twice, an empty ``plugins`` or ``priority`` list, a pin
 selector with a ``[`` that is never closed (so it is no glob), two pins that
 name the same op (``"nn.relu"`` and ``"relax.nn.relu"``).
+
+Why this module is long: every key, its meaning, its parser and its messages
+are here, one table of them (``_PARSERS``), so that a key is added in one place.
 """
 
 from __future__ import annotations
@@ -77,6 +80,11 @@ class Config:
         disable: plugins never loaded.
         priority: accelerators in the order in which they claim operators; an
             accelerator not named claims nothing. None = all, in plugin order.
+            ``priority = "auto"`` in the file sets ``placement_auto`` instead.
+        placement_auto: placement by cost (``priority = "auto"``): every
+            accelerator is considered for every group its patterns take, and
+            the assignment with the lowest estimated latency wins (see
+            :mod:`umahub.auto`).
         hook_order: per hook name, the order of the plugins' implementations.
         lowering_order: order in which partitions are lowered, by accelerator
             name (``"host"`` included). None = host first, then priority order.
@@ -111,6 +119,7 @@ class Config:
     plugins: tuple[str, ...] | None = None
     disable: tuple[str, ...] = ()
     priority: tuple[str, ...] | None = None
+    placement_auto: bool = False
     hook_order: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     lowering_order: tuple[str, ...] | None = None
     placement: Mapping[str, Pin] = field(default_factory=dict)
@@ -141,6 +150,9 @@ class Config:
                     f"{did_you_mean(key, _PARSERS)}; known keys: {', '.join(sorted(_PARSERS))}"
                 )
             values[key.replace("-", "_")] = parse(value, f"{source}: [tool.umahub] {key}")
+        if values.get("priority") == AUTO:
+            values["priority"] = None
+            values["placement_auto"] = True
         return cls(source=source, **values)
 
     def merged(self, overrides: Mapping[str, Any] | None, source: str = "config=") -> Config:
@@ -149,6 +161,8 @@ class Config:
             return self
         other = Config.from_mapping(overrides, source)
         given = {str(k).replace("-", "_") for k in overrides}
+        if "priority" in given:
+            given.add("placement_auto")
         changes = {f.name: getattr(other, f.name) for f in fields(self) if f.name in given}
         return Config(
             **{
@@ -255,6 +269,25 @@ def _not_empty(empty_means: str, instead: str):
     return parse
 
 
+#: ``priority = "auto"``: placement by cost.
+AUTO = "auto"
+
+
+def _priority(value: Any, where: str) -> tuple[str, ...] | str:
+    """A list of accelerators in claiming order, or ``"auto"`` (placement by cost)."""
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, str):
+        raise ConfigError(
+            f'{where}: expected a list of accelerators or "auto" (placement by cost), got '
+            f"{value!r}{did_you_mean(value, (AUTO,))}"
+        )
+    return _not_empty(
+        "no accelerator claims operators (only pins place them)",
+        "list the accelerators that should claim, or remove the key to let all of them claim",
+    )(value, where)
+
+
 def _choice(options: tuple[str, ...]):
     def parse(value: Any, where: str) -> str:
         if value not in options:
@@ -358,10 +391,7 @@ _PARSERS = {
         "list the plugins to load, or remove the key to load all of them",
     ),
     "disable": _str_list,
-    "priority": _not_empty(
-        "no accelerator claims operators (only pins place them)",
-        "list the accelerators that should claim, or remove the key to let all of them claim",
-    ),
+    "priority": _priority,
     "hook-order": _hook_order,
     "lowering-order": _str_list,
     "placement": _placement,

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from umahub.config import Config
     from umahub.memory import MemoryPlan
 
-__all__ = ["CompileContext", "Copy", "Operator"]
+__all__ = ["CompileContext", "Copy", "CostContext", "Operator"]
 
 
 @dataclass(frozen=True)
@@ -119,3 +119,27 @@ class CompileContext:
         if self.memory is None or self.accelerator.pool is None:
             return None
         return self.memory.free(self.device, self.accelerator.pool.scope)
+
+
+@dataclass(frozen=True)
+class CostContext:
+    """What ``umahub_cost`` may know of a candidate group. Hooks read it; they never change it.
+
+    Attributes:
+        config: the validated ``[tool.umahub]``.
+        accelerator: the accelerator the group would run on.
+        operators: the group's operators (names, ops, FLOPs, output bytes), in model order.
+        patterns: the patterns that matched it (``"npu.conv2d_bias_relu"``).
+        target: the ``tvm.target.Target`` the model is built for; None: this machine.
+    """
+
+    config: Config
+    accelerator: Accelerator
+    operators: tuple[Operator, ...] = ()
+    patterns: tuple[str, ...] = ()
+    target: Any = None
+
+    @property
+    def flops(self) -> int:
+        """The group's floating-point operations per call (0 where shapes are unknown)."""
+        return sum(o.flops for o in self.operators)

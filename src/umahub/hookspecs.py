@@ -102,7 +102,12 @@ refuses a plugin written for a contract it no longer speaks.
   ``context.target``: the LLVM target of a cross build (``hub.compile(mod,
   target=...)``, ``umahub compile --target``), None when the model is built
   for this machine. A plugin that ignores it works as before for native
-  builds; one that builds LLVM itself must build for it in a cross build.
+  builds; one that builds LLVM itself must build for it in a cross build. And
+  ``umahub_cost`` (a group's seconds for placement by cost; one that does not
+  implement it is measured) and ``MemoryPool(bandwidth=...)``.
+
+Why this module is long: it is the plugin author's reference; each hook's
+contract, arguments, results and failures are written next to its signature.
 """
 
 from __future__ import annotations
@@ -115,7 +120,7 @@ if TYPE_CHECKING:
     import tvm
 
     from umahub.accelerator import Accelerator
-    from umahub.context import CompileContext
+    from umahub.context import CompileContext, CostContext
 
 
 # -------------------------------------------------------------------------
@@ -197,6 +202,43 @@ def umahub_patterns(accelerator: Accelerator) -> list[Any] | None:
 # -------------------------------------------------------------------------
 # Lowering: Relax to TIR, schedule (S-TIR), TIR passes (NS-TIR)
 # -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def umahub_cost(
+    accelerator: Accelerator, function: tvm.relax.Function, context: CostContext
+) -> float | None:
+    """Estimate the seconds one candidate group of operators takes on ``accelerator``.
+
+    Called only when placement is by cost (``priority = "auto"`` in
+    ``[tool.umahub]``, ``hub.compile(mod, placement="auto")``): once per
+    distinct group that ``accelerator``'s patterns match (equal groups, same
+    operators and shapes, are asked once), in hook order, stopping at the
+    first result that is not ``None``. When every implementation returns
+    ``None``, umahub measures: it builds the group alone on the accelerator
+    and on the host, times both on this machine, and keeps the result on disk
+    (:mod:`umahub.auto.cache`). A vendor with a cost model (or a simulator of
+    a board that is not here) implements it; the host's side is always
+    measured.
+
+    :param accelerator: the accelerator the group would run on.
+    :param function: the group alone, as a Relax function named ``main``:
+        its inputs are the parameters, its weights bound as constants.
+    :param context: a :class:`umahub.CostContext`: the group's operators
+        (FLOPs, bytes), the patterns that matched, the config, the target.
+    :return: ``None`` (no estimate: the next implementation, then a
+        measurement), or the seconds of one call on one instance, copies in and
+        out of the accelerator left out (umahub adds them from each pool's
+        ``bandwidth``, or measures them). Anything but a finite number >= 0 is
+        a plugin failure: a warning naming the plugin (an error with
+        ``on-error = "error"``), and the group is measured instead.
+
+    Example::
+
+        @umahub.hookimpl(accelerator="npu")
+        def umahub_cost(context):
+            return context.flops / 2e12  # 2 TFLOP/s, whatever the shape
+    """
 
 
 @hookspec(firstresult=True)

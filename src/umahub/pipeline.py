@@ -38,7 +38,30 @@ if TYPE_CHECKING:
     from umahub.report import Report
     from umahub.targets import BuildTarget
 
-__all__ = ["check_target", "compile", "explain", "prepare"]
+__all__ = ["build_alone", "check_placement", "check_target", "compile", "explain", "prepare"]
+
+#: What ``placement=`` takes besides a mapping of pins.
+PLACEMENT_MODES = ("auto", "priority")
+
+
+def check_placement(placement: Any) -> None:
+    """``placement`` is None, a mapping of pins, ``"auto"`` or ``"priority"``.
+
+    Raises:
+        ConfigError: anything else, saying what is taken.
+    """
+    from umahub.errors import ConfigError, did_you_mean
+
+    if placement is None or isinstance(placement, Mapping):
+        return
+    if isinstance(placement, str) and placement in PLACEMENT_MODES:
+        return
+    shown = repr(placement) if isinstance(placement, str) else type(placement).__name__
+    raise ConfigError(
+        f"placement={shown}{did_you_mean(str(placement), PLACEMENT_MODES)}: placement takes "
+        '"auto" (placement by cost), "priority" (the config\'s priority order) or a mapping '
+        'of pins, {"conv1": "npu"}'
+    )
 
 
 @contextlib.contextmanager
@@ -62,19 +85,27 @@ def _gc_paused() -> Iterator[None]:
 def _start(
     hub: Hub,
     mod: tvm.IRModule,
-    placement: Mapping[str, str] | None,
+    placement: Mapping[str, str] | str | None,
     progress: Progress | None,
     verify: bool = False,
     target: BuildTarget | None = None,
+    only: tuple[Any, ...] | None = None,
 ) -> Compilation:
     """A new compilation of ``mod``, planned, partitioned and with its memory checked."""
     if "main" not in [name_of(gv) for gv in mod.get_global_vars()]:
         raise CompileError("the module has no 'main' function to compile")
-    comp = Compilation(hub, mod, placement, verify, Clock(progress), target)
+    check_placement(placement)
+    comp = Compilation(hub, mod, placement, verify, Clock(progress), target, only=only)
     with _gc_paused():
         with comp.clock.stage("plan"):
             comp.mod = fold_constants(comp.mod)
             plan.run(comp)
+    if comp.placing_by_cost:
+        from umahub.auto.choose import run as place_by_cost
+
+        with comp.clock.stage("auto"):
+            place_by_cost(comp, build_alone)
+    with _gc_paused():
         with comp.clock.stage("partition"):
             partition.run(comp)
     with comp.clock.stage("memory"):
@@ -86,7 +117,7 @@ def explain(
     hub: Hub,
     mod: tvm.IRModule,
     *,
-    placement: Mapping[str, str] | None = None,
+    placement: Mapping[str, str] | str | None = None,
     progress: Progress | None = None,
 ) -> Report:
     """Plan placement, memory and copies of ``mod`` without lowering or building it."""
@@ -101,7 +132,7 @@ def compile(
     hub: Hub,
     mod: tvm.IRModule,
     *,
-    placement: Mapping[str, str] | None = None,
+    placement: Mapping[str, str] | str | None = None,
     progress: Progress | None = None,
     verify: bool | None = None,
     executor: str | None = None,
@@ -115,8 +146,13 @@ def compile(
         hub: the plugins and config.
         mod: a Relax IRModule with a ``main`` (a dataflow graph; weights may be
             bound as constants).
-        placement: pins for this compile, ``{selector: "accel[:i]" | "host"}``;
-            they override the config's and the model's.
+        placement: pins for this compile, ``{selector: "accel[:i]" | "host"}``,
+            which override the config's and the model's; or ``"auto"``: every
+            accelerator is considered for every group of operators its patterns
+            take, and the assignment with the lowest estimated latency wins
+            (:mod:`umahub.auto`; the config's and the model's pins still hold);
+            or ``"priority"``: the config's ``priority`` order, even when the
+            config says ``priority = "auto"``.
         progress: called as ``progress(stage, detail)`` when a stage starts.
         verify: check every partition against the host's lowering of its
             operators on the model's own values (:mod:`umahub.stages.verify`);
@@ -165,6 +201,25 @@ def compile(
     compiled.executor = executor or hub.config.executor
     if hub.config.profile if profile is None else profile:
         compiled.profile_into_report()
+    return compiled
+
+
+def build_alone(
+    hub: Hub, mod: tvm.IRModule, accelerators: Any, target: BuildTarget | None = None
+) -> Compiled:
+    """``mod`` built with only ``accelerators`` claiming, no pins, no verify: a measurement.
+
+    What :mod:`umahub.auto.costs` times: one candidate group alone, on its
+    accelerator or (with no accelerators) on the host.
+    """
+    with bounded(_bounds(mod)):
+        comp = _start(hub, mod, None, None, False, target, only=tuple(accelerators))
+        lower.run(comp)
+        build.run(comp)
+    compiled = comp.compiled
+    assert compiled is not None
+    compiled.report = comp.report()
+    compiled.executor = "vm"
     return compiled
 
 

@@ -95,6 +95,9 @@ class Pins:
         exact = [(s, p) for s, p in merged.items() if not _is_glob(s)]
         globs = [(s, p) for s, p in merged.items() if _is_glob(s)]
         self.ordered: list[tuple[str, Pin]] = exact + globs
+        #: Placement by cost's choice, node -> accelerator name (absent: the host);
+        #: None when placement is by priority. Pins are already part of it.
+        self.chosen: Mapping[str, str] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.ordered)
@@ -255,6 +258,11 @@ def _refused(planned: PlannedPattern, pins: Pins, ctx: Any) -> str | None:
     """
     accel = planned.accelerator.name
     wanted = False
+    if pins.chosen is not None:
+        for node, _ in matched_operators(ctx):
+            where = pins.chosen.get(node, HOST)
+            if where != accel:
+                return f"placement by cost put '{node}' on {where}"
     if pins:
         pattern_pin = pins.for_pattern(planned.name)
         if pattern_pin is not None:

@@ -67,6 +67,7 @@ class Report:
     measured: dict[str, Any] = field(default_factory=dict)  # Compiled.profile's, when run
     model: str = ""  # the model's name, for the picture's title ("" when not given)
     host_schedules: dict[str, int] = field(default_factory=dict)  # how -> host functions
+    auto: dict[str, Any] | None = None  # placement by cost: umahub.auto.AutoChoice.to_dict()
 
     # ------------------------------------------------------------------ summaries
 
@@ -109,6 +110,7 @@ class Report:
             "measured": self.measured,
             "model": self.model,
             "host_schedules": self.host_schedules,
+            "auto": self.auto,
         }
 
     def to_json(self, indent: int = 2) -> str:
@@ -194,6 +196,10 @@ class Report:
                 f"measured: vm {m['vm_seconds'] * 1e3:.2f}ms, concurrent "
                 f"{m['concurrent_seconds'] * 1e3:.2f}ms per inference (median of {m['runs']})"
             )
+        if self.auto:
+            from umahub.auto.text import describe
+
+            lines += describe(self.auto)
         for note in self.notes:
             lines.append(f"note: {note}")
         return "\n".join(lines)

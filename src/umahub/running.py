@@ -165,6 +165,30 @@ class Executors:
                 self._concurrent = Executor(self.runner.library, self.graph, self.runner.weights)
             return self._concurrent
 
+    def step_seconds(self, arrays: Sequence[Any], runs: int) -> dict[str, list[float]]:
+        """Seconds of every step over ``runs`` inferences on the concurrent executor
+        (after one to warm up), by the step's label (a partition's symbol,
+        ``"copy x host->npu:0"``, ``"host: lv1"``); one device only: ``{"main": [...]}``
+        timed on the VM."""
+        self.runner(*arrays)
+        if self.graph.unsupported:
+            times = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                self.runner(*arrays)
+                times.append(time.perf_counter() - start)
+            return {"main": times}
+        ex = self.concurrent()
+        tensors = self.runner.tensors(arrays)
+        ex.run(tensors)
+        seconds: dict[str, list[float]] = {}
+        for _ in range(runs):
+            inference = ex.submit(tensors, profile=True)
+            inference.result()
+            for span in inference.spans:
+                seconds.setdefault(span.label, []).append(span.end - span.start)
+        return seconds
+
     def run(self, arrays: Sequence[Any], executor: str | None, timeout: float | None) -> Any:
         which = self.resolve(executor)
         if which != "auto":

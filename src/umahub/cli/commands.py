@@ -136,6 +136,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         verify=args.verify or None,
         target=target,
         profile=args.profile or None,
+        placement="auto" if args.auto else None,
     )
     with progress.step("export", f"{args.output} (compile and link)"):
         compiled.export_library(args.output)
@@ -336,7 +337,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     progress = Progress(quiet=args.quiet)
     hub = _hub(args)
     mod = _load_model(args.model, progress)
-    report = hub.explain(mod, model=Path(args.model).name, progress=progress)
+    report = hub.explain(
+        mod,
+        model=Path(args.model).name,
+        progress=progress,
+        placement="auto" if args.auto else None,
+    )
     _say(args, str(report))
     if args.out:
         report.save_picture(args.out)

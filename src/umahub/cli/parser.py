@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(by default a summary is printed)",
     )
     p.add_argument(
+        "--auto",
+        action="store_true",
+        help="place by cost: each group of operators where the whole model runs fastest, "
+        'costs measured (and cached) or from the plugins (as priority = "auto")',
+    )
+    p.add_argument(
         "--verify",
         action="store_true",
         help="check every partition against the host on the model's own values "
@@ -184,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("explain", "placement, copies and memory, without building", commands.cmd_explain)
     p.add_argument("model", help=MODEL_HELP)
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="place by cost, each group of operators where the whole model runs fastest "
+        "(the groups alone are built to time them; the model is not built)",
+    )
     p.add_argument("--out", metavar="FILE", help="save the picture (.svg or .html)")
     return parser
 

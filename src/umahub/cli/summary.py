@@ -47,6 +47,10 @@ def summary(report: Any, seconds: float) -> str:
     if verified:
         counts = Counter(_verdict(p.verified) for p in verified)
         lines.append("verify: " + ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
+    if report.auto:
+        from umahub.auto.text import summary_line
+
+        lines.append(summary_line(report.auto))
     lines.append(f"copies per inference: {_copies(report, 'inference')}")
     lines.append(f"weights copied at load: {_copies(report, 'load')}")
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items() if v >= 0.05)

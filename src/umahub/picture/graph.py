@@ -115,8 +115,14 @@ def _copy_markers(
     return out
 
 
-def _op_title(op: Operator) -> str:
+#: The outline of an operator that placement by cost put elsewhere than priority would.
+AUTO_STROKE = ' stroke="#d62728" stroke-width="1.5" stroke-dasharray="3 2"'
+
+
+def _op_title(op: Operator, moved: tuple[str, str] | None = None) -> str:
     parts = [f"{op.name}: {op.op} on {op.device}"]
+    if moved is not None:
+        parts.append(f"placed by cost (by priority: {moved[0]})")
     if op.pattern:
         parts.append(f"pattern {op.pattern}")
     if op.pinned:
@@ -137,8 +143,14 @@ def _draw_group(
     colours: Mapping[str, str],
     patterns: Mapping[str, str],
     weights: Sequence[Copy] = (),
+    moved: Mapping[str, Sequence[str]] | None = None,
 ) -> list[str]:
-    """A group's box: header (device, count, patterns, weights loaded) and its operators."""
+    """A group's box: header (device, count, patterns, weights loaded) and its operators.
+
+    ``moved``: node -> (device by priority, device by cost) of the operators
+    placement by cost put elsewhere; they get a red dashed outline.
+    """
+    moved = moved or {}
     g, x, y = p.group, p.x, p.y
     badge = f"weights {fmt_bytes(sum(c.bytes for c in weights))}" if weights else ""
     colour = colours.get(g.device, HOST_COLOUR)
@@ -189,8 +201,12 @@ def _draw_group(
         kind = fit(_short_op(op.op), 60, 8)
         room = GW - 22 - len(kind) * 8 * CHAR
         pin = ' stroke="#1f1f1f" stroke-width="1.5"' if op.pinned else ""
+        was = moved.get(op.name)
+        if was is not None:
+            pin = f'{AUTO_STROKE} data-priority-device="{esc(was[0])}"'
         out.append(
-            f'<g class="op-row"><title>{esc(_op_title(op))}</title>'
+            f'<g class="op-row"><title>'
+            f"{esc(_op_title(op, tuple(was) if was is not None else None))}</title>"
             f'<rect class="op" data-node="{esc(op.name)}" data-device="{esc(op.device)}" '
             f'x="{x + 4:.1f}" y="{row_y:.1f}" width="{GW - 8}" height="{ROW - 2}" '
             f'rx="3" fill="{colours.get(op.device, HOST_COLOUR)}"{pin}/>'
@@ -325,6 +341,7 @@ def draw_graph(
     """The placement graph from ``top`` down, and its bottom: heading, boxes, copies, notes."""
     loaded = loaded_into(gs, report.copies)
     patterns = {p.symbol: ", ".join(p.patterns) for p in report.partitions}
+    moved = (report.auto or {}).get("changed", {})
     body = [
         text(M, top + 14, "Placement graph", size=15, weight="bold"),
         text(
@@ -334,7 +351,8 @@ def draw_graph(
             "boxes: partitions (dashed: host operators); arrows: copies into "
             "the next box"
             + ("; 'weights': copied once, at load" if loaded else "")
-            + ("; curves: data edges that skip boxes" if has_edges(report.placement) else ""),
+            + ("; curves: data edges that skip boxes" if has_edges(report.placement) else "")
+            + ("; red dashed: placed by cost, not where priority puts it" if moved else ""),
             size=9.5,
             fill="#666",
         ),
@@ -351,7 +369,7 @@ def draw_graph(
                 f'x2="{p.x - 3:.1f}" y2="{p.y + 17:.1f}" stroke="#999" '
                 'stroke-width="1.5" marker-end="url(#arrow)"/>'
             )
-        boxes += _draw_group(p, colours, patterns, loaded.get(p.group.index, ()))
+        boxes += _draw_group(p, colours, patterns, loaded.get(p.group.index, ()), moved)
     # Edges first: the boxes (white) and the labels (haloed) drawn after them
     # cover them, so no edge runs over text.
     body += _draw_edges(placed) + boxes + flow

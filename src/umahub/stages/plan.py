@@ -127,8 +127,14 @@ def run(comp: Compilation) -> None:
             "and memory pools plan the tensors of static shape only; bound the sizes with "
             "main's tir_var_upper_bound attribute to place and check them"
         )
-    comp.pins = _pins(hub, comp.mod, comp.placement)
-    claimants = hub.claimants
+    if comp.only is not None:  # a measurement: these claim, nothing is pinned
+        comp.pins = Pins([])
+        comp.planned = plan_patterns(comp.only, [], _patterns_getter(comp))
+        return
+    pins = comp.placement if isinstance(comp.placement, Mapping) else None
+    comp.pins = _pins(hub, comp.mod, pins)
+    # By cost, every accelerator is a candidate (in priority order, for ties).
+    claimants = hub.accelerators if comp.placing_by_cost else hub.claimants
     claiming = {a.name for a in claimants}
     pinned_only = [
         hub.accelerator(n) for n in sorted(pinned_accelerators(comp.pins)) if n not in claiming

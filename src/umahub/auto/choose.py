@@ -1,0 +1,263 @@
+"""Placement by cost put together: candidates, costs, search; the choice and its reasons.
+
+See :mod:`umahub.auto` for the method. :func:`run` is called by the pipeline
+after the plan stage, when placement is by cost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tvm import relax
+
+from umahub.auto.candidates import Group, find_groups
+from umahub.auto.costs import Cost, Costs
+from umahub.auto.search import HOST, Assignment, Candidate, Problem, greedy, solve
+from umahub.composites import name_nodes, pattern_of
+from umahub.context import Operator
+from umahub.operators import walk
+
+__all__ = ["AutoChoice", "run"]
+
+
+@dataclass
+class AutoChoice:
+    """What placement by cost chose, and why (``report.auto`` holds its :meth:`to_dict`).
+
+    Attributes:
+        chosen: node -> accelerator of every operator placed on one (the rest: the host).
+        estimate: the estimated latency of the choice (seconds).
+        baselines: starting point -> its estimated latency (``"priority npu > dsp"``).
+        configured: the name of the configured claiming order among ``baselines``.
+        groups: one dict per candidate group: nodes, accelerator, patterns,
+            costs there and on the host, whether chosen and by priority, why.
+        changed: node -> (device by priority, device by cost) where they differ.
+        copies: the copy model per accelerator.
+        counts: how many costs came from plugins, the cache, measurements, nowhere.
+        seconds: time spent finding candidates, costing and searching.
+        cache: the cost cache's path and its hits and misses.
+        executor: the executor the estimate is for.
+    """
+
+    chosen: dict[str, str]
+    estimate: float
+    baselines: dict[str, float]
+    configured: str
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    changed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    copies: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+    executor: str = "auto"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (milliseconds where people read them)."""
+        return {
+            "estimate_ms": self.estimate * 1e3,
+            "baselines_ms": {k: v * 1e3 for k, v in self.baselines.items()},
+            "configured": self.configured,
+            "executor": self.executor,
+            "groups": self.groups,
+            "changed": {k: list(v) for k, v in self.changed.items()},
+            "copies": self.copies,
+            "costs": self.counts,
+            "seconds": self.seconds,
+            "cache": self.cache,
+        }
+
+
+def _operators(mod: Any) -> tuple[list[Operator], frozenset[str]]:
+    """Every operator of ``main`` named as partitioning names them, and the model's outputs."""
+    named = name_nodes(relax.transform.ConvertToDataflow()(mod))
+    rows, out = walk(named["main"], named, pattern_of)
+    ops = [Operator(r.node, r.op, inputs=r.inputs, flops=r.flops, bytes=r.bytes) for r in rows]
+    return ops, frozenset(out)
+
+
+def _weight(op: Operator) -> float:
+    return float(max(op.flops, op.bytes // 4, 1))
+
+
+def _host_seconds(
+    operators: Sequence[Operator], measured: Sequence[tuple[Group, float]]
+) -> dict[str, float]:
+    """Each operator's seconds on the host: the measured groups holding it, shared out by
+    weight (FLOPs, else elements); operators in no measured group at the median rate."""
+    by_name = {o.name: o for o in operators}
+    shares: dict[str, list[float]] = {}
+    rates = []
+    for group, seconds in measured:
+        weights = [_weight(by_name[n]) for n in group.nodes if n in by_name]
+        total = sum(weights) or 1.0
+        rates.append(seconds / total)
+        for n, w in zip((n for n in group.nodes if n in by_name), weights):
+            shares.setdefault(n, []).append(seconds * w / total)
+    rate = sorted(rates)[len(rates) // 2] if rates else 0.0
+    return {
+        o.name: sum(shares[o.name]) / len(shares[o.name]) if o.name in shares else rate * _weight(o)
+        for o in operators
+    }
+
+
+def run(comp: Any, build: Any) -> None:
+    """Choose the placement of ``comp`` by cost; set ``comp.auto`` and ``comp.pins.chosen``.
+
+    ``build`` builds a candidate group alone to time it (see :class:`Costs`).
+    """
+    hub = comp.hub
+    clock = {"candidates": time.perf_counter()}
+    operators, outputs = _operators(comp.mod)
+    position = {o.name: i for i, o in enumerate(operators)}
+    by_name = {o.name: o for o in operators}
+    planned: dict[str, list[Any]] = {}
+    for p in comp.planned:
+        planned.setdefault(p.accelerator.name, []).append(p)
+    groups: list[Group] = []
+    for acc in hub.accelerators:
+        if acc.name in planned:
+            found, _ = find_groups(comp.mod, acc, planned[acc.name], comp.pins, position)
+            groups.extend(found)
+    clock["costs"] = time.perf_counter()
+    costs = Costs(comp, build)
+    on_accel: list[Cost] = []
+    on_host: list[Cost] = []
+    for g in groups:
+        on_accel.append(costs.of(g, [by_name[n] for n in g.nodes if n in by_name]))
+        on_host.append(costs.on_host(g))
+    costs.cache.save()
+    clock["search"] = time.perf_counter()
+    known = [a.seconds is not None and h.seconds is not None for a, h in zip(on_accel, on_host)]
+    host = _host_seconds(
+        operators, [(g, h.seconds) for g, h, k in zip(groups, on_host, known) if k]
+    )
+    copy_model = costs.copy_model(hub.accelerators)
+    configured = [a.name for a in hub.claimants if a.name in planned]
+    problem = _problem(comp, operators, outputs, host, groups, on_accel, copy_model)
+    # A group without a cost stays where priority puts it.
+    by_priority = greedy(problem, configured)
+    candidates = [
+        replace(c, forced=c.forced or (not k and i in by_priority.chosen))
+        for i, (c, k) in enumerate(zip(problem.candidates, known))
+    ]
+    keep = [i for i, c in enumerate(candidates) if known[i] or c.forced]
+    problem = replace(problem, candidates=[candidates[i] for i in keep])
+    solution = solve(problem, configured)
+    clock["end"] = time.perf_counter()
+
+    chosen = {n: problem.candidates[i].accelerator for i in solution.assignment.chosen
+              for n in problem.candidates[i].nodes}  # fmt: skip
+    priority = greedy(problem, configured)
+    configured_name = "priority " + " > ".join(configured) if configured else "host alone"
+    changed = {
+        n: (priority.device(n), solution.assignment.device(n))
+        for n in problem.nodes
+        if priority.device(n) != solution.assignment.device(n)
+    }
+    comp.pins.chosen = chosen
+    comp.auto = AutoChoice(
+        chosen=chosen,
+        estimate=solution.estimate,
+        baselines=solution.baselines,
+        configured=configured_name,
+        groups=_group_rows(groups, keep, on_accel, on_host, solution.assignment, priority),
+        changed=changed,
+        copies=copy_model.to_dict(),
+        counts=dict(costs.counts),
+        seconds={
+            "candidates": clock["costs"] - clock["candidates"],
+            "costs": clock["search"] - clock["costs"],
+            "search": clock["end"] - clock["search"],
+        },
+        cache={
+            "path": str(costs.cache.path),
+            "hits": costs.cache.hits,
+            "misses": costs.cache.misses,
+        },
+        executor=problem.executor,
+    )
+
+
+def _problem(
+    comp: Any,
+    operators: Sequence[Operator],
+    outputs: frozenset[str],
+    host: Mapping[str, float],
+    groups: Sequence[Group],
+    on_accel: Sequence[Cost],
+    copy_model: Any,
+) -> Problem:
+    hub = comp.hub
+    return Problem(
+        nodes=[o.name for o in operators],
+        inputs={o.name: o.inputs for o in operators},
+        bytes={o.name: o.bytes for o in operators},
+        host=host,
+        candidates=[
+            Candidate(g.accelerator, g.nodes, c.seconds or 0.0, g.forced)
+            for g, c in zip(groups, on_accel)
+        ],
+        copy_seconds=copy_model.seconds,
+        copy_kind={a.name: (a.pool.copy if a.pool else "sync") for a in hub.accelerators},
+        instances={a.name: a.instances for a in hub.accelerators},
+        outputs=outputs,
+        executor=comp.config.executor,
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def _group_rows(
+    groups: Sequence[Group],
+    keep: Sequence[int],
+    on_accel: Sequence[Cost],
+    on_host: Sequence[Cost],
+    final: Assignment,
+    priority: Assignment,
+) -> list[dict[str, Any]]:
+    """One row per candidate group, with why it went where it went."""
+    index = {g: k for k, g in enumerate(keep)}  # group index -> candidate index in the problem
+    rows = []
+    for i, g in enumerate(groups):
+        a, h = on_accel[i], on_host[i]
+        k = index.get(i)
+        taken = k is not None and k in final.chosen
+        row: dict[str, Any] = {
+            "accelerator": g.accelerator,
+            "nodes": list(g.nodes),
+            "patterns": list(g.patterns),
+            "costs": {g.accelerator: a.to_dict(), HOST: h.to_dict()},
+            "chosen": taken,
+            "by_priority": k is not None and k in priority.chosen,
+        }
+        if k is None:
+            why = a.why or h.why or "no cost"
+            row["why"] = f"not considered: {why}; priority does not take it"
+        elif g.forced:
+            row["why"] = "pinned to it"
+        elif a.seconds is None or h.seconds is None:
+            row["why"] = f"no cost ({a.why or h.why}): placed as priority places it"
+        else:
+            flipped = final.copy()
+            touched = set(g.nodes)
+            for j in final.overlapping(k) | ({k} if taken else set()):
+                touched.update(final.problem.candidates[j].nodes)
+            before = flipped.local(touched)
+            if taken:
+                flipped.drop(k)
+            else:
+                flipped.take(k)
+            delta = flipped.local(touched) - before
+            where = "taking it" if not taken else "leaving it to the host"
+            verdict = "would cost" if delta >= 0 else "would save"
+            row["why"] = (
+                f"{g.accelerator} {_ms(a.seconds)}, host {_ms(h.seconds)}; {where} "
+                f"{verdict} {abs(delta) * 1e3:.3f} ms, copies included"
+            )
+        rows.append(row)
+    return rows

@@ -1,0 +1,327 @@
+"""Where a candidate group's seconds come from: a plugin's cost model, the cache, a measurement.
+
+In that order:
+
+1. ``umahub_cost`` (:func:`umahub.hookspecs.umahub_cost`): a vendor's estimate;
+2. the cost cache (:mod:`umahub.auto.cache`): what an earlier compile measured;
+3. a measurement: the group alone (its Relax function, weights bound) is built
+   by :func:`umahub.pipeline.build_alone` with its accelerator alone claiming,
+   and with no accelerator at all for the host's side, then run on this
+   machine. The accelerator's seconds are its partition's step on the
+   concurrent executor (the copies in and out are timed as steps of their
+   own, and feed the copy model); the host's are the whole run on the VM.
+
+Equal groups (same operators, shapes and pattern) are costed once. A group
+that cannot be measured (a size known only at run time, a model built for
+another machine, a build that fails or places the group elsewhere) has no
+cost; the search then leaves it where ``priority`` puts it.
+
+Copies: a pool that declares its ``bandwidth`` is costed from it; otherwise
+the copies the measurements timed are fitted as ``latency + bytes /
+bandwidth`` per accelerator; with nothing timed, from a host ``memcpy`` timed
+once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from umahub.auto.cache import CostCache
+from umahub.auto.candidates import Group
+from umahub.context import CostContext, Operator
+from umahub.errors import CompileError, last_line
+from umahub.tracing import recording, returned_by
+
+__all__ = ["CopyModel", "Cost", "Costs"]
+
+#: A measurement runs at least this many times, and more until about SECONDS.
+RUNS = 5
+SECONDS = 0.02
+MAX_RUNS = 50
+HOST = "host"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Seconds of a group on one device, and where the number came from.
+
+    ``source``: ``"plugin <name>"`` (its ``umahub_cost``), ``"measured"``,
+    ``"cached"`` (measured by an earlier compile), or ``""`` with ``why``
+    saying why there is no number.
+    """
+
+    seconds: float | None
+    source: str
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        out: dict[str, Any] = {"seconds": self.seconds, "source": self.source}
+        if self.why:
+            out["why"] = self.why
+        return out
+
+
+@dataclass
+class CopyModel:
+    """Seconds of a copy: ``latency + bytes / bandwidth`` per accelerator end of the copy."""
+
+    latency: dict[str, float] = field(default_factory=dict)
+    bandwidth: dict[str, float] = field(default_factory=dict)
+    source: dict[str, str] = field(default_factory=dict)
+
+    def seconds(self, src: str, dst: str, size: int) -> float:
+        """Seconds to copy ``size`` bytes from device ``src`` to ``dst`` (names, or "host")."""
+        total = 0.0
+        for accel in {src, dst} - {HOST}:  # between two accelerators: through the host
+            total += self.latency.get(accel, 0.0) + size / self.bandwidth.get(
+                accel, self.bandwidth.get(HOST, 1e10)
+            )
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: per accelerator, microseconds of latency and GB/s."""
+        return {
+            accel: {
+                "latency_us": round(self.latency.get(accel, 0.0) * 1e6, 3),
+                "gb_per_s": round(bw / 1e9, 3),
+                "source": self.source.get(accel, ""),
+            }
+            for accel, bw in self.bandwidth.items()
+        }
+
+
+def _host_memcpy_bandwidth() -> float:
+    """Bytes per second of a large copy on this machine (timed once)."""
+    a = np.ones(1 << 21, dtype="float32")  # 8 MiB
+    b = np.empty_like(a)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - start)
+    return a.nbytes / max(best, 1e-9)
+
+
+def _fit(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """(latency, bandwidth) of ``seconds = latency + bytes / bandwidth`` over the samples."""
+    sizes = np.array([s for s, _ in samples], dtype=float)
+    secs = np.array([t for _, t in samples], dtype=float)
+    if len(set(sizes)) >= 2:
+        slope, intercept = np.polyfit(sizes, secs, 1)
+        if slope > 0:
+            return max(float(intercept), 0.0), 1.0 / float(slope)
+    per_byte = float(np.median(secs / np.maximum(sizes, 1)))
+    return 0.0, 1.0 / max(per_byte, 1e-15)
+
+
+def _threads() -> str:
+    return os.environ.get("TVM_NUM_THREADS") or str(os.cpu_count() or 1)
+
+
+class Costs:
+    """The costs of one compile's candidate groups (see the module's documentation)."""
+
+    def __init__(self, comp: Any, build: Any, cache: CostCache | None = None):
+        """``build(hub, mod, accelerators, target) -> Compiled`` builds a group alone
+        (:func:`umahub.pipeline.build_alone`)."""
+        import tvm
+
+        import umahub
+
+        self.comp = comp
+        self.build = build
+        self.hub = comp.hub
+        self.cache = cache if cache is not None else CostCache()
+        self.measurable = not comp.foreign
+        plugins = sorted(
+            f"{p.name}={p.distribution}:{p.version}" for p in self.hub.plugins if p.loaded
+        )
+        target = comp.target.text if comp.target is not None else "this machine"
+        self._base = (umahub.__version__, tvm.__version__, plugins, target, _threads())
+        self._seen: dict[tuple[str, str], Cost] = {}
+        self.copy_samples: dict[str, list[tuple[int, float]]] = {}
+        self.counts = {"plugin": 0, "measured": 0, "cached": 0, "none": 0}
+        self.failures: list[str] = []
+
+    def _key(self, device: str, key: str) -> str:
+        from umahub.auto.candidates import _digest
+
+        return _digest(*self._base, device, key)
+
+    # ------------------------------------------------------------------ groups
+
+    def of(self, group: Group, operators: Sequence[Operator]) -> Cost:
+        """The group's seconds on its accelerator."""
+        memo = (group.accelerator, group.key)
+        if memo not in self._seen:
+            cost = self._from_hook(group, operators)
+            if cost is None:
+                cost = self._measured(group, group.accelerator, group.key)
+            self._seen[memo] = cost
+        return self._seen[memo]
+
+    def on_host(self, group: Group) -> Cost:
+        """The seconds of the group's operators on the host."""
+        memo = (HOST, group.host_key)
+        if memo not in self._seen:
+            self._seen[memo] = self._measured(group, HOST, group.host_key)
+        return self._seen[memo]
+
+    def _from_hook(self, group: Group, operators: Sequence[Operator]) -> Cost | None:
+        comp, hub = self.comp, self.hub
+        acc = hub.accelerator(group.accelerator)
+        context = CostContext(
+            comp.config,
+            acc,
+            tuple(operators),
+            group.patterns,
+            comp.target.tvm() if comp.target is not None else None,
+        )
+        try:
+            with recording():
+                value = hub.traced_hook.umahub_cost(
+                    accelerator=acc, function=group.function, context=context
+                )
+                giver = returned_by("umahub_cost", 1)
+        except Exception as exc:
+            plugin, _ = getattr(exc, "umahub_culprit", (hub.owner(acc.name), "umahub_cost"))
+            self._plugin_failed(plugin, group, f"{type(exc).__name__}: {last_line(exc)}", exc)
+            return None
+        if value is None:
+            return None
+        plugin = giver[0] if giver else hub.owner(acc.name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 <= float(value) < math.inf
+        ):
+            self._plugin_failed(
+                plugin, group, f"it returned {value!r}, not a finite number of seconds >= 0"
+            )
+            return None
+        self.counts["plugin"] += 1
+        return Cost(float(value), f"plugin {plugin}")
+
+    def _plugin_failed(
+        self, plugin: str, group: Group, what: str, exc: BaseException | None = None
+    ) -> None:
+        message = (
+            f"plugin '{plugin}' failed in umahub_cost for accelerator '{group.accelerator}' "
+            f"on {', '.join(group.nodes[:3])}{' ...' if len(group.nodes) > 3 else ''}: {what}"
+        )
+        self.failures.append(message)
+        self.comp.fail(message, CompileError, exc, then="the group is measured instead")
+
+    def _measured(self, group: Group, device: str, key: str) -> Cost:
+        if not group.static:
+            self.counts["none"] += 1
+            return Cost(None, "", "a size of it is known only at run time")
+        if not self.measurable:
+            self.counts["none"] += 1
+            return Cost(None, "", "the model is built for another machine: nothing to time here")
+        cache_key = self._key(device, key)
+        hit = self.cache.get(cache_key)
+        if isinstance(hit, dict) and isinstance(hit.get("seconds"), (int, float)):
+            self._add_copies(hit.get("copies", ()))
+            self.counts["cached"] += 1
+            return Cost(float(hit["seconds"]), "cached")
+        try:
+            seconds, copies = self._time(group, device)
+        except _NotPlaced as exc:
+            self.counts["none"] += 1
+            return Cost(None, "", str(exc))
+        except Exception as exc:  # a group that cannot be built alone: no number, no failure
+            self.counts["none"] += 1
+            why = f"building it alone failed: {type(exc).__name__}: {last_line(exc)}"
+            return Cost(None, "", why)
+        self.cache.put(cache_key, {"seconds": seconds, "copies": copies})
+        self._add_copies(copies)
+        self.counts["measured"] += 1
+        return Cost(seconds, "measured")
+
+    def _time(self, group: Group, device: str) -> tuple[float, list[list[Any]]]:
+        import tvm
+
+        from umahub.compiled import example_inputs
+
+        only = [] if device == HOST else [self.hub.accelerator(device)]
+        mod = tvm.IRModule({"main": group.function})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = self.build(self.hub, mod, only, self.comp.target)
+        report = compiled.report
+        if device != HOST:
+            placed = [p for p in report.partitions if not p.fallback]
+            if len(placed) != 1 or any(o.device == HOST for o in report.placement):
+                raise _NotPlaced(
+                    f"its patterns did not take the group alone ({len(placed)} partition(s))"
+                )
+        arrays = example_inputs(compiled.input_info)
+        runner = compiled._executors
+        steps = runner.step_seconds(arrays, RUNS)
+        total = sum(statistics.median(v) for v in steps.values())
+        runs = RUNS
+        if total * RUNS < SECONDS:
+            runs = min(MAX_RUNS, max(RUNS, int(SECONDS / max(total, 1e-7))))
+            for label, values in runner.step_seconds(arrays, runs).items():
+                steps.setdefault(label, []).extend(values)
+        if device == HOST:
+            return statistics.median(steps["main"]), []
+        symbol = placed[0].symbol
+        seconds = statistics.median(steps[symbol])
+        sizes = {
+            f"copy {c.tensor} {c.src}->{c.dst}": c.bytes
+            for c in report.copies
+            if c.when == "inference" and c.bytes
+        }
+        copies = [
+            [device, sizes[label], statistics.median(values)]
+            for label, values in steps.items()
+            if label in sizes
+        ]
+        return seconds, copies
+
+    # ------------------------------------------------------------------ copies
+
+    def _add_copies(self, copies: Any) -> None:
+        for item in copies or ():
+            try:
+                accel, size, seconds = item
+                self.copy_samples.setdefault(str(accel), []).append((int(size), float(seconds)))
+            except (TypeError, ValueError):
+                continue  # an entry of a damaged cache: ignored
+
+    def copy_model(self, accelerators: Sequence[Any]) -> CopyModel:
+        """The copy model: declared bandwidths, else fitted measurements, else memcpy."""
+        model = CopyModel()
+        memcpy: float | None = None
+        for acc in accelerators:
+            pool = acc.pool
+            if pool is not None and pool.bandwidth:
+                model.bandwidth[acc.name] = float(pool.bandwidth)
+                model.source[acc.name] = f"declared by pool {pool.scope}"
+            elif len(self.copy_samples.get(acc.name, ())) >= 1:
+                latency, bandwidth = _fit(self.copy_samples[acc.name])
+                model.latency[acc.name] = latency
+                model.bandwidth[acc.name] = bandwidth
+                timed = len(self.copy_samples[acc.name])
+                model.source[acc.name] = f"fitted to {timed} timed copies"
+            else:
+                memcpy = memcpy or _host_memcpy_bandwidth()
+                model.bandwidth[acc.name] = memcpy
+                model.source[acc.name] = "host memcpy, timed"
+        return model
+
+
+class _NotPlaced(Exception):
+    """A group built alone did not land on its accelerator."""

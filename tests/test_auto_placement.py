@@ -1,0 +1,372 @@
+"""Placement by cost (``priority = "auto"``, ``placement="auto"``): umahub.auto.
+
+The search is tested on its own (no TVM) against hand-worked problems; the
+pipeline with small plugins whose ``umahub_cost`` fixes the accelerator's
+side, so that the choice is known whatever this machine measures for the host.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from graphs import chain, inputs_for, reference
+
+import umahub
+from umahub.auto.cache import FILE, CostCache
+from umahub.auto.search import Assignment, Candidate, Problem, greedy, solve
+from umahub.errors import ConfigError
+
+
+def _plugin(costs: dict[str, object] | None, bandwidth: float | None = 1e10):
+    """An accelerator "fast" taking relu and add, its cost per pattern from ``costs``
+    (a pattern absent: no estimate, measured)."""
+    from tvm.relax.dpl import is_op, wildcard
+
+    class Fast:
+        UMAHUB_API = 1
+        calls: list = []
+
+        @umahub.hookimpl
+        def umahub_accelerators(self):
+            pools = [umahub.MemoryPool("fast.mem", 1 << 20, bandwidth=bandwidth)]
+            return [umahub.Accelerator("fast", memory=pools)]
+
+        @umahub.hookimpl
+        def umahub_patterns(self):
+            return [
+                ("fast.relu", is_op("relax.nn.relu")(wildcard())),
+                ("fast.add", is_op("relax.add")(wildcard(), wildcard())),
+            ]
+
+        @umahub.hookimpl
+        def umahub_cost(self, function, context):
+            Fast.calls.append(context.patterns)
+            if costs is None:
+                return None
+            return costs.get(context.patterns[0])
+
+    return Fast()
+
+
+def _hub(plugin, **config):
+    return umahub.Hub(autoload=False, plugins=[plugin], project_config=False, config=config)
+
+
+def _devices(compiled):
+    return {o.name: o.device for o in compiled.report.placement}
+
+
+RELU_ADD = ("relu", "add", "relu", "add", "sigmoid")
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+def test_a_cost_model_that_makes_the_host_cheaper_leaves_that_group_on_the_host():
+    mod = chain(ops=RELU_ADD)
+    hub = _hub(_plugin({"fast.relu": 10.0, "fast.add": 1e-9}))
+    by_priority = hub.compile(mod)
+    assert set(_devices(by_priority).values()) == {"fast:0", "host"}
+    assert _devices(by_priority)["n0"] == "fast:0"
+
+    compiled = hub.compile(mod, placement="auto")
+    assert _devices(compiled) == {
+        "n0": "host",
+        "n1": "fast:0",
+        "n2": "host",
+        "n3": "fast:0",
+        "n4": "host",
+    }
+    auto = compiled.report.auto
+    assert auto["changed"] == {"n0": ["fast", "host"], "n2": ["fast", "host"]}
+    relu = next(g for g in auto["groups"] if g["nodes"] == ["n0"])
+    assert relu["chosen"] is False and relu["by_priority"] is True
+    assert relu["costs"]["fast"] == {"seconds": 10.0, "source": f"plugin {_name(hub)}"}
+    assert relu["costs"]["host"]["source"] == "measured"
+    assert relu["why"].startswith("fast 10000.000 ms, host ")
+    assert "taking it would cost" in relu["why"]
+    assert auto["costs"] == {"plugin": 2, "measured": 2, "cached": 0, "none": 0}
+    assert auto["estimate_ms"] <= min(auto["baselines_ms"].values())
+    inputs = inputs_for(mod)
+    np.testing.assert_allclose(compiled.run(*inputs), reference(mod, inputs), rtol=1e-5, atol=1e-6)
+
+
+def _name(hub):
+    return hub.plugins[0].name
+
+
+def test_priority_auto_in_the_config_places_by_cost_and_placement_priority_overrides_it():
+    mod = chain(ops=RELU_ADD)
+    hub = _hub(_plugin({"fast.relu": 10.0, "fast.add": 1e-9}), priority="auto")
+    assert hub.config.placement_auto and hub.config.priority is None
+    assert _devices(hub.compile(mod))["n0"] == "host"
+    by_priority = hub.compile(mod, placement="priority")
+    assert _devices(by_priority)["n0"] == "fast:0"
+    assert by_priority.report.auto is None
+
+
+def test_a_pin_wins_over_the_cost():
+    mod = chain(ops=RELU_ADD)
+    hub = _hub(
+        _plugin({"fast.relu": 10.0, "fast.add": 1e-9}),
+        priority="auto",
+        placement={"n2": "fast", "n3": "host"},
+    )
+    devices = _devices(hub.compile(mod))
+    assert devices == {"n0": "host", "n1": "fast:0", "n2": "fast:0", "n3": "host", "n4": "host"}
+    auto = hub.explain(mod).auto
+    pinned = next(g for g in auto["groups"] if g["nodes"] == ["n2"])
+    assert pinned["why"] == "pinned to it" and pinned["chosen"] is True
+    assert not any(g["nodes"] == ["n3"] for g in auto["groups"])  # pinned to the host
+
+
+def test_the_second_compile_uses_the_measurements_of_the_first(isolated):
+    mod = chain(ops=("relu", "add", "sigmoid"))
+    first = _hub(_plugin(None)).compile(mod, placement="auto").report.auto
+    assert first["costs"] == {"plugin": 0, "measured": 4, "cached": 0, "none": 0}
+    assert first["cache"]["path"] == str(isolated / "umahub-cache" / FILE)
+    entries = json.loads((isolated / "umahub-cache" / FILE).read_text())["entries"]
+    assert len(entries) == 4
+    again = _hub(_plugin(None)).compile(mod, placement="auto").report.auto
+    assert again["costs"] == {"plugin": 0, "measured": 0, "cached": 4, "none": 0}
+    assert again["cache"]["hits"] == 4 and again["cache"]["misses"] == 0
+    for before, after in zip(first["groups"], again["groups"]):
+        assert before["costs"]["fast"]["seconds"] == after["costs"]["fast"]["seconds"]
+        assert after["costs"]["fast"]["source"] == "cached"
+
+
+def test_a_damaged_cache_is_set_aside_with_a_warning_and_measured_again(isolated):
+    cache = isolated / "umahub-cache"
+    cache.mkdir()
+    (cache / FILE).write_text("{not json")
+    mod = chain(ops=("relu",))
+    with pytest.warns(umahub.UmahubWarning, match=r"cost cache .* is damaged .* set aside as"):
+        auto = _hub(_plugin(None)).compile(mod, placement="auto").report.auto
+    assert auto["costs"]["measured"] == 2
+    assert (cache / (FILE + ".damaged")).read_text() == "{not json"
+    assert json.loads((cache / FILE).read_text())["format"] == 1
+
+
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        (-1.0, "it returned -1.0, not a finite number of seconds >= 0"),
+        ("fast", "it returned 'fast', not a finite number of seconds >= 0"),
+        (float("nan"), "it returned nan, not a finite number of seconds >= 0"),
+    ],
+)
+def test_a_cost_that_is_no_number_of_seconds_is_a_plugin_failure_and_measured_instead(value, said):
+    hub = _hub(_plugin({"fast.relu": value}))
+    with pytest.warns(umahub.UmahubWarning) as caught:
+        compiled = hub.compile(chain(ops=("relu",)), placement="auto")
+    messages = [str(w.message) for w in caught]
+    expected = (
+        f"umahub: plugin '{_name(hub)}' failed in umahub_cost for accelerator 'fast' on n0: "
+        f"{said}; the group is measured instead"
+    )
+    assert expected in messages
+    assert compiled.report.auto["groups"][0]["costs"]["fast"]["source"] == "measured"
+
+
+def test_a_cost_that_is_no_number_stops_the_compile_with_on_error_error():
+    hub = _hub(_plugin({"fast.relu": -1.0}), on_error="error")
+    with pytest.raises(umahub.errors.CompileError, match="failed in umahub_cost"):
+        hub.compile(chain(ops=("relu",)), placement="auto")
+
+
+def test_placement_takes_auto_priority_or_pins_and_names_what_it_takes():
+    hub = _hub(_plugin(None))
+    with pytest.raises(ConfigError) as err:
+        hub.compile(chain(ops=("relu",)), placement="atuo")
+    assert str(err.value) == (
+        "placement='atuo' (did you mean 'auto'?): placement takes \"auto\" (placement by cost), "
+        '"priority" (the config\'s priority order) or a mapping of pins, {"conv1": "npu"}'
+    )
+
+
+def test_priority_as_a_string_other_than_auto_is_a_config_error():
+    with pytest.raises(ConfigError) as err:
+        umahub.Hub(autoload=False, project_config=False, config={"priority": "fast"})
+    assert str(err.value) == (
+        'config=: [tool.umahub] priority: expected a list of accelerators or "auto" '
+        "(placement by cost), got 'fast'"
+    )
+
+
+def test_a_pool_bandwidth_must_be_a_positive_number():
+    with pytest.raises(ValueError, match=r"bandwidth must be a positive number of bytes"):
+        umahub.MemoryPool("x.mem", 1024, bandwidth=0)
+
+
+def test_explain_auto_shows_the_choice_without_building(capsys, tmp_path):
+    from umahub.cli.summary import summary
+
+    mod = chain(ops=RELU_ADD)
+    hub = _hub(_plugin({"fast.relu": 10.0, "fast.add": 1e-9}))
+    report = hub.explain(mod, placement="auto")
+    text = str(report)
+    assert "placement by cost:" in text
+    assert "    n0: fast -> host" in text
+    assert "(configured)" in text
+    assert report.built is False
+    line = summary(report, 1.0).splitlines()[2]
+    assert line.startswith("placement by cost: estimated ")
+    assert "2 operator(s) placed otherwise than by priority; costs: 2 plugin, 2 measured" in line
+    svg = report.save_picture(str(tmp_path / "auto.svg"))
+    assert 'data-priority-device="fast"' in (tmp_path / "auto.svg").read_text()
+    assert svg
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def _copy(src, dst, size):
+    return 1e-3 * size  # a millisecond per byte: copies matter
+
+
+def test_copies_decide_when_the_accelerator_saves_less_than_they_cost():
+    # a -> b -> c; only b can go to the accelerator; it saves 1.5 ms there, but
+    # moving its 1-byte input and output costs 2 ms.
+    problem = Problem(
+        nodes=["a", "b", "c"],
+        inputs={"b": ["a"], "c": ["b"]},
+        bytes={"a": 1, "b": 1, "c": 1},
+        host={"a": 1e-3, "b": 2e-3, "c": 1e-3},
+        candidates=[Candidate("acc", ("b",), 0.5e-3)],
+        copy_seconds=_copy,
+        outputs=frozenset({"c"}),
+        executor="vm",
+    )
+    solution = solve(problem, ["acc"])
+    assert solution.assignment.chosen == set()
+    assert solution.baselines["priority acc"] == pytest.approx(4.5e-3)
+    assert solution.estimate == pytest.approx(4e-3)
+
+
+def test_two_neighbours_on_one_accelerator_pay_one_copy_each_way():
+    problem = Problem(
+        nodes=["a", "b", "c", "d"],
+        inputs={"b": ["a"], "c": ["b"], "d": ["c"]},
+        bytes={n: 1 for n in "abcd"},
+        host={n: 2e-3 for n in "abcd"},
+        candidates=[Candidate("acc", ("b",), 0.5e-3), Candidate("acc", ("c",), 0.5e-3)],
+        copy_seconds=_copy,
+        outputs=frozenset({"d"}),
+        executor="vm",
+    )
+    # alone, each saves 1.5 ms and costs 2 ms of copies; together they save 3 for 2
+    assert Assignment(problem, [0]).sequential() == pytest.approx(8.5e-3)
+    solution = solve(problem)
+    assert solution.assignment.chosen == {0, 1}
+    assert solution.estimate == pytest.approx(7e-3)
+
+
+def test_the_concurrent_estimate_overlaps_independent_branches():
+    # x feeds two branches of 4 ms each; on host and acc at once they take 4 ms, not 8.
+    problem = Problem(
+        nodes=["x", "left", "right", "join"],
+        inputs={"left": ["x"], "right": ["x"], "join": ["left", "right"]},
+        bytes={n: 0 for n in ("x", "left", "right", "join")},
+        host={"x": 0.0, "left": 4e-3, "right": 4e-3, "join": 0.0},
+        candidates=[Candidate("acc", ("right",), 4e-3)],
+        copy_seconds=lambda s, d, b: 0.0,
+        outputs=frozenset({"join"}),
+        executor="auto",
+    )
+    assert Assignment(problem, [0]).sequential() == pytest.approx(8e-3)
+    assert Assignment(problem, [0]).concurrent() == pytest.approx(4e-3)
+    assert solve(problem).estimate == pytest.approx(4e-3)
+
+
+def _random_problem(seed: int, n: int = 60) -> Problem:
+    rng = random.Random(seed)
+    nodes = [f"v{i}" for i in range(n)]
+    inputs = {
+        v: [nodes[j] for j in {max(0, i - 1), rng.randrange(max(1, i))} if j < i]
+        for i, v in enumerate(nodes)
+    }
+    candidates = []
+    for accel in ("a", "b", "c"):
+        i = 0
+        while i < n:
+            size = rng.randint(1, 3)
+            if rng.random() < 0.6:
+                group = tuple(nodes[i : i + size])
+                candidates.append(Candidate(accel, group, rng.uniform(0.1, 3.0) * len(group)))
+            i += size
+    return Problem(
+        nodes=nodes,
+        inputs=inputs,
+        bytes={v: rng.randint(1, 1000) for v in nodes},
+        host={v: rng.uniform(0.5, 3.0) for v in nodes},
+        candidates=candidates,
+        copy_seconds=lambda s, d, b: b * 1e-3,
+        copy_kind={"a": "sync", "b": "async", "c": "sync"},
+        instances={"a": 1, "b": 2, "c": 1},
+        outputs=frozenset({nodes[-1]}),
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_choice_is_never_estimated_worse_than_any_claiming_order_or_single_accelerator(seed):
+    problem = _random_problem(seed)
+    solution = solve(problem, ["a", "b", "c"])
+    assert len(solution.baselines) == 6 + 3 + 1
+    assert solution.estimate <= min(solution.baselines.values()) + 1e-12
+    chosen = solution.assignment
+    owners = [n for i in chosen.chosen for n in problem.candidates[i].nodes]
+    assert len(owners) == len(set(owners))  # no operator in two chosen groups
+    assert solution.estimate == pytest.approx(chosen.estimate())
+
+
+def test_greedy_is_what_a_claiming_order_takes():
+    problem = Problem(
+        nodes=["a", "b", "c"],
+        inputs={"b": ["a"], "c": ["b"]},
+        bytes={},
+        host={},
+        candidates=[
+            Candidate("x", ("a", "b"), 1.0),
+            Candidate("y", ("b", "c"), 1.0),
+            Candidate("y", ("a",), 1.0),
+        ],
+        copy_seconds=lambda s, d, b: 0.0,
+    )
+    assert greedy(problem, ["x", "y"]).devices() == {"a": "x", "b": "x", "c": "host"}
+    assert greedy(problem, ["y", "x"]).devices() == {"a": "y", "b": "y", "c": "y"}
+
+
+def test_ten_thousand_operators_are_searched():
+    # 10,000 operators in a chain with skip connections; the accelerator is
+    # faster for every even operator, and copies are free: it takes exactly those.
+    n = 10_000
+    nodes = [f"v{i}" for i in range(n)]
+    problem = Problem(
+        nodes=nodes,
+        inputs={
+            v: [nodes[i - 1]] + ([nodes[i - 7]] if i >= 7 else []) for i, v in enumerate(nodes) if i
+        },
+        bytes={v: 4096 for v in nodes},
+        host={v: 1e-4 for v in nodes},
+        candidates=[
+            Candidate("acc", (v,), 5e-5 if i % 2 == 0 else 2e-4) for i, v in enumerate(nodes)
+        ],
+        copy_seconds=lambda s, d, b: 0.0,
+        outputs=frozenset({nodes[-1]}),
+        executor="vm",
+    )
+    solution = solve(problem, ["acc"])
+    assert {problem.candidates[i].nodes[0] for i in solution.assignment.chosen} == set(nodes[::2])
+    assert solution.estimate == pytest.approx(n / 2 * 5e-5 + n / 2 * 1e-4)
+
+
+def test_the_cache_keeps_what_another_process_wrote(tmp_path):
+    one, two = CostCache(tmp_path), CostCache(tmp_path)
+    one.put("a", {"seconds": 1.0})
+    one.save()
+    two.put("b", {"seconds": 2.0})
+    two.save()
+    assert set(CostCache(tmp_path).entries) == {"a", "b"}
