@@ -5,7 +5,11 @@ but lowering and building) on a synthetic chain ``relu, add, sigmoid, relu,
 add, sigmoid, ...`` with an accelerator of two instances that claims relu and
 add, once without merging (one match per partition) and once with TVM's
 MergeCompositeFunctions. Target (issue 6): no faster than linear growth,
-10,000 operators under 10 s. Results: ``results/scaling.json``.
+10,000 operators under 10 s. Then placement by cost (issue 13) on the same
+chains, ``hub.explain(mod, placement="auto")`` with a plugin whose
+``umahub_cost`` prices every group (the host's two kinds of group are measured
+once, then cached): the choice for 10,000 operators in seconds. Results:
+``results/scaling.json``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,14 @@ class Chainer:
             ("chain.relu", is_op("relax.nn.relu")(wildcard())),
             ("chain.add", is_op("relax.add")(wildcard(), wildcard())),
         ]
+
+
+class PricedChainer(Chainer):
+    """The same accelerator with a cost model: an add is cheap there, a relu dear."""
+
+    @umahub.hookimpl
+    def umahub_cost(self, context):
+        return 1e-7 if context.patterns == ("chain.add",) else 1e-3
 
 
 def chain(length: int):
@@ -102,6 +114,38 @@ def measure(merge: bool, sizes) -> list[dict]:
     return rows
 
 
+def measure_auto(sizes) -> list[dict]:
+    """explain(placement="auto") time for each chain length, and its parts."""
+    import os
+    import tempfile
+
+    os.environ.setdefault("UMAHUB_CACHE_DIR", tempfile.mkdtemp(prefix="umahub-scaling-"))
+    hub = umahub.Hub(autoload=False, plugins=[PricedChainer(False)])
+    hub.explain(chain(6), placement="auto")  # measures the host's two groups once
+    rows = []
+    for size in sizes:
+        mod = chain(size)
+        start = time.perf_counter()
+        report = hub.explain(mod, placement="auto")
+        seconds = time.perf_counter() - start
+        rows.append(
+            {
+                "operators": size,
+                "seconds": seconds,
+                "auto_s": report.auto["seconds"],
+                "stages_s": report.stages,
+                "on_accelerator": sum(op.device != "host" for op in report.placement),
+            }
+        )
+        print(
+            f"auto {size:>6} operators: {seconds:.2f} s (auto: "
+            + ", ".join(f"{k} {v:.2f}s" for k, v in report.auto["seconds"].items())
+            + ")",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> None:
     # One match per partition: umahub's own partitioning and placement.
     rows = measure(False, SIZES)
@@ -110,10 +154,12 @@ def main() -> None:
     # linearly, so the largest size is left out.
     merged = measure(True, (*SIZES[:-1], 3000))
     merged_growth = merged[-1]["per_operator_us"] / merged[1]["per_operator_us"]
+    auto = measure_auto(SIZES)
     path = write(
         "scaling",
         {
             "rows": rows,
+            "auto_rows": auto,
             "per_operator_growth_1k_to_10k": growth,
             "merged_rows": merged,
             "merged_per_operator_growth_1k_to_3k": merged_growth,

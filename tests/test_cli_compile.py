@@ -119,3 +119,34 @@ def test_compile_with_verify_reports_each_partition(project):
     assert verified and all(v.startswith("largest error ") for v in verified)
     assert all(p["max_error"] <= 1e-4 for p in report["partitions"])
     assert f"verify: {len(verified)} right\n" in result.stdout  # the summary
+
+
+def test_explain_auto_prints_the_choice_by_cost(project):
+    (project / "model.py").write_text(
+        textwrap.dedent("""
+        import tvm
+        from tvm.script import relax as R
+
+        @tvm.script.ir_module
+        class Module:
+            @R.function
+            def main(x: R.Tensor((2, 8), "float32")) -> R.Tensor((2, 8), "float32"):
+                with R.dataflow():
+                    a = R.nn.relu(x)
+                    b = R.sigmoid(a)
+                    R.output(b)
+                return b
+    """)
+    )
+    result = umahub_cli("explain", "model.py", "--auto", cwd=project)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "placement by cost:" in text
+    assert re.search(
+        r"^ +[\d.]+ ms  priority alpha_accel > beta_accel +\(configured\)$", text, re.M
+    )
+    assert re.search(r"^  costs: plugin 0, measured \d+, cached 0, none 0; cache ", text, re.M)
+    again = umahub_cli("explain", "model.py", "--auto", cwd=project)
+    assert re.search(
+        r"^  costs: plugin 0, measured 0, cached \d+, none 0; cache ", again.stdout, re.M
+    )
