@@ -46,7 +46,10 @@ def _plugin(costs: dict[str, object] | None, bandwidth: float | None = 1e10):
             Fast.calls.append(context.patterns)
             if costs is None:
                 return None
-            return costs.get(context.patterns[0])
+            value = costs.get(context.patterns[0])
+            if isinstance(value, Exception):
+                raise value
+            return value
 
     return Fast()
 
@@ -156,6 +159,7 @@ def test_a_damaged_cache_is_set_aside_with_a_warning_and_measured_again(isolated
         (-1.0, "it returned -1.0, not a finite number of seconds >= 0"),
         ("fast", "it returned 'fast', not a finite number of seconds >= 0"),
         (float("nan"), "it returned nan, not a finite number of seconds >= 0"),
+        (KeyError("tile"), "KeyError: 'tile'"),
     ],
 )
 def test_a_cost_that_is_no_number_of_seconds_is_a_plugin_failure_and_measured_instead(value, said):

@@ -39,6 +39,7 @@ from umahub.auto.cache import CostCache
 from umahub.auto.candidates import Group
 from umahub.context import CostContext, Operator
 from umahub.errors import CompileError, last_line
+from umahub.timelimit import within
 from umahub.tracing import recording, returned_by
 
 __all__ = ["CopyModel", "Cost", "Costs"]
@@ -187,12 +188,16 @@ class Costs:
             group.patterns,
             comp.target.tvm() if comp.target is not None else None,
         )
-        try:
+
+        def ask() -> tuple[Any, list[str]]:
             with recording():
                 value = hub.traced_hook.umahub_cost(
                     accelerator=acc, function=group.function, context=context
                 )
-                giver = returned_by("umahub_cost", 1)
+                return value, returned_by("umahub_cost", 1)
+
+        try:
+            value, giver = within(comp.config.hook_timeout, ask, f"cost of {group.nodes[0]}")
         except Exception as exc:
             plugin, _ = getattr(exc, "umahub_culprit", (hub.owner(acc.name), "umahub_cost"))
             self._plugin_failed(plugin, group, f"{type(exc).__name__}: {last_line(exc)}", exc)
