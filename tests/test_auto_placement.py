@@ -93,6 +93,7 @@ def test_a_cost_model_that_makes_the_host_cheaper_leaves_that_group_on_the_host(
     assert "taking it would cost" in relu["why"]
     assert auto["costs"] == {"plugin": 2, "measured": 2, "cached": 0, "none": 0}
     assert auto["estimate_ms"] <= min(auto["baselines_ms"].values())
+    assert json.loads(compiled.report.to_json())["auto"]["changed"] == auto["changed"]
     inputs = inputs_for(mod)
     np.testing.assert_allclose(compiled.run(*inputs), reference(mod, inputs), rtol=1e-5, atol=1e-6)
 
