@@ -375,3 +375,12 @@ def test_the_cache_keeps_what_another_process_wrote(tmp_path):
     two.put("b", {"seconds": 2.0})
     two.save()
     assert set(CostCache(tmp_path).entries) == {"a", "b"}
+
+
+def test_by_cost_every_match_is_a_partition_of_its_own_as_it_was_timed():
+    mod = chain(ops=RELU_ADD)
+    hub = _hub(_plugin({"fast.relu": 1e-9, "fast.add": 1e-9}))
+    assert len(hub.compile(mod).report.partitions) == 1  # "fast" merges its neighbours
+    compiled = hub.compile(mod, placement="auto")
+    assert [p.operators for p in compiled.report.partitions] == [1, 1, 1, 1]
+    assert {o.device for o in compiled.report.placement if o.name != "n4"} == {"fast:0"}

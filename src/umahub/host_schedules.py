@@ -14,7 +14,9 @@ this order, the first of:
    contiguous inner loop is left for LLVM to vectorize);
 3. ``"parallel"``: anything else (a pooling, a reduction dlight does not
    take, a convolution no accelerator took): the leading spatial loops of
-   each root block fused and run in parallel;
+   each root block fused and run in parallel; a pooling window's loops
+   inside the output row, which stays a contiguous loop for LLVM to
+   vectorize (so does the row of a padding block);
 4. ``"unscheduled"``: what none of these could change, built as it is.
 
 A rule that fails part-way leaves nothing behind: each works on a copy.
@@ -22,6 +24,7 @@ A rule that fails part-way leaves nothing behind: each works on a copy.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import tvm
@@ -109,9 +112,58 @@ def _elementwise(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     return sch.mod["main"], "elementwise"
 
 
+#: Reduction sizes (product of a block's reduction extents) taken for a window (pooling).
+WINDOW_MAX = 64
+
+
+def _window_first(sch: s_tir.Schedule, block: Any, loops: list, n: int) -> bool:
+    """A pooling (see :func:`_window`): the window's loops moved outside the output
+    row, so each window step runs over a whole contiguous row (which LLVM
+    vectorizes). Whether it was done.
+    """
+    if n < 2 or len(loops) == n or not _window(sch, block):
+        return False
+    sch.reorder(*loops[: n - 1], *loops[n:], loops[n - 1])
+    return True
+
+
+def _window(sch: s_tir.Schedule, block: Any) -> bool:
+    """Whether ``block`` reduces a small window of one tensor per output (a pooling;
+    not a convolution, which reads weights too)."""
+    from umahub.compat import buffer_of
+
+    node = sch.get(block)
+    reduced = [_int_or_none(iv.dom.extent) for iv in node.iter_vars if iv.iter_type != _SPATIAL]
+    if not reduced or None in reduced or math.prod(reduced) > WINDOW_MAX:
+        return False
+    written = [buffer_of(w) for w in node.writes]
+    read = [buffer_of(r) for r in node.reads]
+    others = [b for b in read if not any(b.same_as(w) for w in written)]
+    return len(others) == 1
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, tirx.IntImm) else None
+
+
+def _inline_into_windows(sch: s_tir.Schedule) -> bool:
+    """A spatial block only poolings read (their padding) computed where they read it:
+    a few compares per element instead of a padded copy written and read again."""
+    changed = False
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        consumers = sch.get_consumers(block)
+        if _spatial(sch, block) and consumers and all(_window(sch, c) for c in consumers):
+            try:
+                sch.compute_inline(block)
+                changed = True
+            except Exception:  # not inlinable (an output, an opaque body): stays
+                continue
+    return changed
+
+
 def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     sch = s_tir.Schedule(func)
-    changed = False
+    changed = _inline_into_windows(sch)
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         loops = sch.get_loops(block)
         axes = sch.get(block).iter_vars
@@ -121,10 +173,18 @@ def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
         n = next((i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL), len(axes))
         if n == 0:
             continue
-        fused = sch.fuse(*loops[:n]) if n > 1 else loops[0]
+        # the last spatial loop (a row) stays inside, contiguous, when there is a
+        # window to reduce or nothing to reduce: fusing it would index with divisions
+        window = _window_first(sch, block, loops, n)
+        keep_row = n >= 2 and (n == len(axes) or window)
+        outer = loops[: n - 1] if keep_row else loops[:n]
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         extent = _extent(sch, fused)
         if extent is None or extent >= 2:
             sch.parallel(fused)
+            changed = True
+        if window:  # the row's accumulators initialised once, before the window
+            sch.decompose_reduction(block, loops[n])
             changed = True
     return (sch.mod["main"], "parallel") if changed else None
 

@@ -16,8 +16,11 @@ assignment with the lowest estimated end-to-end latency, copies included:
    accelerator alone and the host alone as starting points, then a local
    search; the lowest estimate wins;
 4. the choice is carried out by partitioning with every accelerator's
-   patterns, each match allowed only where the choice put its operators;
-   memory budgets are checked afterwards as always.
+   patterns, each match allowed only where the choice put its operators, and
+   each a partition of its own, as it was timed (an accelerator that merges
+   neighbouring matches lowers them as one kernel, whose cost the
+   measurements of single matches do not tell); memory budgets are checked
+   afterwards as always.
 
 ``report.auto`` keeps every group with its costs and why it went where it
 went, the estimates of the starting points, and what changed against

@@ -292,6 +292,7 @@ def _check_failures(comp: Compilation, failures: list) -> None:
 def run(comp: Compilation) -> None:
     """Stage 2: partition ``comp.mod`` by ``comp.planned``; one report per partition."""
     accelerators = {a.name: a for a in comp.hub.accelerators}
+    accelerators.update({p.accelerator.name: p.accelerator for p in comp.planned})
     failures: list = []
     refusals = Refusals()
     part = partition(comp.mod, comp.planned, comp.pins, accelerators, failures, refusals)

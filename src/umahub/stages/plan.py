@@ -10,6 +10,7 @@ in that precedence (see :mod:`umahub.placement` for how a pin selects).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import tvm
@@ -140,3 +141,9 @@ def run(comp: Compilation) -> None:
         hub.accelerator(n) for n in sorted(pinned_accelerators(comp.pins)) if n not in claiming
     ]
     comp.planned = plan_patterns(claimants, pinned_only, _patterns_getter(comp))
+    if comp.placing_by_cost:
+        # Every match a partition of its own: what was timed is what runs (a merged
+        # partition is lowered as one kernel, and may cost anything).
+        comp.planned = [
+            replace(p, accelerator=replace(p.accelerator, merge=False)) for p in comp.planned
+        ]
