@@ -12,7 +12,7 @@ import pytest
 from umahub.testing import ConformanceSuite, assert_matches_host
 
 
-@pytest.mark.umahub_conformance(accelerator="npu", models=["mlp", "cnn"], examples=6)
+@pytest.mark.umahub_conformance(accelerator="npu", models=["mlp", "cnn"], examples=12)
 class TestConformance(ConformanceSuite):
     """The kit's checks for the npu."""
 

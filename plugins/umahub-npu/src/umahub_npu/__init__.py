@@ -5,17 +5,20 @@ Accelerator ``npu``: one instance, LLVM codegen for this host's CPU, two pools:
 scratchpad that tiles are brought into by DMA (asynchronous copies).
 
 * patterns: matmul / dense with optional bias add and activation (relu, gelu,
-  clip), batched matmul (attention), conv2d with optional bias and activation,
-  including depthwise. The conv2d check needs the input channels to fill the
-  engine's 8-wide array (a multiple of 8), or a depthwise convolution; a
-  convolution on 3 RGB channels is left to others.
+  clip, SiLU, hardswish), batched matmul (attention), conv2d with optional
+  (inference) batch norm, bias or residual add and activation, including
+  depthwise. The conv2d check needs the input channels to fill the engine's
+  8-wide array (a multiple of 8), or a depthwise convolution; a convolution
+  on 3 RGB channels is left to others.
 * schedule: :func:`umahub_npu.schedules.schedule` tiles the computation so a
   tile's working set fits ``npu.sram``, keeps the accumulator local, computes
   the epilogue per tile, vectorizes and parallelizes: this plugin is what a
   schedule hook is for.
-* relax_to_tir: the default lowering, except that GELU's erf becomes a
-  polynomial the vector units evaluate (TVM's legalization calls the scalar C
-  ``erff`` per element); error under 1e-6.
+* relax_to_tir: the default lowering, except that GELU's erf and sigmoid's
+  exp become polynomials the vector units evaluate (TVM's legalization calls
+  the scalar C ``erff``/``expf`` per element), and a batch norm is a
+  per-channel scale and shift computed once, before the convolution
+  (:mod:`umahub_npu.lowering`).
 * codegen: LLVM for this host's CPU (``-mcpu`` of the host), so the vector
   units (AVX2/FMA) the schedule counts on are used; in a cross build, for the
   compile's target (``context.target``), whose vector width the schedule takes.
@@ -55,9 +58,12 @@ def umahub_accelerators():
 
 def _float32_static(ctx) -> umahub.Refusal | None:
     """None when every tensor of the match is float32 of static shape, else why not."""
+    from umahub._tvm import TensorType, type_of
     from umahub.patterns import dtype_of, shape_of
 
     for value in ctx.matched_bindings.values():
+        if not isinstance(type_of(value), TensorType):
+            continue  # batch norm's tuple: its fields are the tensors of other bindings
         if dtype_of(value) != "float32":
             return umahub.Refusal(f"a {dtype_of(value)} tensor; the npu computes float32 only")
         if shape_of(value) is None:
@@ -109,13 +115,18 @@ def conv2d_ok(ctx) -> bool | umahub.Refusal:
             return umahub.Refusal(
                 f"{channels} input channels, not a multiple of the npu's {ARRAY_WIDTH}-wide array"
             )
+    for norm in calls(ctx, "relax.nn.batch_norm"):
+        if bool(norm.attrs.training) or int(norm.attrs.axis) != 1:
+            return umahub.Refusal("a batch norm in training mode or not over channels (axis 1)")
+        if any(shape_of(a) is None or len(shape_of(a)) != 1 for a in norm.args[1:]):
+            return umahub.Refusal("batch norm statistics that are not one value per channel")
     return True
 
 
 @umahub.hookimpl(accelerator=NAME)
 def umahub_patterns():
     """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
-    from tvm.relax.dpl import is_op, wildcard
+    from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
 
     def activated(producer):
         # Fresh wildcards per argument: one pattern object used twice would
@@ -124,14 +135,31 @@ def umahub_patterns():
             is_op(name)(producer, *[wildcard() for _ in range(2 if name == "relax.clip" else 0)])
             for name in ACTIVATIONS
         ]
+        # SiLU, x * sigmoid(x): here one pattern used twice is what it means
+        sigmoid = is_op("relax.sigmoid")(producer)
+        alternatives += [
+            is_op("relax.multiply")(producer, sigmoid),
+            is_op("relax.multiply")(sigmoid, producer),
+        ]
         pattern = alternatives[0]
         for alternative in alternatives[1:]:
             pattern = pattern | alternative
         return pattern
 
+    def hardswish(producer):
+        # x * relu6(x + 3) / 6, relu6 as one clip or as two (torch.export's)
+        shifted = is_op("relax.add")(producer, is_const())
+        relu6 = is_op("relax.clip")(shifted, wildcard(), wildcard())
+        relu6 = relu6 | is_op("relax.clip")(relu6, wildcard(), wildcard())
+        gated = is_op("relax.multiply")(producer, relu6) | is_op("relax.multiply")(relu6, producer)
+        return is_op("relax.divide")(gated, is_const())
+
     def with_epilogues(kind, op, check):
         bias = is_op("relax.add")(op, wildcard()) | is_op("relax.add")(wildcard(), op)
         return [
+            # before bias_act, which would take hardswish's "+ 3" for a bias
+            (f"{NAME}.{kind}_bias_hswish", hardswish(bias), {}, check),
+            (f"{NAME}.{kind}_hswish", hardswish(op), {}, check),
             (f"{NAME}.{kind}_bias_act", activated(bias), {}, check),
             (f"{NAME}.{kind}_bias", bias, {}, check),
             (f"{NAME}.{kind}_act", activated(op), {}, check),
@@ -140,33 +168,30 @@ def umahub_patterns():
 
     matmul = is_op("relax.matmul")(wildcard(), wildcard())
     conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
-    return with_epilogues("matmul", matmul, matmul_ok) + with_epilogues("conv2d", conv, conv2d_ok)
-
-
-def _fast_gelu(bb, call):
-    """GELU with erf as a polynomial the vector units evaluate (max error 4e-7).
-
-    TVM's own legalization calls the C library's scalar ``erff`` once per
-    element, which costs more than the matrix multiply it follows.
-    """
-    from tvm import topi
-
-    def gelu(x):
-        return x * (0.5 + 0.5 * topi.fast_erf(x * 0.7071067811865476))
-
-    return bb.call_te(gelu, call.args[0], primfunc_name_hint="gelu")
+    # an inference batch norm after the convolution is part of its epilogue
+    norm = is_tuple_get_item(is_op("relax.nn.batch_norm")(conv, *[wildcard() for _ in range(4)]), 0)
+    # Not the norm alone: a match cannot end at a tuple's item (the batch norm
+    # of a branch whose sum another partition computes stays on the host). Nor
+    # norm + add without an activation: TVM 0.27's FuseOpsByPattern then loses
+    # a variable that another match reads (mobilenet_v2's residual adds).
+    normalised = [
+        p for p in with_epilogues("conv2d_bn", norm, conv2d_ok) if p[0].endswith(("act", "hswish"))
+    ]
+    return (
+        with_epilogues("matmul", matmul, matmul_ok)
+        + normalised
+        + with_epilogues("conv2d", conv, conv2d_ok)
+    )
 
 
 @umahub.hookimpl(accelerator=NAME)
 def umahub_relax_to_tir(function, context):
-    """The default lowering, with GELU's erf as a vectorizable polynomial."""
-    if "relax.nn.gelu" not in {o.op for o in context.operators}:
-        return None
-    from umahub.lowering import default_relax_to_tir
+    """The default lowering, except for GELU, sigmoid and batch norm (see umahub_npu.lowering)."""
+    from umahub_npu.lowering import LEGALIZE, lower
 
-    return default_relax_to_tir(
-        function, context.symbol, NAME, legalize={"relax.nn.gelu": _fast_gelu}
-    )
+    if not set(LEGALIZE) & {o.op for o in context.operators}:
+        return None
+    return lower(function, context.symbol, NAME)
 
 
 @umahub.hookimpl(accelerator=NAME)

@@ -522,6 +522,31 @@ def _accumulator_and_epilogue(sch: s_tir.Schedule, p: Plan):
     return red, sch.get_sblock(left[-1]), left[:-1]
 
 
+def _epilogue_at(sch: s_tir.Schedule, loop, out, rest: list[str]) -> tuple[list, list[str]]:
+    """Compute the epilogue per tile: ``out`` and the blocks of ``rest`` it may need
+    (those that write an output too, so could not be inlined) under ``loop``.
+
+    Returns (the blocks moved, to vectorize later; the names left at the root).
+    """
+    moved, left = [], []
+    for name in rest:  # producers first: a block moves only after those it reads
+        block = sch.get_sblock(name)
+        try:
+            sch.reverse_compute_at(block, loop)
+            moved.append(block)
+        except ScheduleError:  # not below this tile: stays at the root
+            left.append(name)
+    sch.reverse_compute_at(out, loop)
+    return [*moved, out], left
+
+
+def _vectorize_epilogue(sch: s_tir.Schedule, blocks: list, lanes: int) -> None:
+    for block in blocks:
+        loops = sch.get_loops(block)[1:]  # below the parallel loop
+        if loops:
+            _vectorize_inner(sch, loops[-1], int(sch.get(loops[-1]).extent), lanes)
+
+
 def _pack_b(sch, red, p: Plan, k0, tk: int, tj: int, nr: int, lanes: int):
     """Copy the B tile of a (i, j, k0) step into panels ``[tj/nr][tk][nr]``.
 
@@ -605,7 +630,7 @@ def _schedule_matmul(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lane
     sch.reorder(*bl, i0, j0, k0, i1, j1, k1, i2, j2)
     if p.b_buffer_index >= 0:
         _pack_b(sch, red, p, k0, tk, tj, nr, lanes)
-    sch.reverse_compute_at(out, j0)
+    tiled, rest = _epilogue_at(sch, j0, out, rest)
     outer = sch.fuse(*bl, i0, j0)
     sch.parallel(outer)
     sch.unroll(i2)
@@ -613,9 +638,7 @@ def _schedule_matmul(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lane
     # last: after decompose_reduction the update block is no longer a
     # "reduction block" and parallel/vectorize over it are refused
     sch.decompose_reduction(red, k0)
-    ol = sch.get_loops(out)[1:]  # below the parallel loop: [rows(ti), cols(tj)]
-    if ol:
-        _vectorize_inner(sch, ol[-1], int(sch.get(ol[-1]).extent), lanes)
+    _vectorize_epilogue(sch, tiled, lanes)
     for name in rest:  # epilogue blocks that could not be inlined
         _parallel_spatial(sch, sch.get_sblock(name), lanes)
     return "matmul"
@@ -655,15 +678,13 @@ def _schedule_conv2d(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lane
     sch.reorder(wf0, wl[1], wl[2], wl[3], wf1)
     sch.vectorize(wf1)
     sch.transform_layout(wp, ("write", 0), lambda f, c, kh, kw: (f // nr, c, kh, kw, f % nr))
-    sch.reverse_compute_at(out, p0)
+    tiled, rest = _epilogue_at(sch, p0, out, rest)
     outer = sch.fuse(n, f0, p0)
     sch.parallel(outer)
     sch.unroll(p2)
     sch.vectorize(f2)
     sch.decompose_reduction(red, rc0)
-    ol = sch.get_loops(out)[1:]
-    if ol:
-        _vectorize_inner(sch, ol[-1], int(sch.get(ol[-1]).extent), lanes)
+    _vectorize_epilogue(sch, tiled, lanes)
     for name in rest:
         _parallel_spatial(sch, sch.get_sblock(name), lanes)
     return "conv2d"
@@ -701,7 +722,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, l
     y0, y1, y2 = sch.split(y, [None, ty // yr, yr])
     x0, x1 = sch.split(x, [None, xr])
     sch.reorder(n, f, y0, y1, x0, rc, ry, rx, y2, x1)
-    sch.reverse_compute_at(out, y0)
+    tiled, rest = _epilogue_at(sch, y0, out, rest)
     outer = sch.fuse(n, f, y0)
     sch.parallel(outer)
     sch.unroll(ry)
@@ -709,9 +730,7 @@ def _schedule_depthwise(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, l
     sch.unroll(y2)
     sch.vectorize(x1)
     sch.decompose_reduction(red, y1)
-    ol = sch.get_loops(out)[1:]
-    if ol:
-        _vectorize_inner(sch, ol[-1], int(sch.get(ol[-1]).extent), lanes)
+    _vectorize_epilogue(sch, tiled, lanes)
     for name in rest:
         _parallel_spatial(sch, sch.get_sblock(name), lanes)
     return "depthwise"

@@ -1,0 +1,109 @@
+"""How the npu turns its partitions into TIR: TVM's legalization, three operators its own.
+
+* GELU: erf as a polynomial the vector units evaluate (TVM's legalization
+  calls the C library's scalar ``erff`` once per element, which costs more
+  than the matrix multiply it follows); max error 4e-7.
+* sigmoid (SiLU's, in a convolution's epilogue): ``1 / (1 + exp(-x))`` with
+  TVM's polynomial ``fast_exp``, for the same reason (``expf`` per element).
+* batch norm after a convolution (inference): TVM's legalization divides by
+  ``sqrt(var + eps)`` at every element of the output; here the per-channel
+  ``scale = gamma / sqrt(var + eps)`` and ``shift = beta - mean * scale`` are
+  computed once per channel and the element costs one multiply-add.
+
+:func:`hoist_independent` then moves those per-channel stages in front of the
+convolution in the PrimFunc, so that the schedule treats them as a prologue
+(computed once, at the root) instead of inlining them into the epilogue,
+which would compute them again at every element.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+from tvm import relax
+
+__all__ = ["LEGALIZE", "lower"]
+
+
+def _fast_gelu(bb, call):
+    from tvm import topi
+
+    def gelu(x):
+        return x * (0.5 + 0.5 * topi.fast_erf(x * 0.7071067811865476))
+
+    return bb.call_te(gelu, call.args[0], primfunc_name_hint="gelu")
+
+
+def _fast_sigmoid(bb, call):
+    from tvm import te, topi
+
+    def sigmoid(x):
+        e = topi.fast_exp(topi.negative(x))
+        return te.compute(x.shape, lambda *i: 1.0 / (1.0 + e(*i)), name="sigmoid")
+
+    from umahub.patterns import dtype_of
+
+    if dtype_of(call) != "float32":
+        return _default(bb, call)
+    return bb.call_te(sigmoid, call.args[0], primfunc_name_hint="sigmoid")
+
+
+def _default(bb, call):
+    return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
+
+
+def _batch_norm(bb, call):
+    """Inference batch norm as one multiply-add per element (see the module's docs)."""
+    from tvm import te
+
+    attrs = call.attrs
+    data = call.args[0]
+    from umahub.patterns import shape_of
+
+    shape = shape_of(data)
+    if bool(attrs.training) or shape is None or len(shape) != 4 or int(attrs.axis) not in (1, -3):
+        return _default(bb, call)
+    eps = float(attrs.epsilon)
+    scaled, centered = bool(attrs.scale), bool(attrs.center)
+    channels = shape[1]
+
+    def affine(gamma, beta, mean, var):
+        scale = te.compute(
+            (channels,),
+            lambda c: (gamma[c] if scaled else 1.0) / te.sqrt(var[c] + eps),
+            name="bn_scale",
+        )
+        shift = te.compute(
+            (channels,),
+            lambda c: (beta[c] if centered else 0.0) - mean[c] * scale[c],
+            name="bn_shift",
+        )
+        return [scale, shift]
+
+    params = bb.emit(bb.call_te(affine, *call.args[1:], primfunc_name_hint="batch_norm_affine"))
+    scale, shift = bb.emit(relax.TupleGetItem(params, 0)), bb.emit(relax.TupleGetItem(params, 1))
+
+    def apply(x, s, b):
+        return te.compute(
+            x.shape, lambda n, c, h, w: x[n, c, h, w] * s[c] + b[c], name="batch_norm"
+        )
+
+    out = bb.emit(bb.call_te(apply, data, scale, shift, primfunc_name_hint="batch_norm"))
+    # the running statistics, unchanged in inference: the call's inputs themselves
+    return relax.Tuple([out, call.args[3], call.args[4]])
+
+
+#: The npu's legalizations, by operator.
+LEGALIZE: dict[str, Callable] = {
+    "relax.nn.gelu": _fast_gelu,
+    "relax.sigmoid": _fast_sigmoid,
+    "relax.nn.batch_norm": _batch_norm,
+}
+
+
+def lower(function: relax.Function, symbol: str, accelerator: str) -> tvm.IRModule:
+    """The default lowering with :data:`LEGALIZE`."""
+    from umahub.lowering import default_relax_to_tir
+
+    return default_relax_to_tir(function, symbol, accelerator, legalize=LEGALIZE)
