@@ -157,3 +157,65 @@ def test_what_dlight_does_not_take_gets_its_spatial_loops_in_parallel():
     block = sch.get_sblock("conv2d_nchw")
     # n, f, y, x fused and parallel; the reduction over c, ky, kx serial
     assert _kinds(sch, block) == ["parallel", "serial", "serial", "serial"]
+
+
+def _one_op_model(op, shape):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(op(x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "op, shape",
+    [
+        (lambda x: relax.op.nn.max_pool2d(x, 3, 2, 1), (1, 16, 28, 28)),
+        (lambda x: relax.op.nn.max_pool2d(x, 2, 2, 0), (1, 8, 15, 15)),
+        (lambda x: relax.op.nn.avg_pool2d(x, 3, 1, 1), (1, 8, 13, 13)),
+    ],
+)
+def test_a_pooling_reduces_its_window_over_whole_rows_and_computes_the_same(op, shape):
+    mod = _one_op_model(op, shape)
+    compiled = umahub.Hub(autoload=False).compile(mod)
+    x = np.random.default_rng(1).standard_normal(shape).astype("float32")
+    np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-6, atol=1e-6)
+
+
+def test_a_max_pool_has_its_padding_inlined_and_its_window_outside_the_row():
+    from umahub.host_schedules import _parallel
+
+    mod = relax.transform.LegalizeOps()(
+        _one_op_model(lambda x: relax.op.nn.max_pool2d(x, 3, 2, 1), (1, 16, 28, 28))
+    )
+    func = next(f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    scheduled, how = _parallel(func)
+    assert how == "parallel"
+    sch = s_tir.Schedule(scheduled)
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert "pad_temp" not in names  # computed where the window reads it
+    update = sch.get_sblock("pool_max_update")
+    # (n, c, y) fused and parallel; the window's two loops; the output row, contiguous
+    assert _kinds(sch, update) == ["parallel", "serial", "serial", "serial"]
+
+
+def test_an_inference_batch_norm_on_the_host_is_a_scale_and_shift_and_computes_the_same():
+    rng = np.random.default_rng(2)
+
+    def const(low, high, n=6):
+        return relax.const(rng.uniform(low, high, n).astype("float32"))
+
+    def norm(x):
+        bn = relax.op.nn.batch_norm(
+            x, const(0.5, 2), const(-1, 1), const(-1, 1), const(0.2, 3), axis=1, training=False
+        )
+        return relax.TupleGetItem(bn, 0)
+
+    mod = _one_op_model(norm, (1, 6, 9, 9))
+    compiled = umahub.Hub(autoload=False).compile(mod)
+    # the per-channel scale and shift folded at compile time: one elementwise function
+    assert compiled.report.host_schedules == {"elementwise": 1}
+    x = rng.standard_normal((1, 6, 9, 9)).astype("float32")
+    np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-5, atol=1e-5)
