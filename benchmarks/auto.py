@@ -1,19 +1,26 @@
 """Placement by cost against every claiming order and every accelerator alone.
 
-For each model, with the three bundled plugins, each placement in a process
-of its own (same thread count, ``--threads``, default 2): the six claiming
-orders of npu, vanilla_accel and dsp_cpu, each accelerator alone, and
-``placement="auto"``. Every compile's model runs with the default executor
-(``auto``: the VM or the concurrent executor, whichever it measured faster),
-after warm-up runs, median of ``--repeat``. The auto worker starts with an
-empty cost cache and compiles twice: the first compile measures the candidate
-groups, the second finds them in the cache; both compile times are kept.
+For each model, with the three bundled plugins (same thread count for all,
+``--threads``, default 2), ten placements: the six claiming orders of npu,
+vanilla_accel and dsp_cpu, each accelerator alone, and ``placement="auto"``.
 
-    python benchmarks/auto.py [MODEL ...] [--repeat N] [--threads N]
+1. **Compile**, each placement in a process of its own, the library exported.
+   The auto process starts with an empty cost cache and compiles twice: the
+   first compile measures the candidate groups, the second finds them in the
+   cache; both compile times are kept, with auto's estimates of every other
+   placement.
+2. **Time**, in ``--rounds`` rounds (default 3), each round every library in a
+   fresh process (``umahub.load``, the default executor: the VM or the
+   concurrent one, whichever it measures faster, after warm-up runs), median
+   of ``--repeat`` runs; a placement's latency is its best round. Rounds
+   interleave the placements, so that a load on the machine that comes and
+   goes touches them all alike.
+
+    python benchmarks/auto.py [MODEL ...] [--repeat N] [--rounds N] [--threads N]
 
 Results: ``results/auto.json``; the table is printed, with auto's latency over
-the best of the others (<= 1.0 is what placement by cost promises, up to the
-noise of the machine) and the estimate next to the measurement.
+the best of the others (placement by cost promises <= 1.0, up to the noise of
+the machine) and each estimate next to its measurement.
 """
 
 from __future__ import annotations
@@ -33,12 +40,11 @@ from _models import ZOO
 ACCELERATORS = ["npu", "vanilla_accel", "dsp_cpu"]
 ORDERS = [list(p) for p in itertools.permutations(ACCELERATORS)]
 
-_WORKER = r"""
-import json, os, statistics, sys, time, warnings
+_COMPILE = r"""
+import json, sys, time, warnings
 warnings.simplefilter("ignore")
-name, placement, repeat = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+name, placement, library = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 from _models import relax_model
-import numpy as np
 import umahub
 mod, arrays = relax_model(name)
 config = {"plugins": ["npu", "vanilla", "dsp"]}
@@ -47,30 +53,40 @@ if placement != "auto":
 hub = umahub.Hub(config=config, project_config=False)
 start = time.perf_counter()
 compiled = hub.compile(mod, placement="auto" if placement == "auto" else None)
-result = {"compile_s": time.perf_counter() - start}
+result = {"compile_s": time.perf_counter() - start, "devices": compiled.report.devices_of()}
 if placement == "auto":
     auto = compiled.report.auto
-    result["auto_s"] = sum(auto["seconds"].values())
-    result["estimate_ms"] = auto["estimate_ms"]
-    result["baselines_ms"] = auto["baselines_ms"]
-    result["costs"] = auto["costs"]
-    result["changed"] = len(auto["changed"])
+    result.update(
+        auto_s=sum(auto["seconds"].values()),
+        estimate_ms=auto["estimate_ms"],
+        baselines_ms=auto["baselines_ms"],
+        costs=auto["costs"],
+        changed=len(auto["changed"]),
+    )
     start = time.perf_counter()
     again = umahub.Hub(config=config, project_config=False).compile(mod, placement="auto")
     result["cached_compile_s"] = time.perf_counter() - start
     result["cached_auto_s"] = sum(again.report.auto["seconds"].values())
-result["devices"] = compiled.report.devices_of()
+compiled.export_library(library)
+print(json.dumps(result))
+"""
+
+_TIME = r"""
+import json, statistics, sys, time
+name, library, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+from _models import relax_model
+import umahub
+_, arrays = relax_model(name)
+model = umahub.load(library)
 for _ in range(6):  # warm up; the auto executor times the VM and the concurrent one
-    compiled.run(*arrays)
+    model.run(*arrays)
 times = []
 for _ in range(repeat):
     t = time.perf_counter()
-    compiled.run(*arrays)
+    model.run(*arrays)
     times.append(time.perf_counter() - t)
-result["median_ms"] = statistics.median(times) * 1e3
-result["min_ms"] = min(times) * 1e3
-result["executor"] = compiled.executor_in_use
-print(json.dumps(result))
+print(json.dumps({"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
+                  "executor": model.executor_in_use}))
 """
 
 
@@ -81,16 +97,10 @@ def _name(placement: object) -> str:
     return " > ".join(placement) if len(placement) > 1 else f"{placement[0]} alone"
 
 
-def measure(name: str, placement: object, repeat: int, env: dict) -> dict:
-    """One placement of one model, in its own process (with an empty cost cache)."""
-    with tempfile.TemporaryDirectory(prefix="umahub-auto-") as cache:
-        proc = subprocess.run(
-            [sys.executable, "-c", _WORKER, name, json.dumps(placement), str(repeat)],
-            capture_output=True,
-            text=True,
-            env=dict(env, UMAHUB_CACHE_DIR=cache),
-            check=False,
-        )
+def _run(script: str, args: list[str], env: dict) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, check=False
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -98,60 +108,82 @@ def measure(name: str, placement: object, repeat: int, env: dict) -> dict:
     return json.loads(lines[-1])
 
 
+def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict:
+    """The ten placements of one model: compiled, then timed in interleaved rounds."""
+    placements: list[object] = [*ORDERS, *([a] for a in ACCELERATORS), "auto"]
+    row: dict[str, dict] = {}
+    libraries: dict[str, str] = {}
+    for p in placements:
+        library = str(workdir / f"{name}.{len(libraries)}.so")
+        with tempfile.TemporaryDirectory(prefix="umahub-auto-cache-") as cache:
+            result = _run(
+                _COMPILE, [name, json.dumps(p), library], dict(env, UMAHUB_CACHE_DIR=cache)
+            )
+        row[_name(p)] = result
+        if "error" not in result:
+            libraries[_name(p)] = library
+    for _ in range(args.rounds):
+        for key, library in libraries.items():
+            timed = _run(_TIME, [name, library, str(args.repeat)], env)
+            entry = row[key]
+            if "error" in timed:
+                entry.setdefault("errors", []).append(timed["error"])
+                continue
+            entry.setdefault("rounds_ms", []).append(timed["median_ms"])
+            entry["median_ms"] = min(entry["rounds_ms"])
+            entry["executor"] = timed["executor"]
+    auto = row["auto"]
+    for key, v in row.items():  # auto's estimate of each placement, next to its measurement
+        est = auto.get("estimate_ms") if key == "auto" else None
+        if key != "auto":
+            est = auto.get("baselines_ms", {}).get(
+                key if key.endswith(" alone") else f"priority {key}"
+            )
+        if est is not None and "median_ms" in v:
+            v["estimate_ms"], v["estimate_over_measured"] = est, est / v["median_ms"]
+    others = {k: v["median_ms"] for k, v in row.items() if k != "auto" and "median_ms" in v}
+    if others and "median_ms" in auto:
+        best = min(others, key=others.get)
+        auto["best_other"] = best
+        auto["over_best_other"] = auto["median_ms"] / others[best]
+        auto["over_priority"] = auto["median_ms"] / others.get(_name(ORDERS[0]), float("nan"))
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=ZOO)
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     env = dict(os.environ, TVM_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
     )
-    placements: list[object] = [*ORDERS, *([a] for a in ACCELERATORS), "auto"]
     rows = {}
-    for name in args.models:
-        row = {_name(p): measure(name, p, args.repeat, env) for p in placements}
-        others = {k: v["median_ms"] for k, v in row.items() if k != "auto" and "median_ms" in v}
-        auto = row["auto"]
-        if others and "median_ms" in auto:
-            best = min(others, key=others.get)
-            auto["best_other"] = best
-            auto["over_best_other"] = auto["median_ms"] / others[best]
-            auto["over_priority"] = auto["median_ms"] / others.get(_name(ORDERS[0]), float("nan"))
-        # what auto estimated for each of the others, next to what they measured
-        for k, v in row.items():
-            if k != "auto" and "median_ms" in v:
-                key = k if k.endswith(" alone") else f"priority {k}"
-                estimate = auto.get("baselines_ms", {}).get(key)
-                if estimate is not None:
-                    v["estimate_ms"] = estimate
-                    v["estimate_over_measured"] = estimate / v["median_ms"]
-        if "median_ms" in auto:
-            auto["estimate_over_measured"] = auto["estimate_ms"] / auto["median_ms"]
-        rows[name] = row
-        print(f"{name}:", flush=True)
-        for k, v in row.items():
-            if "error" in v:
-                print(f"  {k:32} failed: {v['error']}", flush=True)
-                continue
-            extra = ""
-            if k == "auto":
-                extra = (
-                    f"  estimate {v['estimate_ms']:.1f} ms; "
-                    f"auto/best {v.get('over_best_other', 0):.2f}"
-                    f" ({v.get('best_other')}); compile {v['compile_s']:.0f}s first, "
-                    f"{v['cached_compile_s']:.0f}s cached (auto {v['auto_s']:.1f}s / "
-                    f"{v['cached_auto_s']:.1f}s)"
-                )
-            if k != "auto" and "estimate_ms" in v:
-                extra = f"  (estimated {v['estimate_ms']:.1f} ms)"
-            print(f"  {k:32} {v['median_ms']:8.2f} ms{extra}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="umahub-auto-") as workdir:
+        for name in args.models:
+            rows[name] = row = bench(name, args, env, Path(workdir))
+            print(f"{name}:", flush=True)
+            for k, v in row.items():
+                if "median_ms" not in v:
+                    print(f"  {k:32} failed: {v.get('error') or v.get('errors')}", flush=True)
+                    continue
+                extra = f"  (estimated {v['estimate_ms']:.1f} ms)" if "estimate_ms" in v else ""
+                if k == "auto":
+                    extra += (
+                        f"; auto/best {v.get('over_best_other', 0):.2f} ({v.get('best_other')});"
+                        f" compile {v['compile_s']:.0f}s first, {v['cached_compile_s']:.0f}s "
+                        f"cached (auto {v['auto_s']:.1f}s / {v['cached_auto_s']:.1f}s)"
+                    )
+                print(f"  {k:32} {v['median_ms']:8.2f} ms{extra}", flush=True)
     path = write(
         "auto",
         {
             "threads": args.threads,
             "repeat": args.repeat,
+            "rounds": args.rounds,
             "plugins": ["npu", "vanilla", "dsp"],
             "models": rows,
         },
