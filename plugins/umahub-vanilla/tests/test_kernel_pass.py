@@ -209,8 +209,10 @@ def test_pass_leaves_other_functions_unchanged():
         ((2, 5, 9, 7), (6, 5, 3, 3), dict(padding=0), False),
         ((1, 3, 16, 15), (7, 3, 3, 3), dict(padding=(1, 0, 2, 1), strides=2), True),
         ((1, 2, 11, 10), (5, 2, 5, 3), dict(padding=(2, 1, 0, 3), strides=(3, 1)), False),
+        # a stem: 16-channel tiles and a partial one, rows shared among threads
+        ((2, 3, 40, 37), (40, 3, 7, 7), dict(padding=3, strides=2), True),
     ],
-    ids=["s1p1", "p0_batch2", "s2_asym_bias", "s31_asym_5x3"],
+    ids=["s1p1", "p0_batch2", "s2_asym_bias", "s31_asym_5x3", "stem_7x7_k40"],
 )
 def test_exported_module_matches_numpy(tmp_path, xs, ws, kw, bias):
     mod = passes.conv2d_to_extern()(_primfunc_module(_relax_conv(xs, ws, bias=bias, **kw)))

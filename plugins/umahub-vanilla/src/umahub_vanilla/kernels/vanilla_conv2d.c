@@ -19,7 +19,13 @@
  * are adjacent (and the last, partial tile of channels is padded with zeros).
  *
  * x86-64: the tile is also compiled for x86-64-v3 (AVX2 + FMA) and the loader
- * picks that version where the CPU has it (gcc's target_clones).
+ * picks that version where the CPU has it (gcc's target_clones); where the CPU
+ * has AVX-512, a 16 x 16 tile (16 channels by one 16-float register) runs
+ * instead.
+ *
+ * The output rows are shared out among the threads of TVM's thread pool
+ * (TVMBackendParallelLaunch), each with its own im2col buffer; the weights
+ * are packed once per call, before.
  */
 #include "vanilla_conv2d.h"
 
@@ -48,6 +54,14 @@
 #define VANILLA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define VANILLA_CLONES
+#endif
+
+/* x86-64 with gcc or clang: a 16 x 16 tile for AVX-512, chosen at run time */
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && \
+    !defined(VANILLA_NO_AVX512)
+#define VANILLA_AVX512 1
+#else
+#define VANILLA_AVX512 0
 #endif
 
 /* floor(a / b) for b > 0 */
@@ -101,84 +115,189 @@ static void vanilla_tile(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
   }
 }
 
+#if VANILLA_AVX512
+/* The same product in tiles of 16 output channels by 16 columns, for AVX-512:
+ * 16 accumulators of one 16-float register each, and per step one load of 16
+ * inputs and 16 multiply-adds with a broadcast weight (w packed by 16). */
+typedef float vanilla_v16 __attribute__((vector_size(64)));
+
+#define VANILLA_ACC16(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) \
+  M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
+
+__attribute__((target("avx512f,fma")))
+static void vanilla_tile16(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
+                           const float* VANILLA_RESTRICT w, ptrdiff_t depth,
+                           float* VANILLA_RESTRICT out, ptrdiff_t ldo, ptrdiff_t nk,
+                           ptrdiff_t nw) {
+#define VANILLA_DECL(j) vanilla_v16 a##j = {0};
+  VANILLA_ACC16(VANILLA_DECL)
+#undef VANILLA_DECL
+  ptrdiff_t p;
+  for (p = 0; p < depth; ++p) {
+    vanilla_v16 v;
+    const float* VANILLA_RESTRICT wp = w + p * 16;
+    memcpy(&v, x + p * ldx, sizeof v);
+#define VANILLA_FMA(j) a##j += wp[j] * v;
+    VANILLA_ACC16(VANILLA_FMA)
+#undef VANILLA_FMA
+  }
+#define VANILLA_STORE(j) \
+  if (j < nk) memcpy(out + j * ldo, &a##j, (size_t)nw * sizeof(float));
+  VANILLA_ACC16(VANILLA_STORE)
+#undef VANILLA_STORE
+}
+#endif
+
+/* TVM's thread pool, as its runtime exports it (c_backend_api.h); declared weak,
+ * so that without the runtime (the kernel on its own) the work runs here. On a
+ * thread whose pool TVM was told to keep to one thread (an emulated
+ * accelerator's worker), the launch runs every task on that thread. */
+typedef struct {
+  void* sync_handle;
+  int32_t num_task;
+} vanilla_parallel_env;
+typedef int (*vanilla_lambda)(int task_id, vanilla_parallel_env* penv, void* cdata);
+#ifdef __cplusplus
+extern "C" {
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+int TVMBackendParallelLaunch(vanilla_lambda flambda, void* cdata, int num_task)
+    __attribute__((weak));
+#define VANILLA_HAVE_POOL (TVMBackendParallelLaunch != NULL)
+#else
+#define VANILLA_HAVE_POOL 0
+#define TVMBackendParallelLaunch(f, c, n) (-1)
+#endif
+#ifdef __cplusplus
+}
+#endif
+
+/* One convolution's numbers, shared by its tasks. */
+typedef struct {
+  const float* data;
+  const float* packed;
+  float* out;
+  ptrdiff_t N, C, H, W, K, R, S, PT, PL, SH, SW, OH, OW, OWP, CRS, KT;
+  int wide; /* the 16 x 16 tile */
+  volatile int failed;
+} vanilla_job;
+
+/* The output rows [lo, hi) of the batch (rows numbered n * OH + oh). */
+static int vanilla_rows(const vanilla_job* job, ptrdiff_t lo, ptrdiff_t hi) {
+  const ptrdiff_t C = job->C, H = job->H, W = job->W, K = job->K, R = job->R, S = job->S;
+  const ptrdiff_t PT = job->PT, PL = job->PL, SH = job->SH, SW = job->SW;
+  const ptrdiff_t OH = job->OH, OW = job->OW, OWP = job->OWP, CRS = job->CRS, KT = job->KT;
+  const ptrdiff_t plane_in = H * W, plane_out = OH * OW;
+  ptrdiff_t row, ci, ri, si, ow, k0, ow0;
+  float* cols = (float*)malloc((size_t)(CRS * OWP) * sizeof(float));
+  if (cols == NULL) return -2;
+  for (row = lo; row < hi; ++row) {
+    const ptrdiff_t in_n = row / OH, oh = row % OH;
+    const float* in_b = job->data + in_n * C * plane_in;
+    float* out_b = job->out + in_n * K * plane_out;
+    /* the im2col of output row oh */
+    for (ci = 0; ci < C; ++ci) {
+      for (ri = 0; ri < R; ++ri) {
+        ptrdiff_t ih = oh * SH + ri - PT;
+        for (si = 0; si < S; ++si) {
+          float* line = cols + ((ci * R + ri) * S + si) * OWP;
+          ptrdiff_t off = si - PL, lo_w, hi_w;
+          const float* in_row;
+          if (ih < 0 || ih >= H) { /* a padded row */
+            memset(line, 0, (size_t)OWP * sizeof(float));
+            continue;
+          }
+          in_row = in_b + ci * plane_in + ih * W;
+          vanilla_valid_range(off, SW, W, OW, &lo_w, &hi_w);
+          for (ow = 0; ow < lo_w; ++ow) line[ow] = 0.0f;
+          if (SW == 1) {
+            if (hi_w > lo_w)
+              memcpy(line + lo_w, in_row + lo_w + off, (size_t)(hi_w - lo_w) * sizeof(float));
+          } else {
+            for (ow = lo_w; ow < hi_w; ++ow) line[ow] = in_row[ow * SW + off];
+          }
+          for (ow = hi_w; ow < OWP; ++ow) line[ow] = 0.0f;
+        }
+      }
+    }
+    for (k0 = 0; k0 < K; k0 += KT) {
+      ptrdiff_t nk = (K - k0 < KT) ? (K - k0) : KT;
+      float* out_k = out_b + k0 * plane_out + oh * OW;
+      for (ow0 = 0; ow0 < OW; ow0 += VANILLA_WT) {
+        ptrdiff_t nw = (OW - ow0 < VANILLA_WT) ? (OW - ow0) : VANILLA_WT;
+#if VANILLA_AVX512
+        if (job->wide) {
+          vanilla_tile16(cols + ow0, OWP, job->packed + k0 * CRS, CRS, out_k + ow0, plane_out, nk,
+                         nw);
+          continue;
+        }
+#endif
+        vanilla_tile(cols + ow0, OWP, job->packed + k0 * CRS, CRS, out_k + ow0, plane_out, nk, nw);
+      }
+    }
+  }
+  free(cols);
+  return 0;
+}
+
+/* Task task_id of num_task: an equal share of the rows. */
+static int vanilla_task(int task_id, vanilla_parallel_env* penv, void* cdata) {
+  vanilla_job* job = (vanilla_job*)cdata;
+  ptrdiff_t rows = job->N * job->OH, tasks = penv->num_task > 0 ? penv->num_task : 1;
+  ptrdiff_t lo = rows * task_id / tasks, hi = rows * (task_id + 1) / tasks;
+  if (lo < hi && vanilla_rows(job, lo, hi) != 0) job->failed = 1;
+  return 0;
+}
+
 int32_t vanilla_conv2d_nchw(float* data, float* weight, float* out,
                             int32_t n, int32_t c, int32_t h, int32_t w,
                             int32_t k, int32_t r, int32_t s,
                             int32_t pad_top, int32_t pad_left,
                             int32_t pad_bottom, int32_t pad_right,
                             int32_t stride_h, int32_t stride_w) {
-  ptrdiff_t N = n, C = c, H = h, W = w, K = k, R = r, S = s;
-  ptrdiff_t PT = pad_top, PL = pad_left, SH = stride_h, SW = stride_w;
-  ptrdiff_t OH, OW, OWP, CRS, KP, plane_in, plane_out;
-  ptrdiff_t in_n, oh, k0, ow0, ci, ri, si, ow, j, p;
-  float *cols, *packed;
+  vanilla_job job;
+  ptrdiff_t KP, k0, p, j;
+  float* packed;
 
   if (n <= 0 || c <= 0 || h <= 0 || w <= 0 || k <= 0 || r <= 0 || s <= 0) return -1;
   if (pad_top < 0 || pad_left < 0 || pad_bottom < 0 || pad_right < 0) return -1;
   if (stride_h <= 0 || stride_w <= 0) return -1;
-  if (H + PT + pad_bottom < R || W + PL + pad_right < S) return -1;
+  if ((ptrdiff_t)h + pad_top + pad_bottom < r || (ptrdiff_t)w + pad_left + pad_right < s) return -1;
   if (data == NULL || weight == NULL || out == NULL) return -1;
 
-  OH = (H + PT + pad_bottom - R) / SH + 1;
-  OW = (W + PL + pad_right - S) / SW + 1;
-  OWP = (OW + VANILLA_WT - 1) / VANILLA_WT * VANILLA_WT;
-  CRS = C * R * S;
-  KP = (K + VANILLA_KT - 1) / VANILLA_KT * VANILLA_KT;
-  plane_in = H * W;
-  plane_out = OH * OW;
+  job.data = data;
+  job.out = out;
+  job.N = n, job.C = c, job.H = h, job.W = w, job.K = k, job.R = r, job.S = s;
+  job.PT = pad_top, job.PL = pad_left, job.SH = stride_h, job.SW = stride_w;
+  job.OH = ((ptrdiff_t)h + pad_top + pad_bottom - r) / stride_h + 1;
+  job.OW = ((ptrdiff_t)w + pad_left + pad_right - s) / stride_w + 1;
+  job.OWP = (job.OW + VANILLA_WT - 1) / VANILLA_WT * VANILLA_WT;
+  job.CRS = (ptrdiff_t)c * r * s;
+  job.failed = 0;
+  job.wide = 0;
+#if VANILLA_AVX512
+  job.wide = __builtin_cpu_supports("avx512f") && k > VANILLA_KT;
+#endif
+  job.KT = job.wide ? 16 : VANILLA_KT;
+  KP = (job.K + job.KT - 1) / job.KT * job.KT;
 
-  cols = (float*)malloc((size_t)(CRS * OWP) * sizeof(float));
-  packed = (float*)malloc((size_t)(KP * CRS) * sizeof(float));
-  if (cols == NULL || packed == NULL) {
-    free(cols);
-    free(packed);
-    return -2;
-  }
+  packed = (float*)malloc((size_t)(KP * job.CRS) * sizeof(float));
+  if (packed == NULL) return -2;
   /* packed[(k0/KT)*CRS*KT + p*KT + j] = weight[k0 + j][p], 0 past K */
-  for (k0 = 0; k0 < KP; k0 += VANILLA_KT)
-    for (p = 0; p < CRS; ++p)
-      for (j = 0; j < VANILLA_KT; ++j)
-        packed[k0 * CRS + p * VANILLA_KT + j] = (k0 + j < K) ? weight[(k0 + j) * CRS + p] : 0.0f;
+  for (k0 = 0; k0 < KP; k0 += job.KT)
+    for (p = 0; p < job.CRS; ++p)
+      for (j = 0; j < job.KT; ++j)
+        packed[k0 * job.CRS + p * job.KT + j] =
+            (k0 + j < job.K) ? weight[(k0 + j) * job.CRS + p] : 0.0f;
+  job.packed = packed;
 
-  for (in_n = 0; in_n < N; ++in_n) {
-    const float* in_b = data + in_n * C * plane_in;
-    float* out_b = out + in_n * K * plane_out;
-    for (oh = 0; oh < OH; ++oh) {
-      /* the im2col of output row oh */
-      for (ci = 0; ci < C; ++ci) {
-        for (ri = 0; ri < R; ++ri) {
-          ptrdiff_t ih = oh * SH + ri - PT;
-          for (si = 0; si < S; ++si) {
-            float* row = cols + ((ci * R + ri) * S + si) * OWP;
-            ptrdiff_t off = si - PL, lo, hi;
-            const float* in_row;
-            if (ih < 0 || ih >= H) { /* a padded row */
-              memset(row, 0, (size_t)OWP * sizeof(float));
-              continue;
-            }
-            in_row = in_b + ci * plane_in + ih * W;
-            vanilla_valid_range(off, SW, W, OW, &lo, &hi);
-            for (ow = 0; ow < lo; ++ow) row[ow] = 0.0f;
-            if (SW == 1) {
-              if (hi > lo) memcpy(row + lo, in_row + lo + off, (size_t)(hi - lo) * sizeof(float));
-            } else {
-              for (ow = lo; ow < hi; ++ow) row[ow] = in_row[ow * SW + off];
-            }
-            for (ow = hi; ow < OWP; ++ow) row[ow] = 0.0f;
-          }
-        }
-      }
-      for (k0 = 0; k0 < K; k0 += VANILLA_KT) {
-        ptrdiff_t nk = (K - k0 < VANILLA_KT) ? (K - k0) : VANILLA_KT;
-        float* out_k = out_b + k0 * plane_out + oh * OW;
-        for (ow0 = 0; ow0 < OW; ow0 += VANILLA_WT) {
-          ptrdiff_t nw = (OW - ow0 < VANILLA_WT) ? (OW - ow0) : VANILLA_WT;
-          vanilla_tile(cols + ow0, OWP, packed + k0 * CRS, CRS, out_k + ow0, plane_out, nk, nw);
-        }
-      }
-    }
+  /* rows in parallel on TVM's thread pool when there are enough of them */
+  if (!VANILLA_HAVE_POOL || job.N * job.OH < 2 ||
+      TVMBackendParallelLaunch(vanilla_task, &job, 0) != 0) {
+    vanilla_parallel_env one = {NULL, 1};
+    job.failed = 0;
+    vanilla_task(0, &one, &job);
   }
-  free(cols);
   free(packed);
-  return 0;
+  return job.failed ? -2 : 0;
 }

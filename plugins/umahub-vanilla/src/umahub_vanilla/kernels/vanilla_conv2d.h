@@ -19,9 +19,13 @@
  *            (must not alias data or weight)
  *
  * Returns 0 on success, -1 when an argument is out of range (non-positive
- * size or stride, negative padding, kernel larger than the padded input),
- * -2 when its scratch memory (C*R*S*OW + K*C*R*S floats) cannot be had;
- * out is left untouched then.
+ * size or stride, negative padding, kernel larger than the padded input;
+ * out is left untouched then), -2 when its scratch memory (C*R*S*OW floats
+ * per thread, K*C*R*S for the packed weights) cannot be had (out is then
+ * left partly written).
+ *
+ * The work is shared among the threads of TVM's thread pool when the TVM
+ * runtime is there (TVMBackendParallelLaunch), else done on the calling thread.
  *
  * The pointer parameters are deliberately NOT const-qualified: TVM's C
  * codegen emits its own prototype for every T.call_extern callee, e.g.
