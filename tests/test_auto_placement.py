@@ -384,3 +384,14 @@ def test_by_cost_every_match_is_a_partition_of_its_own_as_it_was_timed():
     compiled = hub.compile(mod, placement="auto")
     assert [p.operators for p in compiled.report.partitions] == [1, 1, 1, 1]
     assert {o.device for o in compiled.report.placement if o.name != "n4"} == {"fast:0"}
+
+
+def test_copies_are_fitted_as_a_latency_and_a_bandwidth():
+    from umahub.auto.costs import _fit
+
+    # 10 us each, plus 1 GB/s: the small copies give the latency, the large the bandwidth
+    samples = [(size, 10e-6 + size / 1e9) for size in (16, 64, 256, 1 << 20, 4 << 20, 16 << 20)]
+    latency, bandwidth = _fit(samples)
+    assert latency == pytest.approx(10e-6, rel=0.01)
+    assert bandwidth == pytest.approx(1e9, rel=0.01)
+    assert _fit([(16, 5e-6), (32, 5e-6)]) == (5e-6, float("inf"))  # no large copy: no bandwidth

@@ -114,15 +114,18 @@ def _host_memcpy_bandwidth() -> float:
 
 
 def _fit(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """(latency, bandwidth) of ``seconds = latency + bytes / bandwidth`` over the samples."""
-    sizes = np.array([s for s, _ in samples], dtype=float)
-    secs = np.array([t for _, t in samples], dtype=float)
-    if len(set(sizes)) >= 2:
-        slope, intercept = np.polyfit(sizes, secs, 1)
-        if slope > 0:
-            return max(float(intercept), 0.0), 1.0 / float(slope)
-    per_byte = float(np.median(secs / np.maximum(sizes, 1)))
-    return 0.0, 1.0 / max(per_byte, 1e-15)
+    """(latency, bandwidth) of ``seconds = latency + bytes / bandwidth`` over the samples.
+
+    The latency is what the smallest copies take (a fixed cost: a call, a thread
+    handing over); the bandwidth, the median of what the others move beyond it.
+    A least-squares line would let a few large, noisy copies set the latency,
+    even below zero.
+    """
+    ordered = sorted(samples)
+    small = [t for _, t in ordered[: max(1, len(ordered) // 4)]]
+    latency = float(np.median(small))
+    rates = [s / (t - latency) for s, t in ordered if t > latency * 1.5 and s > 0]
+    return latency, float(np.median(rates)) if rates else math.inf
 
 
 def _threads() -> str:
@@ -317,10 +320,14 @@ class Costs:
                 model.source[acc.name] = f"declared by pool {pool.scope}"
             elif len(self.copy_samples.get(acc.name, ())) >= 1:
                 latency, bandwidth = _fit(self.copy_samples[acc.name])
-                model.latency[acc.name] = latency
-                model.bandwidth[acc.name] = bandwidth
                 timed = len(self.copy_samples[acc.name])
+                model.latency[acc.name] = latency
                 model.source[acc.name] = f"fitted to {timed} timed copies"
+                if bandwidth == math.inf:  # only small copies timed: the latency is all they tell
+                    memcpy = memcpy or _host_memcpy_bandwidth()
+                    bandwidth = memcpy
+                    model.source[acc.name] += ", bandwidth of a host memcpy"
+                model.bandwidth[acc.name] = bandwidth
             else:
                 memcpy = memcpy or _host_memcpy_bandwidth()
                 model.bandwidth[acc.name] = memcpy
