@@ -284,3 +284,30 @@ def test_the_kit_options_go_together(pytester):
             "and the kind of board to ask it for"
         ]
     )
+
+
+def test_placement_by_cost_times_the_candidate_groups_on_the_board(farm):
+    from graphs import chain
+
+    import umahub
+
+    hub = umahub.Hub(config={"plugins": ["dsp"]}, project_config=False)
+    mod = chain(shape=(4, 64), ops=("relu", "add", "sigmoid"))
+    with connect(tracker=farm["tracker"], key=KEY, timeout=60) as board:
+        on_board = hub.explain(mod, placement="auto", board=board).auto
+    assert on_board["costs"]["measured"] == 2 * len(on_board["groups"]) > 0
+    here = hub.explain(mod, placement="auto").auto  # keyed apart: measured again, here
+    assert here["costs"]["measured"] == on_board["costs"]["measured"]
+    assert here["costs"]["cached"] == 0
+    for group in on_board["groups"]:
+        assert group["costs"]["dsp_cpu"]["seconds"] > 0
+        assert group["costs"]["host"]["source"] == "measured"
+
+
+def test_compile_with_a_board_needs_auto(farm, capsys):
+    status = main(["compile", "cnn", "--rpc", farm["tracker"], "--key", KEY])
+    assert status == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "umahub: error: --rpc with compile: the board times the candidate groups of placement "
+        "by cost; give --auto too (to run a library on a board: umahub run LIBRARY --rpc ...)"
+    )

@@ -122,6 +122,8 @@ class Compilation:
         target: the machine the model is built for and its C compiler; None:
             this machine (see :mod:`umahub.targets`).
         notes: what went differently from the plan, for the report.
+        board: a :class:`umahub.rpc.Board` on which placement by cost times the
+            candidate groups (None: this machine).
         only: the accelerators that claim, with no pins and no auto: a cost
             measurement's build (:mod:`umahub.auto.costs`); None: as configured.
         auto: (auto) what placement by cost chose and why (:class:`umahub.auto.AutoChoice`).
@@ -153,6 +155,7 @@ class Compilation:
     clock: Clock = field(default_factory=lambda: Clock(None))
     target: BuildTarget | None = None
     notes: list[str] = field(default_factory=list)
+    board: Any = None
     only: tuple[Any, ...] | None = None
     auto: Any = None
     pins: Pins | None = None

@@ -90,12 +90,13 @@ def _start(
     verify: bool = False,
     target: BuildTarget | None = None,
     only: tuple[Any, ...] | None = None,
+    board: Any = None,
 ) -> Compilation:
     """A new compilation of ``mod``, planned, partitioned and with its memory checked."""
     if "main" not in [name_of(gv) for gv in mod.get_global_vars()]:
         raise CompileError("the module has no 'main' function to compile")
     check_placement(placement)
-    comp = Compilation(hub, mod, placement, verify, Clock(progress), target, only=only)
+    comp = Compilation(hub, mod, placement, verify, Clock(progress), target, board=board, only=only)
     with _gc_paused():
         with comp.clock.stage("plan"):
             comp.mod = fold_constants(comp.mod)
@@ -119,10 +120,21 @@ def explain(
     *,
     placement: Mapping[str, str] | str | None = None,
     progress: Progress | None = None,
+    target: Any = None,
+    cc: str | None = None,
+    board: Any = None,
 ) -> Report:
-    """Plan placement, memory and copies of ``mod`` without lowering or building it."""
+    """Plan placement, memory and copies of ``mod`` without lowering or building it.
+
+    ``target``, ``cc`` and ``board`` are :func:`compile`'s: with placement by
+    cost, the candidate groups alone are built for the target and timed (on
+    the board); the model itself is not built.
+    """
+    from umahub.targets import BuildTarget
+
+    build_target = target if isinstance(target, BuildTarget) else check_target(hub, target, cc)
     with bounded(_bounds(mod)):
-        comp = _start(hub, mod, placement, progress)
+        comp = _start(hub, mod, placement, progress, target=build_target, board=board)
         with comp.clock.stage("copies"):
             build.count_copies(comp)
     return comp.report(built=False)
@@ -139,6 +151,7 @@ def compile(
     profile: bool | None = None,
     target: Any = None,
     cc: str | None = None,
+    board: Any = None,
 ) -> Compiled:
     """Compile ``mod`` through the hub's plugins.
 
@@ -168,6 +181,10 @@ def compile(
             architecture cannot run here: export it and run it on a board.
         cc: the C compiler of C partitions and the export
             (``"aarch64-linux-gnu-gcc"``); None: the config's ``cc``, else TVM's default.
+        board: a :class:`umahub.rpc.Board` (``umahub.remote(...)``) on which
+            placement by cost times the candidate groups, built for ``target``;
+            None: they are timed on this machine (a build for another machine
+            then has no measured costs).
 
     Raises:
         TargetError: a target or compiler that cannot be used, or ``verify``
@@ -187,7 +204,7 @@ def compile(
         profile = False
     verify = hub.config.verify if verify is None else verify
     with bounded(_bounds(mod)):
-        comp = _start(hub, mod, placement, progress, verify, build_target)
+        comp = _start(hub, mod, placement, progress, verify, build_target, board=board)
         lower.run(comp)
         build.run(comp)
         if comp.verify:

@@ -10,11 +10,16 @@ In that order:
    machine. The accelerator's seconds are its partition's step on the
    concurrent executor (the copies in and out are timed as steps of their
    own, and feed the copy model); the host's are the whole run on the VM.
+   With a board (``compile(..., board=umahub.remote(...))``), the group's
+   library is exported and run there instead, and its seconds are ``main``'s
+   on the board, its own copies included.
 
 Equal groups (same operators, shapes and pattern) are costed once. A group
 that cannot be measured (a size known only at run time, a model built for
 another machine, a build that fails or places the group elsewhere) has no
-cost; the search then leaves it where ``priority`` puts it.
+cost; the search then leaves it where ``priority`` puts it. A board's
+measurements are cached apart from this machine's (the key holds the board's
+architecture, CPU and core count).
 
 Copies: a pool that declares its ``bandwidth`` is costed from it; otherwise
 the copies the measurements timed are fitted as ``latency + bytes /
@@ -146,12 +151,20 @@ class Costs:
         self.build = build
         self.hub = comp.hub
         self.cache = cache if cache is not None else CostCache()
-        self.measurable = not comp.foreign
+        self.board = comp.board
+        self.measurable = self.board is not None or not comp.foreign
         plugins = sorted(
             f"{p.name}={p.distribution}:{p.version}" for p in self.hub.plugins if p.loaded
         )
         target = comp.target.text if comp.target is not None else "this machine"
-        self._base = (umahub.__version__, tvm.__version__, plugins, target, _threads())
+        where = (
+            "board {machine} {cpu} x{cpus}".format_map(
+                {"machine": "?", "cpu": "", "cpus": "?", **self.board.info}
+            )
+            if self.board is not None
+            else _threads()
+        )
+        self._base = (umahub.__version__, tvm.__version__, plugins, target, where)
         self._seen: dict[tuple[str, str], Cost] = {}
         self.copy_samples: dict[str, list[tuple[int, float]]] = {}
         self.counts = {"plugin": 0, "measured": 0, "cached": 0, "none": 0}
@@ -236,7 +249,11 @@ class Costs:
             return Cost(None, "", "a size of it is known only at run time")
         if not self.measurable:
             self.counts["none"] += 1
-            return Cost(None, "", "the model is built for another machine: nothing to time here")
+            return Cost(
+                None,
+                "",
+                "the model is built for another machine: nothing to time here (give a board)",
+            )
         cache_key = self._key(device, key)
         hit = self.cache.get(cache_key)
         if isinstance(hit, dict) and isinstance(hit.get("seconds"), (int, float)):
@@ -275,6 +292,8 @@ class Costs:
                     f"its patterns did not take the group alone ({len(placed)} partition(s))"
                 )
         arrays = example_inputs(compiled.input_info)
+        if self.board is not None:
+            return self._time_on_board(compiled, arrays), []
         runner = compiled._executors
         steps = runner.step_seconds(arrays, RUNS)
         total = sum(statistics.median(v) for v in steps.values())
@@ -298,6 +317,20 @@ class Costs:
             if label in sizes
         ]
         return seconds, copies
+
+    def _time_on_board(self, compiled: Any, arrays: Sequence[Any]) -> float:
+        """Median seconds of the group's whole library on the board (its copies included)."""
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory(prefix="umahub-cost-") as tmp:
+            model = self.board.load(compiled.export_library(Path(tmp) / "group.so"))
+        model.run(*arrays)
+        times = []
+        for _ in range(RUNS):
+            model.run(*arrays)
+            times.append(model.board_seconds())
+        return statistics.median(times)
 
     # ------------------------------------------------------------------ copies
 

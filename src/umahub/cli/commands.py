@@ -128,16 +128,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
     progress = Progress(quiet=args.quiet)
     hub = _hub(args)  # a configuration error comes before any progress line
     target = _target(hub, args)  # so does a wrong target or a missing compiler
-    mod = _load_model(args.model, progress)
-    compiled = hub.compile(
-        mod,
-        model=Path(args.model).name,
-        progress=progress,
-        verify=args.verify or None,
-        target=target,
-        profile=args.profile or None,
-        placement="auto" if args.auto else None,
-    )
+    board = _board(args)
+    try:
+        mod = _load_model(args.model, progress)
+        compiled = hub.compile(
+            mod,
+            model=Path(args.model).name,
+            progress=progress,
+            verify=args.verify or None,
+            target=target,
+            profile=args.profile or None,
+            placement="auto" if args.auto else None,
+            board=board,
+        )
+    finally:
+        if board is not None:
+            board.close()
     with progress.step("export", f"{args.output} (compile and link)"):
         compiled.export_library(args.output)
     report = compiled.report
@@ -233,6 +239,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _board(args: argparse.Namespace, auto: bool = True) -> Any:
+    """The board that ``--rpc``/``--rpc-server`` name (connected), or None.
+
+    ``auto``: whether the command uses a board only to time ``--auto``'s groups.
+    """
+    if not (args.rpc or args.rpc_server):
+        if args.key:
+            raise UmahubError("--key names the boards to ask a tracker for: give --rpc HOST:PORT")
+        return None
+    option = "--rpc" if args.rpc else "--rpc-server"
+    if auto and not args.auto:
+        raise UmahubError(
+            f"{option} with {args.command}: the board times the candidate groups of placement "
+            "by cost; give --auto too (to run a library on a board: umahub run LIBRARY --rpc ...)"
+        )
+    if args.rpc and not args.key:
+        raise UmahubError(f"--rpc {args.rpc}: give --key, the kind of board to ask the tracker for")
+    from umahub.rpc import connect
+
+    board = connect(tracker=args.rpc, server=args.rpc_server, key=args.key, timeout=args.timeout)
+    _say(args, f"on {board.name} ({board.info.get('machine', '?')})")
+    return board
+
+
 def _model(args: argparse.Namespace) -> Any:
     """The library loaded here, or on the board that ``--rpc``/``--rpc-server`` name."""
     import os
@@ -240,18 +270,13 @@ def _model(args: argparse.Namespace) -> Any:
     from umahub.compiled import load
 
     if not (args.rpc or args.rpc_server):
-        if args.key:
-            raise UmahubError("--key names the boards to ask a tracker for: give --rpc HOST:PORT")
+        _board(args, auto=False)  # --key alone is an error
         return load(args.library)
     if args.rpc and not args.key:
         raise UmahubError(f"--rpc {args.rpc}: give --key, the kind of board to ask the tracker for")
     if not os.path.isfile(args.library):
         raise UmahubError(f"{args.library}: no such file")
-    from umahub.rpc import connect
-
-    board = connect(tracker=args.rpc, server=args.rpc_server, key=args.key, timeout=args.timeout)
-    _say(args, f"on {board.name} ({board.info.get('machine', '?')})")
-    return board.load(args.library)
+    return _board(args, auto=False).load(args.library)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -336,13 +361,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
         check_writable(args.out, "--out")
     progress = Progress(quiet=args.quiet)
     hub = _hub(args)
-    mod = _load_model(args.model, progress)
-    report = hub.explain(
-        mod,
-        model=Path(args.model).name,
-        progress=progress,
-        placement="auto" if args.auto else None,
-    )
+    board = _board(args)
+    try:
+        mod = _load_model(args.model, progress)
+        report = hub.explain(
+            mod,
+            model=Path(args.model).name,
+            progress=progress,
+            placement="auto" if args.auto else None,
+            board=board,
+        )
+    finally:
+        if board is not None:
+            board.close()
     _say(args, str(report))
     if args.out:
         report.save_picture(args.out)

@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for --target (as cc in [tool.umahub])",
     )
 
+    _board_options(p, "with --auto, time the candidate groups")
     p.add_argument(
         "--profile",
         action="store_true",
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("explain", "placement, copies and memory, without building", commands.cmd_explain)
     p.add_argument("model", help=MODEL_HELP)
+    _board_options(p, "with --auto, time the candidate groups")
     p.add_argument(
         "--auto",
         action="store_true",
@@ -200,18 +202,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _board_options(p: argparse.ArgumentParser) -> None:
-    """``--rpc``/``--rpc-server``/``--key``/``--timeout``: run on a board over TVM's RPC."""
+def _board_options(p: argparse.ArgumentParser, doing: str = "run") -> None:
+    """``--rpc``/``--rpc-server``/``--key``/``--timeout``: a board over TVM's RPC.
+
+    ``doing``: what the board is for, in the help (``"run"``; compile and
+    explain time the candidate groups of ``--auto`` on it).
+    """
     where = p.add_mutually_exclusive_group()
     where.add_argument(
         "--rpc",
         metavar="HOST:PORT",
-        help="run on a board from this TVM tracker (python -m tvm.exec.rpc_tracker); with --key",
+        help=f"{doing} on a board from this TVM tracker (python -m tvm.exec.rpc_tracker); "
+        "with --key",
     )
     where.add_argument(
         "--rpc-server",
         metavar="HOST:PORT",
-        help="run on this one board (python -m umahub.board), no tracker",
+        help=f"{doing} on this one board (python -m umahub.board), no tracker",
     )
     p.add_argument("--key", help="the kind of board to ask the tracker for")
     p.add_argument(
