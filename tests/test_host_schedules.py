@@ -219,3 +219,50 @@ def test_an_inference_batch_norm_on_the_host_is_a_scale_and_shift_and_computes_t
     assert compiled.report.host_schedules == {"elementwise": 1}
     x = rng.standard_normal((1, 6, 9, 9)).astype("float32")
     np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        relax.op.nn.gelu,
+        relax.op.nn.gelu_tanh,
+        relax.op.sigmoid,
+        relax.op.tanh,
+        relax.op.exp,
+        lambda x: relax.op.nn.softmax(x, axis=-1),
+        lambda x: relax.op.nn.softmax(x, axis=1),
+    ],
+    ids=["gelu", "gelu_tanh", "sigmoid", "tanh", "exp", "softmax", "softmax_axis1"],
+)
+def test_transcendental_functions_on_the_host_are_polynomials_and_compute_the_same(op):
+    from umahub.host_lowering import lower_host
+
+    mod = _one_op_model(op, (2, 24, 40))
+    lowered, _ = lower_host(umahub.Hub(autoload=False), mod)
+    code = "\n".join(
+        f.script() for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)
+    )
+    # no call of the C library's scalar exp, erf or tanh per element
+    assert not any(f"T.{fn}(" in code for fn in ("exp", "erf", "tanh")), code
+    compiled = umahub.Hub(autoload=False).compile(mod)
+    x = (np.random.default_rng(3).standard_normal((2, 24, 40)) * 4).astype("float32")
+    np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-5, atol=1e-6)
+
+
+def test_a_chain_of_polynomial_functions_compiles_quickly_and_computes_the_same():
+    """Each polynomial reads its input a dozen times: inlined one into the next,
+    the chain would grow exponentially (it took minutes and gigabytes)."""
+    import time
+
+    def chain(x):
+        for op in (relax.op.sigmoid, relax.op.nn.gelu, relax.op.tanh, relax.op.nn.gelu_tanh):
+            x = op(x)
+        return x
+
+    mod = _one_op_model(chain, (4, 32))
+    start = time.perf_counter()
+    compiled = umahub.Hub(autoload=False).compile(mod)
+    assert time.perf_counter() - start < 30
+    assert compiled.report.host_schedules == {"elementwise": 1}
+    x = np.random.default_rng(4).standard_normal((4, 32)).astype("float32")
+    np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-5, atol=1e-6)

@@ -5,13 +5,14 @@ schedule, each is a loop nest on one thread with no vectors (TVM's default
 Relax pipeline schedules nothing on a CPU). Each fused host PrimFunc gets, in
 this order, the first of:
 
-1. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
+1. ``"elementwise"``: a function of spatial blocks only (an activation, a
+   bias add, a transpose, a fused chain of them): the chain inlined into its
+   last block (a big block its consumers read several times excepted), its
+   outer loops in parallel when there is enough work (the contiguous inner
+   loop is left for LLVM to vectorize);
+2. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
    softmax, layer norm and their kin (rows in parallel, the elementwise
    stages vectorized), ``GEMV`` for matrix-vector products;
-2. ``"elementwise"``: a function of spatial blocks only (an activation, a
-   bias add, a transpose, a fused chain of them): the chain inlined into its
-   last block, its outer loops in parallel when there is enough work (the
-   contiguous inner loop is left for LLVM to vectorize);
 3. ``"parallel"``: anything else (a pooling, a reduction dlight does not
    take, a convolution no accelerator took): the leading spatial loops of
    each root block fused and run in parallel; a pooling window's loops
@@ -73,6 +74,74 @@ def _extent(sch: s_tir.Schedule, loop: Any) -> int | None:
     return int(extent) if isinstance(extent, tirx.IntImm) else None
 
 
+#: Expression nodes a block may grow to by inlining a producer it reads more than once.
+INLINE_MAX = 400
+
+
+def _walk(node: Any, kind: Any, visit: Any) -> None:
+    import tvm_ffi
+
+    walk = getattr(tvm_ffi, "structural_walk", None)
+    if walk is not None:  # apache-tvm 0.26+
+        walk(node, (kind, visit), order="post")
+    else:
+        tirx.stmt_functor.post_order_visit(
+            node, lambda n: visit(n) if isinstance(n, kind) else None
+        )
+
+
+def _expression_size(sch: s_tir.Schedule, block: Any) -> int:
+    nodes: list[Any] = []
+    _walk(sch.get(block).body, object, nodes.append)
+    return len(nodes)
+
+
+def _reads_of(sch: s_tir.Schedule, producer: Any) -> int:
+    """How many loads of ``producer``'s output its consumers make (per element)."""
+    from umahub.compat import Load, buffer_of
+
+    written = buffer_of(sch.get(producer).writes[0])
+    loads: list[Any] = []
+    for consumer in sch.get_consumers(producer):
+        _walk(
+            sch.get(consumer).body,
+            Load,
+            lambda n: loads.append(n) if buffer_of(n).same_as(written) else None,
+        )
+    return len(loads)
+
+
+def _inline_chain(sch: s_tir.Schedule, blocks: list) -> None:
+    """Inline each block into its consumers, unless they read it more than once and
+    it is big: TVM's polynomial ``exp``/``erf`` read their input a dozen times,
+    and a chain of them inlined would grow exponentially (GELU of a sigmoid of
+    a tanh: millions of nodes); such a block is written once and read back."""
+    for block in blocks:
+        uses = _reads_of(sch, block)
+        if uses > 1 and uses * _expression_size(sch, block) > INLINE_MAX:
+            continue
+        sch.compute_inline(block)
+
+
+def _parallel_rows(sch: s_tir.Schedule, block: Any) -> bool:
+    """The block's outer loops, fused, in parallel until every thread has work; the
+    last loop (a contiguous row) never. False when its loops are not static."""
+    loops = sch.get_loops(block)
+    extents = [_extent(sch, loop) for loop in loops]
+    if not loops or any(e is None for e in extents):
+        return False
+    if math.prod(extents) < PARALLEL_MIN or len(loops) < 2:
+        return True
+    outer, count = [], 1
+    for loop, e in zip(loops[:-1], extents[:-1]):
+        outer.append(loop)
+        count *= e
+        if count >= 64:
+            break
+    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    return True
+
+
 def _elementwise(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     """A chain of spatial blocks: inlined into its last block, outer loops in parallel.
 
@@ -86,29 +155,10 @@ def _elementwise(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     blocks = sch.get_child_blocks(root)
     if not blocks or not all(_spatial(sch, b) for b in blocks):
         return None
-    for block in blocks[:-1]:
-        sch.compute_inline(block)
-    blocks = sch.get_child_blocks(root)
-    if len(blocks) != 1:
-        return None
-    loops = sch.get_loops(blocks[0])
-    extents = [_extent(sch, loop) for loop in loops]
-    if not loops or any(e is None for e in extents):
-        return None
-    total = 1
-    for e in extents:
-        total *= e
-    if total < PARALLEL_MIN or len(loops) < 2:
-        return sch.mod["main"], "elementwise"
-    # the outer loops, fused, until they give every thread work; the last loop never
-    outer, count = [], 1
-    for loop, e in zip(loops[:-1], extents[:-1]):
-        outer.append(loop)
-        count *= e
-        if count >= 64:
-            break
-    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    sch.parallel(fused)
+    _inline_chain(sch, blocks[:-1])
+    for block in sch.get_child_blocks(root):
+        if not _parallel_rows(sch, block):
+            return None
     return sch.mod["main"], "elementwise"
 
 
@@ -192,8 +242,10 @@ def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
 def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str]:
     """``func`` scheduled by the first rule that takes it, and that rule's name."""
     for rule in (
-        lambda f: _dlight(f, target),
+        # first: dlight's rules take no function without a reduction, and
+        # inline every block before they look (see _inline_chain)
         _elementwise,
+        lambda f: _dlight(f, target),
         _parallel,
     ):
         try:
