@@ -12,7 +12,8 @@ vanilla_accel and dsp_cpu, each accelerator alone, and ``placement="auto"``.
 2. **Time**, in ``--rounds`` rounds (default 3), each round every library in a
    fresh process (``umahub.load``, the default executor: the VM or the
    concurrent one, whichever it measures faster, after warm-up runs), median
-   of ``--repeat`` runs; a placement's latency is its best round. Rounds
+   of ``--repeat`` runs (fewer for a slow one: about 3 s, at least 3 runs); a
+   placement's latency is its best round. Rounds
    interleave the placements, so that a load on the machine that comes and
    goes touches them all alike.
 
@@ -78,8 +79,10 @@ from _models import relax_model
 import umahub
 _, arrays = relax_model(name)
 model = umahub.load(library)
-for _ in range(6):  # warm up; the auto executor times the VM and the concurrent one
+for _ in range(7):  # warm up; the auto executor times the VM and the concurrent one
+    t = time.perf_counter()
     model.run(*arrays)
+repeat = min(repeat, max(3, int(3.0 / (time.perf_counter() - t))))  # a slow one: 3 s or 3 runs
 times = []
 for _ in range(repeat):
     t = time.perf_counter()
