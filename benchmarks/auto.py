@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import write
+from _common import RESULTS, write
 from _models import ZOO
 
 ACCELERATORS = ["npu", "vanilla_accel", "dsp_cpu"]
@@ -159,12 +159,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the models already in results/auto.json (a run in several sittings)",
+    )
     args = parser.parse_args()
     env = dict(os.environ, TVM_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
     )
     rows = {}
+    previous = RESULTS / "auto.json"
+    if args.append and previous.exists():
+        rows.update(json.loads(previous.read_text()).get("models", {}))
     with tempfile.TemporaryDirectory(prefix="umahub-auto-") as workdir:
         for name in args.models:
             rows[name] = row = bench(name, args, env, Path(workdir))
@@ -181,16 +189,16 @@ def main() -> None:
                         f"cached (auto {v['auto_s']:.1f}s / {v['cached_auto_s']:.1f}s)"
                     )
                 print(f"  {k:32} {v['median_ms']:8.2f} ms{extra}", flush=True)
-    path = write(
-        "auto",
-        {
-            "threads": args.threads,
-            "repeat": args.repeat,
-            "rounds": args.rounds,
-            "plugins": ["npu", "vanilla", "dsp"],
-            "models": rows,
-        },
-    )
+            path = write(  # after every model: a long run stopped keeps what it measured
+                "auto",
+                {
+                    "threads": args.threads,
+                    "repeat": args.repeat,
+                    "rounds": args.rounds,
+                    "plugins": ["npu", "vanilla", "dsp"],
+                    "models": rows,
+                },
+            )
     print(f"wrote {path}")
 
 
