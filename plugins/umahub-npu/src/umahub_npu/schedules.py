@@ -38,7 +38,8 @@ matmul, per (batch, i-tile, j-tile) task::
 
 * micro-kernel ``mr x nr``: ``nr`` = two vectors (16 lanes with AVX2, 32 with
   AVX-512) along ``j``, ``mr`` = 4 rows (``mr * nr/lanes`` = 8 accumulator
-  registers of the 16 ymm registers);
+  registers of the 16 ymm registers), 8 rows with AVX-512's 32 registers
+  when M is a multiple of 16;
 * ``tj``: a multiple of ``nr`` dividing N, at most 256; ``ti``: a multiple of
   ``mr`` dividing M, at most 32 (a C tile of 32 KiB); both shrink while there are
   fewer parallel tasks than ``2 * threads``;
@@ -367,7 +368,10 @@ def _pick_mr(m: int) -> int:
 def matmul_tiles(batch: int, M: int, N: int, K: int, lanes: int, sram_bytes: int, threads: int):
     """(ti, tj, tk, mr, nr) for one matmul; see the module docstring."""
     nr = _pick_nr(N, lanes)
-    mr = _pick_mr(M)
+    # AVX-512's 32 registers hold 8 rows x 2 vectors of accumulators (16 of
+    # them); only where a row tile of 16 or more remains, which amortizes
+    # packing B over its rows (ViT's 197 rows, padded to 200, keep 4 x 2)
+    mr = 8 if lanes >= 16 and M % 16 == 0 else _pick_mr(M)
     tjs = [d for d in _divisors(N) if d % nr == 0 and d <= max(256, nr)] or [nr]
     tis = [d for d in _divisors(M) if d % mr == 0 and d <= max(32, mr)] or [mr]
     tj, ti = max(tjs), max(tis)
@@ -408,11 +412,13 @@ def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
     s = p.stride
     P = OH * OW
     # micro-kernel mr positions x nr channels: at most 12 accumulator vectors
-    # (of 16 registers; 14 with one vector per row); best FMA per load (mr
+    # (of 16 registers; 14 with one vector per row), 28 with AVX-512's 32
+    # registers (16 lanes; 30 with one vector per row); best FMA per load (mr
     # broadcasts + nr/lanes loads), times how full the vectors are: channel
     # counts no whole vector divides (1000 classes) take half or quarter
     # vectors, and positions no small number divides (13x13) whole rows,
     # rather than a 1-wide tile that runs scalar code
+    budget = {1: 24, 2: 20} if lanes >= 16 else {1: 14, 2: 12}
     best = (0.0, 1, lanes)
     widths = [(2, 2 * lanes), (1, lanes)] + [(1, w) for w in (lanes // 2, lanes // 4) if w >= 4]
     for nv, nr_c in widths:
@@ -420,7 +426,7 @@ def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
             continue
         fill = nr_c / (nv * lanes)
         for m in range(1, 15):
-            if P % m == 0 and m * nv <= (14 if nv == 1 else 12):
+            if P % m == 0 and m * nv <= budget[nv]:
                 best = max(best, ((m * nv) / (m + nv) * fill, m, nr_c))
     _, mr, nr = best
     if F % nr:
