@@ -26,7 +26,12 @@ architectures with random weights (seed 0): ``resnet50``, ``efficientnet_b0``,
 ``mobilenet_v3_small``, ``vit_b_16``, ``squeezenet1_1``.
 
     python benchmarks/engines.py [MODEL ...] [--engines torch,ort,tvm,umahub] [--repeat N]
-        [--baseline CHECKOUT]
+        [--baseline CHECKOUT] [--rounds N]
+
+On a machine shared with other work, ``--rounds N`` times every engine N
+times, round-robin (each round a new process), and keeps each engine's
+fastest round: a round another job disturbed does not count against one
+engine only.
 
 Needs torch, torchvision, onnx and onnxruntime (``tox -e bench``). Results:
 ``results/engines.json``; the table is printed.
@@ -182,12 +187,31 @@ def measure(name: str, engine: str, repeat: int, workdir: str, env: dict) -> dic
     return json.loads(lines[-1])
 
 
+def _fastest(results: list[dict]) -> dict:
+    """The round with the lowest median (an error if every round failed), and every
+    round's median when there were several."""
+    timed = [r for r in results if "median_ms" in r]
+    if not timed:
+        return results[-1]
+    best = dict(min(timed, key=lambda r: r["median_ms"]))
+    if len(results) > 1:
+        best["round_medians_ms"] = [r.get("median_ms") for r in results]
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=ZOO + TORCHVISION)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every engine this many times, round-robin, each in a new process, and "
+        "keep each engine's fastest round (a machine shared with other work)",
+    )
     parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
@@ -210,9 +234,13 @@ def main() -> None:
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="umahub-engines-") as workdir:
         for name in args.models:
-            row = {
-                e: measure(name, e, args.repeat if e != "tvm" else 3, workdir, env) for e in engines
-            }
+            rounds: dict[str, list[dict]] = {e: [] for e in engines}
+            for _ in range(max(1, args.rounds)):
+                for e in engines:
+                    rounds[e].append(
+                        measure(name, e, args.repeat if e != "tvm" else 3, workdir, env)
+                    )
+            row = {e: _fastest(results) for e, results in rounds.items()}
             reference = Path(workdir) / f"{name}.torch.npy"
             for e, result in row.items():
                 out = Path(workdir) / f"{name}.{e}.npy"
@@ -240,6 +268,7 @@ def main() -> None:
         {
             "threads": args.threads,
             "repeat": args.repeat,
+            "rounds": args.rounds,
             "denormals": "flushed to zero in every engine (torch.set_flush_denormal(True) "
             "in each worker before its threads start; ONNX Runtime also "
             "session.set_denormal_as_zero)",
