@@ -165,6 +165,44 @@ class Executors:
                 self._concurrent = Executor(self.runner.library, self.graph, self.runner.weights)
             return self._concurrent
 
+    def call_seconds(
+        self, arrays: Sequence[Any], runs: int
+    ) -> tuple[dict[str, list[float]], list[tuple[int, float]]]:
+        """Seconds of every function ``main`` calls on the VM over ``runs`` inferences
+        (after one to warm up), by name (a partition's symbol, a host kernel's, VM
+        builtins'), and every copy between devices as ``(bytes, seconds)``.
+
+        Timed by TVM's VM instrumentation on a VM of its own, on the VM's thread
+        pool, as :meth:`run` runs the model.
+        """
+        from tvm import relax
+
+        vm = relax.VirtualMachine(self.runner.library, self.runner.devices)
+        args = [*self.runner.tensors(arrays), *self.runner.weights]
+        seconds: dict[str, list[float]] = {}
+        copies: list[tuple[int, float]] = []
+        started: list[float] = []
+        recording = [False]
+
+        def instrument(func: Any, name: str, before: bool, value: Any, *inputs: Any) -> int:
+            if before:
+                started.append(time.perf_counter())
+                return 0
+            spent = time.perf_counter() - started.pop()
+            if recording[0]:
+                seconds.setdefault(name, []).append(spent)
+                if name == "vm.builtin.to_device" and inputs:
+                    copies.append((_nbytes(inputs[0]), spent))
+            return 0
+
+        vm.set_instrument(instrument)
+        main = vm["main"]
+        main(*args)
+        recording[0] = True
+        for _ in range(runs):
+            main(*args)
+        return seconds, copies
+
     def step_seconds(self, arrays: Sequence[Any], runs: int) -> dict[str, list[float]]:
         """Seconds of every step over ``runs`` inferences on the concurrent executor
         (after one to warm up), by the step's label (a partition's symbol,
@@ -266,6 +304,14 @@ class Executors:
             "lanes": {lane: ex.cores[lane] for lane in ex.lanes},
             "spans": [m.to_dict() for m in sorted(median.spans, key=lambda m: m.start)],
         }
+
+
+def _nbytes(tensor: Any) -> int:
+    """Bytes of a TVM tensor, from its shape and dtype (0 when it is no tensor)."""
+    try:
+        return int(np.prod([int(d) for d in tensor.shape])) * np.dtype(str(tensor.dtype)).itemsize
+    except (AttributeError, TypeError, ValueError):
+        return 0
 
 
 def _choice(executor: str) -> str:

@@ -7,9 +7,10 @@ In that order:
 3. a measurement: the group alone (its Relax function, weights bound) is built
    by :func:`umahub.pipeline.build_alone` with its accelerator alone claiming,
    and with no accelerator at all for the host's side, then run on this
-   machine. The accelerator's seconds are its partition's step on the
-   concurrent executor (the copies in and out are timed as steps of their
-   own, and feed the copy model); the host's are the whole run on the VM.
+   machine, on the VM (whose thread pool the kernels share, as when the
+   model runs). The accelerator's seconds are its partition's call, timed by
+   TVM's VM instrumentation (the copies in and out are timed as calls of
+   their own, and feed the copy model); the host's are the whole run.
    With a board (``compile(..., board=umahub.remote(...))``), the group's
    library is exported and run there instead, and its seconds are ``main``'s
    on the board, its own copies included.
@@ -295,28 +296,23 @@ class Costs:
         if self.board is not None:
             return self._time_on_board(compiled, arrays), []
         runner = compiled._executors
-        steps = runner.step_seconds(arrays, RUNS)
-        total = sum(statistics.median(v) for v in steps.values())
-        runs = RUNS
-        if total * RUNS < SECONDS:
-            runs = min(MAX_RUNS, max(RUNS, int(SECONDS / max(total, 1e-7))))
-            for label, values in runner.step_seconds(arrays, runs).items():
-                steps.setdefault(label, []).extend(values)
         if device == HOST:
-            return statistics.median(steps["main"]), []
+            times = runner.step_seconds(arrays, RUNS)["main"]
+            if statistics.median(times) * RUNS < SECONDS:
+                more = int(SECONDS / max(statistics.median(times), 1e-7))
+                times += runner.step_seconds(arrays, min(MAX_RUNS, more))["main"]
+            return statistics.median(times), []
+        # On the VM, whose thread pool the kernels share as when the model runs (the
+        # concurrent executor gives an emulated accelerator's kernels one thread).
         symbol = placed[0].symbol
-        seconds = statistics.median(steps[symbol])
-        sizes = {
-            f"copy {c.tensor} {c.src}->{c.dst}": c.bytes
-            for c in report.copies
-            if c.when == "inference" and c.bytes
-        }
-        copies = [
-            [device, sizes[label], statistics.median(values)]
-            for label, values in steps.items()
-            if label in sizes
-        ]
-        return seconds, copies
+        calls, copied = runner.call_seconds(arrays, RUNS)
+        if statistics.median(calls[symbol]) * RUNS < SECONDS:
+            more = int(SECONDS / max(statistics.median(calls[symbol]), 1e-7))
+            again, copied_again = runner.call_seconds(arrays, min(MAX_RUNS, more))
+            calls[symbol] += again[symbol]
+            copied += copied_again
+        copies = [[device, size, seconds] for size, seconds in copied if size]
+        return statistics.median(calls[symbol]), copies
 
     def _time_on_board(self, compiled: Any, arrays: Sequence[Any]) -> float:
         """Median seconds of the group's whole library on the board (its copies included)."""
