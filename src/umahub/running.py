@@ -17,6 +17,14 @@ ways to run one library:
   handing work to each other), so a model of tiny kernels stays on the VM and
   a model whose devices can overlap long kernels goes concurrent. A stream
   under "auto" runs concurrently unless auto has chosen the VM.
+
+:meth:`Executors.call_seconds` and :meth:`Executors.step_seconds` time what
+each executor runs, call by call and step by step (placement by cost times
+candidate groups with them).
+
+Why this module is long: both executors, the choice between them and their
+timing share one loaded library, its VMs and its weights; split up, each part
+would reach into the others' state.
 """
 
 from __future__ import annotations
