@@ -15,6 +15,10 @@ In that order:
    library is exported and run there instead, and its seconds are ``main``'s
    on the board, its own copies included.
 
+A measurement keeps the fastest of its runs: what the group costs when the
+machine leaves it alone. It is cached for good, so a median taken while
+another job loaded the machine would mislead every later compile.
+
 Equal groups (same operators, shapes and pattern) are costed once. A group
 that cannot be measured (a size known only at run time, a model built for
 another machine, a build that fails or places the group elsewhere) has no
@@ -301,7 +305,7 @@ class Costs:
             if statistics.median(times) * RUNS < SECONDS:
                 more = int(SECONDS / max(statistics.median(times), 1e-7))
                 times += runner.step_seconds(arrays, min(MAX_RUNS, more))["main"]
-            return statistics.median(times), []
+            return min(times), []
         # On the VM, whose thread pool the kernels share as when the model runs (the
         # concurrent executor gives an emulated accelerator's kernels one thread).
         symbol = placed[0].symbol
@@ -312,7 +316,7 @@ class Costs:
             calls[symbol] += again[symbol]
             copied += copied_again
         copies = [[device, size, seconds] for size, seconds in copied if size]
-        return statistics.median(calls[symbol]), copies
+        return min(calls[symbol]), copies
 
     def _time_on_board(self, compiled: Any, arrays: Sequence[Any]) -> float:
         """Median seconds of the group's whole library on the board (its copies included)."""
@@ -326,7 +330,7 @@ class Costs:
         for _ in range(RUNS):
             model.run(*arrays)
             times.append(model.board_seconds())
-        return statistics.median(times)
+        return min(times)
 
     # ------------------------------------------------------------------ copies
 
