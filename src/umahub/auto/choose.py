@@ -243,16 +243,7 @@ def _group_rows(
         elif a.seconds is None or h.seconds is None:
             row["why"] = f"no cost ({a.why or h.why}): placed as priority places it"
         else:
-            flipped = final.copy()
-            touched = set(g.nodes)
-            for j in final.overlapping(k) | ({k} if taken else set()):
-                touched.update(final.problem.candidates[j].nodes)
-            before = flipped.local(touched)
-            if taken:
-                flipped.drop(k)
-            else:
-                flipped.take(k)
-            delta = flipped.local(touched) - before
+            delta = final.gain(k)
             where = "taking it" if not taken else "leaving it to the host"
             verdict = "would cost" if delta >= 0 else "would save"
             row["why"] = (

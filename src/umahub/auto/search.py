@@ -160,6 +160,29 @@ class Assignment:
             if self.owner.get(n) == index:
                 del self.owner[n]
 
+    def flip(self, index: int) -> set[int]:
+        """Drop candidate ``index`` if chosen, else take it; returns what taking it dropped."""
+        if index in self.chosen:
+            self.drop(index)
+            return set()
+        return self.take(index)
+
+    def gain(self, index: int) -> float:
+        """How :meth:`sequential` changes when candidate ``index`` is flipped (see
+        :meth:`flip`), from the operators it touches; the assignment is left as it was."""
+        was_chosen = index in self.chosen
+        touched = set(self.problem.candidates[index].nodes)
+        for j in self.overlapping(index):
+            touched.update(self.problem.candidates[j].nodes)
+        before = self.local(touched)
+        dropped = self.flip(index)
+        after = self.local(touched)
+        self.flip(index)
+        if not was_chosen:
+            for j in dropped:
+                self.take(j)
+        return after - before
+
     def copy(self) -> Assignment:
         """An independent copy."""
         other = Assignment(self.problem)
@@ -325,30 +348,13 @@ def _improve(a: Assignment) -> int:
     for _ in range(MAX_SWEEPS):
         changed = False
         for i in order:
-            cand = p.candidates[i]
-            if cand.forced:
+            if p.candidates[i].forced:
                 continue
-            if i in a.chosen:
-                touched = set(cand.nodes)
-                before = a.local(touched)
-                a.drop(i)
-                if a.local(touched) < before - 1e-12:
-                    changed, moves = True, moves + 1
-                else:
-                    a.take(i)
+            if i not in a.chosen and any(p.candidates[j].forced for j in a.overlapping(i)):
                 continue
-            blocking = a.overlapping(i)
-            if any(p.candidates[j].forced for j in blocking):
-                continue
-            touched = set(cand.nodes).union(*(p.candidates[j].nodes for j in blocking))
-            before = a.local(touched)
-            a.take(i)
-            if a.local(touched) < before - 1e-12:
+            if a.gain(i) < -1e-12:
+                a.flip(i)
                 changed, moves = True, moves + 1
-            else:
-                a.drop(i)
-                for j in blocking:
-                    a.take(j)
         if not changed:
             break
     return moves
