@@ -7,8 +7,10 @@ compile must not run for minutes and then fail on ``-o`` in a missing directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +130,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     progress = Progress(quiet=args.quiet)
     hub = _hub(args)  # a configuration error comes before any progress line
     target = _target(hub, args)  # so does a wrong target or a missing compiler
-    board = _board(args)
-    try:
+    with _cost_board(args) as board:
         mod = _load_model(args.model, progress)
         compiled = hub.compile(
             mod,
@@ -141,9 +142,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
             placement="auto" if args.auto else None,
             board=board,
         )
-    finally:
-        if board is not None:
-            board.close()
     with progress.step("export", f"{args.output} (compile and link)"):
         compiled.export_library(args.output)
     report = compiled.report
@@ -237,6 +235,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         np.savez(args.output, *listed)
         _say(args, f"wrote {args.output}")
     return 0
+
+
+@contextlib.contextmanager
+def _cost_board(args: argparse.Namespace) -> Iterator[Any]:
+    """The board ``--auto`` times its groups on (None without ``--rpc``), closed at the end."""
+    board = _board(args)
+    try:
+        yield board
+    finally:
+        if board is not None:
+            board.close()
 
 
 def _board(args: argparse.Namespace, auto: bool = True) -> Any:
@@ -361,8 +370,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         check_writable(args.out, "--out")
     progress = Progress(quiet=args.quiet)
     hub = _hub(args)
-    board = _board(args)
-    try:
+    with _cost_board(args) as board:
         mod = _load_model(args.model, progress)
         report = hub.explain(
             mod,
@@ -371,9 +379,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
             placement="auto" if args.auto else None,
             board=board,
         )
-    finally:
-        if board is not None:
-            board.close()
     _say(args, str(report))
     if args.out:
         report.save_picture(args.out)
