@@ -25,6 +25,23 @@ def umahub_cli(*args, cwd):
     )
 
 
+#: A TVMScript model: x -> relu (a) -> sigmoid (b).
+RELU_SIGMOID = textwrap.dedent("""
+    import tvm
+    from tvm.script import relax as R
+
+    @tvm.script.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((2, 8), "float32")) -> R.Tensor((2, 8), "float32"):
+            with R.dataflow():
+                a = R.nn.relu(x)
+                b = R.sigmoid(a)
+                R.output(b)
+            return b
+""")
+
+
 @pytest.fixture
 def project(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.umahub]\nplugins = ["alpha", "beta"]\n')
@@ -47,22 +64,7 @@ def test_compile_then_run_a_zoo_model(project):
 
 
 def test_explain_a_tvmscript_file_and_draw_it(project):
-    (project / "model.py").write_text(
-        textwrap.dedent("""
-        import tvm
-        from tvm.script import relax as R
-
-        @tvm.script.ir_module
-        class Module:
-            @R.function
-            def main(x: R.Tensor((2, 8), "float32")) -> R.Tensor((2, 8), "float32"):
-                with R.dataflow():
-                    a = R.nn.relu(x)
-                    b = R.sigmoid(a)
-                    R.output(b)
-                return b
-    """)
-    )
+    (project / "model.py").write_text(RELU_SIGMOID)
     result = umahub_cli("explain", "model.py", "--out", "graph.html", cwd=project)
     assert result.returncode == 0, result.stderr
     assert "  a     relax.nn.relu  alpha_accel:0  alpha_accel.relu" in result.stdout
@@ -122,22 +124,7 @@ def test_compile_with_verify_reports_each_partition(project):
 
 
 def test_explain_auto_prints_the_choice_by_cost(project):
-    (project / "model.py").write_text(
-        textwrap.dedent("""
-        import tvm
-        from tvm.script import relax as R
-
-        @tvm.script.ir_module
-        class Module:
-            @R.function
-            def main(x: R.Tensor((2, 8), "float32")) -> R.Tensor((2, 8), "float32"):
-                with R.dataflow():
-                    a = R.nn.relu(x)
-                    b = R.sigmoid(a)
-                    R.output(b)
-                return b
-    """)
-    )
+    (project / "model.py").write_text(RELU_SIGMOID)
     result = umahub_cli("explain", "model.py", "--auto", cwd=project)
     assert result.returncode == 0, result.stderr
     text = result.stdout
