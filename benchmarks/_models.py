@@ -10,7 +10,9 @@ ZOO = ["resnet18", "mobilenetv2", "bert", "bert2"]
 TORCHVISION = ["resnet50", "efficientnet_b0", "mobilenet_v3_small", "vit_b_16", "squeezenet1_1"]
 
 
-def _torchvision() -> Any:
+def torchvision_models() -> Any:
+    """``torchvision.models``, also next to a CPU torch that PyPI's CUDA torchvision
+    does not load with (its ops declared here)."""
     import torch
 
     try:
@@ -21,7 +23,7 @@ def _torchvision() -> Any:
         lib = torch.library.Library("torchvision", "DEF")
         lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
         lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _torchvision.keep = lib  # type: ignore[attr-defined]
+        torchvision_models.keep = lib  # type: ignore[attr-defined]
         import torchvision
     return torchvision.models
 
@@ -38,6 +40,6 @@ def relax_model(name: str) -> tuple[Any, list[Any]]:
 
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
-    module = getattr(_torchvision(), name)(weights=None).eval()
+    module = getattr(torchvision_models(), name)(weights=None).eval()
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     return to_relax(torch.export.export(module, (x,))), [x.numpy()]

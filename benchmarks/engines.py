@@ -48,9 +48,8 @@ import tempfile
 from pathlib import Path
 
 from _common import write
+from _models import TORCHVISION, ZOO
 
-ZOO = ["resnet18", "mobilenetv2", "bert", "bert2"]
-TORCHVISION = ["resnet50", "efficientnet_b0", "mobilenet_v3_small", "vit_b_16", "squeezenet1_1"]
 ENGINES = ["torch", "ort", "tvm", "umahub"]
 
 # One engine on one model, in a fresh process; prints one JSON line.
@@ -63,18 +62,7 @@ import torch
 torch.set_flush_denormal(True)
 torch.set_num_threads(threads)
 
-def torchvision_models():
-    try:
-        import torchvision
-    except RuntimeError:  # PyPI's CUDA torchvision next to the CPU torch: declare its ops
-        for m in [m for m in sys.modules if m.startswith("torchvision")]:
-            del sys.modules[m]
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        globals()["_keep"] = lib
-        import torchvision
-    return torchvision.models
+from _models import torchvision_models
 
 def model():
     from umahub.models import names
