@@ -26,6 +26,7 @@ __all__ = [
     "TupleType",
     "VDevice",
     "call_dps_packed",
+    "constant_value",
     "name_of",
     "param_buffers",
     "rebind",
@@ -40,6 +41,12 @@ TensorType: Any = getattr(relax, "TensorStructInfo", None) or relax.TensorType
 TupleType: Any = getattr(relax, "TupleStructInfo", None) or relax.TupleType
 Constant: Any = getattr(relax, "Constant", None) or tvm.ir.expr.Constant
 VDevice: Any = getattr(relax, "VDevice", None) or tvm.ir.VDevice
+
+
+def constant_value(constant: Any) -> Any:
+    """The tensor a Relax constant holds (``.value`` in 0.27, ``.data`` before)."""
+    value = getattr(constant, "data", None)
+    return value if value is not None else constant.value
 
 
 def structural_hash(node: Any) -> int:

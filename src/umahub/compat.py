@@ -87,6 +87,7 @@ __all__ = [
     "detect_linear_equation",
     "is_buffer",
     "name_of",
+    "nodes_in",
     "param_buffers",
     "ret_type",
     "type_args",
@@ -255,16 +256,21 @@ def vars_in(expr: Any) -> list[Any]:
 
     A variable used twice is listed twice.
     """
+    return nodes_in(expr, _tirx().Var)
+
+
+def nodes_in(expr: Any, kind: type) -> list[Any]:
+    """Every node of class ``kind`` under ``expr`` (an expression or a statement),
+    in post order (``nodes_in(func.body, SBlock)``: the blocks of a PrimFunc)."""
     import tvm_ffi
 
-    tirx = _tirx()
     found: list[Any] = []
     walk = getattr(tvm_ffi, "structural_walk", None)
     if walk is not None:
-        walk(expr, (tirx.Var, found.append), order="post")
+        walk(expr, (kind, found.append), order="post")
     else:
-        tirx.stmt_functor.post_order_visit(
-            expr, lambda node: found.append(node) if isinstance(node, tirx.Var) else None
+        _tirx().stmt_functor.post_order_visit(
+            expr, lambda node: found.append(node) if isinstance(node, kind) else None
         )
     return found
 

@@ -27,6 +27,7 @@ from umahub.context import Copy, Operator
 from umahub.errors import CompileError, warn
 from umahub.ir import is_partition, partition_functions
 from umahub.memory import MemoryPlan, Need
+from umahub.prepack import Packers
 from umahub.report import PartitionReport, Report
 from umahub.tracing import HookCall
 
@@ -139,6 +140,8 @@ class Compilation:
         modules: (lower) partition symbol -> its runtime module.
         reference_tir: (lower) the default lowering's TIR (unscheduled) of the
             partitions whose plugin used it; the verify stage's reference.
+        packers: (lower) the weights each kernel takes packed, and (build)
+            their values before packing (:mod:`umahub.prepack`).
         devices: (build) virtual device names, index = runtime device index.
         copies: (build) the copies between devices.
         weight_devices: (build) the runtime device of each weight lifted into
@@ -168,6 +171,7 @@ class Compilation:
     lowered_plan: MemoryPlan | None = None
     modules: dict[str, Any] = field(default_factory=dict)
     reference_tir: dict[str, Any] = field(default_factory=dict)
+    packers: Packers = field(default_factory=Packers)
     devices: list[str] = field(default_factory=list)
     weight_devices: list[int] = field(default_factory=list)
     host_schedules: dict[str, int] = field(default_factory=dict)

@@ -97,6 +97,9 @@ class CompileContext:
             ...)``). None: no target was given, build for this machine as you
             would. Added to contract 1: a plugin that ignores it works for
             native builds; only cross builds need it.
+        weights: indices of the partition's inputs that the model passes as
+            constants (its weights): a schedule may pack these at compile time
+            (:func:`umahub.prepack.pack_weight`). Added to contract 1.
     """
 
     config: Config
@@ -107,6 +110,7 @@ class CompileContext:
     memory: MemoryPlan | None = None
     tir_pipeline: str = field(default="default")
     target: Any = None
+    weights: frozenset[int] = frozenset()
 
     @property
     def device(self) -> str:

@@ -288,12 +288,24 @@ def umahub_schedule(
         working on the PrimFunc named ``context.symbol`` (so
         ``schedule.get_sblock("root")`` needs no ``func_name``).
     :param context: the compile context; ``context.pool_free`` tells how much of
-        the accelerator's memory pool is left for tiles.
+        the accelerator's memory pool is left for tiles, ``context.weights``
+        which parameters the model passes as constants.
     :return: ``None``, or a short description of what was done (``"tiled
         64x64, vectorized x16"``), shown in the report.
 
     Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
     on those accelerators only.
+
+    **Weights in the kernel's layout.** A kernel that reads a weight in
+    another layout than the model's (panels, channel blocks) should not pack
+    it at every inference. For a parameter in ``context.weights``, make the
+    packing a block at the root annotated ``meta_schedule.layout_rewrite_preproc``
+    (TVM's convention; :func:`umahub.prepack.pack_weight` does it): umahub then
+    runs that block once at compile time, and the built model holds the
+    packed weight, which the kernel receives as that parameter. The report
+    lists it under the partition (``packed at compile time: weight 1 (64x32
+    -> 2x64x16)``); verification still compares against the host on the
+    model's own weight.
 
     Example::
 

@@ -24,6 +24,7 @@ __all__ = [
     "name_span",
     "node_name",
     "op_calls",
+    "partition_call",
     "partition_calls",
     "partition_functions",
     "span_name",
@@ -92,6 +93,22 @@ def partition_calls(mod: tvm.IRModule) -> dict[str, tuple[relax.Function, list[A
             if is_partition(func):
                 found[str(func.attrs["global_symbol"])] = (func, list(value.args))
     return found
+
+
+def partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | None:
+    """(symbol, args) of a partition call: ``call_dps_packed`` after RunCodegen, or a
+    call of the partition function itself (before codegen, as ``explain`` sees it)."""
+    if not isinstance(value, relax.Call):
+        return None
+    if (
+        isinstance(value.op, tvm.ir.Op)
+        and value.op.name == "relax.call_dps_packed"
+        and isinstance(value.args[0], relax.ExternFunc)
+    ):
+        return str(value.args[0].global_symbol), list(value.args[1].fields)
+    if isinstance(value.op, relax.GlobalVar) and is_partition(func := mod[value.op]):
+        return str(func.attrs["global_symbol"]), list(value.args)
+    return None
 
 
 def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:

@@ -32,6 +32,7 @@ class PartitionReport:
     hooks: dict[str, list[str]] = field(default_factory=dict)  # hook -> plugins that acted
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     schedule: list[str] = field(default_factory=list)  # what schedule hooks said they did
+    packed: list[str] = field(default_factory=list)  # weights packed at compile time (prepack)
     fallback: str = ""  # why it went back to the host
     virtual_device: str = ""  # (device type, runtime device index, target, memory scope)
     verified: str = ""  # what verification found ("" when it did not run)
@@ -154,6 +155,8 @@ class Report:
                     lines.append(f"      {hook}: {', '.join(plugins)}")
                 for said in p.schedule:
                     lines.append(f"      schedule: {said}")
+                for packed in p.packed:
+                    lines.append(f"      packed at compile time: {packed}")
                 if p.verified:
                     lines.append(f"      verify: {p.verified}")
         for when, title in (

@@ -22,7 +22,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from umahub import codegen
+from umahub import codegen, prepack
 from umahub._tvm import (
     Constant,
     TensorType,
@@ -39,7 +39,7 @@ from umahub.config import HOST
 from umahub.context import Copy
 from umahub.errors import CompileError, last_line
 from umahub.host_lowering import HOST_TARGET, lower_host
-from umahub.ir import bindings, is_partition, node_name
+from umahub.ir import bindings, node_name, partition_call
 from umahub.memory import tensor_bytes
 from umahub.step_functions import with_steps
 from umahub.vdevice import VirtualDevice
@@ -84,28 +84,12 @@ def _dps_outputs(ty):
     return ty
 
 
-def _partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | None:
-    """(symbol, args) of a partition call: ``call_dps_packed`` after RunCodegen, or a
-    call of the partition function itself (before codegen, as ``explain`` sees it)."""
-    if not isinstance(value, relax.Call):
-        return None
-    if (
-        isinstance(value.op, tvm.ir.Op)
-        and value.op.name == "relax.call_dps_packed"
-        and isinstance(value.args[0], relax.ExternFunc)
-    ):
-        return str(value.args[0].global_symbol), list(value.args[1].fields)
-    if isinstance(value.op, relax.GlobalVar) and is_partition(func := mod[value.op]):
-        return str(func.attrs["global_symbol"]), list(value.args)
-    return None
-
-
 def _device_weights(mod: tvm.IRModule, device_of: Mapping[str, str]) -> dict[tuple, str]:
     """(constant, device) -> the first partition reading it, for every weight a
     partition on an accelerator reads, in model order."""
     found: dict[tuple, str] = {}  # TVM objects hash by identity
     for binding in bindings(mod["main"]):
-        call = _partition_call(mod, binding.value)
+        call = partition_call(mod, binding.value)
         if call is None or call[0] not in device_of:
             continue
         for arg in call[1]:
@@ -231,7 +215,7 @@ def place_on_devices(
     def emit(binding: relax.Binding, dataflow: bool) -> None:
         value = binding.value
         name = name_of(binding.var)
-        call = _partition_call(mod, value)
+        call = partition_call(mod, value)
         placed_call = call is not None and call[0] in device_of
         reader[0] = call[0] if placed_call else node_name(binding)
         if isinstance(binding, relax.MatchCast):  # defines symbolic sizes: kept, on the host
@@ -339,6 +323,7 @@ def prepare(comp: Compilation, placed: Partitioned, lift_weights: bool = True) -
             codegen.register_ext_codegen(acc)
         with codegen.serving(comp.modules):
             host = relax.transform.RunCodegen()(host)
+        host = prepack.fold(host, comp.packers)
         host, copies, weight_devices = place_on_devices(
             host, device_of, devices, kinds, lift_weights=lift_weights
         )

@@ -22,7 +22,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from umahub import codegen
+from umahub import codegen, prepack
 from umahub.compilation import Compilation, Partition
 from umahub.context import CompileContext
 from umahub.contract import (
@@ -33,6 +33,7 @@ from umahub.contract import (
 from umahub.errors import CompileError, PluginOutputError, last_line
 from umahub.lowering import default_relax_to_tir
 from umahub.memory import MemoryPlan, PoolUse
+from umahub.prepack import Packing
 from umahub.report import hooks_that_acted
 from umahub.timelimit import within
 from umahub.tir_phases import PHASES, use_phase_passes
@@ -43,11 +44,12 @@ __all__ = ["run"]
 
 def _lower_one(
     hub: Any, ctx: CompileContext, func: relax.Function, cc: str | None = None
-) -> tuple[Any, list[str], tvm.IRModule | None]:
+) -> tuple[Any, list[str], tvm.IRModule | None, dict[int, Packing]]:
     """relax_to_tir -> schedule -> tir_passes -> codegen for one partition.
 
-    Returns the runtime module, what the schedule hooks said, and the default
-    lowering's TIR when it was used (the verify stage's reference, unscheduled).
+    Returns the runtime module, what the schedule hooks said, the default
+    lowering's TIR when it was used (the verify stage's reference, unscheduled),
+    and the weights the kernel takes packed (:mod:`umahub.prepack`).
     """
     acc = ctx.accelerator
     tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
@@ -63,7 +65,9 @@ def _lower_one(
         for s in hub.traced_hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
         if isinstance(s, str)
     ]
-    scheduled = schedule.mod
+    scheduled, packings = _blame(
+        "umahub_schedule", prepack.split, schedule.mod, ctx.symbol, func, ctx.weights
+    )
     phase_passes: dict[int, list[Any]] = {}
     failed: list[str] = []  # the plugin whose pass raised: TVM's FFI drops exception attributes
     for phase in PHASES:
@@ -106,7 +110,7 @@ def _lower_one(
             if plugin is not None:
                 exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
             raise
-    return module, said, default
+    return module, said, default, packings
 
 
 def _attributed(tir_pass: Any, plugin: str, failed: list[str]) -> Any:
@@ -165,6 +169,7 @@ def run(comp: Compilation) -> None:
         for p in part.partitions
         if p.accelerator == name and not comp.reports[p.symbol].fallback
     ]
+    weights = prepack.weights_of(part.mod)
     target = comp.target.tvm() if comp.target is not None else None
     cc = comp.target.cc if comp.target is not None else None
     for i, p in enumerate(todo, 1):
@@ -172,20 +177,31 @@ def run(comp: Compilation) -> None:
         name = p.accelerator
         acc = hub.accelerator(name)
         ctx = CompileContext(
-            hub.config, acc, p.instance, p.symbol, p.operators, lowered, target=target
+            hub.config,
+            acc,
+            p.instance,
+            p.symbol,
+            p.operators,
+            lowered,
+            target=target,
+            weights=weights.get(p.symbol, frozenset()),
         )
         said: list[str] = []
         step = f"{i}/{len(todo)} {p.symbol} on {p.device}"
         with comp.clock.stage("lower", step), recording() as calls:
             start = time.perf_counter()
             try:
-                comp.modules[p.symbol], said, default = within(
+                comp.modules[p.symbol], said, default, packings = within(
                     hub.config.hook_timeout,
                     functools.partial(_lower_one, hub, ctx, functions[p.symbol], cc),
                     f"lowering {p.symbol}",
                 )
                 if default is not None:
                     comp.reference_tir[p.symbol] = default
+                comp.packers.packings[p.symbol] = packings
+                report.packed = [
+                    prepack.describe(functions[p.symbol], i, k) for i, k in packings.items()
+                ]
             except Exception as exc:
                 comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
             report.seconds["lower"] = time.perf_counter() - start

@@ -168,6 +168,7 @@ def verify_partitions(
     functions: Mapping[str, Any],
     tolerance: float,
     lowered: Mapping[str, Any] | None = None,
+    unpacked: Mapping[str, Mapping[int, np.ndarray]] | None = None,
 ) -> dict[str, Verdict]:
     """Run each partition on the model's own values and compare with the host.
 
@@ -179,6 +180,8 @@ def verify_partitions(
         functions: partition symbol -> its Relax function (before lowering).
         tolerance: see the module's docs.
         lowered: symbol -> the default lowering's TIR, where it was made already.
+        unpacked: symbol -> {input index: the weight as the model holds it},
+            for the inputs a kernel takes packed (the host is given these).
 
     Returns:
         symbol -> :class:`Verdict`, for every symbol of ``functions``.
@@ -197,6 +200,8 @@ def verify_partitions(
             verdicts[symbol] = Verdict(symbol, None, reason=failed[symbol])
             continue
         n_inputs = len(function.params)
+        for index, weight in (unpacked or {}).get(symbol, {}).items():
+            args[index] = weight
         wanted = _host_outputs(kernels[symbol], args, n_inputs)
         error = max((_largest_error(g, w) for g, w in zip(args[n_inputs:], wanted)), default=0.0)
         scale = max(
@@ -226,6 +231,7 @@ def run(comp: Compilation) -> set[str]:
             functions,
             hub.config.verify_tolerance,
             comp.reference_tir,
+            comp.packers.originals,
         )
     except Exception as exc:  # no run to record: nothing is verified, nothing is blamed
         reason = f"the model did not run on random inputs ({type(exc).__name__}: {last_line(exc)})"
