@@ -205,7 +205,7 @@ def umahub_schedule(accelerator, schedule, context):
         from umahub.host_schedules import vector_lanes
 
         lanes = vector_lanes(context.target)
-    strategy = npu_schedule(schedule, sram_bytes=sram, lanes=lanes)
+    strategy = npu_schedule(schedule, sram_bytes=sram, lanes=lanes, weights=context.weights)
     return (
         f"{strategy}: tiles fit npu.sram ({human_size(sram)})"
         if strategy != "none"

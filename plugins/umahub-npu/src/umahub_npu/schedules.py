@@ -96,6 +96,7 @@ from tvm.s_tir.schedule import ScheduleError
 from umahub.compat import Load as _LOAD
 from umahub.compat import buffer_of as _buf
 from umahub.compat import detect_linear_equation, param_buffers, vars_in
+from umahub.prepack import pack_weight
 
 __all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
 
@@ -553,6 +554,27 @@ def _vectorize_epilogue(sch: s_tir.Schedule, blocks: list, lanes: int) -> None:
             _vectorize_inner(sch, loops[-1], int(sch.get(loops[-1]).extent), lanes)
 
 
+def _reads_weight(sch: s_tir.Schedule, block, read_index: int, weights: frozenset[int]) -> bool:
+    """Whether ``block``'s ``read_index``-th read is a parameter the model passes as a
+    constant (``CompileContext.weights``): one umahub packs at compile time."""
+    if not weights:
+        return False
+    buf = _buf(sch.get(block).reads[read_index])
+    params = param_buffers(sch.mod[sch.func_working_on])
+    return any(b is not None and b.same_as(buf) for i, b in enumerate(params) if i in weights)
+
+
+def _b_panels(p: Plan, nr: int):
+    """B's layout for the micro-kernel: panels ``[.., j/nr][k][nr]`` (from [k, j] or [j, k])."""
+
+    def panel(*ax):
+        *b, r, c = ax
+        j, k = (r, c) if p.b_transposed else (c, r)
+        return (*b, j // nr, k, j % nr)
+
+    return panel
+
+
 def _pack_b(sch, red, p: Plan, k0, tk: int, tj: int, nr: int, lanes: int):
     """Copy the B tile of a (i, j, k0) step into panels ``[tj/nr][tk][nr]``.
 
@@ -572,16 +594,7 @@ def _pack_b(sch, red, p: Plan, k0, tk: int, tj: int, nr: int, lanes: int):
     jo, ji = sch.split(jl, [None, nr])
     sch.reorder(jo, kl, ji)
     sch.vectorize(ji)
-
-    def panel(*ax):
-        *b, r, c = ax
-        if p.b_transposed:
-            j, k = r, c
-        else:
-            k, j = r, c
-        return (*b, j // nr, k, j % nr)
-
-    sch.transform_layout(bp, ("write", 0), panel)
+    sch.transform_layout(bp, ("write", 0), _b_panels(p, nr))
 
 
 def _padding(M: int, N: int, lanes: int) -> tuple[int, int]:
@@ -613,7 +626,9 @@ def _pad_to_tiles(sch: s_tir.Schedule, red, n_batch: int, pad_m: int, pad_n: int
             sch.compute_inline(blk)  # the accumulator's copy back: read in place
 
 
-def _schedule_matmul(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int):
+def _schedule_matmul(
+    sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
+):
     for name in p.prologue:  # e.g. a transpose feeding the matmul
         try:
             sch.compute_inline(sch.get_sblock(name))
@@ -628,13 +643,16 @@ def _schedule_matmul(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lane
         _pad_to_tiles(sch, red, len(e["batch"]), pad_m, pad_n, lanes)
         M, N = _round_up(M, pad_m), _round_up(N, pad_n)
     ti, tj, tk, mr, nr = matmul_tiles(batch, M, N, K, lanes, sram, threads)
+    packed = p.b_buffer_index >= 0 and _reads_weight(sch, red, p.b_buffer_index, weights)
+    if packed:  # a constant B: packed into panels once, at compile time
+        pack_weight(sch, red, p.b_buffer_index, _b_panels(p, nr))
     loops = sch.get_loops(red)
     *bl, i, j, k = loops
     i0, i1, i2 = sch.split(i, [None, ti // mr, mr])
     j0, j1, j2 = sch.split(j, [None, tj // nr, nr])
     k0, k1 = sch.split(k, [None, tk])
     sch.reorder(*bl, i0, j0, k0, i1, j1, k1, i2, j2)
-    if p.b_buffer_index >= 0:
+    if p.b_buffer_index >= 0 and not packed:  # B computed at run time: packed per tile
         _pack_b(sch, red, p, k0, tk, tj, nr, lanes)
     tiled, rest = _epilogue_at(sch, j0, out, rest)
     outer = sch.fuse(*bl, i0, j0)
@@ -656,20 +674,16 @@ def _schedule_pad(sch: s_tir.Schedule, p: Plan, lanes: int):
         _parallel_spatial(sch, blk, lanes)
 
 
-def _schedule_conv2d(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int):
-    """Implicit GEMM: positions x channels micro-kernel, weights packed per tile."""
+def _schedule_conv2d(
+    sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
+):
+    """Implicit GEMM: positions x channels micro-kernel, weights packed as
+    ``[f/nr][c][kh][kw][nr]``: at compile time when they are constants, else per tile."""
     _schedule_pad(sch, p, lanes)
     red, out, rest = _accumulator_and_epilogue(sch, p)
     tf, tp, tc, nr, mr = conv_tiles(p, lanes, sram, threads)
     # accumulator layout [n, y, x, f]: the channel vector of a position is contiguous
     sch.transform_layout(red, ("write", 0), lambda n, f, y, x: (n, y, x, f))
-    n, f, y, x, rc, ry, rx = sch.get_loops(red)
-    pos = sch.fuse(y, x)
-    f0, f1, f2 = sch.split(f, [None, tf // nr, nr])
-    p0, p1, p2 = sch.split(pos, [None, tp // mr, mr])
-    rc0, rc1 = sch.split(rc, [None, tc])
-    sch.reorder(n, f0, p0, rc0, f1, p1, rc1, ry, rx, p2, f2)
-    # weights of the (f-tile, c-step) packed as [f/nr][c][kh][kw][nr]
     w_index = next(
         i
         for i, r in enumerate(sch.get(red).reads)
@@ -677,13 +691,23 @@ def _schedule_conv2d(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lane
         and not _buf(r).same_as(_buf(sch.get(red).writes[0]))
         and str(_buf(r).name) != str(_data_buffer_name(sch, p))
     )
-    wp = sch.cache_read(red, w_index, "global")
-    sch.compute_at(wp, rc0, preserve_unit_loops=True)
-    wl = sch.get_loops(wp)[-4:]  # f, c, kh, kw of the tile
-    wf0, wf1 = sch.split(wl[0], [None, nr])
-    sch.reorder(wf0, wl[1], wl[2], wl[3], wf1)
-    sch.vectorize(wf1)
-    sch.transform_layout(wp, ("write", 0), lambda f, c, kh, kw: (f // nr, c, kh, kw, f % nr))
+    packed = _reads_weight(sch, red, w_index, weights)
+    if packed:
+        pack_weight(sch, red, w_index, lambda f, c, kh, kw: (f // nr, c, kh, kw, f % nr))
+    n, f, y, x, rc, ry, rx = sch.get_loops(red)
+    pos = sch.fuse(y, x)
+    f0, f1, f2 = sch.split(f, [None, tf // nr, nr])
+    p0, p1, p2 = sch.split(pos, [None, tp // mr, mr])
+    rc0, rc1 = sch.split(rc, [None, tc])
+    sch.reorder(n, f0, p0, rc0, f1, p1, rc1, ry, rx, p2, f2)
+    if not packed:  # weights of the (f-tile, c-step) packed as [f/nr][c][kh][kw][nr]
+        wp = sch.cache_read(red, w_index, "global")
+        sch.compute_at(wp, rc0, preserve_unit_loops=True)
+        wl = sch.get_loops(wp)[-4:]  # f, c, kh, kw of the tile
+        wf0, wf1 = sch.split(wl[0], [None, nr])
+        sch.reorder(wf0, wl[1], wl[2], wl[3], wf1)
+        sch.vectorize(wf1)
+        sch.transform_layout(wp, ("write", 0), lambda f, c, kh, kw: (f // nr, c, kh, kw, f % nr))
     tiled, rest = _epilogue_at(sch, p0, out, rest)
     outer = sch.fuse(n, f0, p0)
     sch.parallel(outer)
@@ -708,7 +732,9 @@ def _data_buffer_name(sch: s_tir.Schedule, p: Plan) -> str:
     return ""
 
 
-def _schedule_depthwise(sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int):
+def _schedule_depthwise(
+    sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
+):
     _schedule_pad(sch, p, lanes)
     red, out, rest = _accumulator_and_epilogue(sch, p)
     e = p.extents
@@ -754,11 +780,14 @@ def schedule(
     sram_bytes: int = 256 * 1024,
     threads: int | None = None,
     lanes: int | None = None,
+    weights: frozenset[int] = frozenset(),
 ) -> str:
     """Schedule the (single) PrimFunc of ``sch`` for the npu; return the strategy name.
 
     ``lanes``: float32 lanes of the target's vector registers (a cross build);
-    None: this host's (:func:`vector_lanes`).
+    None: this host's (:func:`vector_lanes`). ``weights``: the parameters the
+    model passes as constants (``CompileContext.weights``): their packing is
+    left to umahub, to do once at compile time (:func:`umahub.prepack.pack_weight`).
 
     Returns ``"matmul"``, ``"conv2d"``, ``"depthwise"``, or ``"none"`` when the
     function is not recognised or a primitive refuses (``sch`` is then left
@@ -777,9 +806,9 @@ def schedule(
     # dry run on a copy: a primitive that refuses half way must not leave a
     # half-scheduled function behind
     try:
-        strategy(sch.copy(), p, sram_bytes, threads, lanes)
+        strategy(sch.copy(), p, sram_bytes, threads, lanes, weights)
     except Exception as err:  # pylint: disable=broad-except
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         log.warning("npu schedule: %s strategy refused for %s: %s", p.kind, p.func_name, first)
         return "none"
-    return strategy(sch, p, sram_bytes, threads, lanes)
+    return strategy(sch, p, sram_bytes, threads, lanes, weights)

@@ -1,0 +1,88 @@
+"""The npu's constant weights are packed once, at compile time (umahub.prepack):
+convolution filters as ``[f/nr][c][kh][kw][nr]``, matmul B as ``[j/nr][k][nr]``;
+a B computed at run time is still packed tile by tile. Numbers against plain TVM."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+from tvm import relax  # noqa: E402
+from tvm.script import relax as R  # noqa: E402
+
+import umahub  # noqa: E402
+from umahub_npu.schedules import vector_lanes  # noqa: E402
+
+RNG = np.random.default_rng(0)
+
+
+def _plain(mod, xs):
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in xs]).numpy()
+
+
+def _compile(mod):
+    return umahub.Hub(config={"plugins": ["npu"], "verify": True}, project_config=False).compile(
+        mod
+    )
+
+
+def _panels(packed: str, before: str, inner: str) -> int:
+    """The panel width of ``"weight 1 (<before> -> <n>x<inner>x<nr>)"``, checked whole."""
+    match = re.fullmatch(rf"weight 1 \({before} -> (\d+)x{inner}x(\d+)\)", packed)
+    assert match, packed
+    panels, nr = int(match[1]), int(match[2])
+    assert nr in (vector_lanes(), 2 * vector_lanes()) and panels * nr >= int(before.split("x")[0])
+    return nr
+
+
+def test_a_convolution_filter_is_packed_at_compile_time():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 16, 14, 14), "float32"))
+    weight = relax.const(RNG.standard_normal((32, 16, 3, 3)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, weight, 1, 1))
+            out = bb.emit_output(relax.op.nn.relu(conv))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = _compile(mod)
+    (part,) = compiled.report.partitions
+    assert part.schedule == ["conv2d: tiles fit npu.sram (256 KiB)"]
+    (packed,) = part.packed
+    _panels(packed, "32x16x3x3", "16x3x3")
+    assert part.max_error is not None and part.max_error < 1e-4
+    xs = [RNG.standard_normal((1, 16, 14, 14)).astype("float32")]
+    want = _plain(mod, xs)
+    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_dense_weight_is_packed_and_an_activation_is_not():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((32, 64), "float32"))
+    y = relax.Var("y", R.Tensor((64, 48), "float32"))
+    weight = relax.const(RNG.standard_normal((64, 96)).astype("float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            dense = bb.emit(relax.op.matmul(x, weight), "dense")
+            act = bb.emit(relax.op.nn.relu(dense), "act")
+            # B is the model's input: nothing to pack ahead, the kernel packs per tile
+            mixed = bb.emit(relax.op.matmul(x, y), "mixed")
+            out = bb.emit_output(relax.Tuple([act, mixed]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = _compile(mod)
+    parts = {p.patterns[0]: p for p in compiled.report.partitions}
+    assert sorted(parts) == ["npu.matmul", "npu.matmul_act"]
+    (packed,) = parts["npu.matmul_act"].packed
+    _panels(packed, "64x96", "64")
+    assert parts["npu.matmul"].packed == []
+    assert all(p.max_error is not None and p.max_error < 1e-4 for p in parts.values())
+    xs = [RNG.standard_normal(s).astype("float32") for s in ((32, 64), (64, 48))]
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    want = vm["main"](*[tvm.runtime.tensor(a) for a in xs])
+    for got, ref in zip(compiled.run(*xs), want):
+        np.testing.assert_allclose(got, ref.numpy(), rtol=1e-5, atol=1e-4)
