@@ -45,8 +45,11 @@ matmul, per (batch, i-tile, j-tile) task::
   fewer parallel tasks than ``2 * threads``;
 * ``tk``: the largest divisor of K, at most 256, for which the working set
   fits ``sram_bytes``;
-* the B tile of each (i, j, k) step is packed into panels ``[tj/nr][tk][nr]``
-  (and transposed when B is stored ``[.., j, k]``), the accumulator is the C
+* B is read in panels ``[j/nr][k][nr]`` (transposed when it is stored
+  ``[.., j, k]``): a constant B (a weight, ``CompileContext.weights``) is
+  packed so once, at compile time (:func:`umahub.prepack.pack_weight`); a B
+  computed at run time has the tile of each (i, j, k) step packed into
+  ``[tj/nr][tk][nr]``; the accumulator is the C
   tile (``cache_write`` when the matmul writes the output itself), the
   epilogue is ``reverse_compute_at`` the (i, j) tile, loop order
   ``[batch,i0,j0] (parallel) k0 | pack B | i1 j1 k1 i2 (unroll) j2 (vector)``.
@@ -70,6 +73,8 @@ per (f-tile, p-tile) task::
 * ``tf`` <= 64 channels; tiles shrink until there are ``2 * threads`` tasks;
 * ``tc``: the largest divisor of C/groups that fits ``sram_bytes``.
   (1,64,56,56) 3x3: tf=64, tp=224 (4 rows), tc=32: 51 KiB + 72 KiB + 56 KiB.
+* the filters are read as ``[f/nr][c][kh][kw][nr]``: packed at compile time
+  when they are constants, else the tile of each (f-tile, c-step) per task.
 * the padding block stays a separate stage (parallel, vectorized) at the root.
 
 depthwise: each channel is independent; the tile is ``ty`` full rows of one
