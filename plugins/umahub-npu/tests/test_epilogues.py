@@ -79,6 +79,13 @@ CASES = {
         channels=32, out_channels=32, size=14, groups=32, epilogue=_hardswish
     ),
     "depthwise_bn_silu": dict(channels=24, out_channels=24, size=9, groups=24, epilogue=_silu),
+    # strided: the padded rows are stored column phase by column phase
+    "depthwise_bn_relu_strided": dict(
+        channels=32, out_channels=32, size=28, groups=32, stride=2, epilogue=_relu
+    ),
+    "depthwise_bn_relu_strided_odd": dict(
+        channels=16, out_channels=16, size=15, groups=16, stride=2, epilogue=_relu
+    ),
 }
 
 

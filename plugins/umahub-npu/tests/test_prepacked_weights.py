@@ -12,9 +12,9 @@ import pytest
 tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 from tvm.script import relax as R  # noqa: E402
+from umahub_npu.schedules import vector_lanes  # noqa: E402
 
 import umahub  # noqa: E402
-from umahub_npu.schedules import vector_lanes  # noqa: E402
 
 RNG = np.random.default_rng(0)
 

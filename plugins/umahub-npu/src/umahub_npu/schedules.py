@@ -737,10 +737,37 @@ def _data_buffer_name(sch: s_tir.Schedule, p: Plan) -> str:
     return ""
 
 
+def _deinterleave_padded(sch: s_tir.Schedule, pads: list[str], stride: int) -> list[str]:
+    """Store the padded input of a strided depthwise convolution column phase by
+    column phase, ``[n, c, y, x % s, x // s]``: output column x then reads input
+    ``x*s + rx`` at phase ``rx % s``, position ``x + rx // s``, consecutive for
+    consecutive x, so the row loads as vectors instead of element by element.
+    Returns the blocks so stored (a refused one keeps its layout)."""
+    done = []
+    for name in pads:
+        block = sch.get_sblock(name)
+        width = int(_buf(sch.get(block).writes[0]).shape[3])
+        try:
+            sch.transform_layout(
+                block,
+                ("write", 0),
+                lambda n, c, y, x: (n, c, y, x % stride, x // stride),
+                pad_value=0.0 if width % stride else None,
+            )
+        except ScheduleError:
+            continue
+        done.append(name)
+    return done
+
+
 def _schedule_depthwise(
     sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
 ):
-    _schedule_pad(sch, p, lanes)
+    pads = _padding_blocks(sch, p)
+    phased = _deinterleave_padded(sch, pads, p.stride) if p.stride > 1 else []
+    for name in p.prologue:
+        if name not in pads:
+            _parallel_spatial(sch, sch.get_sblock(name), lanes)
     red, out, rest = _accumulator_and_epilogue(sch, p)
     e = p.extents
     OH, OW = e["OH"], e["OW"]
@@ -762,6 +789,8 @@ def _schedule_depthwise(
     tiled, rest = _epilogue_at(sch, y0, out, rest)
     outer = sch.fuse(n, f, y0)
     sch.parallel(outer)
+    for name in pads:  # the rows a task reads, padded while they are in cache
+        _pad_at(sch, sch.get_sblock(name), outer, lanes, p.stride if name in phased else 1)
     sch.unroll(ry)
     sch.unroll(rx)
     sch.unroll(y2)
@@ -771,6 +800,35 @@ def _schedule_depthwise(
     for name in rest:
         _parallel_spatial(sch, sch.get_sblock(name), lanes)
     return "depthwise"
+
+
+def _padding_blocks(sch: s_tir.Schedule, p: Plan) -> list[str]:
+    """The prologue blocks that write the (padded) input the reduction reads."""
+    read = {str(_buf(r).name) for r in sch.get(sch.get_sblock(p.reduction)).reads}
+    found = []
+    for name in p.prologue:
+        (write,) = sch.get(sch.get_sblock(name)).writes
+        if len(write.region) == 4 and str(_buf(write).name) in read:
+            found.append(name)
+    return found
+
+
+def _pad_at(sch: s_tir.Schedule, block, loop, lanes: int, stride: int) -> None:
+    """Compute the padding ``block`` under ``loop`` (only the region one iteration
+    reads), its innermost loop vectorized; at the root if that is refused.
+    ``stride`` > 1: the block stores its rows phase by phase (see
+    :func:`_deinterleave_padded`), and is walked in that order."""
+    try:
+        sch.compute_at(block, loop, preserve_unit_loops=True)
+    except ScheduleError:
+        _parallel_spatial(sch, block, lanes)
+        return
+    inner = sch.get_loops(block)[-1]
+    if stride > 1:  # walk the row as it is stored, phase by phase: contiguous writes
+        phase_pos = sch.split(inner, [None, stride])
+        sch.reorder(phase_pos[1], phase_pos[0])
+        inner = phase_pos[0]
+    _vectorize_inner(sch, inner, int(sch.get(inner).extent), lanes)
 
 
 _STRATEGIES = {
