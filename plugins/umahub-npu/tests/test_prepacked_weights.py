@@ -30,12 +30,15 @@ def _compile(mod):
     )
 
 
-def _panels(packed: str, before: str, inner: str) -> int:
-    """The panel width of ``"weight 1 (<before> -> <n>x<inner>x<nr>)"``, checked whole."""
+def _panels(packed: str, before: str, inner: str, columns: int) -> int:
+    """The panel width of ``"weight 1 (<before> -> <n>x<inner>x<nr>)"``, checked whole:
+    ``n`` panels of ``nr`` (one or two vectors) hold the ``columns``, padded to less
+    than one more panel."""
     match = re.fullmatch(rf"weight 1 \({before} -> (\d+)x{inner}x(\d+)\)", packed)
     assert match, packed
     panels, nr = int(match[1]), int(match[2])
-    assert nr in (vector_lanes(), 2 * vector_lanes()) and panels * nr >= int(before.split("x")[0])
+    assert nr in (vector_lanes(), 2 * vector_lanes())
+    assert panels == -(-columns // nr)
     return nr
 
 
@@ -53,7 +56,7 @@ def test_a_convolution_filter_is_packed_at_compile_time():
     (part,) = compiled.report.partitions
     assert part.schedule == ["conv2d: tiles fit npu.sram (256 KiB)"]
     (packed,) = part.packed
-    _panels(packed, "32x16x3x3", "16x3x3")
+    _panels(packed, "32x16x3x3", "16x3x3", 32)
     assert part.max_error is not None and part.max_error < 1e-4
     xs = [RNG.standard_normal((1, 16, 14, 14)).astype("float32")]
     want = _plain(mod, xs)
@@ -78,7 +81,7 @@ def test_a_dense_weight_is_packed_and_an_activation_is_not():
     parts = {p.patterns[0]: p for p in compiled.report.partitions}
     assert sorted(parts) == ["npu.matmul", "npu.matmul_act"]
     (packed,) = parts["npu.matmul_act"].packed
-    _panels(packed, "64x96", "64")
+    _panels(packed, "64x96", "64", 96)
     assert parts["npu.matmul"].packed == []
     assert all(p.max_error is not None and p.max_error < 1e-4 for p in parts.values())
     xs = [RNG.standard_normal(s).astype("float32") for s in ((32, 64), (64, 48))]
@@ -86,3 +89,22 @@ def test_a_dense_weight_is_packed_and_an_activation_is_not():
     want = vm["main"](*[tvm.runtime.tensor(a) for a in xs])
     for got, ref in zip(compiled.run(*xs), want):
         np.testing.assert_allclose(got, ref.numpy(), rtol=1e-5, atol=1e-4)
+
+
+def test_a_weight_no_register_tile_divides_is_padded_and_packed_at_compile_time():
+    # 1000 classes: the padded copy of B is the packing, made once
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 32), "float32"))
+    w = RNG.standard_normal((32, 1000)).astype("float32")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.const(w)))
+        bb.emit_func_output(out)
+    compiled = _compile(bb.get())
+    (part,) = compiled.report.partitions
+    (packed,) = part.packed
+    nr = _panels(packed, "32x1000", "32", 1000)
+    assert 1000 % nr  # padded: the last panel has columns the weight has not
+    assert part.max_error is not None and part.max_error < 1e-4
+    xs = RNG.standard_normal((1, 32)).astype("float32")
+    np.testing.assert_allclose(compiled.run(xs), xs @ w, rtol=1e-5, atol=1e-4)

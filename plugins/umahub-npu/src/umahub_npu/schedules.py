@@ -101,7 +101,7 @@ from tvm.s_tir.schedule import ScheduleError
 from umahub.compat import Load as _LOAD
 from umahub.compat import buffer_of as _buf
 from umahub.compat import detect_linear_equation, param_buffers, vars_in
-from umahub.prepack import pack_weight
+from umahub.prepack import ANNOTATION, pack_weight
 
 __all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
 
@@ -617,18 +617,30 @@ def _padding(M: int, N: int, lanes: int) -> tuple[int, int]:
     return pad_m, pad_n
 
 
-def _pad_to_tiles(sch: s_tir.Schedule, red, n_batch: int, pad_m: int, pad_n: int, lanes: int):
+def _pad_to_tiles(
+    sch: s_tir.Schedule, red, n_batch: int, pad_m: int, pad_n: int, lanes: int, pack=None
+) -> bool:
     """``pad_einsum`` the reduction: zero-padded copies of its inputs (separate parallel
-    stages) and of its accumulator, which the output block then reads directly."""
+    stages) and of its accumulator, which the output block then reads directly.
+
+    ``pack``: (buffer, layout) of a constant B: its padded copy is stored in
+    ``layout`` and marked for packing at compile time. Returns whether it was.
+    """
     before = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
     sch.pad_einsum(red, [1] * n_batch + [pad_m, pad_n, 1])
+    packed = False
     for blk in sch.get_child_blocks(sch.get_sblock("root")):
         if sch.get(blk).name_hint in before:
             continue
-        if any(sch.get(c).same_as(sch.get(red)) for c in sch.get_consumers(blk)):
-            _parallel_spatial(sch, blk, lanes)  # an input, padded
-        else:
+        if not any(sch.get(c).same_as(sch.get(red)) for c in sch.get_consumers(blk)):
             sch.compute_inline(blk)  # the accumulator's copy back: read in place
+        elif pack is not None and any(_buf(r).same_as(pack[0]) for r in sch.get(blk).reads):
+            sch.transform_layout(blk, ("write", 0), pack[1])  # B, padded: in panels, once
+            sch.annotate(blk, ANNOTATION, True)
+            packed = True
+        else:
+            _parallel_spatial(sch, blk, lanes)  # an input, padded
+    return packed
 
 
 def _schedule_matmul(
@@ -644,13 +656,18 @@ def _schedule_matmul(
     batch = math.prod(e["batch"]) if e["batch"] else 1
     M, N, K = e["M"], e["N"], e["K"]
     pad_m, pad_n = _padding(M, N, lanes)
+    padded_m, padded_n = _round_up(M, pad_m), _round_up(N, pad_n)
+    ti, tj, tk, mr, nr = matmul_tiles(batch, padded_m, padded_n, K, lanes, sram, threads)
+    constant_b = p.b_buffer_index >= 0 and _reads_weight(sch, red, p.b_buffer_index, weights)
+    b_buffer = _buf(sch.get(red).reads[p.b_buffer_index]) if constant_b else None
+    packed = False
     if pad_m > 1 or pad_n > 1:
-        _pad_to_tiles(sch, red, len(e["batch"]), pad_m, pad_n, lanes)
-        M, N = _round_up(M, pad_m), _round_up(N, pad_n)
-    ti, tj, tk, mr, nr = matmul_tiles(batch, M, N, K, lanes, sram, threads)
-    packed = p.b_buffer_index >= 0 and _reads_weight(sch, red, p.b_buffer_index, weights)
-    if packed:  # a constant B: packed into panels once, at compile time
+        pack = (b_buffer, _b_panels(p, nr)) if constant_b else None
+        packed = _pad_to_tiles(sch, red, len(e["batch"]), pad_m, pad_n, lanes, pack)
+        M, N = padded_m, padded_n
+    if constant_b and not packed:  # a constant B: packed into panels once, at compile time
         pack_weight(sch, red, p.b_buffer_index, _b_panels(p, nr))
+        packed = True
     loops = sch.get_loops(red)
     *bl, i, j, k = loops
     i0, i1, i2 = sch.split(i, [None, ti // mr, mr])
