@@ -133,8 +133,8 @@ def split(
         said = str(exc).strip().splitlines()  # TVM's check is the first line, IR follows
         raise PluginOutputError(
             f"the blocks annotated {ANNOTATION} in {symbol} cannot be split off the kernel "
-            f"({type(exc).__name__}: {said[0] if said else ''}): such a block must be at the root and "
-            "copy one parameter into a new layout (see umahub.prepack.pack_weight)"
+            f"({type(exc).__name__}: {said[0] if said else ''}): such a block must be at the "
+            "root and copy one parameter into a new layout (see umahub.prepack.pack_weight)"
         ) from exc
     if not packings or not set(packings) <= weights:
         return mod, {}
