@@ -266,3 +266,75 @@ def test_a_chain_of_polynomial_functions_compiles_quickly_and_computes_the_same(
     assert compiled.report.host_schedules == {"elementwise": 1}
     x = np.random.default_rng(4).standard_normal((4, 32)).astype("float32")
     np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-5, atol=1e-6)
+
+
+def _matmul_model(m, k, n, *, epilogue=False, batch=(), transposed=False):
+    """x @ W (+ bias, GELU): W a constant; or, with ``batch``, x @ y (y stored
+    transposed when asked), as attention multiplies two activations."""
+    rng = np.random.default_rng(1)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((*batch, m, k), "float32"))
+    params = [x]
+    if batch:
+        y = relax.Var("y", R.Tensor((*batch, *((n, k) if transposed else (k, n))), "float32"))
+        params.append(y)
+        b = relax.op.permute_dims(y, [*range(len(batch)), len(batch) + 1, len(batch)])
+        b = b if transposed else y
+    else:
+        b = relax.const(rng.standard_normal((k, n)).astype("float32"))
+    with bb.function("main", params):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, b))
+            if epilogue:
+                bias = relax.const(rng.standard_normal(n).astype("float32"))
+                h = bb.emit(relax.op.nn.gelu(bb.emit(relax.op.add(h, bias))))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "case, spec, schedules",
+    [
+        ("dense_bias_gelu", dict(m=64, k=96, n=128, epilogue=True), {"matmul": 1}),
+        ("rows_known_at_run_time", dict(m=tvm.tirx.Var("m", "int64"), k=64, n=96), {"matmul": 1}),
+        ("one_row", dict(m=1, k=128, n=200), {"matmul": 1}),
+        (
+            "attention_scores",
+            dict(m=32, k=16, n=32, batch=(2, 3), transposed=True),
+            {"elementwise": 1, "matmul": 1},
+        ),
+        ("attention_context", dict(m=32, k=32, n=16, batch=(2, 3)), {"matmul": 1}),
+        # no vector divides 1001 columns: not this rule's (its rows in parallel)
+        ("odd_columns", dict(m=8, k=16, n=1001), {"parallel": 1}),
+    ],
+)
+def test_a_matmul_on_the_host_is_register_tiled_and_computes_the_same(case, spec, schedules):
+    mod = _matmul_model(**spec)
+    compiled = umahub.Hub(autoload=False).compile(mod)
+    assert compiled.report.host_schedules == schedules
+    rng = np.random.default_rng(2)
+    rows = 5 if isinstance(spec["m"], tvm.tirx.Var) else spec["m"]
+    batch = spec.get("batch", ())
+    xs = [rng.standard_normal((*batch, rows, spec["k"])).astype("float32")]
+    if batch:
+        other = (spec["n"], spec["k"]) if spec.get("transposed") else (spec["k"], spec["n"])
+        xs.append(rng.standard_normal((*batch, *other)).astype("float32"))
+    want = _plain(mod, xs)
+    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_host_matmul_keeps_its_accumulators_in_a_register_tile():
+    mod = relax.transform.LegalizeOps()(_matmul_model(64, 96, 128))
+    func = next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
+    scheduled, how = default_schedule(func.with_attr("global_symbol", "main"), "llvm")
+    assert how == "matmul"
+    sch = s_tir.Schedule(scheduled)
+    # [j0] parallel | i0 | k | i1 unrolled | j1 vectorized
+    assert _kinds(sch, sch.get_sblock("matmul_update")) == [
+        "parallel",
+        "serial",
+        "serial",
+        "unrolled",
+        "vectorized",
+    ]

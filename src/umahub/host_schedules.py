@@ -10,15 +10,17 @@ this order, the first of:
    last block (a big block its consumers read several times excepted), its
    outer loops in parallel when there is enough work (the contiguous inner
    loop is left for LLVM to vectorize);
-2. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
+2. ``"matmul"``: a matrix product with its epilogue, in register tiles
+   (:mod:`umahub.host_matmul`);
+3. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
    softmax, layer norm and their kin (rows in parallel, the elementwise
    stages vectorized), ``GEMV`` for matrix-vector products;
-3. ``"parallel"``: anything else (a pooling, a reduction dlight does not
+4. ``"parallel"``: anything else (a pooling, a reduction dlight does not
    take, a convolution no accelerator took): the leading spatial loops of
    each root block fused and run in parallel; a pooling window's loops
    inside the output row, which stays a contiguous loop for LLVM to
    vectorize (so does the row of a padding block);
-4. ``"unscheduled"``: what none of these could change, built as it is.
+5. ``"unscheduled"``: what none of these could change, built as it is.
 
 A rule that fails part-way leaves nothing behind: each works on a copy.
 """
@@ -30,6 +32,8 @@ from typing import Any
 
 import tvm
 from tvm import s_tir, tirx
+
+from umahub.host_matmul import schedule_matmul
 
 __all__ = ["default_schedule", "vector_lanes"]
 
@@ -245,6 +249,7 @@ def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, s
         # first: dlight's rules take no function without a reduction, and
         # inline every block before they look (see _inline_chain)
         _elementwise,
+        lambda f: schedule_matmul(f, vector_lanes(target)),
         lambda f: _dlight(f, target),
         _parallel,
     ):
