@@ -54,10 +54,10 @@ def reference():
 
 def test_the_host_is_fused_and_scheduled_and_computes_the_same(reference):
     compiled = umahub.Hub(autoload=False).compile(_host_model())
-    # fused as TVM's CPU pipeline fuses: the softmax; the convolution with its
-    # activation as epilogue; both taken by dlight's CPU reduction rule
-    assert compiled.report.host_schedules == {"reduction": 2}
-    assert "host functions: 2 (reduction 2)" in str(compiled.report)
+    # fused as TVM's CPU pipeline fuses: the softmax, taken by dlight's CPU
+    # reduction rule; the convolution with its activation as epilogue, umahub's
+    assert compiled.report.host_schedules == {"reduction": 1, "conv2d": 1}
+    assert "host functions: 2 (conv2d 1, reduction 1)" in str(compiled.report)
     np.testing.assert_allclose(compiled.run(*_inputs()), reference, rtol=1e-5, atol=1e-6)
 
 
@@ -86,7 +86,7 @@ def test_a_plugin_replaces_the_host_schedule_of_the_functions_it_takes(reference
     compiled = hub.compile(_host_model())
     assert compiled.report.host_schedules == {
         "SoftmaxKernels: rows in parallel": 1,
-        "reduction": 1,
+        "conv2d": 1,
     }
     np.testing.assert_allclose(compiled.run(*_inputs()), reference, rtol=1e-5, atol=1e-6)
 
@@ -111,7 +111,7 @@ def test_a_plugin_failing_at_the_host_schedule_is_named_and_the_default_used(ref
         and m.endswith("': RuntimeError: no such block; umahub's own schedule is used instead")
         for m in messages
     ), messages
-    assert compiled.report.host_schedules == {"reduction": 2}
+    assert compiled.report.host_schedules == {"reduction": 1, "conv2d": 1}
     np.testing.assert_allclose(compiled.run(*_inputs()), reference, rtol=1e-5, atol=1e-6)
 
 
@@ -338,3 +338,73 @@ def test_a_host_matmul_keeps_its_accumulators_in_a_register_tile():
         "unrolled",
         "vectorized",
     ]
+
+
+def _conv_model(channels, size, filters, kernel, stride, padding, groups=1):
+    """conv2d + bias + relu, weights constant."""
+    rng = np.random.default_rng(3)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, channels, size, size), "float32"))
+    w = rng.standard_normal((filters, channels // groups, kernel, kernel)).astype("float32")
+    bias = rng.standard_normal((1, filters, 1, 1)).astype("float32")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(w), stride, padding, groups=groups))
+            y = bb.emit(relax.op.add(y, relax.const(bias)))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "case, spec",
+    [
+        ("3x3", (8, 12, 16, 3, 1, 1)),
+        ("stem_7x7_stride_2", (3, 20, 8, 7, 2, 3)),
+        ("3x3_stride_2_odd_width", (4, 13, 8, 3, 2, 1)),
+        ("1x1_unpadded", (16, 7, 24, 1, 1, 0)),
+        ("grouped", (8, 10, 8, 3, 1, 1, 4)),
+        ("depthwise", (6, 9, 6, 3, 1, 1, 6)),
+    ],
+)
+def test_a_convolution_on_the_host_is_register_tiled_and_computes_the_same(case, spec):
+    mod = _conv_model(*spec)
+    compiled = umahub.Hub(autoload=False).compile(mod)
+    assert compiled.report.host_schedules == {"conv2d": 1}
+    xs = [
+        np.random.default_rng(4).standard_normal((1, spec[0], spec[1], spec[1])).astype("float32")
+    ]
+    want = _plain(mod, xs)
+    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_host_convolution_tiles_channels_by_columns_and_reads_strided_columns_in_phases():
+    mod = relax.transform.FuseTIR()(
+        relax.transform.FuseOps()(
+            relax.transform.AnnotateTIROpPattern()(
+                relax.transform.LegalizeOps()(_conv_model(8, 16, 16, 3, 2, 1))
+            )
+        )
+    )
+    func = next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
+    scheduled, how = default_schedule(func.with_attr("global_symbol", "main"), "llvm")
+    assert how == "conv2d"
+    sch = s_tir.Schedule(scheduled)
+    # [n, f0, y] parallel | x0 | c | ry | rx | f1 unrolled | x1 vectorized
+    update = next(
+        b
+        for b in sch.get_child_blocks(sch.get_sblock("root"))
+        if _kinds(sch, b)[-1] == "vectorized" and len(sch.get_loops(b)) == 7
+    )
+    assert _kinds(sch, update) == [
+        "parallel",
+        "serial",
+        "serial",
+        "serial",
+        "serial",
+        "unrolled",
+        "vectorized",
+    ]
+    # the padded input: [n, c, y, x % 2, x // 2], so a vector of outputs reads consecutive columns
+    (padded,) = [b for b in scheduled.body.block.alloc_buffers if len(b.shape) == 5]
+    assert [int(d) for d in padded.shape] == [1, 8, 18, 2, 9]

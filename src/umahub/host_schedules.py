@@ -10,8 +10,9 @@ this order, the first of:
    last block (a big block its consumers read several times excepted), its
    outer loops in parallel when there is enough work (the contiguous inner
    loop is left for LLVM to vectorize);
-2. ``"matmul"``: a matrix product with its epilogue, in register tiles
-   (:mod:`umahub.host_matmul`);
+2. ``"matmul"``, ``"conv2d"``: a matrix product or a 2-D convolution with
+   its epilogue, in register tiles (:mod:`umahub.host_matmul`,
+   :mod:`umahub.host_conv`);
 3. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
    softmax, layer norm and their kin (rows in parallel, the elementwise
    stages vectorized), ``GEMV`` for matrix-vector products;
@@ -33,6 +34,7 @@ from typing import Any
 import tvm
 from tvm import s_tir, tirx
 
+from umahub.host_conv import schedule_conv2d
 from umahub.host_matmul import schedule_matmul
 
 __all__ = ["default_schedule", "vector_lanes"]
@@ -250,6 +252,7 @@ def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, s
         # inline every block before they look (see _inline_chain)
         _elementwise,
         lambda f: schedule_matmul(f, vector_lanes(target)),
+        lambda f: schedule_conv2d(f, vector_lanes(target)),
         lambda f: _dlight(f, target),
         _parallel,
     ):
