@@ -658,7 +658,14 @@ def _schedule_matmul(
     pad_m, pad_n = _padding(M, N, lanes)
     padded_m, padded_n = _round_up(M, pad_m), _round_up(N, pad_n)
     ti, tj, tk, mr, nr = matmul_tiles(batch, padded_m, padded_n, K, lanes, sram, threads)
-    constant_b = p.b_buffer_index >= 0 and _reads_weight(sch, red, p.b_buffer_index, weights)
+    # a constant B is packed at compile time, unless its panels are its own layout
+    # (one panel, not transposed: nothing to gain, and a copy of the weight)
+    one_panel = padded_n <= nr and pad_n == 1 and not p.b_transposed
+    constant_b = (
+        p.b_buffer_index >= 0
+        and not one_panel
+        and _reads_weight(sch, red, p.b_buffer_index, weights)
+    )
     b_buffer = _buf(sch.get(red).reads[p.b_buffer_index]) if constant_b else None
     packed = False
     if pad_m > 1 or pad_n > 1:
