@@ -395,3 +395,21 @@ def test_copies_are_fitted_as_a_latency_and_a_bandwidth():
     assert latency == pytest.approx(10e-6, rel=0.01)
     assert bandwidth == pytest.approx(1e9, rel=0.01)
     assert _fit([(16, 5e-6), (32, 5e-6)]) == (5e-6, float("inf"))  # no large copy: no bandwidth
+
+
+def test_the_cost_cache_key_changes_when_a_plugins_source_changes(tmp_path, monkeypatch):
+    # a development install keeps its version while its kernels change: its
+    # measured costs must not be reused
+    from umahub.auto.cache import code_fingerprint
+
+    package = tmp_path / "edited_plugin"
+    package.mkdir()
+    (package / "__init__.py").write_text("UMAHUB_API = 1\n")
+    (package / "kernels.py").write_text("TILE = 16\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import edited_plugin
+
+    before = code_fingerprint([edited_plugin])
+    assert code_fingerprint([edited_plugin]) == before
+    (package / "kernels.py").write_text("TILE = 32  # faster\n")
+    assert code_fingerprint([edited_plugin]) != before

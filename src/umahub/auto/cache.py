@@ -4,8 +4,10 @@ One JSON file, ``costs-1.json``, in ``$UMAHUB_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/umahub``, else ``~/.cache/umahub``. An entry's key is a
 digest of what its cost depends on (see :func:`umahub.auto.costs.fingerprint`):
 the group's structure and shapes, the accelerator, the plugin's distribution
-and version, umahub's and TVM's versions, the target and the thread count. A
-plugin upgrade, another machine or another thread count measures again.
+and version, umahub's and TVM's versions, the source files of umahub and of
+every plugin (:func:`code_fingerprint`: an edited plugin in a development
+install keeps its version), the target and the thread count. A plugin
+upgrade or edit, another machine or another thread count measures again.
 
 The file is rewritten whole (a temporary file renamed over it), merged with
 what another process wrote meanwhile, so concurrent compiles lose at most a
@@ -16,15 +18,18 @@ memory, with one warning.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from umahub.errors import warn
 
-__all__ = ["CostCache", "cache_dir"]
+__all__ = ["CostCache", "cache_dir", "code_fingerprint"]
 
 #: The file's format; another format is ignored (and rewritten).
 FORMAT = 1
@@ -38,6 +43,36 @@ def cache_dir() -> Path:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "umahub"
+
+
+def code_fingerprint(objects: Iterable[Any]) -> str:
+    """A digest of the Python files of the packages that define ``objects`` (modules,
+    or plugin objects of a class): their paths, sizes and modification times.
+
+    Stat calls only (a few milliseconds for umahub and its plugins). An object
+    whose package has no files on disk (defined in ``__main__``, a notebook)
+    adds its module's name.
+    """
+    digest = hashlib.sha256()
+    roots = set()
+    for obj in objects:
+        name = obj.__name__ if isinstance(obj, type(sys)) else type(obj).__module__
+        module = sys.modules.get(name.split(".")[0])
+        path = getattr(module, "__file__", None)
+        if path is None or name == "__main__":
+            digest.update(name.encode())
+            continue
+        root = Path(path).parent if Path(path).name == "__init__.py" else Path(path)
+        roots.add(root)
+    for root in sorted(roots):
+        files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+        for file in files:
+            try:
+                stat = file.stat()
+            except OSError:
+                continue
+            digest.update(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
 
 
 class CostCache:

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from umahub.auto.cache import CostCache
+from umahub.auto.cache import CostCache, code_fingerprint
 from umahub.auto.candidates import Group
 from umahub.context import CostContext, Operator
 from umahub.errors import CompileError, last_line
@@ -169,7 +169,8 @@ class Costs:
             if self.board is not None
             else _threads()
         )
-        self._base = (umahub.__version__, tvm.__version__, plugins, target, where)
+        code = code_fingerprint([umahub] + [p.obj for p in self.hub.plugins if p.loaded])
+        self._base = (umahub.__version__, tvm.__version__, plugins, code, target, where)
         self._seen: dict[tuple[str, str], Cost] = {}
         self.copy_samples: dict[str, list[tuple[int, float]]] = {}
         self.counts = {"plugin": 0, "measured": 0, "cached": 0, "none": 0}
