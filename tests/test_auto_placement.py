@@ -133,10 +133,14 @@ def test_the_second_compile_uses_the_measurements_of_the_first(isolated):
     assert first["costs"] == {"plugin": 0, "measured": 4, "cached": 0, "none": 0}
     assert first["cache"]["path"] == str(isolated / "umahub-cache" / FILE)
     entries = json.loads((isolated / "umahub-cache" / FILE).read_text())["entries"]
-    assert len(entries) == 4
+    # the four groups' costs, and the verdict of the choice against the runner-up
+    assert len(entries) == 5
+    assert first["finalists"]["cached"] is False
+    assert sorted(first["finalists"]) == ["auto_ms", "cached", "kept", "runner_up", "runner_up_ms"]
     again = _hub(_plugin(None)).compile(mod, placement="auto").report.auto
     assert again["costs"] == {"plugin": 0, "measured": 0, "cached": 4, "none": 0}
     assert again["cache"]["hits"] == 4 and again["cache"]["misses"] == 0
+    assert again["finalists"] == {**first["finalists"], "cached": True}  # not timed again
     for before, after in zip(first["groups"], again["groups"]):
         assert before["costs"]["fast"]["seconds"] == after["costs"]["fast"]["seconds"]
         assert after["costs"]["fast"]["source"] == "cached"
@@ -413,3 +417,67 @@ def test_the_cost_cache_key_changes_when_a_plugins_source_changes(tmp_path, monk
     assert code_fingerprint([edited_plugin]) == before
     (package / "kernels.py").write_text("TILE = 32  # faster\n")
     assert code_fingerprint([edited_plugin]) != before
+
+
+# --------------------------------------------------------------------------- finalists
+
+
+def test_a_runner_up_that_measures_faster_than_the_choice_is_kept(isolated, monkeypatch):
+    from umahub.auto import finalists
+
+    mod = chain(ops=RELU_ADD)
+    hub = _hub(_plugin(None))
+    chosen = hub.compile(mod, placement="auto")
+    runner_up = chosen.report.auto["runner_up"]
+    order = finalists.accelerators_of(runner_up)
+    # the estimate was wrong: timed, the runner-up is the faster of the two
+    seen = []
+
+    def timed(model, inputs, runs):
+        seen.append(model)
+        return 0.004 if len(seen) % 2 else 0.001  # the choice, then the runner-up
+
+    monkeypatch.setattr(finalists, "_median_run", timed)
+    monkeypatch.setattr(finalists, "cached_winner", lambda comp, cache: None)
+    kept = hub.compile(mod, placement="auto")
+    auto = kept.report.auto
+    assert auto["finalists"] == {
+        "runner_up": runner_up,
+        "auto_ms": 4.0,
+        "runner_up_ms": 1.0,
+        "kept": runner_up,
+        "cached": False,
+    }
+    # what runs is what that claiming order builds, and the report says why
+    if order:
+        expected = _devices(_hub(_plugin(None), priority=list(order)).compile(mod))
+    else:  # "host alone"
+        expected = {name: "host" for name in _devices(kept)}
+    assert _devices(kept) == expected
+    assert (
+        f"placement by cost: {runner_up} ran in 1 ms, the estimated choice in 4 ms: "
+        f"{runner_up} is kept"
+    ) in kept.report.notes
+    assert (
+        f"  measured: the choice 4.000 ms, the runner-up ({runner_up}) 1.000 ms: {runner_up} "
+        "is kept"
+    ) in str(kept.report).splitlines()
+    xs = inputs_for(mod)
+    np.testing.assert_allclose(kept.run(*xs), reference(mod, xs), rtol=1e-5, atol=1e-6)
+
+
+def test_the_choice_is_not_measured_against_a_plugins_cost_model_or_pins(isolated):
+    mod = chain(ops=RELU_ADD)
+    hub = _hub(_plugin({"fast.relu": 10.0, "fast.add": 1e-9}))
+    report = hub.compile(mod, placement="auto").report
+    assert report.auto["finalists"] == {
+        "skipped": "costs come from a plugin's umahub_cost, which timing here would overrule"
+    }
+    assert (
+        "  not measured against the runner-up: costs come from a plugin's umahub_cost, which "
+        "timing here would overrule"
+    ) in str(report).splitlines()
+    measured = _hub(_plugin(None), placement={"n0": "host"})
+    assert measured.compile(mod, placement="auto").report.auto["finalists"] == {
+        "skipped": "operators are pinned (the claiming orders would ignore the pins)"
+    }

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import tvm
@@ -205,13 +205,15 @@ def compile(
     verify = hub.config.verify if verify is None else verify
     with bounded(_bounds(mod)):
         comp = _start(hub, mod, placement, progress, verify, build_target, board=board)
-        lower.run(comp)
-        build.run(comp)
-        if comp.verify:
-            with comp.clock.stage("verify"):
-                wrong = verification.run(comp)
-            if wrong:
-                build.run(comp)
+        if comp.auto is None:
+            _built(comp)
+        else:
+
+            def claiming(order: tuple[str, ...]) -> Compilation:
+                only = tuple(hub.accelerator(name) for name in order)
+                return _start(hub, mod, None, progress, verify, build_target, only=only)
+
+            comp = _checked_by_measurement(comp, claiming)
     compiled = comp.compiled
     assert compiled is not None
     compiled.report = comp.report()
@@ -219,6 +221,72 @@ def compile(
     if hub.config.profile if profile is None else profile:
         compiled.profile_into_report()
     return compiled
+
+
+def _built(comp: Compilation) -> Compilation:
+    """Lower and build ``comp``, and verify it if asked (building again without the
+    partitions verification failed)."""
+    lower.run(comp)
+    build.run(comp)
+    if comp.verify:
+        with comp.clock.stage("verify"):
+            wrong = verification.run(comp)
+        if wrong:
+            build.run(comp)
+    return comp
+
+
+def _checked_by_measurement(
+    comp: Compilation, claiming: Callable[[tuple[str, ...]], Compilation]
+) -> Compilation:
+    """``comp``, placed by cost, built; or the compilation of the runner-up claiming
+    order (``claiming(order)`` starts it) when it measured faster (see
+    :mod:`umahub.auto.finalists`)."""
+    from umahub.auto import finalists
+    from umahub.auto.cache import CostCache
+    from umahub.compiled import example_inputs
+
+    auto = comp.auto
+    why = finalists.skipped(comp)
+    if why:
+        auto.finalists = {"skipped": why}
+        return _built(comp)
+    cache = CostCache()
+    order = finalists.accelerators_of(auto.runner_up)
+    winner = finalists.cached_winner(comp, cache)
+    if winner is not None and winner != "auto":
+        return _kept(_built(claiming(order)), auto)
+    _built(comp)
+    if winner == "auto":
+        return comp
+    try:
+        other = _built(claiming(order))
+    except Exception as exc:  # the runner-up does not build: the choice stands
+        auto.finalists = {"skipped": f"{auto.runner_up} did not build: {exc}"}
+        return comp
+    with comp.clock.stage("finalists"):
+        try:
+            kept = finalists.measure(
+                comp, comp.compiled, other.compiled, lambda m: example_inputs(m.input_info), cache
+            )
+        except Exception as exc:  # inputs it cannot take, a run that fails: auto's stays
+            auto.finalists = {"skipped": f"the model did not run on random inputs: {exc}"}
+            return comp
+    return comp if kept == "auto" else _kept(other, auto)
+
+
+def _kept(other: Compilation, auto: Any) -> Compilation:
+    """The runner-up's compilation, reporting the choice by cost and why it lost."""
+    from dataclasses import replace
+
+    other.auto = replace(auto, changed=auto.runner_up_changed)
+    measured = auto.finalists
+    if "auto_ms" in measured:
+        other.notes.append(
+            f"placement by cost: {auto.runner_up} ran in {measured['runner_up_ms']:.3g} ms, "
+            f"the estimated choice in {measured['auto_ms']:.3g} ms: {auto.runner_up} is kept"
+        )
+    return other
 
 
 def build_alone(

@@ -20,7 +20,11 @@ assignment with the lowest estimated end-to-end latency, copies included:
    each a partition of its own, as it was timed (an accelerator that merges
    neighbouring matches lowers them as one kernel, whose cost the
    measurements of single matches do not tell); memory budgets are checked
-   afterwards as always.
+   afterwards as always;
+5. **finalists** (:mod:`umahub.auto.finalists`): the choice and the runner-up
+   (the best-estimated claiming order, accelerator alone or host alone that
+   places differently) are both built and timed; the faster is kept, and the
+   verdict cached (not when a plugin's ``umahub_cost`` gave costs, or with pins).
 
 ``report.auto`` keeps every group with its costs and why it went where it
 went, the estimates of the starting points, and what changed against
@@ -28,6 +32,7 @@ went, the estimates of the starting points, and what changed against
 
 The modules: :mod:`~umahub.auto.candidates`, :mod:`~umahub.auto.costs`,
 :mod:`~umahub.auto.cache`, :mod:`~umahub.auto.search`, then
-:mod:`~umahub.auto.choose` (the four put together, run by the pipeline) and
+:mod:`~umahub.auto.choose` (the four put together, run by the pipeline),
+:mod:`~umahub.auto.finalists` (the measured check) and
 :mod:`~umahub.auto.text` (the report's words for it).
 """

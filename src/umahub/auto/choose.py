@@ -40,6 +40,12 @@ class AutoChoice:
         seconds: time spent finding candidates, costing and searching.
         cache: the cost cache's path and its hits and misses.
         executor: the executor the estimate is for.
+        runner_up: the starting point with the lowest estimate that places
+            differently (``"priority npu > dsp"``), or None.
+        runner_up_changed: what the runner-up changes against ``priority``.
+        finalists: the choice and the runner-up measured, or why not
+            (:mod:`umahub.auto.finalists`).
+        cache_base: what every cache key of this compile's costs depends on.
     """
 
     chosen: dict[str, str]
@@ -53,6 +59,16 @@ class AutoChoice:
     seconds: dict[str, float] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
     executor: str = "auto"
+    runner_up: str | None = None
+    runner_up_changed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    finalists: dict[str, Any] = field(default_factory=dict)
+    cache_base: tuple[Any, ...] = ()
+
+    def key_of(self, *parts: Any) -> str:
+        """A cache key for something this compile's costs determine."""
+        from umahub.auto.candidates import _digest
+
+        return _digest(*self.cache_base, *parts)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (milliseconds where people read them)."""
@@ -67,6 +83,8 @@ class AutoChoice:
             "costs": self.counts,
             "seconds": self.seconds,
             "cache": self.cache,
+            "runner_up": self.runner_up,
+            "finalists": self.finalists,
         }
 
 
@@ -157,6 +175,15 @@ def run(comp: Any, build: Any) -> None:
         for n in problem.nodes
         if priority.device(n) != solution.assignment.device(n)
     }
+    runner_up = next(
+        (
+            name
+            for name in sorted(solution.baselines, key=solution.baselines.__getitem__)
+            if solution.baseline_assignments[name].chosen != solution.assignment.chosen
+        ),
+        None,
+    )
+    runner = solution.baseline_assignments.get(runner_up) if runner_up else None
     comp.pins.chosen = chosen
     comp.auto = AutoChoice(
         chosen=chosen,
@@ -178,6 +205,13 @@ def run(comp: Any, build: Any) -> None:
             "misses": costs.cache.misses,
         },
         executor=problem.executor,
+        runner_up=runner_up,
+        runner_up_changed={
+            n: (priority.device(n), runner.device(n))
+            for n in problem.nodes
+            if runner is not None and priority.device(n) != runner.device(n)
+        },
+        cache_base=costs.base,
     )
 
 

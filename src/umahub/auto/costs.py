@@ -176,6 +176,11 @@ class Costs:
         self.counts = {"plugin": 0, "measured": 0, "cached": 0, "none": 0}
         self.failures: list[str] = []
 
+    @property
+    def base(self) -> tuple[Any, ...]:
+        """What every cost of this compile depends on (versions, code, target, threads)."""
+        return self._base
+
     def _key(self, device: str, key: str) -> str:
         from umahub.auto.candidates import _digest
 

@@ -24,6 +24,20 @@ def summary_line(auto: Mapping[str, Any]) -> str:
     )
 
 
+def _finalists(auto: Mapping[str, Any]) -> list[str]:
+    measured = auto.get("finalists") or {}
+    if "skipped" in measured:
+        return [f"  not measured against the runner-up: {measured['skipped']}"]
+    if "kept" not in measured:
+        return []
+    kept = "the choice" if measured["kept"] == "auto" else measured["runner_up"]
+    cached = " (the verdict of an earlier compile)" if measured.get("cached") else ""
+    return [
+        f"  measured: the choice {measured['auto_ms']:.3f} ms, the runner-up "
+        f"({measured['runner_up']}) {measured['runner_up_ms']:.3f} ms: {kept} is kept{cached}"
+    ]
+
+
 def describe(auto: Mapping[str, Any]) -> list[str]:
     """The report's text section on placement by cost."""
     lines = ["placement by cost:"]
@@ -34,6 +48,7 @@ def describe(auto: Mapping[str, Any]) -> list[str]:
     for name, ms in sorted(auto["baselines_ms"].items(), key=lambda kv: kv[1]):
         mark = "  (configured)" if name == auto["configured"] else ""
         lines.append(f"    {ms:10.3f} ms  {name}{mark}")
+    lines.extend(_finalists(auto))
     changed = auto["changed"]
     if changed:
         lines.append(f"  placed otherwise than by priority: {len(changed)} operator(s)")
