@@ -63,6 +63,7 @@ if placement == "auto":
         baselines_ms=auto["baselines_ms"],
         costs=auto["costs"],
         changed=len(auto["changed"]),
+        finalists=auto.get("finalists"),
     )
     start = time.perf_counter()
     again = umahub.Hub(config=config, project_config=False).compile(mod, placement="auto")
