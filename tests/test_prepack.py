@@ -8,6 +8,7 @@ import tvm
 from tvm import relax
 
 import umahub
+from umahub._tvm import TensorType
 from umahub.prepack import ANNOTATION, pack_weight
 
 RNG = np.random.default_rng(0)
@@ -43,8 +44,8 @@ class Panels:
 def dense(weight_as_input: bool = False) -> tvm.IRModule:
     """relu(x @ W): W a constant, or the model's second input."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((4, 16), "float32"))
-    w = relax.Var("w", relax.TensorType((16, 32), "float32"))
+    x = relax.Var("x", TensorType((4, 16), "float32"))
+    w = relax.Var("w", TensorType((16, 32), "float32"))
     with bb.function("main", [x, w] if weight_as_input else [x]):
         with bb.dataflow():
             y = bb.emit(relax.op.matmul(x, w if weight_as_input else relax.const(W)), "n0")
