@@ -287,3 +287,27 @@ def test_convolution_output_returned_from_an_npu_partition():
         assert placed.devices == {"n0": "npu:0", "n1": "dsp_cpu:0"}
     else:
         assert placed.devices == {"n0": "npu:0", "n1": "npu:0"}
+
+
+def test_a_match_whose_operands_go_through_another_device_is_refused_not_a_crash():
+    """conv2d, its tanh pinned to a DSP core, an add of the two: "conv2d + add" fused
+    would read the tanh computed from itself. TVM's FuseOpsByPattern stopped the
+    compile on the cycle (found by the slow random sweep); now the match is refused."""
+    spec = GraphSpec(
+        (1, 8, 8, 8),
+        (
+            Step("relax.nn.conv2d", features=8, kernel=1),
+            Step("relax.tanh", src=1),
+            Step("relax.add", other=1),
+            Step("relax.clip", src=1),
+        ),
+        seed=2599,
+        outputs=(2, 3),
+    )
+    placed = check(spec, {"n1": "dsp_cpu:1"}, ("vanilla_accel", "npu", "dsp_cpu"))
+    assert placed.devices == {
+        "n0": "vanilla_accel:0",
+        "n1": "dsp_cpu:1",
+        "n2": "dsp_cpu:0",
+        "n3": "dsp_cpu:1",
+    }

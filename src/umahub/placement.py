@@ -172,13 +172,70 @@ class Matches(list):
     its convolution, which its pattern never described.
     """
 
-    def __init__(self, inner_outputs: bool = True) -> None:
+    def __init__(self, inner_outputs: bool = True, producers: dict | None = None) -> None:
         super().__init__()
         #: binding -> the pattern of the accepted match that holds it.
         self.taken: dict = {}
         #: Whether a match may hold, other than as its result, a value that its
         #: dataflow block outputs; TVM 0.25's FuseOpsByPattern loses such a value.
         self.inner_outputs = inner_outputs
+        #: bound variable -> (its position in the function, the variables it
+        #: reads): :func:`producers_of`, to refuse a match that would be a cycle.
+        self.producers = producers or {}
+
+
+def producers_of(func: Any) -> dict:
+    """Each variable ``func`` binds -> (its position, the variables its value reads)."""
+    found: dict = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            reads: list = []
+            _variables(binding.value, reads)
+            found[binding.var] = (len(found), tuple(reads))
+    return found
+
+
+def _variables(expr: Any, out: list) -> None:
+    if isinstance(expr, relax.Var):
+        out.append(expr)
+    elif isinstance(expr, relax.Call):
+        for arg in expr.args:
+            _variables(arg, out)
+    elif isinstance(expr, relax.Tuple):
+        for field in expr.fields:
+            _variables(field, out)
+    elif isinstance(expr, relax.TupleGetItem):
+        _variables(expr.tuple_value, out)
+
+
+def _through_outside(producers: dict, ctx: Any) -> bool:
+    """Whether a value outside the match is computed from the match and read by it.
+
+    Fused, such a match would depend on itself; TVM's FuseOpsByPattern (0.25-0.27)
+    then stops with "a cyclic dependency detected" instead of refusing it (a
+    convolution, its tanh pinned elsewhere, and an add of the two). The search
+    goes back from what the match reads no further than its first binding.
+    """
+    inside = set(ctx.matched_bindings.keys())
+    known = [producers[v] for v in inside if v in producers]
+    if not producers or not known:
+        return False
+    first = min(position for position, _ in known)
+    todo = [a for _, reads in known for a in reads if a not in inside]
+    seen: set = set()
+    while todo:
+        var = todo.pop()
+        if var in seen or var not in producers:
+            continue
+        seen.add(var)
+        position, reads = producers[var]
+        if position < first:
+            continue
+        for read in reads:
+            if read in inside:
+                return True
+            todo.append(read)
+    return False
 
 
 def _holds_inner_output(ctx: Any) -> bool:
@@ -229,6 +286,11 @@ def _taken(accepted: list | None, ctx: Any) -> str | None:
         owner = next((taken[v] for v in ctx.matched_bindings.keys() if v in taken), None)
         if owner is not None:  # first claimant wins
             return f"part of the match is already taken by a match of pattern '{owner}'"
+    if _through_outside(getattr(accepted, "producers", {}), ctx):
+        return (
+            "a value outside the match is computed from it and read by it: "
+            "fused, the match would depend on itself"
+        )
     if not getattr(accepted, "inner_outputs", True) and _holds_inner_output(ctx):
         return (
             "the match holds a value the model also uses outside it, "

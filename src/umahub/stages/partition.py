@@ -42,7 +42,7 @@ from umahub.errors import CompileError, PlacementError, did_you_mean
 from umahub.ir import node_name, op_calls
 from umahub.memory import tensor_bytes
 from umahub.operators import Row, flops, producers, walk
-from umahub.placement import Matches, Pins, PlannedPattern, Refusals
+from umahub.placement import Matches, Pins, PlannedPattern, Refusals, producers_of
 from umahub.report import PartitionReport
 
 __all__ = ["partition", "run"]
@@ -69,8 +69,9 @@ def _fuse(
     result (a convolution that is returned and also activated): the module it
     gives is not well formed. Then the fusion runs again without such matches.
     """
+    producers = producers_of(mod["main"])
     for inner_outputs in (True, False):
-        accepted = Matches(inner_outputs)
+        accepted = Matches(inner_outputs, producers)
         patterns = [p.fusion_pattern(pins, accepted, failures, refusals) for p in planned]
         fused = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=False
