@@ -21,7 +21,8 @@ vanilla_accel and dsp_cpu, each accelerator alone, and ``placement="auto"``.
 
 Results: ``results/auto.json``; the table is printed, with auto's latency over
 the best of the others (placement by cost promises <= 1.0, up to the noise of
-the machine) and each estimate next to its measurement.
+the machine: ``noise`` is the larger round-to-round spread of the two, max
+round over best round) and each estimate next to its measurement.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
                 continue
             entry.setdefault("rounds_ms", []).append(timed["median_ms"])
             entry["median_ms"] = min(entry["rounds_ms"])
+            entry["spread"] = max(entry["rounds_ms"]) / entry["median_ms"] - 1
             entry["executor"] = timed["executor"]
     auto = row["auto"]
     for key, v in row.items():  # auto's estimate of each placement, next to its measurement
@@ -151,6 +153,8 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
         auto["best_other"] = best
         auto["over_best_other"] = auto["median_ms"] / others[best]
         auto["over_priority"] = auto["median_ms"] / others.get(_name(ORDERS[0]), float("nan"))
+        # the round-to-round spread of the two: a ratio above 1 by less is noise
+        auto["noise"] = max(auto.get("spread", 0.0), row[best].get("spread", 0.0))
     return row
 
 
@@ -185,7 +189,8 @@ def main() -> None:
                 extra = f"  (estimated {v['estimate_ms']:.1f} ms)" if "estimate_ms" in v else ""
                 if k == "auto":
                     extra += (
-                        f"; auto/best {v.get('over_best_other', 0):.2f} ({v.get('best_other')});"
+                        f"; auto/best {v.get('over_best_other', 0):.2f} ({v.get('best_other')},"
+                        f" noise {v.get('noise', 0):.0%});"
                         f" compile {v['compile_s']:.0f}s first, {v['cached_compile_s']:.0f}s "
                         f"cached (auto {v['auto_s']:.1f}s / {v['cached_auto_s']:.1f}s)"
                     )

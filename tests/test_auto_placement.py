@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,8 +21,8 @@ from umahub.auto.search import Assignment, Candidate, Problem, greedy, solve
 from umahub.errors import ConfigError
 
 
-def _plugin(costs: dict[str, object] | None, bandwidth: float | None = 1e10):
-    """An accelerator "fast" taking relu and add, its cost per pattern from ``costs``
+def _plugin(costs: dict[str, object] | None, bandwidth: float | None = 1e10, name: str = "fast"):
+    """An accelerator ``name`` taking relu and add, its cost per pattern from ``costs``
     (a pattern absent: no estimate, measured)."""
     from tvm.relax.dpl import is_op, wildcard
 
@@ -31,17 +32,17 @@ def _plugin(costs: dict[str, object] | None, bandwidth: float | None = 1e10):
 
         @umahub.hookimpl
         def umahub_accelerators(self):
-            pools = [umahub.MemoryPool("fast.mem", 1 << 20, bandwidth=bandwidth)]
-            return [umahub.Accelerator("fast", memory=pools)]
+            pools = [umahub.MemoryPool(f"{name}.mem", 1 << 20, bandwidth=bandwidth)]
+            return [umahub.Accelerator(name, memory=pools)]
 
-        @umahub.hookimpl
+        @umahub.hookimpl(accelerator=name)
         def umahub_patterns(self):
             return [
-                ("fast.relu", is_op("relax.nn.relu")(wildcard())),
-                ("fast.add", is_op("relax.add")(wildcard(), wildcard())),
+                (f"{name}.relu", is_op("relax.nn.relu")(wildcard())),
+                (f"{name}.add", is_op("relax.add")(wildcard(), wildcard())),
             ]
 
-        @umahub.hookimpl
+        @umahub.hookimpl(accelerator=name)
         def umahub_cost(self, function, context):
             Fast.calls.append(context.patterns)
             if costs is None:
@@ -133,10 +134,11 @@ def test_the_second_compile_uses_the_measurements_of_the_first(isolated):
     assert first["costs"] == {"plugin": 0, "measured": 4, "cached": 0, "none": 0}
     assert first["cache"]["path"] == str(isolated / "umahub-cache" / FILE)
     entries = json.loads((isolated / "umahub-cache" / FILE).read_text())["entries"]
-    # the four groups' costs, and the verdict of the choice against the runner-up
+    # the four groups' costs, and the verdict of the choice against the other placements
     assert len(entries) == 5
     assert first["finalists"]["cached"] is False
-    assert sorted(first["finalists"]) == ["auto_ms", "cached", "kept", "runner_up", "runner_up_ms"]
+    assert sorted(first["finalists"]) == ["cached", "contenders", "kept", "measured_ms"]
+    assert sorted(first["finalists"]["measured_ms"]) == sorted(["auto", *first["contenders"]])
     again = _hub(_plugin(None)).compile(mod, placement="auto").report.auto
     assert again["costs"] == {"plugin": 0, "measured": 0, "cached": 4, "none": 0}
     assert again["cache"]["hits"] == 4 and again["cache"]["misses"] == 0
@@ -422,48 +424,131 @@ def test_the_cost_cache_key_changes_when_a_plugins_source_changes(tmp_path, monk
 # --------------------------------------------------------------------------- finalists
 
 
-def test_a_runner_up_that_measures_faster_than_the_choice_is_kept(isolated, monkeypatch):
+def _two(**config):
+    """A hub with two accelerators that both take relu and add: fast and slow."""
+    fast, slow = _plugin(None), _plugin(None, name="slow")
+    fast.UMAHUB_NAME, slow.UMAHUB_NAME = "fast", "slow"
+    return umahub.Hub(autoload=False, plugins=[fast, slow], project_config=False, config=config)
+
+
+def test_the_choice_meets_every_contender_and_the_fastest_is_kept(isolated, monkeypatch):
     from umahub.auto import finalists
 
     mod = chain(ops=RELU_ADD)
-    hub = _hub(_plugin(None))
-    chosen = hub.compile(mod, placement="auto")
-    runner_up = chosen.report.auto["runner_up"]
-    order = finalists.accelerators_of(runner_up)
-    # the estimate was wrong: timed, the runner-up is the faster of the two
-    seen = []
-
-    def timed(model, inputs, runs):
-        seen.append(model)
-        return 0.004 if len(seen) % 2 else 0.001  # the choice, then the runner-up
-
-    monkeypatch.setattr(finalists, "_median_run", timed)
+    hub = _two()
+    contenders = hub.compile(mod, placement="auto").report.auto["contenders"]
+    assert len(contenders) >= 2  # fast alone, slow alone, host alone: three placements
+    first, second = contenders[:2]
+    # scripted: the first contender beats the choice, the second beats the first
+    matches = iter([(0.004, 0.002), (0.002, 0.001), *[(0.001, 0.003)] * 8])
+    monkeypatch.setattr(finalists, "_match", lambda a, b, xs: next(matches))
     monkeypatch.setattr(finalists, "cached_winner", lambda comp, cache: None)
     kept = hub.compile(mod, placement="auto")
-    auto = kept.report.auto
-    assert auto["finalists"] == {
-        "runner_up": runner_up,
-        "auto_ms": 4.0,
-        "runner_up_ms": 1.0,
-        "kept": runner_up,
-        "cached": False,
+    verdict = kept.report.auto["finalists"]
+    assert verdict["kept"] == second and verdict["cached"] is False
+    assert verdict["contenders"] == contenders
+    assert verdict["measured_ms"] == {
+        "auto": 4.0,
+        first: 2.0,
+        second: 1.0,
+        **{name: 3.0 for name in contenders[2:]},
     }
-    # what runs is what that claiming order builds, and the report says why
+    # what runs is what that starting point builds, and the report says why
+    order = finalists.accelerators_of(second)
     if order:
-        expected = _devices(_hub(_plugin(None), priority=list(order)).compile(mod))
+        expected = _devices(_two(priority=list(order)).compile(mod))
     else:  # "host alone"
         expected = {name: "host" for name in _devices(kept)}
     assert _devices(kept) == expected
     assert (
-        f"placement by cost: {runner_up} ran in 1 ms, the estimated choice in 4 ms: "
-        f"{runner_up} is kept"
+        f"placement by cost: {second} ran in 1 ms, the estimated choice in 4 ms: {second} is kept"
     ) in kept.report.notes
-    assert (
-        f"  measured: the choice 4.000 ms, the runner-up ({runner_up}) 1.000 ms: {runner_up} "
-        "is kept"
-    ) in str(kept.report).splitlines()
+    times = ", ".join(
+        [f"{second} 1.000 ms", f"{first} 2.000 ms"]
+        + [f"{name} 3.000 ms" for name in contenders[2:]]
+        + ["the choice 4.000 ms"]
+    )
+    assert f"  measured: {times}: {second} is kept" in str(kept.report).splitlines()
     xs = inputs_for(mod)
     np.testing.assert_allclose(kept.run(*xs), reference(mod, xs), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_finalists_limits_the_contenders_and_zero_trusts_the_estimate(isolated):
+    mod = chain(ops=RELU_ADD)
+    one = _two(**{"auto-finalists": 1}).compile(mod, placement="auto").report.auto
+    assert one["finalists"]["contenders"] == one["contenders"][:1]
+    assert sorted(one["finalists"]["measured_ms"]) == sorted(["auto", one["contenders"][0]])
+    none = _two(**{"auto-finalists": 0}).compile(mod, placement="auto").report.auto
+    assert none["finalists"] == {"skipped": "auto-finalists = 0: the estimate decides"}
+    with pytest.raises(ConfigError, match="auto-finalists: expected a whole number >= 0, got"):
+        _two(**{"auto-finalists": -1})
+
+
+class _Model:
+    """A built model for the knockout's plumbing: ``run`` fails when told to."""
+
+    def __init__(self, fails=False):
+        self.fails = fails
+
+    def run(self, *xs):
+        if self.fails:
+            raise RuntimeError("device lost\nmore")
+
+
+def _comp(contenders, baselines, estimate=1.0, limit=6):
+    from umahub.auto.choose import AutoChoice
+
+    auto = AutoChoice(chosen={}, estimate=estimate, baselines=baselines, configured="x")
+    auto.contenders = contenders
+    config = SimpleNamespace(auto_finalists=limit)
+    return SimpleNamespace(
+        auto=auto, hub=SimpleNamespace(config=config), mod=chain(ops=("relu",)),
+        pins={}, foreign=False, board=None,
+    )  # fmt: skip
+
+
+def test_a_contender_that_fails_to_build_or_run_is_left_out(isolated, monkeypatch):
+    from umahub.auto import finalists
+
+    comp = _comp(["a alone", "b alone", "c alone"], {"a alone": 1, "b alone": 1, "c alone": 1})
+    monkeypatch.setattr(
+        finalists, "_match", lambda a, b, xs: (0.002, 0.001) if not b.fails else b.run()
+    )
+
+    def build(name):
+        if name == "a alone":
+            raise ValueError("no kernel for conv2d")
+        return SimpleNamespace(compiled=_Model(fails=name == "b alone"), name=name)
+
+    kept, built = finalists.measure(comp, _Model(), build, lambda m: [], CostCache())
+    assert kept == "c alone" and built.name == "c alone"
+    assert comp.auto.finalists == {
+        "contenders": ["a alone", "b alone", "c alone"],
+        "measured_ms": {"auto": 2.0, "c alone": 1.0},
+        "kept": "c alone",
+        "left_out": {
+            "a alone": "ValueError: no kernel for conv2d",
+            "b alone": "RuntimeError: device lost",
+        },
+        "cached": False,
+    }
+    with pytest.raises(RuntimeError, match="device lost"):  # the choice cannot run: no verdict
+        finalists.measure(comp, _Model(fails=True), build, lambda m: [], CostCache())
+
+
+def test_contenders_estimated_far_slower_are_not_built():
+    from umahub.auto import finalists
+
+    comp = _comp(["a alone", "b alone"], {"a alone": 1.5, "b alone": 2.5})
+    assert finalists.contenders(comp) == ["a alone"]
+    assert finalists.skipped(comp) == ""
+    far = _comp(["b alone"], {"b alone": 2.5})
+    assert finalists.skipped(far) == (
+        "every other starting point is estimated more than 2x slower (the nearest, b alone, 2.5x)"
+    )
+    assert finalists.contenders(
+        _comp(["a alone", "b alone"], {"a alone": 1, "b alone": 1}, limit=1)
+    ) == ["a alone"]
 
 
 def test_the_choice_is_not_measured_against_a_plugins_cost_model_or_pins(isolated):
@@ -474,8 +559,8 @@ def test_the_choice_is_not_measured_against_a_plugins_cost_model_or_pins(isolate
         "skipped": "costs come from a plugin's umahub_cost, which timing here would overrule"
     }
     assert (
-        "  not measured against the runner-up: costs come from a plugin's umahub_cost, which "
-        "timing here would overrule"
+        "  not measured against the other starting points: costs come from a plugin's "
+        "umahub_cost, which timing here would overrule"
     ) in str(report).splitlines()
     measured = _hub(_plugin(None), placement={"n0": "host"})
     assert measured.compile(mod, placement="auto").report.auto["finalists"] == {

@@ -87,7 +87,7 @@ def test_unknown_key_suggests_the_closest():
         Config.from_mapping({"priorty": ["npu"]}, "pyproject.toml")
     assert str(info.value).startswith(
         "pyproject.toml: unknown key 'priorty' in [tool.umahub] (did you mean 'priority'?); "
-        "known keys: cc, disable, executor, hook-order,"
+        "known keys: auto-finalists, cc, disable, executor, hook-order,"
     )
 
 

@@ -85,6 +85,10 @@ class Config:
             accelerator is considered for every group its patterns take, and
             the assignment with the lowest estimated latency wins (see
             :mod:`umahub.auto`).
+        auto_finalists: how many other starting points (claiming orders, an
+            accelerator alone, the host alone) placement by cost measures its
+            choice against, best estimated first; 0: the estimate decides
+            (see :mod:`umahub.auto.finalists`).
         hook_order: per hook name, the order of the plugins' implementations.
         lowering_order: order in which partitions are lowered, by accelerator
             name (``"host"`` included). None = host first, then priority order.
@@ -120,6 +124,7 @@ class Config:
     disable: tuple[str, ...] = ()
     priority: tuple[str, ...] | None = None
     placement_auto: bool = False
+    auto_finalists: int = 6
     hook_order: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     lowering_order: tuple[str, ...] | None = None
     placement: Mapping[str, Pin] = field(default_factory=dict)
@@ -317,6 +322,12 @@ def _positive(allow_zero: bool):
     return parse
 
 
+def _count(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where}: expected a whole number >= 0, got {_type_name(value)}")
+    return value
+
+
 def _target(value: Any, where: str) -> str | dict[str, Any]:
     from umahub.targets import TargetError, parse_target
 
@@ -392,6 +403,7 @@ _PARSERS = {
     ),
     "disable": _str_list,
     "priority": _priority,
+    "auto-finalists": _count,
     "hook-order": _hook_order,
     "lowering-order": _str_list,
     "placement": _placement,

@@ -223,11 +223,16 @@ def compile(
     return compiled
 
 
-def _built(comp: Compilation) -> Compilation:
-    """Lower and build ``comp``, and verify it if asked (building again without the
-    partitions verification failed)."""
+def _built(comp: Compilation, verify: bool = True) -> Compilation:
+    """Lower and build ``comp``, and verify it if asked and ``verify``."""
     lower.run(comp)
     build.run(comp)
+    return _verified(comp) if verify else comp
+
+
+def _verified(comp: Compilation) -> Compilation:
+    """``comp`` (built) verified if its config asks, and built again without the
+    partitions verification failed."""
     if comp.verify:
         with comp.clock.stage("verify"):
             wrong = verification.run(comp)
@@ -239,9 +244,9 @@ def _built(comp: Compilation) -> Compilation:
 def _checked_by_measurement(
     comp: Compilation, claiming: Callable[[tuple[str, ...]], Compilation]
 ) -> Compilation:
-    """``comp``, placed by cost, built; or the compilation of the runner-up claiming
-    order (``claiming(order)`` starts it) when it measured faster (see
-    :mod:`umahub.auto.finalists`)."""
+    """``comp``, placed by cost, built; or the compilation of the claiming order
+    (``claiming(order)`` starts it) that measured faster than it and every other
+    contender (see :mod:`umahub.auto.finalists`)."""
     from umahub.auto import finalists
     from umahub.auto.cache import CostCache
     from umahub.compiled import example_inputs
@@ -252,39 +257,37 @@ def _checked_by_measurement(
         auto.finalists = {"skipped": why}
         return _built(comp)
     cache = CostCache()
-    order = finalists.accelerators_of(auto.runner_up)
     winner = finalists.cached_winner(comp, cache)
     if winner is not None and winner != "auto":
-        return _kept(_built(claiming(order)), auto)
-    _built(comp)
+        return _kept(_built(claiming(finalists.accelerators_of(winner))), auto, winner)
     if winner == "auto":
-        return comp
-    try:
-        other = _built(claiming(order))
-    except Exception as exc:  # the runner-up does not build: the choice stands
-        auto.finalists = {"skipped": f"{auto.runner_up} did not build: {exc}"}
-        return comp
+        return _built(comp)
+    _built(comp, verify=False)  # only the winner is verified
     with comp.clock.stage("finalists"):
         try:
-            kept = finalists.measure(
-                comp, comp.compiled, other.compiled, lambda m: example_inputs(m.input_info), cache
+            kept, other = finalists.measure(
+                comp,
+                comp.compiled,
+                lambda name: _built(claiming(finalists.accelerators_of(name)), verify=False),
+                lambda m: example_inputs(m.input_info),
+                cache,
             )
         except Exception as exc:  # inputs it cannot take, a run that fails: auto's stays
             auto.finalists = {"skipped": f"the model did not run on random inputs: {exc}"}
-            return comp
-    return comp if kept == "auto" else _kept(other, auto)
+            return _verified(comp)
+    return _verified(comp) if kept == "auto" else _kept(_verified(other), auto, kept)
 
 
-def _kept(other: Compilation, auto: Any) -> Compilation:
-    """The runner-up's compilation, reporting the choice by cost and why it lost."""
+def _kept(other: Compilation, auto: Any, name: str) -> Compilation:
+    """The compilation of contender ``name``, reporting the choice by cost and why it lost."""
     from dataclasses import replace
 
-    other.auto = replace(auto, changed=auto.runner_up_changed)
-    measured = auto.finalists
-    if "auto_ms" in measured:
+    other.auto = replace(auto, changed=auto.contenders_changed.get(name, {}))
+    measured = auto.finalists.get("measured_ms", {})
+    if name in measured and "auto" in measured:
         other.notes.append(
-            f"placement by cost: {auto.runner_up} ran in {measured['runner_up_ms']:.3g} ms, "
-            f"the estimated choice in {measured['auto_ms']:.3g} ms: {auto.runner_up} is kept"
+            f"placement by cost: {name} ran in {measured[name]:.3g} ms, "
+            f"the estimated choice in {measured['auto']:.3g} ms: {name} is kept"
         )
     return other
 

@@ -21,10 +21,12 @@ assignment with the lowest estimated end-to-end latency, copies included:
    neighbouring matches lowers them as one kernel, whose cost the
    measurements of single matches do not tell); memory budgets are checked
    afterwards as always;
-5. **finalists** (:mod:`umahub.auto.finalists`): the choice and the runner-up
-   (the best-estimated claiming order, accelerator alone or host alone that
-   places differently) are both built and timed; the faster is kept, and the
-   verdict cached (not when a plugin's ``umahub_cost`` gave costs, or with pins).
+5. **finalists** (:mod:`umahub.auto.finalists`): the choice meets the
+   contenders (the claiming orders, accelerators alone and the host alone
+   that place differently, best estimated first, ``auto-finalists`` of them
+   at most) one at a time: each is built and timed against the fastest so
+   far, which stays or gives way; the verdict is cached (not when a plugin's
+   ``umahub_cost`` gave costs, or with pins).
 
 ``report.auto`` keeps every group with its costs and why it went where it
 went, the estimates of the starting points, and what changed against

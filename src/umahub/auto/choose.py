@@ -40,10 +40,12 @@ class AutoChoice:
         seconds: time spent finding candidates, costing and searching.
         cache: the cost cache's path and its hits and misses.
         executor: the executor the estimate is for.
-        runner_up: the starting point with the lowest estimate that places
-            differently (``"priority npu > dsp"``), or None.
-        runner_up_changed: what the runner-up changes against ``priority``.
-        finalists: the choice and the runner-up measured, or why not
+        contenders: the starting points that place differently from the choice
+            and from each other, by estimate, best first (``"priority npu >
+            dsp"``, ``"npu alone"``, ``"host alone"``): what the choice is
+            measured against (:mod:`umahub.auto.finalists`).
+        contenders_changed: per contender, what it changes against ``priority``.
+        finalists: the choice and the contenders measured, or why not
             (:mod:`umahub.auto.finalists`).
         cache_base: what every cache key of this compile's costs depends on.
     """
@@ -59,8 +61,8 @@ class AutoChoice:
     seconds: dict[str, float] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
     executor: str = "auto"
-    runner_up: str | None = None
-    runner_up_changed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    contenders: list[str] = field(default_factory=list)
+    contenders_changed: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
     finalists: dict[str, Any] = field(default_factory=dict)
     cache_base: tuple[Any, ...] = ()
 
@@ -83,7 +85,7 @@ class AutoChoice:
             "costs": self.counts,
             "seconds": self.seconds,
             "cache": self.cache,
-            "runner_up": self.runner_up,
+            "contenders": self.contenders,
             "finalists": self.finalists,
         }
 
@@ -175,15 +177,17 @@ def run(comp: Any, build: Any) -> None:
         for n in problem.nodes
         if priority.device(n) != solution.assignment.device(n)
     }
-    runner_up = next(
-        (
-            name
-            for name in sorted(solution.baselines, key=solution.baselines.__getitem__)
-            if solution.baseline_assignments[name].chosen != solution.assignment.chosen
-        ),
-        None,
-    )
-    runner = solution.baseline_assignments.get(runner_up) if runner_up else None
+
+    def devices(assignment: Any) -> tuple[str, ...]:
+        return tuple(assignment.device(n) for n in problem.nodes)
+
+    contenders: list[str] = []
+    placements = {devices(solution.assignment)}
+    for name in sorted(solution.baselines, key=solution.baselines.__getitem__):
+        placed = devices(solution.baseline_assignments[name])
+        if placed not in placements:
+            placements.add(placed)
+            contenders.append(name)
     comp.pins.chosen = chosen
     comp.auto = AutoChoice(
         chosen=chosen,
@@ -205,11 +209,14 @@ def run(comp: Any, build: Any) -> None:
             "misses": costs.cache.misses,
         },
         executor=problem.executor,
-        runner_up=runner_up,
-        runner_up_changed={
-            n: (priority.device(n), runner.device(n))
-            for n in problem.nodes
-            if runner is not None and priority.device(n) != runner.device(n)
+        contenders=contenders,
+        contenders_changed={
+            name: {
+                n: (priority.device(n), solution.baseline_assignments[name].device(n))
+                for n in problem.nodes
+                if priority.device(n) != solution.baseline_assignments[name].device(n)
+            }
+            for name in contenders
         },
         cache_base=costs.base,
     )

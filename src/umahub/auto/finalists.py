@@ -1,21 +1,34 @@
-"""Placement by cost, checked by measurement: the choice against the best claiming order.
+"""Placement by cost, checked by measurement: the choice against the other starting points.
 
 The search chooses on estimates, and an estimate can be wrong where the model
 differs from its parts: a claiming order merges neighbouring matches into one
 partition (fewer copies, one kernel) where placement by cost keeps each match
 apart, and a kernel timed alone is not always as fast amid the others. So,
-unless the user pinned operators, the choice meets the runner-up: the
-starting point of the search (a claiming order, an accelerator alone, the host
-alone) with the lowest estimate whose placement differs. Both are built as
-they would be compiled and timed on random inputs, interleaved; the faster is
-kept. The verdict is cached with the costs, keyed by the model, so a second
-compile builds only the winner.
+unless the user pinned operators, the choice meets the **contenders**: the
+starting points of the search (each claiming order, each accelerator alone,
+the host alone) that place differently from it and from each other, best
+estimated first, at most ``auto-finalists`` of them (default 6), and none
+estimated more than :data:`WITHIN` times slower than the choice.
+
+The contenders meet the choice one at a time, as in a knockout: each is built
+as it would be compiled, then it and the fastest so far are timed on random
+inputs, interleaved, and the faster stays. So at most two built models are
+held at once, and a placement every starting point measured faster than the
+choice cannot be kept over it. The verdict is cached with the costs, keyed by
+the model, so a second compile builds only the winner.
+
+Why a bound on the estimate: the estimate's errors seen on the bundled
+plugins (``benchmarks/results/auto.json``) are either shared by every
+placement of a model (small groups each paying a call's fixed cost) or
+underestimate the slow ones (merged partitions of a slow accelerator); a
+contender estimated twice as slow as the choice has never measured faster.
+Building it would cost a full compile and tell nothing.
 
 The check is skipped, with the reason in ``report.auto["finalists"]``, when a
 plugin's ``umahub_cost`` gave costs (a vendor's model of its hardware is not
 overruled by timing its emulation here), when the placement is pinned, when
-the model is built for another machine or timed on a board, or when the model
-cannot run on random inputs.
+the model is built for another machine or timed on a board, when
+``auto-finalists = 0``, or when the model cannot run on random inputs.
 """
 
 from __future__ import annotations
@@ -27,13 +40,25 @@ from typing import Any
 from umahub._tvm import structural_hash
 from umahub.auto.cache import CostCache
 
-__all__ = ["ROUNDS", "accelerators_of", "cached_winner", "measure", "skipped"]
+__all__ = [
+    "ROUNDS",
+    "WITHIN",
+    "Verdict",
+    "accelerators_of",
+    "cached_winner",
+    "contenders",
+    "measure",
+    "skipped",
+]
 
-#: Interleaved rounds of timing; each candidate's best round counts.
+#: Interleaved rounds of timing per match; each model's best round counts.
 ROUNDS = 5
 
-#: How long the timing may take, in all, before rounds are cut short (seconds).
+#: How long the timing of one match may take, in all, before rounds are cut short (s).
 BUDGET = 5.0
+
+#: A contender estimated more than this many times slower than the choice is not built.
+WITHIN = 2.0
 
 
 def accelerators_of(name: str) -> tuple[str, ...]:
@@ -46,10 +71,18 @@ def accelerators_of(name: str) -> tuple[str, ...]:
     return tuple(name.removeprefix("priority ").split(" > "))
 
 
+def contenders(comp: Any) -> list[str]:
+    """The starting points the choice of ``comp`` is measured against, in order."""
+    auto = comp.auto
+    limit = comp.hub.config.auto_finalists
+    near = [n for n in auto.contenders if auto.baselines[n] <= WITHIN * auto.estimate]
+    return near[:limit]
+
+
 def skipped(comp: Any) -> str:
     """Why the finalists of ``comp`` are not measured, or ""."""
     auto = comp.auto
-    if auto is None or auto.runner_up is None:
+    if auto is None or not auto.contenders:
         return "no other starting point places differently"
     if auto.counts.get("plugin"):
         return "costs come from a plugin's umahub_cost, which timing here would overrule"
@@ -59,18 +92,26 @@ def skipped(comp: Any) -> str:
         return "the model is built for another machine"
     if comp.board is not None:
         return "the candidates are timed on a board"
+    if comp.hub.config.auto_finalists == 0:
+        return "auto-finalists = 0: the estimate decides"
+    if not contenders(comp):
+        return (
+            f"every other starting point is estimated more than {WITHIN:g}x slower "
+            f"(the nearest, {auto.contenders[0]}, "
+            f"{auto.baselines[auto.contenders[0]] / auto.estimate:.1f}x)"
+        )
     return ""
 
 
 def _key(comp: Any) -> str:
-    return comp.auto.key_of("finalists", str(structural_hash(comp.mod)))
+    return comp.auto.key_of("finalists", str(structural_hash(comp.mod)), *contenders(comp))
 
 
 def cached_winner(comp: Any, cache: CostCache) -> str | None:
-    """The finalist that won when this model was compiled before: "auto", the
-    runner-up's name, or None when it was not measured."""
+    """The finalist that won when this model was compiled before: "auto", a
+    contender's name, or None when it was not measured."""
     entry = cache.get(_key(comp))
-    if not isinstance(entry, dict) or entry.get("runner_up") != comp.auto.runner_up:
+    if not isinstance(entry, dict) or entry.get("contenders") != contenders(comp):
         return None
     comp.auto.finalists = {**entry, "cached": True}
     return str(entry.get("kept"))
@@ -85,37 +126,94 @@ def _median_run(model: Any, inputs: Sequence[Any], runs: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _match(a: Any, b: Any, xs: Sequence[Any]) -> tuple[float, float]:
+    """The best of a few interleaved rounds of ``a`` and ``b`` (seconds)."""
+    for model in (a, b):  # warm up: the first calls make VMs and threads
+        model.run(*xs)
+    start = time.perf_counter()
+    one = max(_median_run(a, xs, 1), _median_run(b, xs, 1), 1e-6)
+    runs = max(1, min(3, int(BUDGET / (2 * ROUNDS * one))))
+    best = [float("inf"), float("inf")]
+    for _ in range(ROUNDS):
+        for i, model in enumerate((a, b)):
+            best[i] = min(best[i], _median_run(model, xs, runs))
+        if time.perf_counter() - start > BUDGET:
+            break
+    return best[0], best[1]
+
+
+class Verdict:
+    """The knockout of the choice and its contenders, as it goes.
+
+    ``leader`` is the name of the fastest so far ("auto" for the choice) and
+    ``leader_model`` its built model; :meth:`meet` times the next contender
+    against it.
+    """
+
+    def __init__(self, comp: Any, chosen: Any, inputs: Callable[[Any], Sequence[Any]]):
+        self.comp = comp
+        self.leader, self.leader_model = "auto", chosen
+        self.xs = inputs(chosen)
+        chosen.run(*self.xs)  # a model that cannot run on random inputs stops here
+        self.measured_ms: dict[str, float] = {}
+        self.left_out: dict[str, str] = {}
+
+    def leave_out(self, name: str, exc: BaseException) -> None:
+        """Contender ``name`` failed to build or run: it is not a finalist."""
+        self.left_out[name] = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+
+    def meet(self, name: str, model: Any) -> bool:
+        """Time contender ``name`` against the leader; True when it takes the lead."""
+        try:
+            lead, other = _match(self.leader_model, model, self.xs)
+        except Exception as exc:  # the leader ran before: the contender failed
+            self.leave_out(name, exc)
+            return False
+        self.measured_ms[self.leader] = min(
+            self.measured_ms.get(self.leader, lead * 1e3), lead * 1e3
+        )
+        self.measured_ms[name] = other * 1e3
+        if other < lead:
+            self.leader, self.leader_model = name, model
+            return True
+        return False
+
+    def save(self, cache: CostCache) -> str:
+        """Keep the verdict in ``comp.auto.finalists`` and the cache; return the winner."""
+        verdict = {
+            "contenders": contenders(self.comp),
+            "measured_ms": self.measured_ms,
+            "kept": self.leader,
+        }
+        if self.left_out:
+            verdict["left_out"] = self.left_out
+        self.comp.auto.finalists = {**verdict, "cached": False}
+        cache.put(_key(self.comp), verdict)
+        cache.save()
+        return self.leader
+
+
 def measure(
     comp: Any,
     chosen: Any,
-    runner_up: Any,
+    build: Callable[[str], Any],
     inputs: Callable[[Any], Sequence[Any]],
     cache: CostCache,
-) -> str:
-    """Time ``chosen`` and ``runner_up`` (compiled models) interleaved; return the
-    winner ("auto" or the runner-up's name) and keep the verdict in ``comp.auto``
-    and the cache. ``inputs(model)`` makes the random inputs."""
-    name = comp.auto.runner_up
-    xs = inputs(chosen)
-    for model in (chosen, runner_up):  # warm up: the first calls make VMs and threads
-        model.run(*xs)
-    start = time.perf_counter()
-    one = max(_median_run(chosen, xs, 1), _median_run(runner_up, xs, 1), 1e-6)
-    runs = max(1, min(3, int(BUDGET / (2 * ROUNDS * one))))
-    best = {"auto": float("inf"), name: float("inf")}
-    for _ in range(ROUNDS):
-        for label, model in (("auto", chosen), (name, runner_up)):
-            best[label] = min(best[label], _median_run(model, xs, runs))
-        if time.perf_counter() - start > BUDGET:
-            break
-    kept = name if best[name] < best["auto"] else "auto"
-    verdict = {
-        "runner_up": name,
-        "auto_ms": best["auto"] * 1e3,
-        "runner_up_ms": best[name] * 1e3,
-        "kept": kept,
-    }
-    comp.auto.finalists = {**verdict, "cached": False}
-    cache.put(_key(comp), verdict)
-    cache.save()
-    return kept
+) -> tuple[str, Any]:
+    """The knockout: ``chosen`` (the built choice, a compiled model) against each
+    contender, whose compilation ``build(name)`` returns built; returns the
+    winner's name ("auto" or a contender's) and its compilation (None for the
+    choice). ``inputs(model)`` makes the random inputs. A contender that fails
+    to build or to run is left out, with the reason in the verdict; the choice
+    failing to run raises."""
+    verdict = Verdict(comp, chosen, inputs)
+    kept: Any = None
+    for name in contenders(comp):
+        try:
+            built = build(name)
+        except Exception as exc:  # a contender that does not build: the others go on
+            verdict.leave_out(name, exc)
+            continue
+        if verdict.meet(name, built.compiled):
+            kept = built
+    return verdict.save(cache), kept

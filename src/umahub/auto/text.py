@@ -27,15 +27,19 @@ def summary_line(auto: Mapping[str, Any]) -> str:
 def _finalists(auto: Mapping[str, Any]) -> list[str]:
     measured = auto.get("finalists") or {}
     if "skipped" in measured:
-        return [f"  not measured against the runner-up: {measured['skipped']}"]
+        return [f"  not measured against the other starting points: {measured['skipped']}"]
     if "kept" not in measured:
         return []
-    kept = "the choice" if measured["kept"] == "auto" else measured["runner_up"]
+    kept = "the choice" if measured["kept"] == "auto" else measured["kept"]
     cached = " (the verdict of an earlier compile)" if measured.get("cached") else ""
-    return [
-        f"  measured: the choice {measured['auto_ms']:.3f} ms, the runner-up "
-        f"({measured['runner_up']}) {measured['runner_up_ms']:.3f} ms: {kept} is kept{cached}"
-    ]
+    times = ", ".join(
+        f"{'the choice' if name == 'auto' else name} {ms:.3f} ms"
+        for name, ms in sorted(measured["measured_ms"].items(), key=lambda kv: kv[1])
+    )
+    lines = [f"  measured: {times}: {kept} is kept{cached}"]
+    for name, why in measured.get("left_out", {}).items():
+        lines.append(f"    {name} left out: {why}")
+    return lines
 
 
 def describe(auto: Mapping[str, Any]) -> list[str]:
