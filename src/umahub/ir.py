@@ -14,11 +14,10 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from umahub._tvm import name_of, well_formed
+from umahub._tvm import name_of
 
 __all__ = [
     "bindings",
-    "fold_constants",
     "is_composite",
     "is_partition",
     "name_span",
@@ -109,21 +108,3 @@ def partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | N
     if isinstance(value.op, relax.GlobalVar) and is_partition(func := mod[value.op]):
         return str(func.attrs["global_symbol"]), list(value.args)
     return None
-
-
-def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with what depends on weights alone computed once, now.
-
-    A transpose of a constant weight (ONNX's ``Gemm`` with ``transB``, a
-    PyTorch ``linear``), a reshape or a cast of one: left in the graph, it
-    would run, and its result be copied to an accelerator, at every inference.
-    Relax's ``FoldConstant`` evaluates such expressions at compile time. A
-    module it cannot fold is kept as it is (only slower, never different).
-    """
-    try:
-        folded = relax.transform.FoldConstant()(mod)
-    except Exception:  # an optimisation: the module stays correct without it
-        return mod
-    # FoldConstant (TVM 0.27) can fold a call whose PrimFunc it then drops while
-    # another call still names it (ONNX Slice with run-time starts: "shape_func")
-    return folded if well_formed(folded) else mod

@@ -26,7 +26,7 @@ import tvm
 from umahub._tvm import name_of
 from umahub.compilation import Clock, Compilation, Progress
 from umahub.errors import CompileError, warn
-from umahub.ir import fold_constants
+from umahub.folding import fold_constants
 from umahub.memory import bounded, size_bounds
 from umahub.stages import build, lower, memory, partition, plan
 from umahub.stages import verify as verification
