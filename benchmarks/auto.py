@@ -21,8 +21,9 @@ vanilla_accel and dsp_cpu, each accelerator alone, and ``placement="auto"``.
 
 Results: ``results/auto.json``; the table is printed, with auto's latency over
 the best of the others (placement by cost promises <= 1.0, up to the noise of
-the machine: ``noise`` is the larger round-to-round spread of the two, max
-round over best round) and each estimate next to its measurement.
+the machine; see :func:`compare`) and each estimate next to its measurement.
+``--summarize`` recomputes the comparison of ``results/auto.json`` without
+running anything.
 """
 
 from __future__ import annotations
@@ -136,8 +137,25 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
                 continue
             entry.setdefault("rounds_ms", []).append(timed["median_ms"])
             entry["median_ms"] = min(entry["rounds_ms"])
-            entry["spread"] = max(entry["rounds_ms"]) / entry["median_ms"] - 1
             entry["executor"] = timed["executor"]
+    return compare(row)
+
+
+def _key_of(starting_point: str) -> str:
+    """The benchmark's name of a starting point of auto's (``"priority a > b"`` -> ``"a > b"``)."""
+    return starting_point.removeprefix("priority ")
+
+
+def compare(row: dict) -> dict:
+    """Auto against the others of one model's row: each estimate next to its
+    measurement, the best other placement, the ratio, and what it means.
+
+    ``noise``: how far the second-best round of auto and of the best other is
+    above their best (a ratio above 1 by less than that is noise).
+    ``same_build_as``: the placement auto's measured check kept, when it kept
+    a starting point: auto's library is then that placement's build, and any
+    difference between the two is the machine's.
+    """
     auto = row["auto"]
     for key, v in row.items():  # auto's estimate of each placement, next to its measurement
         est = auto.get("estimate_ms") if key == "auto" else None
@@ -147,15 +165,45 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
             )
         if est is not None and "median_ms" in v:
             v["estimate_ms"], v["estimate_over_measured"] = est, est / v["median_ms"]
+        rounds = sorted(v.get("rounds_ms", []))
+        v["repeatability"] = rounds[1] / rounds[0] - 1 if len(rounds) > 1 else 0.0
+    kept = (auto.get("finalists") or {}).get("kept")
+    if kept and kept != "auto" and _key_of(kept) in row:
+        auto["same_build_as"] = _key_of(kept)
     others = {k: v["median_ms"] for k, v in row.items() if k != "auto" and "median_ms" in v}
     if others and "median_ms" in auto:
         best = min(others, key=others.get)
         auto["best_other"] = best
         auto["over_best_other"] = auto["median_ms"] / others[best]
         auto["over_priority"] = auto["median_ms"] / others.get(_name(ORDERS[0]), float("nan"))
-        # the round-to-round spread of the two: a ratio above 1 by less is noise
-        auto["noise"] = max(auto.get("spread", 0.0), row[best].get("spread", 0.0))
+        auto["noise"] = max(auto["repeatability"], row[best]["repeatability"])
+        ratio = auto["over_best_other"]
+        if ratio <= 1.0:
+            auto["verdict"] = "not worse"
+        elif auto.get("same_build_as") == best:
+            auto["verdict"] = "the same build as the best"
+        elif ratio <= 1.0 + auto["noise"]:
+            auto["verdict"] = "within the noise"
+        else:
+            auto["verdict"] = "worse"
     return row
+
+
+def _print(name: str, row: dict) -> None:
+    print(f"{name}:", flush=True)
+    for k, v in row.items():
+        if "median_ms" not in v:
+            print(f"  {k:32} failed: {v.get('error') or v.get('errors')}", flush=True)
+            continue
+        extra = f"  (estimated {v['estimate_ms']:.1f} ms)" if "estimate_ms" in v else ""
+        if k == "auto":
+            extra += (
+                f"; auto/best {v.get('over_best_other', 0):.2f} ({v.get('best_other')},"
+                f" noise {v.get('noise', 0):.1%}: {v.get('verdict')});"
+                f" compile {v['compile_s']:.0f}s first, {v['cached_compile_s']:.0f}s "
+                f"cached (auto {v['auto_s']:.1f}s / {v['cached_auto_s']:.1f}s)"
+            )
+        print(f"  {k:32} {v['median_ms']:8.2f} ms{extra}", flush=True)
 
 
 def main() -> None:
@@ -169,7 +217,20 @@ def main() -> None:
         action="store_true",
         help="keep the models already in results/auto.json (a run in several sittings)",
     )
+    parser.add_argument(
+        "--summarize",
+        action="store_true",
+        help="recompute the comparisons of results/auto.json and print them; run nothing",
+    )
     args = parser.parse_args()
+    if args.summarize:
+        path = RESULTS / "auto.json"
+        data = json.loads(path.read_text())  # the machine and versions it was measured with
+        for name, row in data["models"].items():
+            _print(name, compare(row))
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {path}")
+        return
     env = dict(os.environ, TVM_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
@@ -181,20 +242,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="umahub-auto-") as workdir:
         for name in args.models:
             rows[name] = row = bench(name, args, env, Path(workdir))
-            print(f"{name}:", flush=True)
-            for k, v in row.items():
-                if "median_ms" not in v:
-                    print(f"  {k:32} failed: {v.get('error') or v.get('errors')}", flush=True)
-                    continue
-                extra = f"  (estimated {v['estimate_ms']:.1f} ms)" if "estimate_ms" in v else ""
-                if k == "auto":
-                    extra += (
-                        f"; auto/best {v.get('over_best_other', 0):.2f} ({v.get('best_other')},"
-                        f" noise {v.get('noise', 0):.0%});"
-                        f" compile {v['compile_s']:.0f}s first, {v['cached_compile_s']:.0f}s "
-                        f"cached (auto {v['auto_s']:.1f}s / {v['cached_auto_s']:.1f}s)"
-                    )
-                print(f"  {k:32} {v['median_ms']:8.2f} ms{extra}", flush=True)
+            _print(name, row)
             path = write(  # after every model: a long run stopped keeps what it measured
                 "auto",
                 {
