@@ -440,7 +440,7 @@ def test_the_choice_meets_every_contender_and_the_fastest_is_kept(isolated, monk
     assert len(contenders) >= 2  # fast alone, slow alone, host alone: three placements
     first, second = contenders[:2]
     # scripted: the first contender beats the choice, the second beats the first
-    matches = iter([(0.004, 0.002), (0.002, 0.001), *[(0.001, 0.003)] * 8])
+    matches = iter([(0.004, 0.002, 0.5), (0.002, 0.001, 0.5), *[(0.001, 0.003, 3.0)] * 8])
     monkeypatch.setattr(finalists, "_match", lambda a, b, xs: next(matches))
     monkeypatch.setattr(finalists, "cached_winner", lambda comp, cache: None)
     kept = hub.compile(mod, placement="auto")
@@ -507,12 +507,34 @@ def _comp(contenders, baselines, estimate=1.0, limit=6):
     )  # fmt: skip
 
 
+def test_a_match_goes_by_the_rounds_each_model_won_not_by_the_best_time(monkeypatch):
+    from umahub.auto import finalists
+
+    # a's best round (1.0) is the quickest, but b is faster in six rounds of seven:
+    # a load that came and went in the first round favoured a alone
+    a, b = _Model(), _Model()
+    times = {id(a): iter([1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]),
+             id(b): iter([1.0, 1.5, 1.8, 1.8, 1.8, 1.8, 1.8, 1.8])}  # fmt: skip
+    order = []
+
+    def median_run(model, xs, runs):
+        order.append("a" if model is a else "b")
+        return next(times[id(model)])
+
+    monkeypatch.setattr(finalists, "_median_run", median_run)
+    best_a, best_b, ratio = finalists._match(a, b, [])
+    assert (best_a, best_b) == (1.0, 1.5)
+    assert ratio == pytest.approx(0.9)  # 1.8 / 2.0, the median of 1.5 and six 0.9
+    # after the probe of each, the first to run in a round alternates
+    assert "".join(order) == "ab" + "ab" + "ba" + "ab" + "ba" + "ab" + "ba" + "ab"
+
+
 def test_a_contender_that_fails_to_build_or_run_is_left_out(isolated, monkeypatch):
     from umahub.auto import finalists
 
     comp = _comp(["a alone", "b alone", "c alone"], {"a alone": 1, "b alone": 1, "c alone": 1})
     monkeypatch.setattr(
-        finalists, "_match", lambda a, b, xs: (0.002, 0.001) if not b.fails else b.run()
+        finalists, "_match", lambda a, b, xs: (0.002, 0.001, 0.5) if not b.fails else b.run()
     )
 
     def build(name):

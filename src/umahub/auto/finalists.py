@@ -12,7 +12,8 @@ estimated more than :data:`WITHIN` times slower than the choice.
 
 The contenders meet the choice one at a time, as in a knockout: each is built
 as it would be compiled, then it and the fastest so far are timed on random
-inputs, interleaved, and the faster stays. So at most two built models are
+inputs in interleaved rounds, and the one faster in most rounds (the median of
+the rounds' ratios) stays. So at most two built models are
 held at once, and a placement every starting point measured faster than the
 choice cannot be kept over it. The verdict is cached with the costs, keyed by
 the model, so a second compile builds only the winner.
@@ -41,7 +42,9 @@ from umahub._tvm import structural_hash
 from umahub.auto.cache import CostCache
 
 __all__ = [
+    "BUDGET",
     "ROUNDS",
+    "RUNS",
     "WITHIN",
     "Verdict",
     "accelerators_of",
@@ -51,11 +54,14 @@ __all__ = [
     "skipped",
 ]
 
-#: Interleaved rounds of timing per match; each model's best round counts.
-ROUNDS = 5
+#: Rounds of timing per match: each round times both models, the first to go alternating.
+ROUNDS = 7
 
 #: How long the timing of one match may take, in all, before rounds are cut short (s).
-BUDGET = 5.0
+BUDGET = 3.0
+
+#: The most runs of one model in one round (their median is the round's time).
+RUNS = 20
 
 #: A contender estimated more than this many times slower than the choice is not built.
 WITHIN = 2.0
@@ -126,20 +132,32 @@ def _median_run(model: Any, inputs: Sequence[Any], runs: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _match(a: Any, b: Any, xs: Sequence[Any]) -> tuple[float, float]:
-    """The best of a few interleaved rounds of ``a`` and ``b`` (seconds)."""
+def _match(a: Any, b: Any, xs: Sequence[Any]) -> tuple[float, float, float]:
+    """``a`` against ``b``: each one's best round (seconds), and the median over
+    the rounds of ``b``'s time over ``a``'s in the same round.
+
+    The decision rests on the ratio of each round, not on the best times: a
+    load on the machine that comes and goes touches both models of a round
+    alike, and a difference of a few percent (a partition more or less, a copy)
+    is seen only that way.
+    """
     for model in (a, b):  # warm up: the first calls make VMs and threads
         model.run(*xs)
     start = time.perf_counter()
     one = max(_median_run(a, xs, 1), _median_run(b, xs, 1), 1e-6)
-    runs = max(1, min(3, int(BUDGET / (2 * ROUNDS * one))))
-    best = [float("inf"), float("inf")]
-    for _ in range(ROUNDS):
-        for i, model in enumerate((a, b)):
-            best[i] = min(best[i], _median_run(model, xs, runs))
+    runs = max(1, min(RUNS, int(BUDGET / (2 * ROUNDS * one))))
+    rounds: list[tuple[float, float]] = []
+    for i in range(ROUNDS):
+        if i % 2:
+            tb, ta = _median_run(b, xs, runs), _median_run(a, xs, runs)
+        else:
+            ta, tb = _median_run(a, xs, runs), _median_run(b, xs, runs)
+        rounds.append((ta, tb))
         if time.perf_counter() - start > BUDGET:
             break
-    return best[0], best[1]
+    ratios = sorted(tb / ta for ta, tb in rounds)
+    median = (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2
+    return min(t for t, _ in rounds), min(t for _, t in rounds), median
 
 
 class Verdict:
@@ -165,7 +183,7 @@ class Verdict:
     def meet(self, name: str, model: Any) -> bool:
         """Time contender ``name`` against the leader; True when it takes the lead."""
         try:
-            lead, other = _match(self.leader_model, model, self.xs)
+            lead, other, ratio = _match(self.leader_model, model, self.xs)
         except Exception as exc:  # the leader ran before: the contender failed
             self.leave_out(name, exc)
             return False
@@ -173,7 +191,7 @@ class Verdict:
             self.measured_ms.get(self.leader, lead * 1e3), lead * 1e3
         )
         self.measured_ms[name] = other * 1e3
-        if other < lead:
+        if ratio < 1.0:
             self.leader, self.leader_model = name, model
             return True
         return False
