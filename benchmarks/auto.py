@@ -20,8 +20,9 @@ vanilla_accel and dsp_cpu, each accelerator alone, and ``placement="auto"``.
     python benchmarks/auto.py [MODEL ...] [--repeat N] [--rounds N] [--threads N]
 
 Results: ``results/auto.json``; the table is printed, with auto's latency over
-the best of the others (placement by cost promises <= 1.0, up to the noise of
-the machine; see :func:`compare`) and each estimate next to its measurement.
+the best of the others and auto's worst ratio, round by round, against any
+other placement (placement by cost promises <= 1.0, up to the noise of the
+machine; see :func:`compare`), and each estimate next to its measurement.
 ``--summarize`` recomputes the comparison of ``results/auto.json`` without
 running anything.
 """
@@ -32,9 +33,11 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _common import RESULTS, write
@@ -44,7 +47,7 @@ ACCELERATORS = ["npu", "vanilla_accel", "dsp_cpu"]
 ORDERS = [list(p) for p in itertools.permutations(ACCELERATORS)]
 
 _COMPILE = r"""
-import json, sys, time, warnings
+import hashlib, json, sys, time, warnings
 warnings.simplefilter("ignore")
 name, placement, library = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 from _models import relax_model
@@ -57,6 +60,8 @@ hub = umahub.Hub(config=config, project_config=False)
 start = time.perf_counter()
 compiled = hub.compile(mod, placement="auto" if placement == "auto" else None)
 result = {"compile_s": time.perf_counter() - start, "devices": compiled.report.devices_of()}
+where = json.dumps([(op.name, op.op, op.device) for op in compiled.report.placement])
+result["placement_id"] = hashlib.sha1(where.encode()).hexdigest()[:12]
 if placement == "auto":
     auto = compiled.report.auto
     result.update(
@@ -138,7 +143,17 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
             entry.setdefault("rounds_ms", []).append(timed["median_ms"])
             entry["median_ms"] = min(entry["rounds_ms"])
             entry["executor"] = timed["executor"]
+    if "auto" in row:  # rows of several sittings (--append): each says when and from what
+        row["auto"]["run"] = {"when": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": _commit()}
     return compare(row)
+
+
+def _commit() -> str:
+    proc = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False,
+        cwd=Path(__file__).resolve().parent,
+    )  # fmt: skip
+    return proc.stdout.strip() or "unknown"
 
 
 def _key_of(starting_point: str) -> str:
@@ -146,15 +161,43 @@ def _key_of(starting_point: str) -> str:
     return starting_point.removeprefix("priority ")
 
 
+#: The verdicts of auto against another placement, from the best to the worst.
+VERDICTS = ("not worse", "the same placement", "within the noise", "worse")
+
+
+def _same_placement(a: dict, b: dict) -> bool:
+    """Whether two placements of a model put every operator on the same device
+    (rows measured before ``placement_id`` was kept: the same operator count
+    on every device)."""
+    if "placement_id" in a and "placement_id" in b:
+        return a["placement_id"] == b["placement_id"]
+    return bool(a.get("devices")) and a.get("devices") == b.get("devices")
+
+
+def _paired(a: dict, b: dict) -> float | None:
+    """The median over the rounds of ``a``'s time over ``b``'s in the same round."""
+    ra, rb = a.get("rounds_ms", []), b.get("rounds_ms", [])
+    if not ra or len(ra) != len(rb):  # a round failed for one of them: no pairs
+        return None
+    return statistics.median(x / y for x, y in zip(ra, rb))
+
+
 def compare(row: dict) -> dict:
     """Auto against the others of one model's row: each estimate next to its
-    measurement, the best other placement, the ratio, and what it means.
+    measurement, the best other placement, the ratios, and what they mean.
 
-    ``noise``: how far the second-best round of auto and of the best other is
-    above their best (a ratio above 1 by less than that is noise).
-    ``same_build_as``: the placement auto's measured check kept, when it kept
-    a starting point: auto's library is then that placement's build, and any
-    difference between the two is the machine's.
+    Every placement is timed once per round, the rounds interleaving them, so
+    auto is judged against each other placement by the median over the rounds
+    of their ratio in the same round (``paired``): a load on the machine that
+    comes and goes touches both sides of a ratio alike, where a best round can
+    come from a quiet moment one placement had alone.
+
+    ``noise``: the largest paired ratio between two *other* placements that
+    place every operator alike (two builds of one placement, each timed in its
+    own processes): a ratio above 1 by less than that is the machine's, not
+    the placement's. The verdict is auto's worst against any other placement:
+    not worse, the same placement (auto built what that placement builds),
+    within the noise, or worse.
     """
     auto = row["auto"]
     for key, v in row.items():  # auto's estimate of each placement, next to its measurement
@@ -165,27 +208,43 @@ def compare(row: dict) -> dict:
             )
         if est is not None and "median_ms" in v:
             v["estimate_ms"], v["estimate_over_measured"] = est, est / v["median_ms"]
-        rounds = sorted(v.get("rounds_ms", []))
-        v["repeatability"] = rounds[1] / rounds[0] - 1 if len(rounds) > 1 else 0.0
     kept = (auto.get("finalists") or {}).get("kept")
     if kept and kept != "auto" and _key_of(kept) in row:
         auto["same_build_as"] = _key_of(kept)
-    others = {k: v["median_ms"] for k, v in row.items() if k != "auto" and "median_ms" in v}
-    if others and "median_ms" in auto:
-        best = min(others, key=others.get)
-        auto["best_other"] = best
-        auto["over_best_other"] = auto["median_ms"] / others[best]
-        auto["over_priority"] = auto["median_ms"] / others.get(_name(ORDERS[0]), float("nan"))
-        auto["noise"] = max(auto["repeatability"], row[best]["repeatability"])
-        ratio = auto["over_best_other"]
+    others = {k: v for k, v in row.items() if k != "auto" and "median_ms" in v}
+    if not others or "median_ms" not in auto:
+        return row
+    best = min(others, key=lambda k: others[k]["median_ms"])
+    auto["best_other"] = best
+    auto["over_best_other"] = auto["median_ms"] / others[best]["median_ms"]
+    auto["over_priority"] = auto["median_ms"] / others.get(_name(ORDERS[0]), {}).get(
+        "median_ms", float("nan")
+    )
+    auto["noise"] = max(
+        [abs(r - 1) for p, q in itertools.combinations(others.values(), 2)
+         if _same_placement(p, q) and (r := _paired(p, q)) is not None],
+        default=0.0,
+    )  # fmt: skip
+    judged = {}
+    for key, v in others.items():
+        ratio = _paired(auto, v)
+        if ratio is None:
+            ratio = auto["median_ms"] / v["median_ms"]
         if ratio <= 1.0:
-            auto["verdict"] = "not worse"
-        elif auto.get("same_build_as") == best:
-            auto["verdict"] = "the same build as the best"
+            verdict = "not worse"
+        elif _same_placement(auto, v):
+            verdict = "the same placement"
         elif ratio <= 1.0 + auto["noise"]:
-            auto["verdict"] = "within the noise"
+            verdict = "within the noise"
         else:
-            auto["verdict"] = "worse"
+            verdict = "worse"
+        judged[key] = {"paired": ratio, "verdict": verdict}
+    worst = max(judged, key=lambda k: (VERDICTS.index(judged[k]["verdict"]), judged[k]["paired"]))
+    auto["paired"] = {k: j["paired"] for k, j in judged.items()}
+    auto["against"], auto["verdict"] = worst, judged[worst]["verdict"]
+    auto.pop("repeatability", None)  # the measure of noise before the paired ratios
+    for v in row.values():
+        v.pop("repeatability", None)
     return row
 
 
@@ -197,9 +256,11 @@ def _print(name: str, row: dict) -> None:
             continue
         extra = f"  (estimated {v['estimate_ms']:.1f} ms)" if "estimate_ms" in v else ""
         if k == "auto":
+            against = v.get("against")
             extra += (
-                f"; auto/best {v.get('over_best_other', 0):.2f} ({v.get('best_other')},"
-                f" noise {v.get('noise', 0):.1%}: {v.get('verdict')});"
+                f"; auto/best {v.get('over_best_other', 0):.2f} ({v.get('best_other')});"
+                f" worst against {against}: {v.get('paired', {}).get(against, 0):.3f} by round"
+                f" (noise {v.get('noise', 0):.1%}): {v.get('verdict')};"
                 f" compile {v['compile_s']:.0f}s first, {v['cached_compile_s']:.0f}s "
                 f"cached (auto {v['auto_s']:.1f}s / {v['cached_auto_s']:.1f}s)"
             )
