@@ -32,6 +32,9 @@ from umahub.errors import UmahubWarning
 from umahub.hub import Hub
 from umahub.markers import API_VERSION, hookimpl, hookspec
 from umahub.patterns import Refusal
+from umahub.threadpool import spin_briefly
+
+spin_briefly()  # before TVM's first thread pool starts (none of the above imports TVM)
 
 if TYPE_CHECKING:
     from umahub.compiled import Compiled, load
