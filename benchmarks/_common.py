@@ -7,6 +7,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +62,30 @@ def median_time(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> floa
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    """The environment of a worker process: ``threads`` threads for TVM and
+    OpenMP, and this directory on the path (``_models``, ``_common``)."""
+    env = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
+    )
+    return env
+
+
+def run_worker(script: str, args: list[str], env: dict, cwd: str | None = None) -> dict:
+    """Run ``script`` in a process of its own; its last line of JSON, or
+    ``{"error": ...}`` with the last line it wrote to stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env,
+        check=False, cwd=cwd,
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": tail[:300]}
+    return json.loads(lines[-1])
 
 
 def write(name: str, data: dict[str, Any]) -> Path:

@@ -32,15 +32,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import RESULTS, write
+from _common import RESULTS, run_worker, worker_env, write
 from _models import ZOO
 
 ACCELERATORS = ["npu", "vanilla_accel", "dsp_cpu"]
@@ -108,17 +106,6 @@ def _name(placement: object) -> str:
     return " > ".join(placement) if len(placement) > 1 else f"{placement[0]} alone"
 
 
-def _run(script: str, args: list[str], env: dict) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, check=False
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": tail[:300]}
-    return json.loads(lines[-1])
-
-
 def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict:
     """The ten placements of one model: compiled, then timed in interleaved rounds."""
     placements: list[object] = [*ORDERS, *([a] for a in ACCELERATORS), "auto"]
@@ -127,7 +114,7 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
     for p in placements:
         library = str(workdir / f"{name}.{len(libraries)}.so")
         with tempfile.TemporaryDirectory(prefix="umahub-auto-cache-") as cache:
-            result = _run(
+            result = run_worker(
                 _COMPILE, [name, json.dumps(p), library], dict(env, UMAHUB_CACHE_DIR=cache)
             )
         row[_name(p)] = result
@@ -135,7 +122,7 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
             libraries[_name(p)] = library
     for _ in range(args.rounds):
         for key, library in libraries.items():
-            timed = _run(_TIME, [name, library, str(args.repeat)], env)
+            timed = run_worker(_TIME, [name, library, str(args.repeat)], env)
             entry = row[key]
             if "error" in timed:
                 entry.setdefault("errors", []).append(timed["error"])
@@ -208,9 +195,6 @@ def compare(row: dict) -> dict:
             )
         if est is not None and "median_ms" in v:
             v["estimate_ms"], v["estimate_over_measured"] = est, est / v["median_ms"]
-    kept = (auto.get("finalists") or {}).get("kept")
-    if kept and kept != "auto" and _key_of(kept) in row:
-        auto["same_build_as"] = _key_of(kept)
     others = {k: v for k, v in row.items() if k != "auto" and "median_ms" in v}
     if not others or "median_ms" not in auto:
         return row
@@ -242,9 +226,6 @@ def compare(row: dict) -> dict:
     worst = max(judged, key=lambda k: (VERDICTS.index(judged[k]["verdict"]), judged[k]["paired"]))
     auto["paired"] = {k: j["paired"] for k, j in judged.items()}
     auto["against"], auto["verdict"] = worst, judged[worst]["verdict"]
-    auto.pop("repeatability", None)  # the measure of noise before the paired ratios
-    for v in row.values():
-        v.pop("repeatability", None)
     return row
 
 
@@ -292,10 +273,7 @@ def main() -> None:
         path.write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {path}")
         return
-    env = dict(os.environ, TVM_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
-    )
+    env = worker_env(args.threads)
     rows = {}
     previous = RESULTS / "auto.json"
     if args.append and previous.exists():

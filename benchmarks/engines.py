@@ -44,14 +44,11 @@ Needs torch, torchvision, onnx and onnxruntime (``tox -e bench``). Results:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from _common import write
+from _common import run_worker, worker_env, write
 from _models import TORCHVISION, ZOO
 
 ENGINES = ["torch", "ort", "tvm", "umahub"]
@@ -158,28 +155,8 @@ def measure(name: str, engine: str, repeat: int, workdir: str, env: dict) -> dic
     """One engine on one model, in its own process."""
     if engine == "before":  # umahub and its plugins from the baseline checkout, first on the path
         env = dict(env, PYTHONPATH=env["UMAHUB_BASELINE_PATH"] + os.pathsep + env["PYTHONPATH"])
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _WORKER,
-            name,
-            "umahub" if engine == "before" else engine,
-            str(repeat),
-            workdir,
-            engine,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        cwd=workdir,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": tail[:300]}
-    return json.loads(lines[-1])
+    args = [name, "umahub" if engine == "before" else engine, str(repeat), workdir, engine]
+    return run_worker(_WORKER, args, env, cwd=workdir)
 
 
 def _fastest(results: list[dict]) -> dict:
@@ -216,10 +193,7 @@ def main() -> None:
     args = parser.parse_args()
     import numpy as np
 
-    env = dict(os.environ, TVM_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
-    )
+    env = worker_env(args.threads)
     engines = args.engines.split(",")
     if args.baseline:
         base = Path(args.baseline).resolve()

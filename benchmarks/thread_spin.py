@@ -19,14 +19,10 @@ Writes ``benchmarks/results/thread_spin.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from _common import write
+from _common import run_worker, worker_env, write
 
 from umahub.threadpool import SPIN_COUNT
 
@@ -65,31 +61,18 @@ print(json.dumps({"median_ms": statistics.median(times) * 1e3, "runs": len(times
 """
 
 
-def _run(script: str, args: list[str], env: dict) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, check=False
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-    return json.loads(lines[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=["resnet18", "mobilenetv2", "bert"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    env = dict(os.environ, TVM_NUM_THREADS=str(args.threads))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parent), *env.get("PYTHONPATH", "").split(os.pathsep)]
-    )
+    env = worker_env(args.threads)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="umahub-spin-") as workdir:
         for name in args.models:
             library = str(Path(workdir) / f"{name}.so")
-            built = _run(_COMPILE, [name, library], env)
+            built = run_worker(_COMPILE, [name, library], env)
             if "error" in built:
                 results[name] = {"error": built["error"]}
                 print(f"{name}: {built['error']}", flush=True)
@@ -98,7 +81,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 for spin in SPINS:
                     for executor in EXECUTORS:
-                        timed = _run(
+                        timed = run_worker(
                             _TIME, [name, library, executor],
                             dict(env, TVM_THREAD_POOL_SPIN_COUNT=spin),
                         )  # fmt: skip

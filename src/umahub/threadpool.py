@@ -18,11 +18,10 @@ A few thousand turns still cover the gap between two kernels of one model
 models unchanged within the noise), and an idle worker sleeps within about a
 millisecond. The concurrent executor pays for it: a lane's first kernel after
 a handoff wakes a sleeping worker (0-13% at two threads per kernel on the
-zoo's models, where it is
-already twice the VM's time on two cores and ``executor = "auto"`` keeps the
-VM). The count is read once per process, when TVM's first pool starts, so
-umahub sets it when it is imported, before any kernel runs; a value the user
-set is left alone.
+zoo's models, where it is already twice the VM's time on two cores and
+``executor = "auto"`` keeps the VM). The count is read once per process, when
+TVM's first pool starts, so umahub sets it when it is imported, before any
+kernel runs; a value the user set is left alone.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ the model is built for another machine or timed on a board, when
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -155,8 +156,7 @@ def _match(a: Any, b: Any, xs: Sequence[Any]) -> tuple[float, float, float]:
         rounds.append((ta, tb))
         if time.perf_counter() - start > BUDGET:
             break
-    ratios = sorted(tb / ta for ta, tb in rounds)
-    median = (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2
+    median = statistics.median(tb / ta for ta, tb in rounds)
     return min(t for t, _ in rounds), min(t for _, t in rounds), median
 
 
