@@ -85,9 +85,9 @@ from _models import relax_model
 import umahub
 _, arrays = relax_model(name)
 model = umahub.load(library)
-for _ in range(7):  # warm up; the auto executor times the VM and the concurrent one
-    t = time.perf_counter()
-    model.run(*arrays)
+model.warm_up(*arrays)  # until the auto executor has chosen between the VM and the concurrent one
+t = time.perf_counter()
+model.run(*arrays)
 repeat = min(repeat, max(3, int(3.0 / (time.perf_counter() - t))))  # a slow one: 3 s or 3 runs
 times = []
 for _ in range(repeat):

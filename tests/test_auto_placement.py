@@ -494,6 +494,9 @@ class _Model:
         if self.fails:
             raise RuntimeError("device lost\nmore")
 
+    def warm_up(self, *xs):
+        self.run(*xs)
+
 
 def _comp(contenders, baselines, estimate=1.0, limit=6):
     from umahub.auto.choose import AutoChoice

@@ -7,6 +7,7 @@ of ``run``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -260,15 +261,27 @@ def test_compile_prints_counted_progress_and_a_summary(workdir):
     assert re.search(r"^  fc1 +relax.matmul +npu:0 +npu.matmul_bias", full, re.M)
 
 
+def test_bench_times_only_once_the_auto_executor_has_chosen(workdir):
+    result = umahub("bench", "mlp.so", "--repeat", "3", "--json", "-", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    timed = json.loads(result.stdout[result.stdout.index("{") :])
+    assert (timed["repeat"], timed["warmup"]) == (3, 8)
+    assert 0 < timed["latency_ms"]["min"] <= timed["latency_ms"]["max"]
+
+
 def test_run_prints_the_latency(workdir):
     result = umahub("run", "mlp.so", cwd=workdir)
     assert re.search(r"^latency: \d+\.\d{3} ms \(the first run", result.stdout, re.M)
+    # npu and host: the auto executor times both on the first 8 runs, none of them timed here
     result = umahub("run", "mlp.so", "--repeat", "3", cwd=workdir)
     assert re.search(
-        r"^latency: median \d+\.\d{3} ms, min \d+\.\d{3} ms, max \d+\.\d{3} ms over 3 runs",
+        r"^latency: median \d+\.\d{3} ms, min \d+\.\d{3} ms, max \d+\.\d{3} ms "
+        r"over 3 runs after 8 warm-up runs$",
         result.stdout,
         re.M,
-    )
+    ), result.stdout
+    result = umahub("run", "mlp.so", "--repeat", "3", "--executor", "vm", cwd=workdir)
+    assert re.search(r" over 3 runs after one warm-up run$", result.stdout, re.M), result.stdout
     result = umahub("run", "mlp.so", "--executor", "vm", "--stream", "5", cwd=workdir)
     assert re.search(r"^stream: 5 inferences in \d+\.\d{3} s, [\d.]+/s \(executor vm\)$",
                      result.stdout, re.M), result.stdout  # fmt: skip

@@ -157,6 +157,19 @@ def test_auto_times_both_then_keeps_the_faster_and_vm_for_one_device(hub):
     )
 
 
+def test_warm_up_runs_until_auto_has_chosen_and_once_otherwise(hub):
+    compiled = hub.compile(branches(), placement=pins("dsp_cpu:0", "dsp_cpu:1"))
+    xs = inputs(compiled)
+    assert compiled.warm_up(*xs, executor="vm") == 1  # a chosen executor: the first run
+    assert compiled.executor_in_use == "auto"
+    assert compiled.warm_up(*xs) == 2 * (AUTO_TRIALS + 1)  # every trial of both executors
+    assert compiled.executor_in_use in ("vm", "concurrent")
+    assert compiled.warm_up(*xs, at_least=3) == 3
+    assert compiled.warm_up(*xs, at_least=0) == 0
+    alone = hub.compile(branches(), placement={"*": "host"})
+    assert alone.warm_up(*inputs(alone)) == 1  # one device: the VM from the start
+
+
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_zoo_models_identical_under_both_executors(hub, name):
     compiled = hub.compile(zoo.get(name))

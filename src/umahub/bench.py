@@ -69,7 +69,9 @@ def bench(
     warmup: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Time ``model.run(*arrays)``: ``warmup`` runs, then ``repeat`` timed ones.
+    """Time ``model.run(*arrays)``: ``warmup`` runs (more while the ``"auto"``
+    executor is still choosing, see :meth:`umahub.LoadedModel.warm_up`), then
+    ``repeat`` timed ones.
 
     Args:
         model: a :class:`umahub.LoadedModel` or :class:`umahub.Compiled`, or a
@@ -78,15 +80,18 @@ def bench(
 
     Returns:
         JSON-ready: ``latency_ms`` (min, median, p90, max, mean), ``repeat``,
-        ``warmup``, ``machine`` (this one), for a remote model ``board`` (its
-        machine) and ``board_latency_ms``, for a local one ``device_ms`` or
-        ``device_ms_why``.
+        ``warmup`` (the untimed runs made), ``machine`` (this one), for a remote
+        model ``board`` (its machine) and ``board_latency_ms``, for a local one
+        ``device_ms`` or ``device_ms_why``.
     """
     if repeat < 1:
         raise ValueError(f"repeat must be 1 or more, not {repeat}")
     remote = hasattr(model, "board_seconds")
-    for _ in range(warmup):
-        model.run(*arrays)
+    if hasattr(model, "warm_up"):  # and, under "auto", until the executor is chosen
+        warmup = model.warm_up(*arrays, at_least=warmup)
+    else:
+        for _ in range(warmup):
+            model.run(*arrays)
     times, on_board = [], []
     for i in range(repeat):
         start = time.perf_counter()

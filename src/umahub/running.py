@@ -387,6 +387,21 @@ class Running:
         check_inputs(self.input_info, arrays)
         return self._executors.run(arrays, executor, timeout)
 
+    def warm_up(self, *arrays: Any, executor: str | None = None, at_least: int = 1) -> int:
+        """Run ``arrays`` until :meth:`run` is what later calls will be: ``at_least``
+        times (the first call makes VMs and threads), and while ``"auto"`` is still
+        timing both executors, until it has chosen. Returns the number of runs.
+
+        Time a model only after this: while ``"auto"`` is choosing, every other call
+        runs on the concurrent executor, and a model timed then looks slower (or
+        faster) than it will run.
+        """
+        runs, most = 0, at_least + 2 * (AUTO_TRIALS + 1)
+        while runs < at_least or (self._executors.resolve(executor) == "auto" and runs < most):
+            self.run(*arrays, executor=executor)
+            runs += 1
+        return runs
+
     def stream(
         self, inputs: Iterable[Any], *, executor: str | None = None, depth: int | None = None
     ) -> Iterator[Any]:

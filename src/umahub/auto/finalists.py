@@ -142,8 +142,8 @@ def _match(a: Any, b: Any, xs: Sequence[Any]) -> tuple[float, float, float]:
     alike, and a difference of a few percent (a partition more or less, a copy)
     is seen only that way.
     """
-    for model in (a, b):  # warm up: the first calls make VMs and threads
-        model.run(*xs)
+    for model in (a, b):
+        model.warm_up(*xs)
     start = time.perf_counter()
     one = max(_median_run(a, xs, 1), _median_run(b, xs, 1), 1e-6)
     runs = max(1, min(RUNS, int(BUDGET / (2 * ROUNDS * one))))

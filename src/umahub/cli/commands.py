@@ -198,8 +198,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     outputs = model.run(*arrays, **options)
     first = time.perf_counter() - start
-    times = []
+    times, warm = [], 1
     if args.repeat > 1:
+        if not remote:  # under "auto", time only once the executor is chosen
+            warm += model.warm_up(*arrays, at_least=0, **options)
         for _ in range(args.repeat):
             start = time.perf_counter()
             model.run(*arrays, **options)
@@ -217,7 +219,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(
             args,
             f"latency: median {ms[len(ms) // 2]:.3f} ms, min {ms[0]:.3f} ms, "
-            f"max {ms[-1]:.3f} ms over {len(ms)} runs after one warm-up run",
+            f"max {ms[-1]:.3f} ms over {len(ms)} runs after "
+            + ("one warm-up run" if warm == 1 else f"{warm} warm-up runs"),
         )
     else:
         _say(args, f"latency: {first * 1e3:.3f} ms (the first run; --repeat N for a median)")

@@ -156,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=1,
         metavar="N",
-        help="run N times after one warm-up run and print the latency's min, median "
-        "and max (default: time the one run)",
+        help="run N times after warming up (one run, more while the auto executor is "
+        "choosing) and print the latency's min, median and max (default: time the one run)",
     )
     p.add_argument(
         "--executor",
@@ -184,7 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeat", type=_positive, default=50, metavar="N", help="timed runs (default: 50)"
     )
     p.add_argument(
-        "--warmup", type=_positive, default=1, metavar="N", help="untimed runs first (default: 1)"
+        "--warmup",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="untimed runs first, more while the auto executor is choosing (default: 1)",
     )
     p.add_argument("--json", metavar="FILE", help="write the numbers as JSON ('-' prints them)")
     _board_options(p)
