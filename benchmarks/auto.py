@@ -9,20 +9,21 @@ vanilla_accel and dsp_cpu, each accelerator alone, and ``placement="auto"``.
    first compile measures the candidate groups, the second finds them in the
    cache; both compile times are kept, with auto's estimates of every other
    placement.
-2. **Time**, in ``--rounds`` rounds (default 3), each round every library in a
+2. **Time**, in ``--rounds`` rounds (default 5), each round every library in a
    fresh process (``umahub.load``, the default executor: the VM or the
    concurrent one, whichever it measures faster, after warm-up runs), median
    of ``--repeat`` runs (fewer for a slow one: about 3 s, at least 3 runs); a
    placement's latency is its best round. Rounds
-   interleave the placements, so that a load on the machine that comes and
-   goes touches them all alike.
+   interleave the placements, each round in its own shuffled order, so that a
+   load on the machine that comes and goes touches them all alike.
 
     python benchmarks/auto.py [MODEL ...] [--repeat N] [--rounds N] [--threads N]
 
 Results: ``results/auto.json``; the table is printed, with auto's latency over
 the best of the others and auto's worst ratio, round by round, against any
 other placement (placement by cost promises <= 1.0, up to the noise of the
-machine; see :func:`compare`), and each estimate next to its measurement.
+machine; see :func:`compare`; five rounds or more are needed to call auto
+worse), and each estimate next to its measurement.
 ``--summarize`` recomputes the comparison of ``results/auto.json`` without
 running anything.
 """
@@ -32,6 +33,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
+import random
 import statistics
 import subprocess
 import tempfile
@@ -120,8 +123,11 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
         row[_name(p)] = result
         if "error" not in result:
             libraries[_name(p)] = library
+    shuffle = random.Random(name)  # the same orders in every run of this model
     for _ in range(args.rounds):
-        for key, library in libraries.items():
+        order = list(libraries.items())
+        shuffle.shuffle(order)  # no placement always next to the same neighbours in time
+        for key, library in order:
             timed = run_worker(_TIME, [name, library, str(args.repeat)], env)
             entry = row[key]
             if "error" in timed:
@@ -161,12 +167,42 @@ def _same_placement(a: dict, b: dict) -> bool:
     return bool(a.get("devices")) and a.get("devices") == b.get("devices")
 
 
+#: The one-sided significance at which auto is called worse than another placement.
+SIGNIFICANCE = 0.05
+
+
+def _ratios(a: dict, b: dict) -> list[float]:
+    """``a``'s time over ``b``'s in each round (none when a round failed for one of them)."""
+    ra, rb = a.get("rounds_ms", []), b.get("rounds_ms", [])
+    if not ra or len(ra) != len(rb):
+        return []
+    return [x / y for x, y in zip(ra, rb)]
+
+
 def _paired(a: dict, b: dict) -> float | None:
     """The median over the rounds of ``a``'s time over ``b``'s in the same round."""
-    ra, rb = a.get("rounds_ms", []), b.get("rounds_ms", [])
-    if not ra or len(ra) != len(rb):  # a round failed for one of them: no pairs
-        return None
-    return statistics.median(x / y for x, y in zip(ra, rb))
+    ratios = _ratios(a, b)
+    return statistics.median(ratios) if ratios else None
+
+
+def slower_by_chance(ratios: list[float]) -> float:
+    """How likely rounds at least this much in the slower one's disfavour are
+    when the two placements are equally fast: Fisher's sign-flip test on the
+    log ratios, exact over every one of the 2**n sign assignments.
+
+    Were the two equally fast, each round's ratio would be above 1 or below it
+    by the machine's load alone, as likely one way as the other; the share of
+    sign assignments whose sum reaches the observed one is that chance. With n
+    rounds it is at least 2**-n: five rounds are the fewest that can show a
+    difference at :data:`SIGNIFICANCE`.
+    """
+    logs = [math.log(r) for r in ratios]
+    observed = sum(logs) - 1e-12
+    sums = (
+        sum(s * abs(x) for s, x in zip(signs, logs))
+        for signs in itertools.product((1, -1), repeat=len(logs))
+    )
+    return sum(1 for total in sums if total >= observed) / 2 ** len(logs)
 
 
 def compare(row: dict) -> dict:
@@ -182,9 +218,13 @@ def compare(row: dict) -> dict:
     ``noise``: the largest paired ratio between two *other* placements that
     place every operator alike (two builds of one placement, each timed in its
     own processes): a ratio above 1 by less than that is the machine's, not
-    the placement's. The verdict is auto's worst against any other placement:
-    not worse, the same placement (auto built what that placement builds),
-    within the noise, or worse.
+    the placement's. A ratio above that is still the machine's unless the
+    rounds show it (``chance``, :func:`slower_by_chance`, under
+    :data:`SIGNIFICANCE`): on a machine whose load moves a round by 20%, two
+    builds that ran next to each other can agree within 2% and say little of
+    two placements timed seconds apart. The verdict is auto's worst against
+    any other placement: not worse, the same placement (auto built what that
+    placement builds), within the noise, or worse.
     """
     auto = row["auto"]
     for key, v in row.items():  # auto's estimate of each placement, next to its measurement
@@ -211,20 +251,21 @@ def compare(row: dict) -> dict:
     )  # fmt: skip
     judged = {}
     for key, v in others.items():
-        ratio = _paired(auto, v)
-        if ratio is None:
-            ratio = auto["median_ms"] / v["median_ms"]
+        ratios = _ratios(auto, v)
+        ratio = statistics.median(ratios) if ratios else auto["median_ms"] / v["median_ms"]
+        chance = slower_by_chance(ratios) if ratios else 1.0
         if ratio <= 1.0:
             verdict = "not worse"
         elif _same_placement(auto, v):
             verdict = "the same placement"
-        elif ratio <= 1.0 + auto["noise"]:
+        elif ratio <= 1.0 + auto["noise"] or chance >= SIGNIFICANCE:
             verdict = "within the noise"
         else:
             verdict = "worse"
-        judged[key] = {"paired": ratio, "verdict": verdict}
+        judged[key] = {"paired": ratio, "chance": chance, "verdict": verdict}
     worst = max(judged, key=lambda k: (VERDICTS.index(judged[k]["verdict"]), judged[k]["paired"]))
     auto["paired"] = {k: j["paired"] for k, j in judged.items()}
+    auto["chance"] = {k: j["chance"] for k, j in judged.items()}
     auto["against"], auto["verdict"] = worst, judged[worst]["verdict"]
     return row
 
@@ -241,7 +282,8 @@ def _print(name: str, row: dict) -> None:
             extra += (
                 f"; auto/best {v.get('over_best_other', 0):.2f} ({v.get('best_other')});"
                 f" worst against {against}: {v.get('paired', {}).get(against, 0):.3f} by round"
-                f" (noise {v.get('noise', 0):.1%}): {v.get('verdict')};"
+                f" (noise {v.get('noise', 0):.1%}, chance"
+                f" {v.get('chance', {}).get(against, 1.0):.2f}): {v.get('verdict')};"
                 f" compile {v['compile_s']:.0f}s first, {v['cached_compile_s']:.0f}s "
                 f"cached (auto {v['auto_s']:.1f}s / {v['cached_auto_s']:.1f}s)"
             )
@@ -252,7 +294,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=ZOO)
     parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--append",

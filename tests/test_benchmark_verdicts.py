@@ -1,0 +1,51 @@
+"""The verdict of ``benchmarks/auto.py``: auto against every other placement,
+round by round, worse only when the rounds show it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import auto as bench_auto
+
+
+def test_the_chance_of_rounds_this_slow_is_the_share_of_sign_flips_reaching_them():
+    assert bench_auto.slower_by_chance([1.1] * 5) == 1 / 32
+    # the one faster round is the smallest: flipping it, or nothing, reaches the sum
+    assert bench_auto.slower_by_chance([1.1, 1.1, 1.1, 1.1, 0.95]) == 2 / 32
+    assert bench_auto.slower_by_chance([1.1] * 4) == 1 / 16  # four rounds cannot show it
+    assert bench_auto.slower_by_chance([0.9] * 5) == 1.0
+
+
+def _row(auto: list[float], other: list[float], *, same: bool = False) -> dict:
+    """A model's row: auto, one other placement, and two builds of a third
+    placement that differ by 1% in every round (the noise)."""
+    twin = [10.0] * len(auto)
+    return {
+        "twin a": {"rounds_ms": twin, "median_ms": 10.0, "placement_id": "t"},
+        "twin b": {"rounds_ms": [t * 1.01 for t in twin], "median_ms": 10.1, "placement_id": "t"},
+        "other": {"rounds_ms": other, "median_ms": min(other), "placement_id": "o"},
+        "auto": {"rounds_ms": auto, "median_ms": min(auto), "placement_id": "o" if same else "x"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("auto", "same", "verdict", "paired"),
+    [
+        ([7.35, 7.35, 7.35, 7.35, 7.35], False, "worse", 1.05),  # 5% slower in every round
+        ([7.35, 7.35, 7.35, 7.35, 5.6], False, "within the noise", 1.05),  # one round faster
+        ([7.35, 7.35, 7.35, 7.35, 7.35], True, "the same placement", 1.05),
+        ([7.05, 7.05, 7.05, 7.05, 7.05], False, "within the noise", 1.007),  # within the twins'
+        ([6.9, 6.9, 6.9, 6.9, 6.9], False, "not worse", 0.986),
+    ],
+)
+def test_auto_is_worse_only_beyond_the_noise_and_in_enough_rounds(auto, same, verdict, paired):
+    # "other" is 7.0 ms in every round; "twin a" against "twin b" gives the 1% noise
+    row = bench_auto.compare(_row(auto, [7.0] * 5, same=same))
+    assert row["auto"]["noise"] == pytest.approx(1 - 10 / 10.1)
+    judged = row["auto"]
+    assert (judged["against"], judged["verdict"]) == ("other", verdict)
+    assert judged["paired"]["other"] == pytest.approx(paired, abs=1e-3)
