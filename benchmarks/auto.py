@@ -25,7 +25,7 @@ other placement (placement by cost promises <= 1.0, up to the noise of the
 machine; see :func:`compare`; five rounds or more are needed to call auto
 worse), and each estimate next to its measurement.
 ``--summarize`` recomputes the comparison of ``results/auto.json`` without
-running anything.
+running anything, and prints the README's table.
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
                 continue
             entry.setdefault("rounds_ms", []).append(timed["median_ms"])
             entry["median_ms"] = min(entry["rounds_ms"])
+            entry.setdefault("executors", []).append(timed["executor"])  # each round's choice
             entry["executor"] = timed["executor"]
     if "auto" in row:  # rows of several sittings (--append): each says when and from what
         row["auto"]["run"] = {"when": time.strftime("%Y-%m-%d %H:%M %Z"), "commit": _commit()}
@@ -142,11 +143,20 @@ def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict
 
 
 def _commit() -> str:
-    proc = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False,
-        cwd=Path(__file__).resolve().parent,
+    """The commit measured, ``-dirty`` when the code differs from it (the
+    results this run writes as it goes do not count)."""
+    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], capture_output=True, text=True, check=False, cwd=here)
+        return proc.stdout.strip()
+
+    commit = git("describe", "--always") or "unknown"
+    changed = git(
+        "status", "--porcelain", "--untracked-files=no", "--",
+        ":(top)", ":(top,exclude)benchmarks/results",
     )  # fmt: skip
-    return proc.stdout.strip() or "unknown"
+    return f"{commit}-dirty" if changed else commit
 
 
 def _key_of(starting_point: str) -> str:
@@ -270,6 +280,36 @@ def compare(row: dict) -> dict:
     return row
 
 
+def _short(key: str) -> str:
+    return key.replace("vanilla_accel", "vanilla").replace("dsp_cpu", "dsp")
+
+
+def markdown(models: dict[str, dict]) -> str:
+    """The README's table of ``results/auto.json``'s models, one row each."""
+    lines = [
+        "| model | auto | best of the 6 orders and 3 alone | auto / best | worst by rounds"
+        " (against) | chance | noise | verdict | auto kept | auto's estimate |"
+        " compile, first / cached | measured at |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in models.items():
+        a = row.get("auto", {})
+        if "verdict" not in a:
+            continue
+        best, against = a["best_other"], a["against"]
+        kept = (a.get("finalists") or {}).get("kept", "auto")
+        kept = "its choice" if kept == "auto" else _short(_key_of(kept))
+        lines.append(
+            f"| {name} | {a['median_ms']:.2f} ms | {row[best]['median_ms']:.2f} ms"
+            f" ({_short(best)}) | {a['over_best_other']:.2f} | {a['paired'][against]:.3f}"
+            f" ({_short(against)}) | {a.get('chance', {}).get(against, 1.0):.2f}"
+            f" | {a['noise']:.1%} | {a['verdict']} | {kept} | {a['estimate_ms']:.1f} ms"
+            f" | {a['compile_s']:.0f} s / {a['cached_compile_s']:.0f} s"
+            f" | `{a.get('run', {}).get('commit', '?')}` |"
+        )
+    return "\n".join(lines)
+
+
 def _print(name: str, row: dict) -> None:
     print(f"{name}:", flush=True)
     for k, v in row.items():
@@ -312,6 +352,7 @@ def main() -> None:
         data = json.loads(path.read_text())  # the machine and versions it was measured with
         for name, row in data["models"].items():
             _print(name, compare(row))
+        print(markdown(data["models"]))
         path.write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {path}")
         return
