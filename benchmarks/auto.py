@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import random
 import statistics
 import subprocess
@@ -43,6 +42,8 @@ from pathlib import Path
 
 from _common import RESULTS, run_worker, worker_env, write
 from _models import ZOO
+
+from umahub.auto.finalists import SIGNIFICANCE, slower_by_chance
 
 ACCELERATORS = ["npu", "vanilla_accel", "dsp_cpu"]
 ORDERS = [list(p) for p in itertools.permutations(ACCELERATORS)]
@@ -177,10 +178,6 @@ def _same_placement(a: dict, b: dict) -> bool:
     return bool(a.get("devices")) and a.get("devices") == b.get("devices")
 
 
-#: The one-sided significance at which auto is called worse than another placement.
-SIGNIFICANCE = 0.05
-
-
 def _ratios(a: dict, b: dict) -> list[float]:
     """``a``'s time over ``b``'s in each round (none when a round failed for one of them)."""
     ra, rb = a.get("rounds_ms", []), b.get("rounds_ms", [])
@@ -193,26 +190,6 @@ def _paired(a: dict, b: dict) -> float | None:
     """The median over the rounds of ``a``'s time over ``b``'s in the same round."""
     ratios = _ratios(a, b)
     return statistics.median(ratios) if ratios else None
-
-
-def slower_by_chance(ratios: list[float]) -> float:
-    """How likely rounds at least this much in the slower one's disfavour are
-    when the two placements are equally fast: Fisher's sign-flip test on the
-    log ratios, exact over every one of the 2**n sign assignments.
-
-    Were the two equally fast, each round's ratio would be above 1 or below it
-    by the machine's load alone, as likely one way as the other; the share of
-    sign assignments whose sum reaches the observed one is that chance. With n
-    rounds it is at least 2**-n: five rounds are the fewest that can show a
-    difference at :data:`SIGNIFICANCE`.
-    """
-    logs = [math.log(r) for r in ratios]
-    observed = sum(logs) - 1e-12
-    sums = (
-        sum(s * abs(x) for s, x in zip(signs, logs))
-        for signs in itertools.product((1, -1), repeat=len(logs))
-    )
-    return sum(1 for total in sums if total >= observed) / 2 ** len(logs)
 
 
 def compare(row: dict) -> dict:

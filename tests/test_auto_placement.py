@@ -137,7 +137,7 @@ def test_the_second_compile_uses_the_measurements_of_the_first(isolated):
     # the four groups' costs, and the verdict of the choice against the other placements
     assert len(entries) == 5
     assert first["finalists"]["cached"] is False
-    assert sorted(first["finalists"]) == ["cached", "contenders", "kept", "measured_ms"]
+    assert sorted(first["finalists"]) == ["cached", "contenders", "kept", "measured_ms", "tie"]
     assert sorted(first["finalists"]["measured_ms"]) == sorted(["auto", *first["contenders"]])
     again = _hub(_plugin(None)).compile(mod, placement="auto").report.auto
     assert again["costs"] == {"plugin": 0, "measured": 0, "cached": 4, "none": 0}
@@ -440,7 +440,10 @@ def test_the_choice_meets_every_contender_and_the_fastest_is_kept(isolated, monk
     assert len(contenders) >= 2  # fast alone, slow alone, host alone: three placements
     first, second = contenders[:2]
     # scripted: the first contender beats the choice, the second beats the first
-    matches = iter([(0.004, 0.002, 0.5), (0.002, 0.001, 0.5), *[(0.001, 0.003, 3.0)] * 8])
+    matches = iter(
+        [(0.004, 0.002, 0.5, [0.5] * 7), (0.002, 0.001, 0.5, [0.5] * 7)]
+        + [(0.001, 0.003, 3.0, [3.0] * 7)] * 8
+    )
     monkeypatch.setattr(finalists, "_match", lambda a, b, xs: next(matches))
     monkeypatch.setattr(finalists, "cached_winner", lambda comp, cache: None)
     kept = hub.compile(mod, placement="auto")
@@ -525,11 +528,66 @@ def test_a_match_goes_by_the_rounds_each_model_won_not_by_the_best_time(monkeypa
         return next(times[id(model)])
 
     monkeypatch.setattr(finalists, "_median_run", median_run)
-    best_a, best_b, ratio = finalists._match(a, b, [])
+    best_a, best_b, ratio, ratios = finalists._match(a, b, [])
     assert (best_a, best_b) == (1.0, 1.5)
     assert ratio == pytest.approx(0.9)  # 1.8 / 2.0, the median of 1.5 and six 0.9
+    assert ratios == pytest.approx([1.5] + [0.9] * 6)
     # after the probe of each, the first to run in a round alternates
     assert "".join(order) == "ab" + "ab" + "ba" + "ab" + "ba" + "ab" + "ba" + "ab"
+
+
+def test_the_chance_of_rounds_this_slow_is_the_share_of_sign_flips_reaching_them():
+    from umahub.auto.finalists import slower_by_chance
+
+    assert slower_by_chance([1.1] * 5) == 1 / 32
+    # the one faster round is the smallest: flipping it, or nothing, reaches the sum
+    assert slower_by_chance([1.1, 1.1, 1.1, 1.1, 0.95]) == 2 / 32
+    assert slower_by_chance([1.1] * 4) == 1 / 16  # four rounds cannot show it
+    assert slower_by_chance([0.9] * 5) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("ratios", "kept", "tie"),
+    [
+        ([1.03] * 7, "auto", False),  # the choice faster in every round: it stays
+        ([1.03] * 6 + [0.97], "b alone", True),  # a round the other way: a tie, b takes it
+        ([1.03, 1.03, 1.03, 0.99], "auto", False),  # four rounds cannot show it: the median
+        ([0.98] * 7, "b alone", False),  # b faster: it takes the lead
+    ],
+)
+def test_the_choice_keeps_the_lead_only_where_the_rounds_show_it_faster(
+    isolated, monkeypatch, ratios, kept, tie
+):
+    from umahub.auto import finalists
+
+    comp = _comp(["b alone"], {"b alone": 1})
+    median = sorted(ratios)[len(ratios) // 2]
+    monkeypatch.setattr(finalists, "_match", lambda a, b, xs: (0.002, 0.002, median, ratios))
+    build = lambda name: SimpleNamespace(compiled=_Model(), name=name)  # noqa: E731
+    assert finalists.measure(comp, _Model(), build, lambda m: [], CostCache())[0] == kept
+    assert comp.auto.finalists["tie"] is tie
+    (line,) = _finalists_text(comp.auto.finalists)
+    assert line.endswith(
+        f"{'the choice' if kept == 'auto' else kept} is kept"
+        + (" (a tie with the choice, which the rounds did not show faster)" if tie else "")
+    )
+
+
+def _finalists_text(verdict):
+    from umahub.auto.text import _finalists
+
+    return _finalists({"finalists": verdict})
+
+
+def test_a_tie_between_two_starting_points_keeps_the_leader(isolated, monkeypatch):
+    from umahub.auto import finalists
+
+    comp = _comp(["a alone", "b alone"], {"a alone": 1, "b alone": 1})
+    results = iter([(0.002, 0.001, 0.5, [0.5] * 7), (0.001, 0.001, 1.01, [1.01] * 6 + [0.9])])
+    monkeypatch.setattr(finalists, "_match", lambda a, b, xs: next(results))
+    build = lambda name: SimpleNamespace(compiled=_Model(), name=name)  # noqa: E731
+    assert finalists.measure(comp, _Model(), build, lambda m: [], CostCache())[0] == "a alone"
+    assert comp.auto.finalists["tie"] is False
 
 
 def test_a_contender_that_fails_to_build_or_run_is_left_out(isolated, monkeypatch):
@@ -537,7 +595,7 @@ def test_a_contender_that_fails_to_build_or_run_is_left_out(isolated, monkeypatc
 
     comp = _comp(["a alone", "b alone", "c alone"], {"a alone": 1, "b alone": 1, "c alone": 1})
     monkeypatch.setattr(
-        finalists, "_match", lambda a, b, xs: (0.002, 0.001, 0.5) if not b.fails else b.run()
+        finalists, "_match", lambda a, b, xs: (0.002, 0.001, 0.5, [0.5]) if not b.fails else b.run()
     )
 
     def build(name):
@@ -551,6 +609,7 @@ def test_a_contender_that_fails_to_build_or_run_is_left_out(isolated, monkeypatc
         "contenders": ["a alone", "b alone", "c alone"],
         "measured_ms": {"auto": 2.0, "c alone": 1.0},
         "kept": "c alone",
+        "tie": False,
         "left_out": {
             "a alone": "ValueError: no kernel for conv2d",
             "b alone": "RuntimeError: device lost",

@@ -12,14 +12,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import auto as bench_auto
 
 
-def test_the_chance_of_rounds_this_slow_is_the_share_of_sign_flips_reaching_them():
-    assert bench_auto.slower_by_chance([1.1] * 5) == 1 / 32
-    # the one faster round is the smallest: flipping it, or nothing, reaches the sum
-    assert bench_auto.slower_by_chance([1.1, 1.1, 1.1, 1.1, 0.95]) == 2 / 32
-    assert bench_auto.slower_by_chance([1.1] * 4) == 1 / 16  # four rounds cannot show it
-    assert bench_auto.slower_by_chance([0.9] * 5) == 1.0
-
-
 def _row(auto: list[float], other: list[float], *, same: bool = False) -> dict:
     """A model's row: auto, one other placement, and two builds of a third
     placement that differ by 1% in every round (the noise)."""

@@ -285,9 +285,14 @@ def _kept(other: Compilation, auto: Any, name: str) -> Compilation:
     other.auto = replace(auto, changed=auto.contenders_changed.get(name, {}))
     measured = auto.finalists.get("measured_ms", {})
     if name in measured and "auto" in measured:
+        tie = (
+            "; the rounds did not show the choice faster, and a tie goes to the starting point"
+            if auto.finalists.get("tie")
+            else ""
+        )
         other.notes.append(
             f"placement by cost: {name} ran in {measured[name]:.3g} ms, "
-            f"the estimated choice in {measured['auto']:.3g} ms: {name} is kept"
+            f"the estimated choice in {measured['auto']:.3g} ms{tie}: {name} is kept"
         )
     return other
 

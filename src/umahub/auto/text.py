@@ -36,7 +36,12 @@ def _finalists(auto: Mapping[str, Any]) -> list[str]:
         f"{'the choice' if name == 'auto' else name} {ms:.3f} ms"
         for name, ms in sorted(measured["measured_ms"].items(), key=lambda kv: kv[1])
     )
-    lines = [f"  measured: {times}: {kept} is kept{cached}"]
+    tie = (
+        " (a tie with the choice, which the rounds did not show faster)"
+        if measured.get("tie")
+        else ""
+    )
+    lines = [f"  measured: {times}: {kept} is kept{tie}{cached}"]
     for name, why in measured.get("left_out", {}).items():
         lines.append(f"    {name} left out: {why}")
     return lines
