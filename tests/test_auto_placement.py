@@ -544,6 +544,9 @@ def test_the_chance_of_rounds_this_slow_is_the_share_of_sign_flips_reaching_them
     assert slower_by_chance([1.1, 1.1, 1.1, 1.1, 0.95]) == 2 / 32
     assert slower_by_chance([1.1] * 4) == 1 / 16  # four rounds cannot show it
     assert slower_by_chance([0.9] * 5) == 1.0
+    # beyond 16 rounds, drawn: a long run of rounds that all go one way is still shown
+    assert slower_by_chance([1.02] * 40) < 0.001
+    assert 0.3 < slower_by_chance([1.02, 0.98] * 20) <= 1.0
 
 
 @pytest.mark.parametrize(
