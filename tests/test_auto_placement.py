@@ -476,6 +476,24 @@ def test_the_choice_meets_every_contender_and_the_fastest_is_kept(isolated, monk
     np.testing.assert_allclose(kept.run(*xs), reference(mod, xs), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("ops", "matches", "contenders"),
+    [
+        # relu feeds add: "priority fast" lowers the two as one partition, the choice as two
+        (("relu", "add", "sigmoid"), [["n0"], ["n1"]], ["priority fast", "host alone"]),
+        # sigmoid, on the host, between them: "priority fast" builds what the choice builds
+        (("relu", "sigmoid", "add"), [["n0"], ["n2"]], ["host alone"]),
+    ],
+)
+def test_a_starting_point_placing_alike_is_a_contender_where_it_merges_neighbours(
+    isolated, ops, matches, contenders
+):
+    cheap = {"fast.relu": 1e-9, "fast.add": 1e-9}  # every match on "fast", by cost and by order
+    auto = _hub(_plugin(cheap)).explain(chain(ops=ops), placement="auto").auto
+    assert [g["nodes"] for g in auto["groups"] if g["chosen"]] == matches
+    assert auto["contenders"] == contenders
+
+
 def test_auto_finalists_limits_the_contenders_and_zero_trusts_the_estimate(isolated):
     mod = chain(ops=RELU_ADD)
     one = _two(**{"auto-finalists": 1}).compile(mod, placement="auto").report.auto

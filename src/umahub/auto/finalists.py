@@ -7,8 +7,10 @@ apart, and a kernel timed alone is not always as fast amid the others. So,
 unless the user pinned operators, the choice meets the **contenders**: the
 starting points of the search (each claiming order, each accelerator alone,
 the host alone) that place differently from it and from each other, best
-estimated first, at most ``auto-finalists`` of them (default 6), and none
-estimated more than :data:`WITHIN` times slower than the choice.
+estimated first (one that places alike is a contender too where it merges
+neighbouring matches into one partition, which the choice does not), at most
+``auto-finalists`` of them (default 6), and none estimated more than
+:data:`WITHIN` times slower than the choice.
 
 The contenders meet the choice one at a time, as in a knockout: each is built
 as it would be compiled, then it and the fastest so far are timed on random
