@@ -178,9 +178,9 @@ def _median_run(model: Any, inputs: Sequence[Any], runs: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _match(a: Any, b: Any, xs: Sequence[Any]) -> tuple[float, float, float, list[float]]:
-    """``a`` against ``b``: each one's best round (seconds), the median over
-    the rounds of ``b``'s time over ``a``'s in the same round, and those ratios.
+def _match(a: Any, b: Any, xs: Sequence[Any]) -> tuple[float, float, list[float]]:
+    """``a`` against ``b``: each one's best round (seconds), and ``b``'s time
+    over ``a``'s in each round (their median decides).
 
     The decision rests on the ratio of each round, not on the best times: a
     load on the machine that comes and goes touches both models of a round
@@ -202,7 +202,7 @@ def _match(a: Any, b: Any, xs: Sequence[Any]) -> tuple[float, float, float, list
         if time.perf_counter() - start > BUDGET:
             break
     ratios = [tb / ta for ta, tb in rounds]
-    return min(t for t, _ in rounds), min(t for _, t in rounds), statistics.median(ratios), ratios
+    return min(t for t, _ in rounds), min(t for _, t in rounds), ratios
 
 
 def _shown_slower(ratios: Sequence[float]) -> bool:
@@ -235,7 +235,7 @@ class Verdict:
     def meet(self, name: str, model: Any) -> bool:
         """Time contender ``name`` against the leader; True when it takes the lead."""
         try:
-            lead, other, ratio, ratios = _match(self.leader_model, model, self.xs)
+            lead, other, ratios = _match(self.leader_model, model, self.xs)
         except Exception as exc:  # the leader ran before: the contender failed
             self.leave_out(name, exc)
             return False
@@ -243,7 +243,7 @@ class Verdict:
             self.measured_ms.get(self.leader, lead * 1e3), lead * 1e3
         )
         self.measured_ms[name] = other * 1e3
-        faster = ratio < 1.0
+        faster = statistics.median(ratios) < 1.0
         if faster or (self.leader == "auto" and not _shown_slower(ratios)):
             self.leader, self.leader_model, self.tie = name, model, not faster
             return True
