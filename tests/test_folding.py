@@ -7,7 +7,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from umahub._tvm import TensorType
+from umahub._tvm import TensorType, constant_value
 from umahub.folding import fold_constants, fold_layout_of_constants
 
 
@@ -82,3 +82,70 @@ def test_an_operator_of_a_run_time_value_is_not_folded():
     assert calls == ["relax.permute_dims", "relax.matmul"]
     x = np.linspace(-1, 1, 12, dtype="float32").reshape(6, 2)
     np.testing.assert_allclose(_run(layout, x), _run(mod, x), rtol=1e-6)
+
+
+def _conv_norm(groups=1, training=False, conv_read_twice=False, mean_as_input=False):
+    """conv2d(x, W) -> batch_norm -> item 0, 8 channels (``groups`` of them),
+    statistics far from 0 and 1 so that a wrong fold shows in the numbers."""
+    rng = np.random.default_rng(0)
+    c = 8
+    w = rng.standard_normal((c, c // groups, 3, 3)).astype("float32")
+    stats = [
+        rng.uniform(0.5, 2.0, c),  # gamma
+        rng.uniform(-1.0, 1.0, c),  # beta
+        rng.uniform(-3.0, 3.0, c),  # mean
+        rng.uniform(0.1, 4.0, c),  # var
+    ]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, c, 6, 6), "float32"))
+    params = [x]
+    if mean_as_input:
+        params.append(relax.Var("mean", TensorType((c,), "float32")))
+    with bb.function("main", params):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, relax.const(w), padding=1, groups=groups))
+            args = [relax.const(s.astype("float32")) for s in stats]
+            if mean_as_input:
+                args[2] = params[1]
+            norm = bb.emit(relax.op.nn.batch_norm(conv, *args, axis=1, epsilon=1e-3,
+                                                  training=training))  # fmt: skip
+            y = bb.emit(relax.TupleGetItem(norm, 0))
+            if conv_read_twice:
+                y = bb.emit(relax.op.add(y, conv))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get(), w, stats
+
+
+def _calls(mod):
+    return [b.value.op.name for b in mod["main"].body.blocks[0].bindings
+            if isinstance(b.value, relax.Call)]  # fmt: skip
+
+
+def test_an_inference_batch_norm_is_folded_into_the_convolution_before_it():
+    from umahub.folding import fold_batch_norms
+
+    for groups in (1, 8):  # a convolution and a depthwise one
+        mod, w, (gamma, beta, mean, var) = _conv_norm(groups)
+        folded, count = fold_batch_norms(mod)
+        assert count == 1
+        assert _calls(folded) == ["relax.nn.conv2d", "relax.add"]
+        x = np.random.default_rng(1).standard_normal((1, 8, 6, 6)).astype("float32")
+        np.testing.assert_allclose(_run(folded, x), _run(mod, x), rtol=1e-5, atol=1e-5)
+        # the folded weight and bias, against the definition in float64
+        scale = gamma / np.sqrt(var + 1e-3)
+        weight, bias = [constant_value(b.value.args[1]).numpy()
+                        for b in folded["main"].body.blocks[0].bindings
+                        if isinstance(b.value, relax.Call)]  # fmt: skip
+        np.testing.assert_allclose(weight, w * scale.reshape(-1, 1, 1, 1), rtol=1e-6)
+        np.testing.assert_allclose(bias.ravel(), beta - mean * scale, rtol=1e-6, atol=1e-7)
+        assert _calls(fold_constants(mod)) == ["relax.nn.conv2d", "relax.add"]
+
+
+def test_a_batch_norm_is_not_folded_in_training_or_when_its_inputs_are_read_elsewhere():
+    from umahub.folding import fold_batch_norms
+
+    for case in ({"training": True}, {"conv_read_twice": True}, {"mean_as_input": True}):
+        mod, _, _ = _conv_norm(**case)
+        assert fold_batch_norms(mod) == (mod, 0), case
+        assert "relax.nn.batch_norm" in _calls(fold_constants(mod)), case

@@ -2,7 +2,12 @@
 
 A transpose of a constant weight (ONNX's ``Gemm`` with ``transB``, a PyTorch
 ``linear``), a reshape or a cast of one: left in the graph, it would run, and
-its result be copied to an accelerator, at every inference. Relax's
+its result be copied to an accelerator, at every inference. An inference batch
+norm after a convolution is a per-channel scale and shift: folded into the
+convolution's weight and a bias (:func:`fold_batch_norms`), it costs nothing at
+run time, and the convolution with its bias is a pattern every accelerator
+takes (a batch norm alone is one none does, and ran on the host between two
+copies). Relax's
 ``FoldConstant`` evaluates such expressions, but it builds and runs a kernel
 for each one with TVM, about a tenth of a second apiece: a ViT-B/16 has 50
 transposed weights. The layout operators that make most of them
@@ -22,7 +27,7 @@ from tvm import relax
 
 from umahub._tvm import Constant, constant_value, type_of, well_formed
 
-__all__ = ["fold_constants", "fold_layout_of_constants"]
+__all__ = ["fold_batch_norms", "fold_constants", "fold_layout_of_constants"]
 
 
 def _ints(values: Any) -> list[int] | None:
@@ -121,6 +126,107 @@ def fold_layout_of_constants(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     return out, folder.folded
 
 
+def _conv2d_into_norm(
+    bindings: dict[Any, Any], users: dict[Any, list[Any]], item: relax.TupleGetItem
+) -> tuple[relax.Call, np.ndarray, np.ndarray] | None:
+    """(convolution, folded weight, bias) where ``item`` is item 0 of an inference
+    batch norm over the channels of a 2-D NCHW/OIHW convolution of a constant
+    weight, the norm's statistics constants and neither result read elsewhere."""
+    if item.index != 0 or not isinstance(item.tuple_value, relax.DataflowVar):
+        return None
+    norm = bindings.get(item.tuple_value)
+    if not (isinstance(norm, relax.Call) and norm.op == _BATCH_NORM):
+        return None
+    attrs = norm.attrs
+    if bool(attrs.training) or int(attrs.axis) != 1 or len(users[item.tuple_value]) != 1:
+        return None
+    conv_var = norm.args[0]
+    conv = bindings.get(conv_var)
+    if not (
+        isinstance(conv_var, relax.DataflowVar)
+        and isinstance(conv, relax.Call)
+        and conv.op == _CONV2D
+        and users[conv_var] == [item.tuple_value]
+        and (str(conv.attrs.data_layout), str(conv.attrs.kernel_layout)) == ("NCHW", "OIHW")
+        and str(conv.attrs.out_layout) in ("NCHW", "")
+        and all(isinstance(a, Constant) for a in (conv.args[1], *norm.args[1:]))
+    ):
+        return None
+    weight = constant_value(conv.args[1]).numpy()
+    gamma, beta, mean, var = (constant_value(a).numpy() for a in norm.args[1:])
+    if weight.dtype.kind != "f" or any(v.shape != (weight.shape[0],) for v in (gamma, mean)):
+        return None
+    # in float64, then rounded once: closer to the exact norm than float32 steps
+    scale = 1.0 / np.sqrt(var.astype(np.float64) + float(attrs.epsilon))
+    if bool(attrs.scale):
+        scale = scale * gamma
+    shift = -mean.astype(np.float64) * scale
+    if bool(attrs.center):
+        shift = shift + beta
+    folded = (weight.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(weight.dtype)
+    bias = shift.astype(weight.dtype).reshape(1, -1, 1, 1)
+    return conv, folded, bias
+
+
+_BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
+_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+
+
+@relax.expr_functor.mutator
+class _NormFolder(relax.PyExprMutator):  # type: ignore[misc]
+    """Replaces the chosen batch norms' item 0 by the convolution with the folded
+    weight plus a bias; the convolution and the norm are left unused."""
+
+    def __init__(self, mod: tvm.IRModule, folds: dict[Any, tuple[Any, Any, Any]]):
+        super().__init__(mod)
+        self.folds = folds
+
+    def visit_tuple_getitem_(self, item: relax.TupleGetItem) -> relax.Expr:
+        fold = self.folds.get(item.tuple_value)
+        if fold is None:
+            return super().visit_tuple_getitem_(item)
+        conv, weight, bias = fold
+        data = self.visit_expr(conv.args[0])
+        out = self.builder_.emit(relax.Call(conv.op, [data, relax.const(weight)], conv.attrs))
+        return relax.op.add(out, relax.const(bias))
+
+
+def fold_batch_norms(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+    """``mod`` with every inference batch norm that follows a convolution of a
+    constant weight folded into it, and how many were.
+
+    ``conv2d(x, W)`` then ``batch_norm(gamma, beta, mean, var)`` becomes
+    ``conv2d(x, W * s) + (beta - mean * s)``, ``s = gamma / sqrt(var + eps)``
+    per output channel, computed in float64 and rounded once.
+    """
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        return mod, 0
+    main = mod["main"]
+    bindings: dict[Any, Any] = {}
+    users: dict[Any, list[Any]] = {}
+    body = main.body
+    for block in getattr(body, "blocks", ()):
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        for binding in block.bindings:
+            if isinstance(binding, relax.VarBinding):
+                bindings[binding.var] = binding.value
+        users.update({k: list(v) for k, v in relax.analysis.udchain(block).items()})
+    folds = {}
+    for value in bindings.values():
+        if isinstance(value, relax.TupleGetItem):
+            fold = _conv2d_into_norm(bindings, users, value)
+            if fold is not None:
+                folds[value.tuple_value] = fold
+    if not folds:
+        return mod, 0
+    folder = _NormFolder(mod, folds)
+    new_main = folder.visit_expr(main)
+    out = folder.builder_.get()
+    out["main"] = relax.analysis.remove_all_unused(new_main)
+    return out, len(folds)
+
+
 def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with what depends on weights alone computed once, now (see the module's
     docs). A module that cannot be folded is kept as it is (only slower, never
@@ -128,6 +234,8 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     try:
         layout, _ = fold_layout_of_constants(mod)
         layout = layout if well_formed(layout) else mod
+        normed, _ = fold_batch_norms(layout)
+        layout = normed if well_formed(normed) else layout
         folded = relax.transform.FoldConstant()(layout)
     except Exception:  # an optimisation: the module stays correct without it
         return mod
