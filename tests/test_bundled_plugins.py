@@ -119,3 +119,55 @@ def test_npu_lowers_gelu_with_its_own_erf_and_matches_the_host():
     assert partition.hooks["umahub_relax_to_tir"] == ["npu"]
     xs = [rng.standard_normal((16, 32)).astype("float32")]
     np.testing.assert_allclose(compiled.run(*xs), reference(mod, xs), rtol=1e-5, atol=1e-5)
+
+
+def _residual_block(hardswish=False):
+    """x -> conv -> inference batch norm -> + x -> relu (or conv -> norm ->
+    hardswish), 8 channels, weights and statistics as constants."""
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+
+    rng = np.random.default_rng(0)
+    c = 8
+
+    def const(*shape, lo=-1.0, hi=1.0):
+        return relax.const(rng.uniform(lo, hi, shape).astype("float32"))
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, c, 10, 10), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, const(c, c, 3, 3), padding=1), "conv")
+            stats = [const(c, lo=0.5, hi=2), const(c), const(c), const(c, lo=0.5, hi=2)]
+            norm = bb.emit(relax.op.nn.batch_norm(conv, *stats, axis=1, training=False), "bn")
+            y = bb.emit(relax.TupleGetItem(norm, 0), "y")
+            if hardswish:
+                gate = relax.op.clip(relax.op.add(y, relax.const(3.0)), 0.0, 6.0)
+                y = relax.op.divide(relax.op.multiply(y, bb.emit(gate, "gate")), relax.const(6.0))
+            else:
+                y = relax.op.nn.relu(bb.emit(relax.op.add(y, x), "residual"))
+            out = bb.emit_output(bb.emit(y, "out"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "hardswish, pattern",
+    [(False, "npu.conv2d_bias_residual_act"), (True, "npu.conv2d_bias_hswish")],
+)
+def test_a_convolution_with_its_folded_norm_and_its_epilogue_is_one_npu_partition(
+    hardswish, pattern
+):
+    """The batch norm folds into the convolution's weight and a bias; with the
+    block's residual add and activation (or hardswish, whose "+ 3" is no
+    residual) it is one match: no operator is left on the host between copies."""
+    from graphs import reference
+
+    mod = _residual_block(hardswish)
+    compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
+    assert {(o.device, o.pattern) for o in compiled.report.placement} == {("npu:0", pattern)}
+    (partition,) = compiled.report.partitions
+    assert partition.patterns == (pattern,)
+    xs = [np.random.default_rng(1).standard_normal((1, 8, 10, 10)).astype("float32")]
+    np.testing.assert_allclose(compiled.run(*xs), reference(mod, xs), rtol=1e-5, atol=1e-5)

@@ -4,10 +4,12 @@ Accelerator ``npu``: one instance, LLVM codegen for this host's CPU, two pools:
 ``npu.dram`` where its partitions' tensors live, and ``npu.sram``, the
 scratchpad that tiles are brought into by DMA (asynchronous copies).
 
-* patterns: matmul / dense with optional bias add and activation (relu, gelu,
-  clip, SiLU, hardswish), batched matmul (attention), conv2d with optional
-  (inference) batch norm, bias or residual add and activation, including
-  depthwise. The conv2d check needs the input channels to fill the engine's
+* patterns: matmul / dense and conv2d (depthwise included) with an optional
+  epilogue: a bias add (or, for conv2d, an inference batch norm), a residual
+  add (a tensor computed at run time: a residual block's input), and an
+  activation (relu, gelu, clip, SiLU, hardswish); batched matmul (attention).
+  (umahub folds a batch norm that follows a convolution into its weight and
+  a bias before partitioning, so the batch norm patterns are for the rest.) The conv2d check needs the input channels to fill the engine's
   8-wide array (a multiple of 8), or a depthwise convolution; a convolution
   on 3 RGB channels is left to others.
 * schedule: :func:`umahub_npu.schedules.schedule` tiles the computation so a
@@ -156,10 +158,16 @@ def umahub_patterns():
 
     def with_epilogues(kind, op, check):
         bias = is_op("relax.add")(op, wildcard()) | is_op("relax.add")(wildcard(), op)
+        # a residual block's sum: the branch's result plus the block's input (a
+        # tensor computed at run time: hardswish's "+ 3" is no residual)
+        block_input = ~is_const()
+        residual = is_op("relax.add")(bias, block_input) | is_op("relax.add")(block_input, bias)
         return [
             # before bias_act, which would take hardswish's "+ 3" for a bias
             (f"{NAME}.{kind}_bias_hswish", hardswish(bias), {}, check),
             (f"{NAME}.{kind}_hswish", hardswish(op), {}, check),
+            (f"{NAME}.{kind}_bias_residual_act", activated(residual), {}, check),
+            (f"{NAME}.{kind}_bias_residual", residual, {}, check),
             (f"{NAME}.{kind}_bias_act", activated(bias), {}, check),
             (f"{NAME}.{kind}_bias", bias, {}, check),
             (f"{NAME}.{kind}_act", activated(op), {}, check),
