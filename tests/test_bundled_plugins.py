@@ -171,3 +171,59 @@ def test_a_convolution_with_its_folded_norm_and_its_epilogue_is_one_npu_partitio
     assert partition.patterns == (pattern,)
     xs = [np.random.default_rng(1).standard_normal((1, 8, 10, 10)).astype("float32")]
     np.testing.assert_allclose(compiled.run(*xs), reference(mod, xs), rtol=1e-5, atol=1e-5)
+
+
+def _gated_convolution(silu=False):
+    """A squeeze-and-excitation block's end: ``conv(x * gate) + b`` with the gate
+    (1, 8, 1, 1) computed from x (mean, 1x1 convolution, sigmoid); or, with
+    ``silu``, ``conv(y * sigmoid(y))`` for y a convolution of x, whose product is
+    SiLU, not a gate."""
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+
+    rng = np.random.default_rng(2)
+
+    def const(*shape):
+        return relax.const(rng.uniform(-1.0, 1.0, shape).astype("float32"))
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 8, 6, 6), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if silu:
+                y = bb.emit(relax.op.nn.conv2d(x, const(8, 8, 1, 1)), "y")
+                scaled = bb.emit(relax.op.multiply(y, bb.emit(relax.op.sigmoid(y), "s")), "silu")
+            else:
+                pooled = bb.emit(relax.op.mean(x, axis=[2, 3], keepdims=True), "pooled")
+                squeezed = bb.emit(relax.op.nn.conv2d(pooled, const(8, 8, 1, 1)), "squeeze")
+                gate = bb.emit(relax.op.sigmoid(squeezed), "gate")
+                scaled = bb.emit(relax.op.multiply(gate, x), "scaled")
+            conv = bb.emit(relax.op.nn.conv2d(scaled, const(16, 8, 1, 1)), "project")
+            out = bb.emit_output(relax.op.add(conv, const(1, 16, 1, 1)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_gate_on_a_convolutions_input_is_computed_on_the_npu_and_silu_stays_silu():
+    from graphs import reference
+
+    for silu, expected in (
+        (False, {
+            "pooled": ("host", ""), "squeeze": ("npu:0", "npu.conv2d"), "gate": ("host", ""),
+            "scaled": ("npu:0", "npu.conv2d_scaled_bias"),
+            "project": ("npu:0", "npu.conv2d_scaled_bias"),
+            "gv": ("npu:0", "npu.conv2d_scaled_bias"),
+        }),
+        (True, {
+            "y": ("npu:0", "npu.conv2d_act"), "s": ("npu:0", "npu.conv2d_act"),
+            "silu": ("npu:0", "npu.conv2d_act"),
+            "project": ("npu:0", "npu.conv2d_bias"), "gv": ("npu:0", "npu.conv2d_bias"),
+        }),
+    ):  # fmt: skip
+        mod = _gated_convolution(silu)
+        compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
+        placed = {o.name: (o.device, o.pattern) for o in compiled.report.placement}
+        assert placed == expected
+        xs = [np.random.default_rng(3).standard_normal((1, 8, 6, 6)).astype("float32")]
+        np.testing.assert_allclose(compiled.run(*xs), reference(mod, xs), rtol=1e-5, atol=1e-5)

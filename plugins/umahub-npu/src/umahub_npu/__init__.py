@@ -8,10 +8,13 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   epilogue: a bias add (or, for conv2d, an inference batch norm), a residual
   add (a tensor computed at run time: a residual block's input), and an
   activation (relu, gelu, clip, SiLU, hardswish); batched matmul (attention).
-  (umahub folds a batch norm that follows a convolution into its weight and
-  a bias before partitioning, so the batch norm patterns are for the rest.) The conv2d check needs the input channels to fill the engine's
-  8-wide array (a multiple of 8), or a depthwise convolution; a convolution
-  on 3 RGB channels is left to others.
+  umahub folds a batch norm that follows a convolution into its weight and a
+  bias before partitioning, so the batch norm patterns are for the rest. A
+  convolution whose input is gated per channel (a squeeze-and-excitation
+  block's ``x * gate``, the gate (N, C, 1, 1)) takes the product with it, so
+  that x does not go to the host and back for it. The conv2d check needs the
+  input channels to fill the engine's 8-wide array (a multiple of 8), or a
+  depthwise convolution; a convolution on 3 RGB channels is left to others.
 * schedule: :func:`umahub_npu.schedules.schedule` tiles the computation so a
   tile's working set fits ``npu.sram``, keeps the accumulator local, computes
   the epilogue per tile, vectorizes and parallelizes: this plugin is what a
@@ -125,6 +128,32 @@ def conv2d_ok(ctx) -> bool | umahub.Refusal:
     return True
 
 
+def scaled_conv2d_ok(ctx) -> bool | umahub.Refusal:
+    """:func:`conv2d_ok`, and the convolution's input is scaled per channel: an
+    (N, C, H, W) tensor times an (N, C, 1, 1) one (a squeeze-and-excitation
+    block's gate), not SiLU's ``x * sigmoid(x)``."""
+    from umahub.patterns import calls, shape_of
+
+    checked = conv2d_ok(ctx)
+    if checked is not True:
+        return checked
+    for conv in calls(ctx, "relax.nn.conv2d"):
+        scale = ctx.matched_bindings.get(conv.args[0])
+        if scale is None:
+            continue
+        shapes = sorted((shape_of(a) or () for a in scale.args), key=len)
+        data, gate = shape_of(conv.args[0]), shapes
+        if not (
+            data is not None
+            and len(gate) == 2
+            and data in gate
+            and any(len(g) == 4 and g[:2] == data[:2] and g[2:] == (1, 1) for g in gate)
+            and data[2:] != (1, 1)
+        ):
+            return umahub.Refusal("the convolution's input is not scaled per channel")
+    return True
+
+
 @umahub.hookimpl(accelerator=NAME)
 def umahub_patterns():
     """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
@@ -185,9 +214,14 @@ def umahub_patterns():
     normalised = [
         p for p in with_epilogues("conv2d_bn", norm, conv2d_ok) if p[0].endswith(("act", "hswish"))
     ]
+    # a squeeze-and-excitation block's gate applied to the convolution's input:
+    # the product stays on the npu, instead of going to the host and back
+    gated = is_op("relax.multiply")(wildcard(), wildcard())
+    scaled = is_op("relax.nn.conv2d")(gated, wildcard())
     return (
         with_epilogues("matmul", matmul, matmul_ok)
         + normalised
+        + with_epilogues("conv2d_scaled", scaled, scaled_conv2d_ok)
         + with_epilogues("conv2d", conv, conv2d_ok)
     )
 
