@@ -408,3 +408,34 @@ def test_a_host_convolution_tiles_channels_by_columns_and_reads_strided_columns_
     # the padded input: [n, c, y, x % 2, x // 2], so a vector of outputs reads consecutive columns
     (padded,) = [b for b in scheduled.body.block.alloc_buffers if len(b.shape) == 5]
     assert [int(d) for d in padded.shape] == [1, 8, 18, 2, 9]
+
+
+@pytest.mark.parametrize(
+    "op, channels, extents",
+    [  # the (1, 64, 55, 55) output's loops below the parallel (n, c) one
+        (lambda x: relax.op.concat([x, x], axis=1), 32, [3025]),
+        (lambda x: relax.op.add(x, relax.const(np.ones((1, 64, 1, 1), "float32"))), 64, [3025]),
+        (lambda x: relax.op.permute_dims(x, [0, 1, 3, 2]), 64, [55, 55]),  # a transposed read
+        (lambda x: relax.op.add(x, relax.const(np.ones((1, 1, 55, 1), "float32"))), 64, [55, 55]),
+    ],
+)
+def test_the_loops_every_access_reads_contiguously_are_one_row(op, channels, extents):
+    """A row is as long as the run every tensor of the block is read and written
+    in: a concatenation's rows, of 55 floats, are one of 3025 (LLVM vectorizes
+    its select then); not where an operand is transposed or broadcast inside it."""
+    shape = (1, channels, 55, 55)
+    mod = _one_op_model(op, shape)
+    (func,) = [
+        f for f in relax.transform.LegalizeOps()(mod).functions.values()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    ]  # fmt: skip
+    scheduled, how = default_schedule(func, tvm.target.Target("llvm"))
+    assert how == "elementwise"
+    sch = s_tir.Schedule(scheduled)
+    (block,) = sch.get_child_blocks(sch.get_sblock("root"))
+    loops = sch.get_loops(block)
+    assert _kinds(sch, block)[0] == "parallel"
+    assert [int(sch.get(loop).extent) for loop in loops[1:]] == extents
+    compiled = umahub.Hub(autoload=False).compile(mod)
+    x = np.random.default_rng(1).standard_normal(shape).astype("float32")
+    np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-6, atol=1e-6)

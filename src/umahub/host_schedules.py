@@ -129,9 +129,63 @@ def _inline_chain(sch: s_tir.Schedule, blocks: list) -> None:
         sch.compute_inline(block)
 
 
+def _accesses(sch: s_tir.Schedule, block: Any) -> list[tuple[list[Any], list[Any]]]:
+    """(indices, buffer shape) of every load and the store of ``block``."""
+    from umahub.compat import Load, buffer_of
+
+    body = sch.get(block).body
+    loads: list[Any] = []
+    _walk(body, Load, loads.append)
+    accesses = [(list(n.indices), list(buffer_of(n).shape)) for n in loads]
+    accesses.append((list(body.indices), list(buffer_of(body).shape)))
+    return accesses
+
+
+def _contiguous_tail(sch: s_tir.Schedule, block: Any, limit: int) -> int:
+    """How many of the block's last loops (at most ``limit``) every access reads
+    as one contiguous run: indexed by exactly those axes, in order, in a buffer
+    whose inner sizes are theirs, or not indexed by them at all (a broadcast
+    operand). Fused, they are one loop LLVM vectorizes (a concatenation's
+    select included), and the flattened index is still that loop's variable,
+    with no divisions. 1 where only the row is."""
+    node = sch.get(block)
+    axes = [iv.var for iv in node.iter_vars]
+    if len(sch.get_loops(block)) != len(axes):  # not one loop per axis, as TE makes them
+        return 1
+    extents = [_int_or_none(iv.dom.extent) for iv in node.iter_vars]
+    accesses = _accesses(sch, block)
+    best = 1
+    for k in range(2, min(limit, len(axes)) + 1):
+        tail = axes[-k:]
+        for indices, shape in accesses:
+            uses = [i for i, e in enumerate(indices) if any(_uses_var(e, v) for v in tail)]
+            if not uses:
+                continue  # broadcast along the whole tail
+            if len(indices) < k or uses != list(range(len(indices) - k, len(indices))):
+                return best
+            if not all(_is_var(e, v) for e, v in zip(indices[-k:], tail)):
+                return best
+            if [_int_or_none(d) for d in shape[-k + 1 :]] != extents[-k + 1 :]:
+                return best
+        best = k
+    return best
+
+
+def _is_var(expr: Any, var: Any) -> bool:
+    return isinstance(expr, tirx.Var) and expr.same_as(var)
+
+
+def _uses_var(expr: Any, var: Any) -> bool:
+    found: list[Any] = []
+    _walk(expr, tirx.Var, lambda v: found.append(v) if v.same_as(var) else None)
+    return bool(found)
+
+
 def _parallel_rows(sch: s_tir.Schedule, block: Any) -> bool:
     """The block's outer loops, fused, in parallel until every thread has work; the
-    last loop (a contiguous row) never. False when its loops are not static."""
+    last loop (a contiguous row) never, nor the loops before it that every access
+    reads contiguously with it (:func:`_contiguous_tail`), which are fused into
+    one longer row. False when its loops are not static."""
     loops = sch.get_loops(block)
     extents = [_extent(sch, loop) for loop in loops]
     if not loops or any(e is None for e in extents):
@@ -144,16 +198,21 @@ def _parallel_rows(sch: s_tir.Schedule, block: Any) -> bool:
         count *= e
         if count >= 64:
             break
+    row = _contiguous_tail(sch, block, len(loops) - len(outer))
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    if row > 1:
+        sch.fuse(*loops[-row:])
     return True
 
 
 def _elementwise(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     """A chain of spatial blocks: inlined into its last block, outer loops in parallel.
 
-    The inner loops stay as they are: contiguous, LLVM vectorizes them itself,
-    while one fused and split loop would index with divisions (2.4x slower on
-    a (1, 64, 56, 56) add + relu). Small functions stay on one thread: a
+    The inner loops stay inside, contiguous, for LLVM to vectorize itself (a
+    loop split by the vector width would index with divisions: 2.4x slower on
+    a (1, 64, 56, 56) add + relu); those every access reads as one run are
+    fused into one (a concatenation's select was not vectorized over 55-float
+    rows: 7x slower). Small functions stay on one thread: a
     parallel launch costs more than it saves below :data:`PARALLEL_MIN`.
     """
     sch = s_tir.Schedule(func)
