@@ -211,8 +211,19 @@ def test_pass_leaves_other_functions_unchanged():
         ((1, 2, 11, 10), (5, 2, 5, 3), dict(padding=(2, 1, 0, 3), strides=(3, 1)), False),
         # a stem: 16-channel tiles and a partial one, rows shared among threads
         ((2, 3, 40, 37), (40, 3, 7, 7), dict(padding=3, strides=2), True),
+        # columns read in phases: stride 2 with padding on the left, stride 3
+        ((1, 3, 17, 23), (16, 3, 3, 3), dict(padding=1, strides=2), True),
+        ((1, 4, 9, 20), (5, 4, 3, 5), dict(padding=(1, 2, 0, 3), strides=(2, 3)), False),
     ],
-    ids=["s1p1", "p0_batch2", "s2_asym_bias", "s31_asym_5x3", "stem_7x7_k40"],
+    ids=[
+        "s1p1",
+        "p0_batch2",
+        "s2_asym_bias",
+        "s31_asym_5x3",
+        "stem_7x7_k40",
+        "s2p1_odd_width",
+        "s23_asym_5wide",
+    ],
 )
 def test_exported_module_matches_numpy(tmp_path, xs, ws, kw, bias):
     mod = passes.conv2d_to_extern()(_primfunc_module(_relax_conv(xs, ws, bias=bias, **kw)))

@@ -12,6 +12,10 @@
  * so the copy is cheap, and it makes every stride and padding the same
  * contiguous, vectorisable inner loop.
  *
+ * A strided convolution reads every SW-th input column: each input row is
+ * split into its SW phases once (row q holds columns q, q + SW, ...), and
+ * each line of the im2col is then a contiguous copy from one phase.
+ *
  * The product runs in register tiles of KT (4) output channels by WT (16)
  * output columns: the 64 accumulators stay in vector registers over the whole
  * reduction, each step loads 16 inputs and 4 weights for 64 multiply-adds.
@@ -111,7 +115,11 @@ static void vanilla_tile(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
     acc[1] = a1;
     acc[2] = a2;
     acc[3] = a3;
-    for (j = 0; j < nk; ++j) memcpy(out + j * ldo, acc[j], (size_t)nw * sizeof(float));
+    /* a whole row in a copy of constant size: a vector store, not a call */
+    if (nw == VANILLA_WT)
+      for (j = 0; j < nk; ++j) memcpy(out + j * ldo, acc[j], VANILLA_WT * sizeof(float));
+    else
+      for (j = 0; j < nk; ++j) memcpy(out + j * ldo, acc[j], (size_t)nw * sizeof(float));
   }
 }
 
@@ -141,10 +149,18 @@ static void vanilla_tile16(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
     VANILLA_ACC16(VANILLA_FMA)
 #undef VANILLA_FMA
   }
+  /* a whole row in a copy of constant size: one vector store, not a call */
 #define VANILLA_STORE(j) \
+  if (j < nk) memcpy(out + j * ldo, &a##j, sizeof a##j);
+#define VANILLA_STORE_PART(j) \
   if (j < nk) memcpy(out + j * ldo, &a##j, (size_t)nw * sizeof(float));
-  VANILLA_ACC16(VANILLA_STORE)
+  if (nw == 16) {
+    VANILLA_ACC16(VANILLA_STORE)
+  } else {
+    VANILLA_ACC16(VANILLA_STORE_PART)
+  }
 #undef VANILLA_STORE
+#undef VANILLA_STORE_PART
 }
 #endif
 
@@ -182,14 +198,35 @@ typedef struct {
   volatile int failed;
 } vanilla_job;
 
+/* phases[q * PW + i] = in_row[q + SW * i] for the W elements of the row: a
+ * strided read of the row becomes a contiguous read of one phase. */
+static void vanilla_deinterleave(const float* VANILLA_RESTRICT in_row, ptrdiff_t W, ptrdiff_t SW,
+                                 ptrdiff_t PW, float* VANILLA_RESTRICT phases) {
+  ptrdiff_t i, q;
+  if (SW == 2) { /* the common case, in a loop the compiler vectorises */
+    float* VANILLA_RESTRICT even = phases;
+    float* VANILLA_RESTRICT odd = phases + PW;
+    for (i = 0; i < W / 2; ++i) {
+      even[i] = in_row[2 * i];
+      odd[i] = in_row[2 * i + 1];
+    }
+    if (W % 2) even[W / 2] = in_row[W - 1];
+    return;
+  }
+  for (q = 0; q < SW; ++q)
+    for (i = 0; q + SW * i < W; ++i) phases[q * PW + i] = in_row[q + SW * i];
+}
+
 /* The output rows [lo, hi) of the batch (rows numbered n * OH + oh). */
 static int vanilla_rows(const vanilla_job* job, ptrdiff_t lo, ptrdiff_t hi) {
   const ptrdiff_t C = job->C, H = job->H, W = job->W, K = job->K, R = job->R, S = job->S;
   const ptrdiff_t PT = job->PT, PL = job->PL, SH = job->SH, SW = job->SW;
   const ptrdiff_t OH = job->OH, OW = job->OW, OWP = job->OWP, CRS = job->CRS, KT = job->KT;
   const ptrdiff_t plane_in = H * W, plane_out = OH * OW;
+  const ptrdiff_t PW = (W + SW - 1) / SW; /* elements of one phase of a row */
   ptrdiff_t row, ci, ri, si, ow, k0, ow0;
-  float* cols = (float*)malloc((size_t)(CRS * OWP) * sizeof(float));
+  float* cols = (float*)malloc((size_t)(CRS * OWP + (SW > 1 ? SW * PW : 0)) * sizeof(float));
+  float* phases = cols + CRS * OWP;
   if (cols == NULL) return -2;
   for (row = lo; row < hi; ++row) {
     const ptrdiff_t in_n = row / OH, oh = row % OH;
@@ -208,13 +245,14 @@ static int vanilla_rows(const vanilla_job* job, ptrdiff_t lo, ptrdiff_t hi) {
             continue;
           }
           in_row = in_b + ci * plane_in + ih * W;
+          if (SW > 1 && si == 0) vanilla_deinterleave(in_row, W, SW, PW, phases);
           vanilla_valid_range(off, SW, W, OW, &lo_w, &hi_w);
           for (ow = 0; ow < lo_w; ++ow) line[ow] = 0.0f;
-          if (SW == 1) {
-            if (hi_w > lo_w)
-              memcpy(line + lo_w, in_row + lo_w + off, (size_t)(hi_w - lo_w) * sizeof(float));
-          } else {
-            for (ow = lo_w; ow < hi_w; ++ow) line[ow] = in_row[ow * SW + off];
+          if (hi_w > lo_w) {
+            /* input column ow * SW + off = SW * (ow + base) + phase */
+            const ptrdiff_t base = vanilla_floordiv(off, SW), phase = off - base * SW;
+            const float* from = SW == 1 ? in_row + off : phases + phase * PW + base;
+            memcpy(line + lo_w, from + lo_w, (size_t)(hi_w - lo_w) * sizeof(float));
           }
           for (ow = hi_w; ow < OWP; ++ow) line[ow] = 0.0f;
         }
