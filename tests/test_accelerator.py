@@ -65,3 +65,17 @@ def test_loading_the_bundled_plugins_does_not_import_tvm():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_c_of_accelerators_is_compiled_at_o3_with_their_includes_and_sources(tmp_path):
+    """-O3: at -O2 gcc vectorizes no loop that needs a run-time overlap check of
+    two pointers, and TVM's C loops over several buffers all do (a bias add ran
+    one float at a time). Each directory and source once, in order."""
+    from umahub.codegen import export_options
+
+    kernels = tmp_path / "k.c"
+    accs = [
+        umahub.Accelerator("a", codegen="c", include_dirs=[str(tmp_path)], c_sources=[kernels]),
+        umahub.Accelerator("b", codegen="c", include_dirs=[str(tmp_path)]),
+    ]
+    assert export_options(accs) == ["-O3", "-Wl,-z,now", f"-I{tmp_path}", str(kernels)]

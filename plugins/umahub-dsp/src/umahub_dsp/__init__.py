@@ -9,7 +9,7 @@ codegen, a 64 KiB TCM per core filled by the CPU (synchronous copies).
   pattern check decides, never an out-of-memory at run time.
 * schedule: each block's loops are fused and the innermost split by the
   vector width and vectorized. The C codegen lowers the vector loop to a plain
-  loop that the C compiler vectorizes at -O2.
+  loop that the C compiler vectorizes (umahub compiles the C at -O3).
 """
 
 from __future__ import annotations
