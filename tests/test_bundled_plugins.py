@@ -210,7 +210,8 @@ def test_a_gate_on_a_convolutions_input_is_computed_on_the_npu_and_silu_stays_si
 
     for silu, expected in (
         (False, {
-            "pooled": ("host", ""), "squeeze": ("npu:0", "npu.conv2d"), "gate": ("host", ""),
+            "pooled": ("npu:0", "npu.mean"), "squeeze": ("npu:0", "npu.conv2d"),
+            "gate": ("host", ""),
             "scaled": ("npu:0", "npu.conv2d_scaled_bias"),
             "project": ("npu:0", "npu.conv2d_scaled_bias"),
             "gv": ("npu:0", "npu.conv2d_scaled_bias"),
@@ -227,3 +228,43 @@ def test_a_gate_on_a_convolutions_input_is_computed_on_the_npu_and_silu_stays_si
         assert placed == expected
         xs = [np.random.default_rng(3).standard_normal((1, 8, 6, 6)).astype("float32")]
         np.testing.assert_allclose(compiled.run(*xs), reference(mod, xs), rtol=1e-5, atol=1e-5)
+
+
+def test_a_mean_over_the_last_axes_is_summed_on_the_npu_in_vector_wide_partial_sums():
+    """A global average pooling stays on the npu, next to what it reads; a mean
+    over the channels is refused, saying why, and stays on the host."""
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 24, 16, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pooled = bb.emit(relax.op.mean(x, axis=[2, 3], keepdims=True), "pooled")
+            across = bb.emit(relax.op.mean(x, axis=[1]), "across")
+            out = bb.emit_output(relax.Tuple([pooled, across]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
+    placed = {o.name: (o.device, o.pattern) for o in compiled.report.placement}
+    assert placed["pooled"] == ("npu:0", "npu.mean")
+    assert placed["across"] == ("host", "")
+    (partition,) = compiled.report.partitions
+    assert partition.schedule == ["sum: tiles fit npu.sram (256 KiB)"]
+    from umahub.errors import PlacementError
+
+    config = {"plugins": ["npu"], "placement": {"across": "npu"}, "on-error": "error"}
+    pinned = umahub.Hub(config=config)
+    with pytest.raises(PlacementError) as refused:
+        pinned.explain(mod)
+    assert str(refused.value) == (
+        "pin 'across' -> 'npu': operator 'across' (relax.mean) runs on host, because pattern "
+        "'npu.mean' refused it: a mean over axes [1]; the npu takes the last axes only; "
+        "pin it elsewhere"
+    )
+    x = np.random.default_rng(4).standard_normal((1, 24, 16, 16)).astype("float32")
+    got = compiled.run(x)
+    want = (x.mean(axis=(2, 3), keepdims=True), x.mean(axis=1))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)

@@ -255,6 +255,30 @@ def _conv_nobias(x, w):
     )
 
 
+# ----------------------------------------------------------------- sums
+
+
+@pytest.mark.parametrize(
+    "shape, axes, partial",
+    [
+        ((1, 96, 56, 56), [2, 3], True),  # 3136 = 196 vectors of 16
+        ((2, 40, 7, 7), [2, 3], False),  # 49: no vector width divides it
+        ((3, 64), [1], True),
+    ],
+)
+def test_a_mean_over_the_last_axes_is_a_parallel_sum_in_vector_wide_partial_sums(
+    shape, axes, partial
+):
+    mod = primfunc_from_relax([("x", shape)], lambda bb, x: relax.op.mean(x, axis=axes))
+    sch = s_tir.Schedule(mod)
+    assert schedules.schedule(sch, lanes=16) == "sum"
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert ("x_red_rf" in names) == partial
+    x = f32(*shape)
+    out_shape = shape[: len(shape) - len(axes)]
+    close(run(sch.mod, [x], out_shape), x.mean(axis=tuple(axes)))
+
+
 # ----------------------------------------------------------------- not recognised
 
 
@@ -273,7 +297,7 @@ def test_softmax_is_left_alone():
     "inputs,body",
     [
         ([("x", (4, 8)), ("y", (4, 8))], lambda bb, x, y: relax.op.add(x, y)),
-        ([("x", (4, 8))], lambda bb, x: relax.op.sum(x, axis=[1])),
+        ([("x", (4, 8))], lambda bb, x: relax.op.sum(x, axis=[0])),  # not the last axis
         (
             [("x", (2, 4, 8))],
             lambda bb, x: relax.op.nn.layer_norm(

@@ -15,6 +15,7 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   that x does not go to the host and back for it. The conv2d check needs the
   input channels to fill the engine's 8-wide array (a multiple of 8), or a
   depthwise convolution; a convolution on 3 RGB channels is left to others.
+  And a mean over a tensor's last axes (a global average pooling).
 * schedule: :func:`umahub_npu.schedules.schedule` tiles the computation so a
   tile's working set fits ``npu.sram``, keeps the accumulator local, computes
   the epilogue per tile, vectorizes and parallelizes: this plugin is what a
@@ -154,6 +155,23 @@ def scaled_conv2d_ok(ctx) -> bool | umahub.Refusal:
     return True
 
 
+def mean_ok(ctx) -> bool | umahub.Refusal:
+    """float32, static shapes, the mean over the tensor's last axes (a global
+    average pooling's spatial axes)."""
+    from umahub.patterns import calls, shape_of
+
+    refused = _float32_static(ctx)
+    if refused is not None:
+        return refused
+    for mean in calls(ctx, "relax.mean"):
+        ndim = len(shape_of(mean.args[0]))
+        axes = mean.attrs.axis
+        axes = sorted(int(a) % ndim for a in axes) if axes is not None else list(range(ndim))
+        if axes != list(range(ndim - len(axes), ndim)):
+            return umahub.Refusal(f"a mean over axes {axes}; the npu takes the last axes only")
+    return True
+
+
 @umahub.hookimpl(accelerator=NAME)
 def umahub_patterns():
     """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
@@ -218,11 +236,14 @@ def umahub_patterns():
     # the product stays on the npu, instead of going to the host and back
     gated = is_op("relax.multiply")(wildcard(), wildcard())
     scaled = is_op("relax.nn.conv2d")(gated, wildcard())
+    # a global average pooling: the tensor it reads need not go to the host for it
+    mean = [(f"{NAME}.mean", is_op("relax.mean")(wildcard()), {}, mean_ok)]
     return (
         with_epilogues("matmul", matmul, matmul_ok)
         + normalised
         + with_epilogues("conv2d_scaled", scaled, scaled_conv2d_ok)
         + with_epilogues("conv2d", conv, conv2d_ok)
+        + mean
     )
 
 

@@ -25,6 +25,9 @@ Strategies
     parallel, vectorized stage, bias/relu/clip epilogue per tile.
 ``"depthwise"``
     NCHW conv2d with groups == channels (one input channel per output).
+``"sum"``
+    A sum over a tensor's trailing axes (a mean, a global average pooling):
+    rows in parallel, each in vector-wide partial sums (``rfactor``).
 ``"none"``
     Not recognised, or a schedule primitive refused: the function is left
     exactly as it was.  :func:`schedule` never raises.
@@ -248,6 +251,9 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
         return None
     if str(rb.body.buffer.dtype) != "float32":
         return None
+    pooled = _plan_sum(rb, func_name, blocks, ri)
+    if pooled is not None:
+        return pooled
     ops = _mul_operands(rb.body.value)
     if ops is None:
         return None
@@ -344,6 +350,37 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
             **common,
         )
     return None
+
+
+def _plan_sum(rb, func_name: str, blocks: list, ri: int) -> Plan | None:
+    """A sum over the trailing axes of one tensor (a mean's, a global pooling's),
+    ``acc[i..] = acc[i..] + x[i.., r..]``; None when ``rb`` is not one."""
+    value = rb.body.value
+    if not isinstance(value, tirx.Add):
+        return None
+    acc, load = value.a, value.b
+    if not (isinstance(acc, _LOAD) and isinstance(load, _LOAD)):
+        return None
+    if not _buf(acc).same_as(rb.body.buffer) or _buf(load).same_as(rb.body.buffer):
+        return None
+    spatial = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce_ = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    indices = list(load.indices)
+    if not reduce_ or len(indices) < len(reduce_):
+        return None
+    if not all(_is_var(e, iv.var) for e, iv in zip(indices[-len(reduce_) :], reduce_)):
+        return None  # the reduced axes must be the tensor's last, contiguous ones
+    if [iv.var for iv in rb.iter_vars[: len(spatial)]] != [iv.var for iv in spatial]:
+        return None  # spatial iterators first, as TE makes them
+    rows = math.prod(int(iv.dom.extent) for iv in spatial)
+    return Plan(
+        kind="sum",
+        func_name=func_name,
+        reduction=rb.name_hint,
+        prologue=[b.name_hint for b in blocks[:ri]],
+        epilogue=[b.name_hint for b in blocks[ri + 1 :]],
+        extents=dict(rows=rows, R=math.prod(int(iv.dom.extent) for iv in reduce_)),
+    )
 
 
 # --------------------------------------------------------------------------- tile choice
@@ -855,10 +892,42 @@ def _pad_at(sch: s_tir.Schedule, block, loop, lanes: int, stride: int) -> None:
     _vectorize_inner(sch, inner, int(sch.get(inner).extent), lanes)
 
 
+#: Elements below which a parallel loop costs more than it saves.
+_PARALLEL_MIN = 1 << 15
+
+
+def _schedule_sum(
+    sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
+):
+    """A sum over trailing axes: rows in parallel, each summed in ``lanes`` partial
+    sums over contiguous vectors (``rfactor``), which are added up after; the
+    epilogue (a mean's division) at the root."""
+    red = sch.get_sblock(p.reduction)
+    n_reduce = sum(1 for iv in sch.get(red).iter_vars if iv.iter_type == tirx.IterVar.CommReduce)
+    loops = sch.get_loops(red)
+    spatial, reduce_ = loops[:-n_reduce], loops[-n_reduce:]
+    rows = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    r = sch.fuse(*reduce_) if len(reduce_) > 1 else reduce_[0]
+    R = p.extents["R"]
+    width = next((w for w in (lanes, lanes // 2, 4) if w >= 4 and R % w == 0 and R >= 2 * w), 0)
+    if width:
+        _, inner = sch.split(r, [None, width])
+        partial = sch.rfactor(inner, factor_axis=0)
+        sch.vectorize(sch.get_loops(partial)[-1])
+    if p.extents["rows"] >= 2 and p.extents["rows"] * R >= _PARALLEL_MIN:
+        sch.parallel(rows)
+    for name in p.epilogue:
+        block = sch.get_sblock(name)
+        if len(sch.get_loops(block)) > 1:
+            sch.fuse(*sch.get_loops(block))
+    return "sum"
+
+
 _STRATEGIES = {
     "matmul": _schedule_matmul,
     "conv2d": _schedule_conv2d,
     "depthwise": _schedule_depthwise,
+    "sum": _schedule_sum,
 }
 
 
