@@ -199,7 +199,10 @@ def main() -> None:
         base = Path(args.baseline).resolve()
         roots = [base / "src", *sorted((base / "plugins").glob("*/src"))]
         env["UMAHUB_BASELINE_PATH"] = os.pathsep.join(str(r) for r in roots)
-        engines.append("before")
+        if "before" not in engines:  # named in --engines too: timed once per round, not twice
+            engines.append("before")
+    elif "before" in engines:
+        parser.error("engine 'before' times the checkout given by --baseline CHECKOUT")
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="umahub-engines-") as workdir:
         for name in args.models:
