@@ -131,12 +131,10 @@ def _inline_chain(sch: s_tir.Schedule, blocks: list) -> None:
 
 def _accesses(sch: s_tir.Schedule, block: Any) -> list[tuple[list[Any], list[Any]]]:
     """(indices, buffer shape) of every load and the store of ``block``."""
-    from umahub.compat import Load, buffer_of
+    from umahub.compat import Load, buffer_of, nodes_in
 
     body = sch.get(block).body
-    loads: list[Any] = []
-    _walk(body, Load, loads.append)
-    accesses = [(list(n.indices), list(buffer_of(n).shape)) for n in loads]
+    accesses = [(list(n.indices), list(buffer_of(n).shape)) for n in nodes_in(body, Load)]
     accesses.append((list(body.indices), list(buffer_of(body).shape)))
     return accesses
 
@@ -176,9 +174,9 @@ def _is_var(expr: Any, var: Any) -> bool:
 
 
 def _uses_var(expr: Any, var: Any) -> bool:
-    found: list[Any] = []
-    _walk(expr, tirx.Var, lambda v: found.append(v) if v.same_as(var) else None)
-    return bool(found)
+    from umahub.compat import vars_in
+
+    return any(v.same_as(var) for v in vars_in(expr))
 
 
 def _parallel_rows(sch: s_tir.Schedule, block: Any) -> bool:

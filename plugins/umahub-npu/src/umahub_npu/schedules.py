@@ -104,6 +104,7 @@ from tvm.s_tir.schedule import ScheduleError
 from umahub.compat import Load as _LOAD
 from umahub.compat import buffer_of as _buf
 from umahub.compat import detect_linear_equation, param_buffers, vars_in
+from umahub.host_schedules import PARALLEL_MIN
 from umahub.prepack import ANNOTATION, pack_weight
 
 __all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
@@ -251,15 +252,6 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
         return None
     if str(rb.body.buffer.dtype) != "float32":
         return None
-    pooled = _plan_sum(rb, func_name, blocks, ri)
-    if pooled is not None:
-        return pooled
-    ops = _mul_operands(rb.body.value)
-    if ops is None:
-        return None
-    acc, x, y = ops
-    if not _buf(acc).same_as(rb.body.buffer):
-        return None
     spatial = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     reduce_ = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     idx = list(rb.body.indices)
@@ -267,13 +259,19 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
         return None
     if [iv.var for iv in rb.iter_vars[: len(spatial)]] != [iv.var for iv in spatial]:
         return None  # spatial iterators must come first
-    ext = lambda iv: int(iv.dom.extent)  # noqa: E731
     common = dict(
         func_name=func_name,
         reduction=rb.name_hint,
         prologue=[b.name_hint for b in blocks[:ri]],
         epilogue=[b.name_hint for b in blocks[ri + 1 :]],
     )
+    ops = _mul_operands(rb.body.value)
+    if ops is None:
+        return _plan_sum(rb, spatial, reduce_, common)
+    acc, x, y = ops
+    if not _buf(acc).same_as(rb.body.buffer):
+        return None
+    ext = lambda iv: int(iv.dom.extent)  # noqa: E731
     read_bufs = [_buf(r) for r in rb.reads]
 
     if len(reduce_) == 1 and len(spatial) >= 2:
@@ -352,7 +350,7 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
     return None
 
 
-def _plan_sum(rb, func_name: str, blocks: list, ri: int) -> Plan | None:
+def _plan_sum(rb, spatial: list, reduce_: list, common: dict) -> Plan | None:
     """A sum over the trailing axes of one tensor (a mean's, a global pooling's),
     ``acc[i..] = acc[i..] + x[i.., r..]``; None when ``rb`` is not one."""
     value = rb.body.value
@@ -363,23 +361,18 @@ def _plan_sum(rb, func_name: str, blocks: list, ri: int) -> Plan | None:
         return None
     if not _buf(acc).same_as(rb.body.buffer) or _buf(load).same_as(rb.body.buffer):
         return None
-    spatial = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
-    reduce_ = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
     indices = list(load.indices)
     if not reduce_ or len(indices) < len(reduce_):
         return None
     if not all(_is_var(e, iv.var) for e, iv in zip(indices[-len(reduce_) :], reduce_)):
         return None  # the reduced axes must be the tensor's last, contiguous ones
-    if [iv.var for iv in rb.iter_vars[: len(spatial)]] != [iv.var for iv in spatial]:
-        return None  # spatial iterators first, as TE makes them
-    rows = math.prod(int(iv.dom.extent) for iv in spatial)
     return Plan(
         kind="sum",
-        func_name=func_name,
-        reduction=rb.name_hint,
-        prologue=[b.name_hint for b in blocks[:ri]],
-        epilogue=[b.name_hint for b in blocks[ri + 1 :]],
-        extents=dict(rows=rows, R=math.prod(int(iv.dom.extent) for iv in reduce_)),
+        extents=dict(
+            rows=math.prod(int(iv.dom.extent) for iv in spatial),
+            R=math.prod(int(iv.dom.extent) for iv in reduce_),
+        ),
+        **common,
     )
 
 
@@ -892,10 +885,6 @@ def _pad_at(sch: s_tir.Schedule, block, loop, lanes: int, stride: int) -> None:
     _vectorize_inner(sch, inner, int(sch.get(inner).extent), lanes)
 
 
-#: Elements below which a parallel loop costs more than it saves.
-_PARALLEL_MIN = 1 << 15
-
-
 def _schedule_sum(
     sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
 ):
@@ -914,7 +903,7 @@ def _schedule_sum(
         _, inner = sch.split(r, [None, width])
         partial = sch.rfactor(inner, factor_axis=0)
         sch.vectorize(sch.get_loops(partial)[-1])
-    if p.extents["rows"] >= 2 and p.extents["rows"] * R >= _PARALLEL_MIN:
+    if p.extents["rows"] >= 2 and p.extents["rows"] * R >= PARALLEL_MIN:
         sch.parallel(rows)
     for name in p.epilogue:
         block = sch.get_sblock(name)
