@@ -54,10 +54,10 @@ def reference():
 
 def test_the_host_is_fused_and_scheduled_and_computes_the_same(reference):
     compiled = umahub.Hub(autoload=False).compile(_host_model())
-    # fused as TVM's CPU pipeline fuses: the softmax, taken by dlight's CPU
-    # reduction rule; the convolution with its activation as epilogue, umahub's
-    assert compiled.report.host_schedules == {"reduction": 1, "conv2d": 1}
-    assert "host functions: 2 (conv2d 1, reduction 1)" in str(compiled.report)
+    # fused as TVM's CPU pipeline fuses: the softmax, a row kernel; the
+    # convolution with its activation as epilogue
+    assert compiled.report.host_schedules == {"rows": 1, "conv2d": 1}
+    assert "host functions: 2 (conv2d 1, rows 1)" in str(compiled.report)
     np.testing.assert_allclose(compiled.run(*_inputs()), reference, rtol=1e-5, atol=1e-6)
 
 
@@ -111,7 +111,7 @@ def test_a_plugin_failing_at_the_host_schedule_is_named_and_the_default_used(ref
         and m.endswith("': RuntimeError: no such block; umahub's own schedule is used instead")
         for m in messages
     ), messages
-    assert compiled.report.host_schedules == {"reduction": 1, "conv2d": 1}
+    assert compiled.report.host_schedules == {"rows": 1, "conv2d": 1}
     np.testing.assert_allclose(compiled.run(*_inputs()), reference, rtol=1e-5, atol=1e-6)
 
 
@@ -247,6 +247,84 @@ def test_transcendental_functions_on_the_host_are_polynomials_and_compute_the_sa
     compiled = umahub.Hub(autoload=False).compile(mod)
     x = (np.random.default_rng(3).standard_normal((2, 24, 40)) * 4).astype("float32")
     np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-5, atol=1e-6)
+
+
+def _layer_norm(x):
+    from umahub.compat import type_of
+
+    n = int(type_of(x).shape[-1])
+    rng = np.random.default_rng(5)
+    gamma, beta = (relax.const(rng.standard_normal(n).astype("float32")) for _ in range(2))
+    return relax.op.nn.layer_norm(x, gamma, beta, axes=[-1])
+
+
+def _safe_softmax(x):
+    """PyTorch's exported attention softmax: a row of -inf gives zeros, not NaN."""
+    s = relax.op.nn.softmax(x, axis=-1)
+    live = relax.op.logical_not(relax.op.equal(x, relax.const(float("-inf"), "float32")))
+    any_live = relax.op.max(relax.op.astype(live, "int8"), axis=[-1], keepdims=True)
+    dead = relax.op.logical_not(relax.op.astype(any_live, "bool"))
+    return relax.op.where(dead, relax.op.zeros_like(s), s)
+
+
+@pytest.mark.parametrize(
+    "op, shape, schedules, partial_sums",
+    [
+        (_layer_norm, (8, 64, 64), {"rows": 1}, ["x_sum", "x_var_sum"]),
+        (
+            lambda x: relax.op.nn.softmax(x, axis=-1),
+            (4, 4, 48, 48),
+            {"rows": 1},
+            ["T_softmax_maxelem", "T_softmax_expsum"],
+        ),
+        # the mask's any-live reduction is a function of its own (int8, small)
+        (
+            _safe_softmax,
+            (4, 4, 48, 48),
+            {"rows": 1, "parallel": 1},
+            ["T_softmax_maxelem", "T_softmax_expsum"],
+        ),
+        # no vector divides 37 (ViT's 197 neither): the reductions stay serial
+        (lambda x: relax.op.nn.softmax(x, axis=-1), (2, 12, 37, 37), {"rows": 1}, []),
+        # a middle axis: not a row (dlight's)
+        (lambda x: relax.op.nn.softmax(x, axis=1), (4, 48, 48), {"reduction": 1}, None),
+    ],
+    ids=["layer_norm", "softmax", "safe_softmax", "rows_no_vector_divides", "middle_axis"],
+)
+def test_a_row_kernel_runs_row_by_row_with_its_reductions_in_vector_partial_sums(
+    op, shape, schedules, partial_sums
+):
+    from umahub.host_lowering import lower_host
+
+    mod = _one_op_model(op, shape)
+    lowered, counts = lower_host(umahub.Hub(autoload=False), mod)
+    assert counts == schedules
+    if partial_sums is not None:
+        rows = ("norm", "softmax")
+        (func,) = [
+            f for gv, f in lowered.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc) and any(r in gv.name_hint for r in rows)
+        ]  # fmt: skip
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        # one parallel loop over the rows, every step of a row inside it
+        assert all(_kinds(sch, b)[0] == "parallel" for b in blocks)
+        assert len({sch.get(sch.get_loops(b)[0]) for b in blocks}) == 1
+        partial = sorted(
+            sch.get(b).name_hint[: -len("_rf_update")]
+            for b in blocks
+            if sch.get(b).name_hint.endswith("_rf_update")
+        )
+        assert partial == sorted(partial_sums)
+        for name in partial:  # a vector of partial sums per step along the row
+            assert _kinds(sch, sch.get_sblock(f"{name}_rf_update")) == [
+                "parallel", "serial", "vectorized"
+            ]  # fmt: skip
+    x = (np.random.default_rng(6).standard_normal(shape) * 3).astype("float32")
+    x.reshape(-1, shape[-1])[1] = -np.inf  # a dead row (the safe softmax gives zeros)
+    want = _plain(mod, [x])
+    got = umahub.Hub(autoload=False).compile(mod).run(x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_chain_of_polynomial_functions_compiles_quickly_and_computes_the_same():

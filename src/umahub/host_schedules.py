@@ -13,15 +13,18 @@ this order, the first of:
 2. ``"matmul"``, ``"conv2d"``: a matrix product or a 2-D convolution with
    its epilogue, in register tiles (:mod:`umahub.host_matmul`,
    :mod:`umahub.host_conv`);
-3. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
-   softmax, layer norm and their kin (rows in parallel, the elementwise
-   stages vectorized), ``GEMV`` for matrix-vector products;
-4. ``"parallel"``: anything else (a pooling, a reduction dlight does not
+3. ``"rows"``: softmax, layer norm and their kin, a row at a time: rows in
+   parallel, every step of a row while it is in cache, its reductions in
+   vector-wide partial sums;
+4. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
+   the row kernels ``"rows"`` does not take (a softmax over a middle axis, a
+   row count known only at run time), ``GEMV`` for matrix-vector products;
+5. ``"parallel"``: anything else (a pooling, a reduction dlight does not
    take, a convolution no accelerator took): the leading spatial loops of
    each root block fused and run in parallel; a pooling window's loops
    inside the output row, which stays a contiguous loop for LLVM to
    vectorize (so does the row of a padding block);
-5. ``"unscheduled"``: what none of these could change, built as it is.
+6. ``"unscheduled"``: what none of these could change, built as it is.
 
 A rule that fails part-way leaves nothing behind: each works on a copy.
 """
@@ -225,6 +228,81 @@ def _elementwise(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     return sch.mod["main"], "elementwise"
 
 
+def _row_work(sch: s_tir.Schedule, blocks: list, rows: int) -> dict[str, int] | None:
+    """Iterations per row of each block, when every block works row by row: a
+    spatial block over ``rows`` rows, a reduction over the last axis of each of
+    ``rows`` rows (TE puts reduction axes last); None otherwise."""
+    work = {}
+    for block in blocks:
+        node = sch.get(block)
+        loops = sch.get_loops(block)
+        extents = [_extent(sch, loop) for loop in loops]
+        if len(loops) != len(node.iter_vars) or None in extents:
+            return None
+        reduced = [iv.iter_type != _SPATIAL for iv in node.iter_vars]
+        if any(reduced[:-1]) or (reduced[-1] and math.prod(extents[:-1]) != rows):
+            return None
+        if math.prod(extents) % rows:
+            return None
+        work[node.name_hint] = math.prod(extents) // rows
+    return work
+
+
+def _rows(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
+    """A row kernel (softmax, layer norm, RMS norm): reductions over each row's last
+    axis and elementwise steps between them, one row at a time, rows in parallel.
+
+    Every step of a row runs while the row is in cache, in one parallel loop. A
+    reduction over a whole number of vectors accumulates ``lanes`` partial
+    results, one vector per step (``rfactor``), and adds them up after; one
+    value at a time, each addition waits for the last (layer norm's 768-wide
+    rows: 9x slower). A row no vector divides (ViT's 197 tokens) keeps its
+    reductions serial: a split by the vector width would be predicated, and
+    x86 builds a predicated vector loop as scalar code. The elementwise steps
+    stay contiguous loops, which LLVM vectorizes with their tails. None when a
+    block does not work row by row (a softmax over a middle axis: dlight's).
+    """
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if all(_spatial(sch, b) for b in blocks) or not _spatial(sch, blocks[-1]):
+        return None
+    _inline_chain(sch, [b for b in blocks[:-1] if _spatial(sch, b)])
+    blocks = sch.get_child_blocks(root)
+    loops = sch.get_loops(blocks[-1])
+    extents = [_extent(sch, loop) for loop in loops]
+    if len(loops) < 2 or None in extents or math.prod(extents[:-1]) < 2:
+        return None
+    rows = math.prod(extents[:-1])
+    work = _row_work(sch, blocks, rows)
+    if work is None:
+        return None
+    partials = []
+    for block in blocks[:-1]:
+        length = work[sch.get(block).name_hint]
+        if _spatial(sch, block) or length % lanes or length < 2 * lanes:
+            continue
+        _, lane = sch.split(sch.get_loops(block)[-1], [None, lanes])
+        partials.append(sch.get(sch.rfactor(lane, factor_axis=0)).name_hint)
+        work[partials[-1]], work[sch.get(block).name_hint] = length, lanes
+    row = sch.fuse(*loops[:-1])
+    if rows * extents[-1] >= PARALLEL_MIN:
+        sch.parallel(row)
+    for block in reversed(sch.get_child_blocks(root)[:-1]):
+        sch.compute_at(block, row, preserve_unit_loops=False)
+    for name, per_row in work.items():  # a block computed for more than its row: not ours
+        below = sch.get_loops(sch.get_sblock(name))[1:]
+        if math.prod(_extent(sch, loop) or 0 for loop in below) != per_row:
+            return None
+    for name in partials:  # (lane, step) after compute_at: lanes innermost, one vector
+        block = sch.get_sblock(name)
+        lane, step = sch.get_loops(block)[1:]
+        sch.reorder(step, lane)
+        sch.vectorize(lane)
+        sch.decompose_reduction(block, step)
+    return sch.mod["main"], "rows"
+
+
 #: Reduction sizes (product of a block's reduction extents) taken for a window (pooling).
 WINDOW_MAX = 64
 
@@ -310,6 +388,7 @@ def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, s
         _elementwise,
         lambda f: schedule_matmul(f, vector_lanes(target)),
         lambda f: schedule_conv2d(f, vector_lanes(target)),
+        lambda f: _rows(f, vector_lanes(target)),
         lambda f: _dlight(f, target),
         _parallel,
     ):
