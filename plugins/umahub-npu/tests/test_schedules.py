@@ -145,6 +145,21 @@ def test_sizes_no_tile_divides_are_padded_not_scalar(a_shape, b_shape, padded):
     close(run(sch.mod, [a, b], (a @ b).shape), a.astype(np.float64) @ b)
 
 
+@pytest.mark.parametrize(
+    "M, lanes, tiles",
+    [
+        (200, 16, (40, 8)),  # ViT's 197 rows, padded: 8 x 2 vectors, 40-row tiles
+        (128, 16, (32, 8)),  # BERT's 128 tokens
+        (200, 8, (20, 4)),  # 16 registers: 4 rows of accumulators
+        (8, 16, (8, 4)),  # no tile of 16 rows or more: packing B would not pay
+    ],
+)
+def test_the_register_tile_is_eight_rows_where_avx512_has_the_registers(M, lanes, tiles):
+    ti, tj, tk, mr, nr = schedules.matmul_tiles(1, M, 3072, 768, lanes, 256 * 1024, threads=2)
+    assert (ti, mr) == tiles
+    assert nr == 2 * lanes
+
+
 def test_transposed_b_dense():
     # a dense with B stored [N, K] (as topi/te dense writes it): B is packed and transposed per tile
     from tvm import te
