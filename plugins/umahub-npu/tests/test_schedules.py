@@ -225,6 +225,31 @@ def test_conv2d_bias_relu(C, H, O, k, s, p, groups, expect):
     close(got, ref)
 
 
+@pytest.mark.parametrize(
+    "H, walk",
+    [
+        # 58 padded columns: the row read in order, each element to its phase
+        # (LLVM's wide loads and shuffles), 2x faster than a vector per phase
+        (56, [("serial", 29), ("unrolled", 2)]),
+        # 16 padded columns, 8 per phase: a vector per phase is faster
+        (14, [("serial", 2), ("vectorized", 8)]),
+    ],
+)
+def test_a_strided_depthwise_pads_a_long_row_in_input_order_and_a_short_one_by_phase(H, walk):
+    def body(bb, x, w, b):
+        y = bb.emit(relax.op.nn.conv2d(x, w, strides=2, padding=1, groups=16))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b))))
+
+    inputs = [("x", (1, 16, H, H)), ("w", (16, 1, 3, 3)), ("b", (1, 16, 1, 1))]
+    sch = s_tir.Schedule(primfunc_from_relax(inputs, body))
+    assert schedules.schedule(sch, lanes=16) == "depthwise"
+    kinds = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled"}
+    loops = sch.get_loops(sch.get_sblock("pad_temp"))
+    assert [(kinds[int(sch.get(l).kind)], int(sch.get(l).extent)) for l in loops[-2:]] == walk
+    x, w, b = f32(1, 16, H, H), f32(16, 1, 3, 3, scale=0.3), f32(1, 16, 1, 1)
+    close(run(sch.mod, [x, w, b], (1, 16, H // 2, H // 2)), conv_ref(x, w, b, 2, 1, 16))
+
+
 def test_conv2d_channels_and_positions_no_vector_divides():
     # SqueezeNet's classifier: 1000 channels (8 divides it, 16 does not) on 13x13
     # positions (13 is prime): half vectors and a whole row per micro-kernel, not a

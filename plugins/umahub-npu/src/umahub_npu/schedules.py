@@ -872,17 +872,26 @@ def _pad_at(sch: s_tir.Schedule, block, loop, lanes: int, stride: int) -> None:
     """Compute the padding ``block`` under ``loop`` (only the region one iteration
     reads), its innermost loop vectorized; at the root if that is refused.
     ``stride`` > 1: the block stores its rows phase by phase (see
-    :func:`_deinterleave_padded`), and is walked in that order."""
+    :func:`_deinterleave_padded`); a long row is walked in the input's order,
+    a short one phase by phase."""
     try:
         sch.compute_at(block, loop, preserve_unit_loops=True)
     except ScheduleError:
         _parallel_spatial(sch, block, lanes)
         return
     inner = sch.get_loops(block)[-1]
-    if stride > 1:  # walk the row as it is stored, phase by phase: contiguous writes
-        phase_pos = sch.split(inner, [None, stride])
-        sch.reorder(phase_pos[1], phase_pos[0])
-        inner = phase_pos[0]
+    if stride > 1:
+        pos, phase = sch.split(inner, [None, stride])
+        if 2 * int(sch.get(pos).extent) > lanes:
+            # the input row read once, in order, each element written to its
+            # phase: LLVM vectorizes this loop as wide loads and shuffles. A
+            # vector per phase (below) loads every ``stride``-th element one by
+            # one: 2-2.5x slower from 28 columns up, faster only on rows of a
+            # vector or less (14 columns: 8 positions per phase)
+            sch.unroll(phase)
+            return
+        sch.reorder(phase, pos)  # phase by phase: contiguous writes
+        inner = pos
     _vectorize_inner(sch, inner, int(sch.get(inner).extent), lanes)
 
 
