@@ -89,6 +89,54 @@ def test_the_first_runs_of_a_fresh_model_from_several_threads(mod, cases):
 # ------------------------------------------------------------------ damaged artifacts
 
 
+def test_an_inference_leaves_nothing_for_the_cycle_collector(compiled, library, cases):
+    """Inputs in and results out create no reference cycles (TVM's own conversions
+    through ctypes left two objects in one per call, and a small model's runs
+    paid for the collections)."""
+    import gc
+
+    x, want = cases[0]
+    runs = [compiled.run, umahub.load(library).run]
+    for run in runs:  # the first runs make what later runs reuse
+        run(x)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        outputs = [run(x) for run in runs for _ in range(5)]
+        gc.collect()
+        left = list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
+    for out in outputs:
+        np.testing.assert_allclose(out, want, **TOL)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype="float16").reshape(3, 4),
+        np.array([True, False, True]),
+        np.arange(24, dtype="int64").reshape(2, 3, 4).transpose(2, 0, 1),  # not contiguous
+        np.array(2.5, dtype="float32"),  # 0-d
+    ],
+    ids=["float16", "bool", "transposed_int64", "0-d"],
+)
+def test_arrays_go_to_the_host_and_back_unchanged(array):
+    import tvm
+
+    from umahub.running import host_tensor, to_numpy
+
+    tensor = host_tensor(array, tvm.cpu(0))
+    assert tuple(tensor.shape) == array.shape
+    back = to_numpy(tensor)
+    assert back.dtype == array.dtype
+    np.testing.assert_array_equal(back, array)
+    back[...] = 0  # a copy: the tensor keeps its values
+    np.testing.assert_array_equal(to_numpy(tensor), array)
+
+
 def _damage(source: Path, target: Path, how: str) -> Path:
     data = bytearray(source.read_bytes())
     length = int.from_bytes(data[-19:-11], "little")
