@@ -108,3 +108,47 @@ def test_a_weight_no_register_tile_divides_is_padded_and_packed_at_compile_time(
     assert part.max_error is not None and part.max_error < 1e-4
     xs = RNG.standard_normal((1, 32)).astype("float32")
     np.testing.assert_allclose(compiled.run(xs), xs @ w, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("channels", [1000, 72])
+def test_a_filter_no_vector_divides_is_padded_with_its_packing_at_compile_time(channels):
+    # SqueezeNet's 1000 classes, MobileNet's 72 channels: whole vectors of
+    # channels, the padding's zeros made once with the packing, the extra
+    # channels dropped in the epilogue
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 64, 13, 13), "float32"))
+    w = RNG.standard_normal((channels, 64, 1, 1)).astype("float32")
+    b = RNG.standard_normal((1, channels, 1, 1)).astype("float32")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, relax.const(w)))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(conv, relax.const(b))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = _compile(mod)
+    (part,) = compiled.report.partitions
+    (packed,) = part.packed
+    padded = -(-channels // 16) * 16
+    nr = _panels(packed, f"{channels}x64x1x1", "64x1x1", padded)
+    assert padded % nr == 0  # whole vectors, no half ones
+    assert part.max_error is not None and part.max_error < 1e-4
+    xs = [RNG.standard_normal((1, 64, 13, 13)).astype("float32")]
+    want = _plain(mod, xs)
+    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_filter_passed_at_run_time_is_not_padded():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 64, 13, 13), "float32"))
+    w = relax.Var("w", R.Tensor((72, 64, 1, 1), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = _compile(mod)
+    (part,) = compiled.report.partitions
+    assert part.packed == []  # packed tile by tile, as it comes
+    xs = [RNG.standard_normal(s).astype("float32") for s in ((1, 64, 13, 13), (72, 64, 1, 1))]
+    want = _plain(mod, xs)
+    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

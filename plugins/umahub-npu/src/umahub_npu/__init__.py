@@ -249,12 +249,14 @@ def umahub_patterns():
 
 @umahub.hookimpl(accelerator=NAME)
 def umahub_relax_to_tir(function, context):
-    """The default lowering, except for GELU, sigmoid and batch norm (see umahub_npu.lowering)."""
+    """The default lowering, except for GELU, sigmoid, batch norm and convolutions'
+    output channels (see umahub_npu.lowering)."""
     from umahub_npu.lowering import LEGALIZE, lower
 
-    if not set(LEGALIZE) & {o.op for o in context.operators}:
+    ops = {o.op for o in context.operators}
+    if not (set(LEGALIZE) & ops or ("relax.nn.conv2d" in ops and context.weights)):
         return None
-    return lower(function, context.symbol, NAME)
+    return lower(function, context.symbol, NAME, context.weights)
 
 
 @umahub.hookimpl(accelerator=NAME)

@@ -728,10 +728,25 @@ def _schedule_matmul(
     return "matmul"
 
 
-def _schedule_pad(sch: s_tir.Schedule, p: Plan, lanes: int):
+def _schedule_pad(sch: s_tir.Schedule, p: Plan, lanes: int, skip: list[str] = ()):
     for name in p.prologue:
-        blk = sch.get_sblock(name)
-        _parallel_spatial(sch, blk, lanes)
+        if name not in skip:
+            _parallel_spatial(sch, sch.get_sblock(name), lanes)
+
+
+def _filter_padding(sch: s_tir.Schedule, red, w_index: int, weights: frozenset[int]):
+    """The block that zero-pads a constant filter's output channels
+    (``umahub_npu.lowering``), when it writes ``red``'s ``w_index``-th read; else None."""
+    read = _buf(sch.get(red).reads[w_index])
+    for producer in sch.get_producers(red):
+        node = sch.get(producer)
+        if (
+            _buf(node.writes[0]).same_as(read)
+            and len(node.reads) == 1
+            and _reads_weight(sch, producer, 0, weights)
+        ):
+            return producer
+    return None
 
 
 def _schedule_conv2d(
@@ -739,11 +754,7 @@ def _schedule_conv2d(
 ):
     """Implicit GEMM: positions x channels micro-kernel, weights packed as
     ``[f/nr][c][kh][kw][nr]``: at compile time when they are constants, else per tile."""
-    _schedule_pad(sch, p, lanes)
-    red, out, rest = _accumulator_and_epilogue(sch, p)
-    tf, tp, tc, nr, mr = conv_tiles(p, lanes, sram, threads)
-    # accumulator layout [n, y, x, f]: the channel vector of a position is contiguous
-    sch.transform_layout(red, ("write", 0), lambda n, f, y, x: (n, y, x, f))
+    red = sch.get_sblock(p.reduction)
     w_index = next(
         i
         for i, r in enumerate(sch.get(red).reads)
@@ -751,9 +762,17 @@ def _schedule_conv2d(
         and not _buf(r).same_as(_buf(sch.get(red).writes[0]))
         and str(_buf(r).name) != str(_data_buffer_name(sch, p))
     )
-    packed = _reads_weight(sch, red, w_index, weights)
+    padding = _filter_padding(sch, red, w_index, weights)
+    _schedule_pad(sch, p, lanes, skip=[sch.get(padding).name_hint] if padding else [])
+    red, out, rest = _accumulator_and_epilogue(sch, p)
+    tf, tp, tc, nr, mr = conv_tiles(p, lanes, sram, threads)
+    # accumulator layout [n, y, x, f]: the channel vector of a position is contiguous
+    sch.transform_layout(red, ("write", 0), lambda n, f, y, x: (n, y, x, f))
+    packed = padding is not None or _reads_weight(sch, red, w_index, weights)
     if packed:
         pack_weight(sch, red, w_index, lambda f, c, kh, kw: (f // nr, c, kh, kw, f % nr))
+        if padding is not None:  # the packing reads the constant itself: done at compile time
+            sch.compute_inline(padding)
     n, f, y, x, rc, ry, rx = sch.get_loops(red)
     pos = sch.fuse(y, x)
     f0, f1, f2 = sch.split(f, [None, tf // nr, nr])
