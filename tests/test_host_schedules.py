@@ -184,6 +184,39 @@ def test_a_pooling_reduces_its_window_over_whole_rows_and_computes_the_same(op, 
     np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "pool, shape",
+    [
+        (dict(pool_size=3, strides=2, padding=1), (1, 16, 28, 28)),  # ResNet's
+        (dict(pool_size=3, strides=2, padding=0, ceil_mode=True), (1, 8, 27, 27)),  # SqueezeNet's
+        (dict(pool_size=(3, 2), strides=(2, 1), padding=(1, 0, 1, 1)), (2, 4, 15, 12)),
+    ],
+    ids=["resnet", "ceil_mode", "uneven"],
+)
+def test_a_max_pool_is_two_one_dimensional_ones_row_by_row_and_exact(pool, shape):
+    from umahub.host_lowering import lower_host
+
+    mod = _one_op_model(lambda x: relax.op.nn.max_pool2d(x, **pool), shape)
+    lowered, counts = lower_host(umahub.Hub(autoload=False), mod)
+    assert counts == {"pooling": 1}
+    (func,) = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    sch = s_tir.Schedule(func)
+    rows, out = sch.get_sblock("pool_rows"), sch.get_sblock("pool_max")
+    # each output row (n, c, y): its column maxima, then its windows, under one loop
+    assert sch.get(sch.get_loops(rows)[0]).same_as(sch.get(sch.get_loops(out)[0]))
+    assert len(sch.get_loops(rows)) == 3 and len(sch.get_loops(out)) == 3
+    x = np.random.default_rng(7).standard_normal(shape).astype("float32")
+    np.testing.assert_array_equal(umahub.Hub(autoload=False).compile(mod).run(x), _plain(mod, [x]))
+
+
+def test_a_max_pool_in_another_layout_keeps_tvms_legalization():
+    from umahub.host_lowering import lower_host
+
+    mod = _one_op_model(lambda x: relax.op.nn.max_pool2d(x, 3, 2, 1, layout="NHWC"), (1, 28, 28, 8))
+    _, counts = lower_host(umahub.Hub(autoload=False), mod)
+    assert counts == {"parallel": 1}
+
+
 def test_a_max_pool_has_its_padding_inlined_and_its_window_outside_the_row():
     from umahub.host_schedules import _parallel
 

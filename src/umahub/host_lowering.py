@@ -138,11 +138,59 @@ def _softmax(bb: Any, call: Any) -> Any:
     return bb.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis))
 
 
+def _max_pool2d(bb: Any, call: Any) -> Any:
+    """A 2-D max pooling as two 1-D ones: each window's rows reduced into a row of
+    column maxima, then that row's windows reduced. 3 + 3 comparisons per output
+    instead of 9, and each input row read once, in order (ResNet's 3x3 stride-2
+    pooling: 0.22 -> 0.05 ms with :func:`umahub.host_schedules` ``"pooling"``).
+    NCHW, dilation 1; others: TVM's legalization."""
+    from tvm import te
+
+    from umahub.patterns import shape_of
+
+    attrs = call.attrs
+    shape, out = shape_of(call.args[0]), shape_of(call)
+    if (
+        shape is None
+        or out is None
+        or len(shape) != 4
+        or str(attrs.layout) != "NCHW"
+        or str(attrs.out_layout) not in ("NCHW", "")
+        or any(int(d) != 1 for d in attrs.dilation)
+    ):
+        return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
+    (kh, kw), (sh, sw) = (int(k) for k in attrs.pool_size), (int(s) for s in attrs.strides)
+    top, left = int(attrs.padding[0]), int(attrs.padding[1])
+    height, width = shape[2], shape[3]
+
+    def pool(x: Any) -> Any:
+        lowest = tvm.tirx.min_value(x.dtype)
+        ky = te.reduce_axis((0, kh), "ky")
+
+        def column_max(n: Any, c: Any, oy: Any, ix: Any) -> Any:
+            iy = oy * sh + ky - top
+            inside = tvm.tirx.all(iy >= 0, iy < height)
+            return te.max(te.if_then_else(inside, x[n, c, iy, ix], lowest), axis=ky)
+
+        rows = te.compute((*out[:3], width), column_max, name="pool_rows")
+        kx = te.reduce_axis((0, kw), "kx")
+
+        def window_max(n: Any, c: Any, oy: Any, ox: Any) -> Any:
+            ix = ox * sw + kx - left
+            inside = tvm.tirx.all(ix >= 0, ix < width)
+            return te.max(te.if_then_else(inside, rows[n, c, oy, ix], lowest), axis=kx)
+
+        return te.compute(tuple(out), window_max, name="pool_max")
+
+    return bb.call_te(pool, call.args[0], primfunc_name_hint="max_pool2d")
+
+
 #: The host's own legalizations, by operator (the rest: TVM's). LLVM has no
 #: vector ``exp``, ``erf`` or ``tanh``: TVM's legalizations call the C
 #: library's scalar function per element (ViT's GELU: 14 ms of a 605 K-element
 #: tensor), these use TVM's polynomials (``fast_exp``, ``fast_erf``,
-#: ``fast_tanh``; relative error below 1e-6), which vectorize.
+#: ``fast_tanh``; relative error below 1e-6), which vectorize. A max pooling
+#: is two 1-D ones (:func:`_max_pool2d`).
 LEGALIZE = {
     "relax.nn.batch_norm": _batch_norm,
     "relax.nn.gelu": _vector_math(_gelu, "gelu"),
@@ -151,6 +199,7 @@ LEGALIZE = {
     "relax.tanh": _vector_math(lambda x: tvm.topi.fast_tanh(x), "tanh"),
     "relax.exp": _vector_math(lambda x: tvm.topi.fast_exp(x), "exp"),
     "relax.nn.softmax": _softmax,
+    "relax.nn.max_pool2d": _max_pool2d,
 }
 
 _FUSION = (

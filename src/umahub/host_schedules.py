@@ -16,10 +16,12 @@ this order, the first of:
 3. ``"rows"``: softmax, layer norm and their kin, a row at a time: rows in
    parallel, every step of a row while it is in cache, its reductions in
    vector-wide partial sums;
+   ``"pooling"``: a max pooling as two 1-D ones (see
+   :mod:`umahub.host_lowering`), output rows in parallel;
 4. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
    the row kernels ``"rows"`` does not take (a softmax over a middle axis, a
    row count known only at run time), ``GEMV`` for matrix-vector products;
-5. ``"parallel"``: anything else (a pooling, a reduction dlight does not
+5. ``"parallel"``: anything else (an average pooling, a reduction dlight does not
    take, a convolution no accelerator took): the leading spatial loops of
    each root block fused and run in parallel; a pooling window's loops
    inside the output row, which stays a contiguous loop for LLVM to
@@ -352,6 +354,34 @@ def _inline_into_windows(sch: s_tir.Schedule) -> bool:
     return changed
 
 
+def _pooling(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
+    """A pooling computed as two 1-D ones (:mod:`umahub.host_lowering`'s max pooling:
+    each window's rows reduced into a row of column maxima, then that row's
+    windows): output rows in parallel, the row of column maxima of each computed
+    under it, while in cache. The loops inside stay as TE made them, for LLVM;
+    reordered window-first as :func:`_parallel` does, they run 3x slower."""
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if len(blocks) != 2 or not all(_window(sch, b) for b in blocks):
+        return None
+    rows, out = blocks
+    if [sch.get(c).name_hint for c in sch.get_consumers(rows)] != [sch.get(out).name_hint]:
+        return None
+    loops, axes = sch.get_loops(out), sch.get(out).iter_vars
+    spatial = next((i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL), len(axes))
+    extents = [_extent(sch, loop) for loop in loops]
+    if len(loops) != len(axes) or spatial < 2 or None in extents:
+        return None
+    per_row = math.prod(_extent(sch, loop) or 0 for loop in sch.get_loops(rows)[spatial - 1 :])
+    row = sch.fuse(*loops[: spatial - 1])
+    sch.compute_at(rows, row, preserve_unit_loops=False)
+    if math.prod(_extent(sch, loop) or 0 for loop in sch.get_loops(rows)[1:]) != per_row:
+        return None  # computed for more than its output row
+    if math.prod(extents) >= PARALLEL_MIN:
+        sch.parallel(row)
+    return sch.mod["main"], "pooling"
+
+
 def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     sch = s_tir.Schedule(func)
     changed = _inline_into_windows(sch)
@@ -389,6 +419,7 @@ def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, s
         lambda f: schedule_matmul(f, vector_lanes(target)),
         lambda f: schedule_conv2d(f, vector_lanes(target)),
         lambda f: _rows(f, vector_lanes(target)),
+        _pooling,
         lambda f: _dlight(f, target),
         _parallel,
     ):
