@@ -29,6 +29,11 @@ this order, the first of:
 6. ``"unscheduled"``: what none of these could change, built as it is.
 
 A rule that fails part-way leaves nothing behind: each works on a copy.
+
+Why this module is long: it is the list of rules above, in the order they are
+tried, with the block helpers they share (inlining, windows, loop extents);
+the two rules that are kernels of their own live in :mod:`umahub.host_matmul`
+and :mod:`umahub.host_conv`.
 """
 
 from __future__ import annotations
