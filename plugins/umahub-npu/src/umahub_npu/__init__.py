@@ -22,9 +22,10 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   schedule hook is for.
 * relax_to_tir: the default lowering, except that GELU's erf and sigmoid's
   exp become polynomials the vector units evaluate (TVM's legalization calls
-  the scalar C ``erff``/``expf`` per element), and a batch norm is a
-  per-channel scale and shift computed once, before the convolution
-  (:mod:`umahub_npu.lowering`).
+  the scalar C ``erff``/``expf`` per element), a batch norm is a
+  per-channel scale and shift computed once, before the convolution, and a
+  convolution with a constant filter computes its output channels padded to
+  whole vectors (:mod:`umahub_npu.lowering`).
 * codegen: LLVM for this host's CPU (``-mcpu`` of the host), so the vector
   units (AVX2/FMA) the schedule counts on are used; in a cross build, for the
   compile's target (``context.target``), whose vector width the schedule takes.
