@@ -46,6 +46,11 @@ def _this_cpu() -> dict[str, str] | str:
 HOST_TARGET = _this_cpu()
 
 
+def _tvm_legalization(bb: Any, call: Any) -> Any:
+    """``call`` legalized as TVM does it: where the host's own legalization does not apply."""
+    return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
+
+
 def _batch_norm(bb: Any, call: Any) -> Any:
     """An inference batch norm as ``x * scale[c] + shift[c]``.
 
@@ -62,7 +67,7 @@ def _batch_norm(bb: Any, call: Any) -> Any:
     data = call.args[0]
     shape = shape_of(data)
     if bool(attrs.training) or shape is None or int(attrs.axis) not in (1, 1 - len(shape)):
-        return tvm.ir.Op.get("relax.nn.batch_norm").get_attr("FLegalize")(bb, call)
+        return _tvm_legalization(bb, call)
     eps, scaled, centered = float(attrs.epsilon), bool(attrs.scale), bool(attrs.center)
 
     def affine(gamma, beta, mean, var):
@@ -104,7 +109,7 @@ def _vector_math(compute: Any, name: str) -> Any:
 
     def legalize(bb: Any, call: Any) -> Any:
         if not _float32(call):
-            return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
+            return _tvm_legalization(bb, call)
         return bb.call_te(compute, call.args[0], primfunc_name_hint=name)
 
     return legalize
@@ -134,7 +139,7 @@ def _softmax(bb: Any, call: Any) -> Any:
     from tvm import topi
 
     if not _float32(call):
-        return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
+        return _tvm_legalization(bb, call)
     return bb.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis))
 
 
@@ -158,7 +163,7 @@ def _max_pool2d(bb: Any, call: Any) -> Any:
         or str(attrs.out_layout) not in ("NCHW", "")
         or any(int(d) != 1 for d in attrs.dilation)
     ):
-        return tvm.ir.Op.get(call.op.name).get_attr("FLegalize")(bb, call)
+        return _tvm_legalization(bb, call)
     (kh, kw), (sh, sw) = (int(k) for k in attrs.pool_size), (int(s) for s in attrs.strides)
     top, left = int(attrs.padding[0]), int(attrs.padding[1])
     height, width = shape[2], shape[3]

@@ -90,6 +90,11 @@ def _extent(sch: s_tir.Schedule, loop: Any) -> int | None:
     return int(extent) if isinstance(extent, tirx.IntImm) else None
 
 
+def _iterations(sch: s_tir.Schedule, loops: list) -> int:
+    """How many times the body of ``loops`` runs; 0 when an extent is not static."""
+    return math.prod(_extent(sch, loop) or 0 for loop in loops)
+
+
 #: Expression nodes a block may grow to by inlining a producer it reads more than once.
 INLINE_MAX = 400
 
@@ -298,8 +303,7 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
     for block in reversed(sch.get_child_blocks(root)[:-1]):
         sch.compute_at(block, row, preserve_unit_loops=False)
     for name, per_row in work.items():  # a block computed for more than its row: not ours
-        below = sch.get_loops(sch.get_sblock(name))[1:]
-        if math.prod(_extent(sch, loop) or 0 for loop in below) != per_row:
+        if _iterations(sch, sch.get_loops(sch.get_sblock(name))[1:]) != per_row:
             return None
     for name in partials:  # (lane, step) after compute_at: lanes innermost, one vector
         block = sch.get_sblock(name)
@@ -377,10 +381,10 @@ def _pooling(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     extents = [_extent(sch, loop) for loop in loops]
     if len(loops) != len(axes) or spatial < 2 or None in extents:
         return None
-    per_row = math.prod(_extent(sch, loop) or 0 for loop in sch.get_loops(rows)[spatial - 1 :])
+    per_row = _iterations(sch, sch.get_loops(rows)[spatial - 1 :])
     row = sch.fuse(*loops[: spatial - 1])
     sch.compute_at(rows, row, preserve_unit_loops=False)
-    if math.prod(_extent(sch, loop) or 0 for loop in sch.get_loops(rows)[1:]) != per_row:
+    if _iterations(sch, sch.get_loops(rows)[1:]) != per_row:
         return None  # computed for more than its output row
     if math.prod(extents) >= PARALLEL_MIN:
         sch.parallel(row)

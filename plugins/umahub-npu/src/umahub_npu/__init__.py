@@ -143,13 +143,13 @@ def scaled_conv2d_ok(ctx) -> bool | umahub.Refusal:
         scale = ctx.matched_bindings.get(conv.args[0])
         if scale is None:
             continue
-        shapes = sorted((shape_of(a) or () for a in scale.args), key=len)
-        data, gate = shape_of(conv.args[0]), shapes
+        operands = [shape_of(a) or () for a in scale.args]
+        data = shape_of(conv.args[0])
         if not (
             data is not None
-            and len(gate) == 2
-            and data in gate
-            and any(len(g) == 4 and g[:2] == data[:2] and g[2:] == (1, 1) for g in gate)
+            and len(operands) == 2
+            and data in operands
+            and any(len(g) == 4 and g[:2] == data[:2] and g[2:] == (1, 1) for g in operands)
             and data[2:] != (1, 1)
         ):
             return umahub.Refusal("the convolution's input is not scaled per channel")
