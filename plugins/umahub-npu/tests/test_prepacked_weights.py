@@ -152,3 +152,25 @@ def test_a_filter_passed_at_run_time_is_not_padded():
     xs = [RNG.standard_normal(s).astype("float32") for s in ((1, 64, 13, 13), (72, 64, 1, 1))]
     want = _plain(mod, xs)
     np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_one_by_one_filter_on_whole_vectors_of_positions_is_packed_unpadded():
+    # the vectors hold positions (16x16 of them), the 72 channels are broadcast
+    # in register tiles of 12 (AVX-512) or 6 (AVX2): no channel is padded
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 64, 16, 16), "float32"))
+    w = RNG.standard_normal((72, 64, 1, 1)).astype("float32")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, relax.const(w))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = _compile(mod)
+    (part,) = compiled.report.partitions
+    assert part.schedule == ["pointwise: tiles fit npu.sram (256 KiB)"]
+    mr = 12 if vector_lanes() >= 16 else 6
+    assert part.packed == [f"weight 1 (72x64x1x1 -> {72 // mr}x64x1x1x{mr})"]
+    assert part.max_error is not None and part.max_error < 1e-4
+    xs = [RNG.standard_normal((1, 64, 16, 16)).astype("float32")]
+    want = _plain(mod, xs)
+    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -269,6 +269,70 @@ def test_conv2d_channels_and_positions_no_vector_divides():
     close(got, conv_ref(x, w, b, 1, 0, 1))
 
 
+@pytest.mark.parametrize(
+    "lanes, C, H, O, gate, micro",
+    [
+        # positions in two vectors, 12 channels broadcast: 24 of AVX-512's 32 registers
+        (16, 16, 16, 24, False, (12, 32)),
+        # 40 channels: 10 rows of the register tile, no padding of channels
+        (16, 8, 8, 40, False, (10, 32)),
+        # 7x16 positions: one vector of positions, 16 channels
+        (16, 8, 7, 16, False, (16, 16)),
+        (8, 16, 16, 24, False, (6, 16)),  # AVX2's 16 registers: 12 accumulators
+        # a squeeze-and-excitation gate, x * s[c]: multiplied as it is read
+        (16, 16, 16, 32, True, (8, 32)),
+    ],
+)
+def test_a_one_by_one_convolution_is_a_matmul_with_positions_in_vectors(
+    lanes, C, H, O, gate, micro
+):
+    from tvm import te, topi
+
+    W = 16 if H == 7 else H
+    # as umahub fuses the npu's scaled-convolution pattern: one PrimFunc (Relax's
+    # FuseOps would leave the gate out)
+    x, s, w, b = (
+        te.placeholder(shape, name=name)
+        for name, shape in (
+            ("x", (1, C, H, W)),
+            ("s", (1, C, 1, 1)),
+            ("w", (O, C, 1, 1)),
+            ("b", (1, O, 1, 1)),
+        )
+    )
+    data = topi.multiply(x, s) if gate else x
+    out = topi.clip(topi.add(topi.nn.conv2d_nchw(data, w, 1, 0, 1), b), 0.0, 6.0)
+    prim = te.create_prim_func([x, s, w, b, out] if gate else [x, w, b, out])
+    mod = tvm.IRModule({"main": prim})
+    sch = s_tir.Schedule(mod)
+    assert schedules.schedule(sch, lanes=lanes) == "pointwise"
+    kinds = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled"}
+    conv = sch.get_sblock("conv2d_nchw_update")
+    loops = [(kinds[int(sch.get(l).kind)], int(sch.get(l).extent)) for l in sch.get_loops(conv)]
+    assert loops[0][0] == "parallel"
+    assert loops[-2:] == [("unrolled", micro[0]), ("vectorized", micro[1])]
+    # the input is read in place: no copy ("padding") and no separate gate stage
+    blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert not any(name.startswith(("pad_temp", "T_multiply")) for name in blocks), blocks
+    x, s, w, b = f32(1, C, H, W), f32(1, C, 1, 1), f32(O, C, 1, 1, scale=0.3), f32(1, O, 1, 1)
+    args = [x, s, w, b] if gate else [x, w, b]
+    want = np.clip(np.einsum("nchw,oc->nohw", x * s if gate else x, w[:, :, 0, 0]) + b, 0, 6)
+    close(run(sch.mod, args, want.shape), want)
+
+
+@pytest.mark.parametrize(
+    "H, stride, groups",
+    [(9, 1, 1), (16, 2, 1), (16, 1, 2)],  # 81 positions, strided, grouped
+)
+def test_a_one_by_one_convolution_that_is_no_plain_matmul_stays_an_implicit_gemm(H, stride, groups):
+    def body(bb, x, w):
+        return bb.emit(relax.op.nn.conv2d(x, w, strides=stride, groups=groups))
+
+    mod = primfunc_from_relax([("x", (1, 16, H, H)), ("w", (16, 16 // groups, 1, 1))], body)
+    sch = s_tir.Schedule(mod)
+    assert schedules.schedule(sch, lanes=16) == "conv2d"
+
+
 def test_conv2d_clip_epilogue():
     def body(bb, x, w, b):
         y = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w, padding=1)), b))

@@ -16,6 +16,8 @@ MobileNet's 24, 40, 72 or 120 channels) computes :data:`CHANNEL_MULTIPLE`-
 aligned channels with a zero-padded filter, and the extra ones are dropped in
 its epilogue: the micro-kernel then runs whole vectors instead of half ones
 (1000 classes on 13x13: 0.90 -> 0.52 ms; 72 channels on 28x28: 17% faster).
+Not where the vectors hold positions instead (a 1x1 convolution on a
+multiple of 16 positions), which any channel count fills.
 The filter is padded once, at compile time, with its packing (see
 ``umahub_npu.schedules``).
 """
@@ -103,6 +105,22 @@ def _batch_norm(bb, call):
 CHANNEL_MULTIPLE = 16
 
 
+def _positions_in_vectors(call) -> bool:
+    """Whether the npu computes this convolution with output positions in its
+    vectors (a 1x1, stride-1 one on whole vectors of positions; see
+    ``umahub_npu.schedules``), where any channel count is whole vectors."""
+    from umahub.patterns import shape_of
+
+    attrs = call.attrs
+    out = shape_of(call)
+    return (
+        tuple(shape_of(call.args[1])[2:]) == (1, 1)
+        and all(int(s) == 1 for s in attrs.strides)
+        and out is not None
+        and (out[2] * out[3]) % CHANNEL_MULTIPLE == 0
+    )
+
+
 def _padded_channels(constants: frozenset) -> Callable:
     """conv2d's legalization: a filter among ``constants`` (the partition's weight
     parameters) whose output channels are not a multiple of :data:`CHANNEL_MULTIPLE`
@@ -126,6 +144,7 @@ def _padded_channels(constants: frozenset) -> Callable:
             or int(attrs.groups) != 1
             or shape[0] <= CHANNEL_MULTIPLE
             or shape[0] % CHANNEL_MULTIPLE == 0
+            or _positions_in_vectors(call)
         ):
             return _default(bb, call)
         channels = shape[0]

@@ -23,6 +23,10 @@ Strategies
 ``"conv2d"``
     NCHW conv2d (groups == 1 or grouped), padding block kept as a separate
     parallel, vectorized stage, bias/relu/clip epilogue per tile.
+``"pointwise"``
+    A 1x1, stride-1, ungrouped conv2d whose output positions fill whole
+    vectors: the matmul ``W[f, c] x X[c, p]`` of NCHW's own layout, the input
+    (and a squeeze-and-excitation gate multiplying it) read in place.
 ``"depthwise"``
     NCHW conv2d with groups == channels (one input channel per output).
 ``"sum"``
@@ -79,6 +83,22 @@ per (f-tile, p-tile) task::
 * the filters are read as ``[f/nr][c][kh][kw][nr]``: packed at compile time
   when they are constants, else the tile of each (f-tile, c-step) per task.
 * the padding block stays a separate stage (parallel, vectorized) at the root.
+
+pointwise, per (f-tile, p-tile) task::
+
+    working set = 4 * (tc*tp + tf*tc + tf*tp)   input, filters, accumulator
+
+* micro-kernel ``mr`` channels (unrolled, the filter broadcast from its
+  packing ``[f/mr][c][kh][kw][mr]``) x ``nr`` positions (two vectors, or one
+  when P is an odd number of vectors): ``mr`` the largest divisor of F with
+  ``mr * nr/lanes`` <= 24 accumulators (12 with AVX2), so any channel count
+  (24, 40, 72) runs whole vectors and is not padded;
+* ``tp``: whole output rows or a divisor of one (a rectangle, as above), <= 512
+  positions; ``tf`` <= 64 channels; tasks and ``sram_bytes`` as for conv2d.
+* Against the implicit GEMM, whose vectors hold channels, it is 1.1-1.7x
+  faster where the channels are few: mobilenetv2's 32 -> 16 on 112x112
+  165 -> 272 GFLOP/s, 144 -> 24 on 56x56 258 -> 359, and ResNet-50's 64 ->
+  256 on 56x56 318 -> 428 (2 threads, AVX-512).
 
 depthwise: each channel is independent; the tile is ``ty`` full rows of one
 channel (input rows + 9 weights + output rows), always far below the budget.
@@ -173,6 +193,7 @@ class Plan:
     b_buffer_index: int = -1  # matmul: index of B in the block's reads
     stride: int = 1  # conv2d
     kernel: tuple = (1, 1)  # conv2d
+    pointwise: bool = False  # conv2d: 1x1, stride 1, not grouped
 
 
 # A buffer load is ``tvm.ir.expr.TensorLoad`` with ``source`` in 0.27 and
@@ -332,6 +353,12 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
             pass
         C = ext(reduce_[0])
         kind = "depthwise" if C == 1 and _uses(data.indices[1], f) else "conv2d"
+        pointwise = (
+            kind == "conv2d"
+            and ext(reduce_[1]) == ext(reduce_[2]) == 1
+            and stride == 1
+            and _is_var(data.indices[1], rc)
+        )
         return Plan(
             kind=kind,
             extents=dict(
@@ -345,6 +372,7 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
             ),
             stride=stride,
             kernel=(ext(reduce_[1]), ext(reduce_[2])),
+            pointwise=pointwise,
             **common,
         )
     return None
@@ -499,6 +527,44 @@ def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
         fitting = [d for d in tcs if ws(d) <= sram_bytes]
     tc = max(fitting) if fitting else 1
     return tf, tp, tc, nr, mr
+
+
+def pointwise_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
+    """(tf, tp, tc, mr, nr) for a 1x1 convolution as ``W[f, c] x X[c, p]``; see the
+    module docstring. Positions ``P`` must be a multiple of ``lanes``."""
+    e = p.extents
+    F, OW, C = e["F"], e["OW"], e["C"]
+    P = e["OH"] * OW
+    # micro-kernel mr channels (weights broadcast) x nr positions (vectors): 24
+    # accumulators of AVX-512's 32 registers, 12 of AVX2's 16
+    nv = 2 if P % (2 * lanes) == 0 else 1
+    nr = nv * lanes
+    most = (24 if lanes >= 16 else 12) // nv
+    mr = max(m for m in range(1, most + 1) if F % m == 0)
+    tfs = [d for d in _divisors(F) if d % mr == 0 and d <= max(64, mr)]
+    # rectangles of the output, as for conv2d: whole rows or part of one
+    tps = [d for d in _divisors(P) if d % nr == 0 and (d % OW == 0 or OW % d == 0)]
+    tps = [d for d in tps if d <= 512] or [min(tps)]
+    tf, tp = max(tfs), max(tps)
+    while e["N"] * (F // tf) * (P // tp) < 2 * threads:
+        if any(64 <= d < tp for d in tps):
+            tp = max(d for d in tps if 64 <= d < tp)
+        elif any(d < tf for d in tfs):
+            tf = max(d for d in tfs if d < tf)
+        else:
+            break
+
+    def ws(tc):
+        return _DTYPE_BYTES * (tc * tp + tf * tc + tf * tp)
+
+    while ws(1) > sram_bytes and (tp > min(tps) or tf > mr):
+        if tp > min(tps):
+            tp = max(d for d in tps if d < tp)
+        else:
+            tf = max(d for d in tfs if d < tf)
+    fitting = [d for d in _divisors(C) if ws(d) <= sram_bytes]
+    tc = max(fitting) if fitting else 1
+    return tf, tp, tc, mr, nr
 
 
 # --------------------------------------------------------------------------- strategies
@@ -749,19 +815,28 @@ def _filter_padding(sch: s_tir.Schedule, red, w_index: int, weights: frozenset[i
     return None
 
 
+def _weight_index(sch: s_tir.Schedule, p: Plan) -> int:
+    """Which of the convolution's reads is its filter."""
+    red = sch.get(sch.get_sblock(p.reduction))
+    return next(
+        i
+        for i, r in enumerate(red.reads)
+        if len(r.region) == 4
+        and not _buf(r).same_as(_buf(red.writes[0]))
+        and str(_buf(r).name) != str(_data_buffer_name(sch, p))
+    )
+
+
 def _schedule_conv2d(
     sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
 ):
     """Implicit GEMM: positions x channels micro-kernel, weights packed as
-    ``[f/nr][c][kh][kw][nr]``: at compile time when they are constants, else per tile."""
+    ``[f/nr][c][kh][kw][nr]``: at compile time when they are constants, else per tile.
+    A 1x1 convolution whose positions fill whole vectors: :func:`_schedule_pointwise`."""
+    if p.pointwise and (p.extents["OH"] * p.extents["OW"]) % lanes == 0:
+        return _schedule_pointwise(sch, p, sram, threads, lanes, weights)
     red = sch.get_sblock(p.reduction)
-    w_index = next(
-        i
-        for i, r in enumerate(sch.get(red).reads)
-        if len(r.region) == 4
-        and not _buf(r).same_as(_buf(sch.get(red).writes[0]))
-        and str(_buf(r).name) != str(_data_buffer_name(sch, p))
-    )
+    w_index = _weight_index(sch, p)
     padding = _filter_padding(sch, red, w_index, weights)
     _schedule_pad(sch, p, lanes, skip=[sch.get(padding).name_hint] if padding else [])
     red, out, rest = _accumulator_and_epilogue(sch, p)
@@ -797,6 +872,52 @@ def _schedule_conv2d(
     for name in rest:
         _parallel_spatial(sch, sch.get_sblock(name), lanes)
     return "conv2d"
+
+
+def _schedule_pointwise(
+    sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
+):
+    """A 1x1 stride-1 convolution as the matmul ``W[f, c] x X[c, p]``: positions in the
+    vectors, weights broadcast from filters packed ``[f/mr][c][mr]``, the
+    accumulator in the output's own layout (see the module docstring)."""
+    red = sch.get_sblock(p.reduction)
+    w_index = _weight_index(sch, p)
+    padding = _filter_padding(sch, red, w_index, weights)
+    for name in p.prologue:
+        block = sch.get_sblock(name)
+        if padding is not None and sch.get(block).same_as(sch.get(padding)):
+            continue
+        # a 1x1 convolution's "padding" is a copy of its input, and a gate
+        # (x * scale[c]) one multiply per load: read in place
+        if isinstance(sch.get(block).body.value, (_LOAD, tirx.Mul)):
+            try:
+                sch.compute_inline(block)
+                continue
+            except ScheduleError:
+                pass
+        _parallel_spatial(sch, block, lanes)
+    red, out, rest = _accumulator_and_epilogue(sch, p)
+    tf, tp, tc, mr, nr = pointwise_tiles(p, lanes, sram, threads)
+    if padding is not None or _reads_weight(sch, red, w_index, weights):
+        pack_weight(sch, red, w_index, lambda f, c, kh, kw: (f // mr, c, kh, kw, f % mr))
+        if padding is not None:
+            sch.compute_inline(padding)
+    n, f, y, x, rc, ry, rx = sch.get_loops(red)
+    pos = sch.fuse(y, x)
+    f0, f1, f2 = sch.split(f, [None, tf // mr, mr])
+    p0, p1, p2 = sch.split(pos, [None, tp // nr, nr])
+    rc0, rc1 = sch.split(rc, [None, tc])
+    sch.reorder(n, f0, p0, rc0, f1, p1, rc1, ry, rx, f2, p2)
+    tiled, rest = _epilogue_at(sch, p0, out, rest)
+    outer = sch.fuse(n, f0, p0)
+    sch.parallel(outer)
+    sch.unroll(f2)
+    sch.vectorize(p2)
+    sch.decompose_reduction(red, rc0)
+    _vectorize_epilogue(sch, tiled, lanes)
+    for name in rest:
+        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    return "pointwise"
 
 
 def _data_buffer_name(sch: s_tir.Schedule, p: Plan) -> str:
@@ -963,9 +1084,9 @@ def schedule(
     model passes as constants (``CompileContext.weights``): their packing is
     left to umahub, to do once at compile time (:func:`umahub.prepack.pack_weight`).
 
-    Returns ``"matmul"``, ``"conv2d"``, ``"depthwise"``, or ``"none"`` when the
-    function is not recognised or a primitive refuses (``sch`` is then left
-    untouched).  Never raises.
+    Returns ``"matmul"``, ``"conv2d"``, ``"pointwise"``, ``"depthwise"``, ``"sum"``,
+    or ``"none"`` when the function is not recognised or a primitive refuses
+    (``sch`` is then left untouched).  Never raises.
     """
     threads = threads or _default_threads()
     lanes = lanes or vector_lanes()
