@@ -268,3 +268,63 @@ def test_a_mean_over_the_last_axes_is_summed_on_the_npu_in_vector_wide_partial_s
     want = (x.mean(axis=(2, 3), keepdims=True), x.mean(axis=1))
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)
+
+
+def test_branches_meet_in_a_concatenation_on_the_npu_not_on_the_host():
+    """SqueezeNet's fire module: the two expand branches are concatenated on the
+    npu (its DMA gathers them), so nothing goes to the host between the
+    convolutions; a concatenation of int32 tensors is refused, saying why."""
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+    from umahub.errors import PlacementError
+
+    rng = np.random.default_rng(5)
+
+    def const(*shape):
+        return relax.const(rng.standard_normal(shape).astype("float32") * 0.2)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 16, 9, 9), "float32"))
+    ids = relax.Var("ids", TensorType((2, 3), "int32"))
+    with bb.function("main", [x, ids]):
+        with bb.dataflow():
+            squeeze = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, const(8, 16, 1, 1))), "sq")
+            one = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(squeeze, const(16, 8, 1, 1))), "e1")
+            three = bb.emit(relax.op.nn.conv2d(squeeze, const(8, 8, 3, 3), padding=1), "e3")
+            joined = bb.emit(relax.op.concat([one, three, squeeze], axis=1), "joined")
+            out = bb.emit(relax.op.nn.conv2d(joined, const(8, 32, 1, 1)), "out")
+            pair = bb.emit(relax.op.concat([ids, ids], axis=0), "pair")
+            result = bb.emit_output(relax.Tuple([out, pair]))
+        bb.emit_func_output(result)
+    mod = bb.get()
+    compiled = umahub.Hub(config={"plugins": ["npu"]}, project_config=False).compile(mod)
+    placed = {o.name: (o.device, o.pattern) for o in compiled.report.placement}
+    assert placed["joined"] == ("npu:0", "npu.concatenate")
+    assert placed["pair"] == ("host", "")
+    assert {o.device for o in compiled.report.placement if o.name != "pair"} == {"npu:0"}
+    (concat,) = [p for p in compiled.report.partitions if list(p.patterns) == ["npu.concatenate"]]
+    assert concat.schedule == ["elementwise: outer loops in parallel"]
+    per_inference = sorted(
+        (c.src, c.dst, c.bytes) for c in compiled.report.copies if c.when == "inference"
+    )
+    assert per_inference == [("host", "npu:0", 16 * 81 * 4), ("npu:0", "host", 8 * 81 * 4)]
+    config = {"plugins": ["npu"], "placement": {"pair": "npu"}, "on-error": "error"}
+    with pytest.raises(PlacementError) as refused:
+        umahub.Hub(config=config, project_config=False).explain(mod)
+    assert str(refused.value) == (
+        "pin 'pair' -> 'npu': operator 'pair' (relax.concat) runs on host, because pattern "
+        "'npu.concatenate' refused it: a int32 tensor; the npu computes float32 only; "
+        "pin it elsewhere"
+    )
+    import tvm
+
+    xs = [
+        rng.standard_normal((1, 16, 9, 9)).astype("float32"),
+        np.arange(6, dtype="int32").reshape(2, 3),
+    ]
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    want = [w.numpy() for w in vm["main"](*[tvm.runtime.tensor(a) for a in xs])]
+    got = compiled.run(*xs)
+    np.testing.assert_allclose(np.asarray(got[0]), want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got[1]), want[1])

@@ -47,7 +47,7 @@ from tvm import s_tir, tirx
 from umahub.host_conv import schedule_conv2d
 from umahub.host_matmul import schedule_matmul
 
-__all__ = ["default_schedule", "vector_lanes"]
+__all__ = ["default_schedule", "schedule_elementwise", "vector_lanes"]
 
 #: Iterations below which a parallel loop costs more than it saves.
 PARALLEL_MIN = 1 << 15
@@ -218,26 +218,36 @@ def _parallel_rows(sch: s_tir.Schedule, block: Any) -> bool:
     return True
 
 
-def _elementwise(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
-    """A chain of spatial blocks: inlined into its last block, outer loops in parallel.
+def schedule_elementwise(sch: s_tir.Schedule) -> bool:
+    """Schedule, in place, a function of spatial blocks only (an activation, a
+    concatenation, a fused chain of them): the chain inlined into its last
+    block, outer loops in parallel. False, and ``sch`` unchanged, when some
+    block is not spatial; a primitive that refuses part-way raises.
+
+    For plugins too: an accelerator's elementwise partitions (the npu's
+    concatenations) get what the host's get.
 
     The inner loops stay inside, contiguous, for LLVM to vectorize itself (a
     loop split by the vector width would index with divisions: 2.4x slower on
     a (1, 64, 56, 56) add + relu); those every access reads as one run are
     fused into one (a concatenation's select was not vectorized over 55-float
-    rows: 7x slower). Small functions stay on one thread: a
-    parallel launch costs more than it saves below :data:`PARALLEL_MIN`.
+    rows: 7x slower). Small functions stay on one thread: a parallel launch
+    costs more than it saves below :data:`PARALLEL_MIN`.
     """
-    sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     blocks = sch.get_child_blocks(root)
     if not blocks or not all(_spatial(sch, b) for b in blocks):
-        return None
+        return False
     _inline_chain(sch, blocks[:-1])
     for block in sch.get_child_blocks(root):
         if not _parallel_rows(sch, block):
-            return None
-    return sch.mod["main"], "elementwise"
+            raise ValueError(f"{sch.get(block).name_hint}: loops of unknown extent")
+    return True
+
+
+def _elementwise(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
+    sch = s_tir.Schedule(func)
+    return (sch.mod["main"], "elementwise") if schedule_elementwise(sch) else None
 
 
 def _row_work(sch: s_tir.Schedule, blocks: list, rows: int) -> dict[str, int] | None:

@@ -400,7 +400,6 @@ def test_softmax_is_left_alone():
 @pytest.mark.parametrize(
     "inputs,body",
     [
-        ([("x", (4, 8)), ("y", (4, 8))], lambda bb, x, y: relax.op.add(x, y)),
         ([("x", (4, 8))], lambda bb, x: relax.op.sum(x, axis=[0])),  # not the last axis
         (
             [("x", (2, 4, 8))],
@@ -418,3 +417,17 @@ def test_other_functions_return_none(inputs, body):
     sch = s_tir.Schedule(mod)
     assert schedules.schedule(sch) == "none"
     tvm.ir.assert_structural_equal(sch.mod, mod)
+
+
+def test_a_concatenation_is_scheduled_as_umahub_schedules_the_hosts():
+    def body(bb, x, y):
+        return relax.op.concat([x, y], axis=1)
+
+    mod = primfunc_from_relax([("x", (1, 32, 32, 32)), ("y", (1, 16, 32, 32))], body)
+    sch = s_tir.Schedule(mod)
+    assert schedules.schedule(sch) == "elementwise"
+    (block,) = sch.get_child_blocks(sch.get_sblock("root"))
+    kinds = [int(sch.get(l).kind) for l in sch.get_loops(block)]
+    assert kinds[0] == 1  # parallel: rows of channels
+    x, y = f32(1, 32, 32, 32), f32(1, 16, 32, 32)
+    np.testing.assert_array_equal(run(sch.mod, [x, y], (1, 48, 32, 32)), np.concatenate([x, y], 1))

@@ -15,7 +15,9 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   that x does not go to the host and back for it. The conv2d check needs the
   input channels to fill the engine's 8-wide array (a multiple of 8), or a
   depthwise convolution; a convolution on 3 RGB channels is left to others.
-  And a mean over a tensor's last axes (a global average pooling).
+  And a mean over a tensor's last axes (a global average pooling), and a
+  concatenation (its DMA gathers the pieces): SqueezeNet's and Inception's
+  branches meet on the npu, instead of going to the host and back.
 * schedule: :func:`umahub_npu.schedules.schedule` tiles the computation so a
   tile's working set fits ``npu.sram``, keeps the accumulator local, computes
   the epilogue per tile, vectorizes and parallelizes: this plugin is what a
@@ -173,10 +175,20 @@ def mean_ok(ctx) -> bool | umahub.Refusal:
     return True
 
 
+#: The most tensors a concatenation on the npu joins (DenseNet's have more).
+CONCAT_MAX = 8
+
+
+def concat_ok(ctx) -> bool | umahub.Refusal:
+    """float32, static shapes."""
+    refused = _float32_static(ctx)
+    return True if refused is None else refused
+
+
 @umahub.hookimpl(accelerator=NAME)
 def umahub_patterns():
     """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
-    from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
+    from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, wildcard
 
     def activated(producer):
         # Fresh wildcards per argument: one pattern object used twice would
@@ -239,12 +251,24 @@ def umahub_patterns():
     scaled = is_op("relax.nn.conv2d")(gated, wildcard())
     # a global average pooling: the tensor it reads need not go to the host for it
     mean = [(f"{NAME}.mean", is_op("relax.mean")(wildcard()), {}, mean_ok)]
+    # the tensors of a concatenation, one pattern per count (a wildcard for the
+    # tuple would make the tuple the partition's parameter)
+    concat = [
+        (
+            f"{NAME}.concatenate",
+            is_op("relax.concat")(is_tuple([wildcard() for _ in range(n)])),
+            {},
+            concat_ok,
+        )
+        for n in range(CONCAT_MAX, 1, -1)
+    ]
     return (
         with_epilogues("matmul", matmul, matmul_ok)
         + normalised
         + with_epilogues("conv2d_scaled", scaled, scaled_conv2d_ok)
         + with_epilogues("conv2d", conv, conv2d_ok)
         + mean
+        + concat
     )
 
 
@@ -272,11 +296,11 @@ def umahub_schedule(accelerator, schedule, context):
 
         lanes = vector_lanes(context.target)
     strategy = npu_schedule(schedule, sram_bytes=sram, lanes=lanes, weights=context.weights)
-    return (
-        f"{strategy}: tiles fit npu.sram ({human_size(sram)})"
-        if strategy != "none"
-        else ("not recognised: left unscheduled")
-    )
+    if strategy == "none":
+        return "not recognised: left unscheduled"
+    if strategy == "elementwise":
+        return "elementwise: outer loops in parallel"
+    return f"{strategy}: tiles fit npu.sram ({human_size(sram)})"
 
 
 @umahub.hookimpl(accelerator=NAME)

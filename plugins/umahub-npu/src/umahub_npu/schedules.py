@@ -32,6 +32,9 @@ Strategies
 ``"sum"``
     A sum over a tensor's trailing axes (a mean, a global average pooling):
     rows in parallel, each in vector-wide partial sums (``rfactor``).
+``"elementwise"``
+    Spatial blocks only (a concatenation): umahub's own schedule for the
+    host's (:func:`umahub.host_schedules.schedule_elementwise`).
 ``"none"``
     Not recognised, or a schedule primitive refused: the function is left
     exactly as it was.  :func:`schedule` never raises.
@@ -124,7 +127,7 @@ from tvm.s_tir.schedule import ScheduleError
 from umahub.compat import Load as _LOAD
 from umahub.compat import buffer_of as _buf
 from umahub.compat import detect_linear_equation, param_buffers, vars_in
-from umahub.host_schedules import PARALLEL_MIN
+from umahub.host_schedules import PARALLEL_MIN, schedule_elementwise
 from umahub.prepack import ANNOTATION, pack_weight
 
 __all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
@@ -183,7 +186,7 @@ def _default_threads() -> int:
 class Plan:
     """What :func:`plan` found in a PrimFunc: the strategy and the block roles."""
 
-    kind: str  # "matmul" | "conv2d" | "depthwise"
+    kind: str  # "matmul" | "conv2d" | "depthwise" | "sum" | "elementwise"
     func_name: str
     reduction: str  # name of the reduction block
     prologue: list[str] = field(default_factory=list)  # blocks before it
@@ -262,6 +265,8 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
         for i, b in enumerate(blocks)
         if any(iv.iter_type == tirx.IterVar.CommReduce for iv in b.iter_vars)
     ]
+    if not red and all(iv.iter_type == tirx.IterVar.DataPar for b in blocks for iv in b.iter_vars):
+        return Plan(kind="elementwise", func_name=func_name, reduction="")
     if len(red) != 1:
         return None
     ri = red[0]
@@ -1062,11 +1067,21 @@ def _schedule_sum(
     return "sum"
 
 
+def _schedule_elementwise(
+    sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
+):
+    """Spatial blocks only (a concatenation): as umahub schedules the host's."""
+    if not schedule_elementwise(sch):
+        raise ValueError("not a function of spatial blocks")
+    return "elementwise"
+
+
 _STRATEGIES = {
     "matmul": _schedule_matmul,
     "conv2d": _schedule_conv2d,
     "depthwise": _schedule_depthwise,
     "sum": _schedule_sum,
+    "elementwise": _schedule_elementwise,
 }
 
 
@@ -1085,7 +1100,7 @@ def schedule(
     left to umahub, to do once at compile time (:func:`umahub.prepack.pack_weight`).
 
     Returns ``"matmul"``, ``"conv2d"``, ``"pointwise"``, ``"depthwise"``, ``"sum"``,
-    or ``"none"`` when the function is not recognised or a primitive refuses
+    ``"elementwise"``, or ``"none"`` when the function is not recognised or a primitive refuses
     (``sch`` is then left untouched).  Never raises.
     """
     threads = threads or _default_threads()
