@@ -214,6 +214,9 @@ def test_pass_leaves_other_functions_unchanged():
         # columns read in phases: stride 2 with padding on the left, stride 3
         ((1, 3, 17, 23), (16, 3, 3, 3), dict(padding=1, strides=2), True),
         ((1, 4, 9, 20), (5, 4, 3, 5), dict(padding=(1, 2, 0, 3), strides=(2, 3)), False),
+        # one output position: a matrix-vector product, the weights read unpacked
+        ((2, 28, 1, 1), (672, 28, 1, 1), dict(), True),
+        ((1, 3, 2, 3), (20, 3, 3, 3), dict(padding=(1, 0, 0, 1), strides=3), False),
     ],
     ids=[
         "s1p1",
@@ -223,6 +226,8 @@ def test_pass_leaves_other_functions_unchanged():
         "stem_7x7_k40",
         "s2p1_odd_width",
         "s23_asym_5wide",
+        "one_position_se_batch2",
+        "one_position_padded",
     ],
 )
 def test_exported_module_matches_numpy(tmp_path, xs, ws, kw, bias):
