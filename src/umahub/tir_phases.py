@@ -22,6 +22,11 @@ phase  where it sits
        function.
 =====  ===================================================================
 
+Before ``MakePackedAPI`` umahub runs one pass of its own,
+:func:`umahub.scratch.scratch_on_stack`: in the accelerators' kernels, and in
+the host's where :meth:`umahub.Hub.compile` builds them
+(``tvm.compile(..., tir_pipeline="umahub")``).
+
 The pass lists are looked up by name, so a pass that an older TVM does not
 have is skipped rather than failing the build.
 """
@@ -35,6 +40,8 @@ from typing import Any
 
 import tvm
 from tvm import s_tir, tirx
+
+from umahub.scratch import scratch_on_stack
 
 __all__ = ["PHASES", "PIPELINE_NAME", "phased_pipeline", "use_phase_passes"]
 
@@ -110,7 +117,12 @@ def _stretches(config: Any) -> list[list[Any]]:
         _p("MergeSharedMemoryAllocations"),
         _p("SplitHostDevice"),
     ]
-    packed = [_p("MakePackedAPI"), _p("FP8StorageLegalize"), _p("BF16StorageLegalize")]
+    packed = [
+        scratch_on_stack,
+        _p("MakePackedAPI"),
+        _p("FP8StorageLegalize"),
+        _p("BF16StorageLegalize"),
+    ]
     return [
         [p for p in stretch if p is not None] for stretch in (lower_blocks, loops, verify, packed)
     ]

@@ -42,6 +42,7 @@ from umahub.host_lowering import HOST_TARGET, lower_host
 from umahub.ir import bindings, node_name, partition_call
 from umahub.memory import tensor_bytes
 from umahub.step_functions import with_steps
+from umahub.tir_phases import PIPELINE_NAME as TIR_PIPELINE
 from umahub.vdevice import VirtualDevice
 
 __all__ = ["count_copies", "disabled_passes", "load", "place_on_devices", "prepare", "run"]
@@ -352,7 +353,7 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
         target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
         host, comp.host_schedules = lower_host(comp.hub, host, target)
         with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled_passes(comp)):
-            executable = tvm.compile(host, target=target)
+            executable = tvm.compile(host, target=target, tir_pipeline=TIR_PIPELINE)
     with comp.clock.stage("load"):
         try:
             return load(comp, executable)
