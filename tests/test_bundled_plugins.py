@@ -74,8 +74,10 @@ def test_the_vanilla_kernel_library_is_called_from_the_generated_c(cnn_across_th
     sources = [
         m.inspect_source() for m in _imported(cnn_across_three.executable.mod) if m.kind == "c"
     ]
-    vanilla = [s for s in sources if "vanilla_conv2d_nchw(" in s]
+    vanilla = [s for s in sources if "vanilla_conv2d_nchw" in s]
     assert len(vanilla) == 1
+    # the small CNN's conv1 is followed by its bias add: one call for both
+    assert "vanilla_conv2d_nchw_bias(" in vanilla[0]
     assert vanilla[0].startswith('#include "vanilla_conv2d.h"')
 
 

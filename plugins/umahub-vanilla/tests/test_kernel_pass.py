@@ -140,13 +140,32 @@ def test_pass_rewrites_conv2d():
     assert again["vanilla_0"].same_as(func)
 
 
-def test_pass_keeps_epilogue_blocks():
+def test_the_bias_add_goes_into_the_call_and_the_rest_of_the_epilogue_stays_tir():
     mod = _primfunc_module(_relax_conv((1, 3, 8, 8), (4, 3, 3, 3), bias=True, relu=True, padding=1))
     func = passes.conv2d_to_extern()(mod)["vanilla_0"]
+    assert _sblock_names(func) == ["root", "vanilla_conv2d_nchw_bias", "compute"]
+    ptrs = ", ".join(_pointer_arg(b) for b in ("x", "w", "b", "T_add_intermediate"))
+    assert f'T.call_extern("int32", "vanilla_conv2d_nchw_bias", {ptrs}' in func.script()
+    # the convolution's own output is gone with its loop nest
+    assert "conv2d_nchw_intermediate" not in func.script()
+
+
+def test_a_convolution_the_partition_also_returns_keeps_its_bias_add():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 3, 8, 8), "float32"))
+    w = relax.Var("w", R.Tensor((4, 3, 3, 3), "float32"))
+    b = relax.Var("b", R.Tensor((1, 4, 1, 1), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+            out = bb.emit_output(relax.Tuple([bb.emit(relax.op.add(conv, b)), conv]))
+        bb.emit_func_output(out)
+    from umahub.lowering import default_relax_to_tir
+
+    mod = default_relax_to_tir(bb.get()["main"], "vanilla_0", "vanilla_accel")
+    func = passes.conv2d_to_extern()(mod)["vanilla_0"]
     names = _sblock_names(func)
-    assert names[1] == "vanilla_conv2d_nchw"
-    assert "T_add" in names and "compute" in names  # bias add and relu stay TIR
-    assert "conv2d_nchw" not in names and "pad_temp" not in names
+    assert "vanilla_conv2d_nchw" in names and "T_add" in names  # the add reads the output
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ exported model.
   zero padding). The check refuses anything else, which then stays with the
   next claimant or the host.
 * TIR pass at phase 0: the convolution's loop nest (and its padding) is
-  replaced by ``T.call_extern("vanilla_conv2d_nchw", ...)``; the bias add stays
-  TIR. Every partition calls the one library function.
+  replaced by ``T.call_extern("vanilla_conv2d_nchw", ...)``, and with the bias
+  add that follows it by ``vanilla_conv2d_nchw_bias``, which adds the bias as
+  it stores; the rest of an epilogue stays TIR.
 * ``c_includes`` puts the library's header on top of the generated C;
   ``c_sources`` and ``include_dirs`` compile and link the library on export.
 * no schedule hook: the pass matches the unscheduled loop nest.

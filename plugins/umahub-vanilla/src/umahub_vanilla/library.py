@@ -9,6 +9,8 @@ from pathlib import Path
 
 #: Name of the C function the pass calls (declared in kernels/vanilla_conv2d.h).
 EXTERN_NAME = "vanilla_conv2d_nchw"
+#: The same with a bias per output channel, for a convolution and its bias add.
+EXTERN_BIAS_NAME = "vanilla_conv2d_nchw_bias"
 #: Directory of the kernel library shipped with the package.
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 #: C sources to compile and link into the exported library.

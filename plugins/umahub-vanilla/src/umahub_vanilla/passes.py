@@ -14,8 +14,12 @@ with one opaque block around::
     T.call_extern("int32", "vanilla_conv2d_nchw", x.data, w.data, conv.data,
                   N, C, H, W, K, R, S, pad_top, pad_left, pad_bottom, pad_right, sh, sw)
 
-Whatever follows the convolution in the same PrimFunc (the bias add, a relu,
-... that FuseOps put in the partition) stays TIR and reads the conv buffer.
+A bias add right after the convolution (``y = conv + b`` with a (1, K, 1, 1)
+bias, the convolution read by nothing else) goes into the call too, as
+``vanilla_conv2d_nchw_bias(x, w, b, y, ...)``: the kernel adds the bias before
+it stores, and the output costs no second pass. Whatever else follows (a
+relu, ... that FuseOps put in the partition) stays TIR and reads the call's
+output.
 
 The pass is conservative: it rewrites only what it has proven to be a
 float32, NCHW/OIHW, groups = 1, dilation = 1 convolution with zero padding,
@@ -53,6 +57,7 @@ from umahub.compat import (
 __all__ = [
     "C_INCLUDES",
     "C_SOURCES",
+    "EXTERN_BIAS_NAME",
     "EXTERN_NAME",
     "INCLUDE_DIRS",
     "KERNEL_DIR",
@@ -64,6 +69,7 @@ __all__ = [
 from umahub_vanilla.library import (
     C_INCLUDES,
     C_SOURCES,
+    EXTERN_BIAS_NAME,
     EXTERN_NAME,
     INCLUDE_DIRS,
     KERNEL_DIR,
@@ -100,6 +106,16 @@ class ConvMatch:
     pad_right: int
     stride_h: int
     stride_w: int
+    # the bias add that follows, taken into the call: its position in the root
+    # block's body, the (1, K, 1, 1) bias, and the convolution's own output
+    # (a root allocation then dropped; ``out`` is the add's output)
+    bias_index: int | None = None
+    bias: object | None = None
+    conv_buffer: object | None = None
+
+    @property
+    def extern_name(self) -> str:
+        return EXTERN_NAME if self.bias is None else EXTERN_BIAS_NAME
 
     def extern_args(self):
         ints = (
@@ -107,9 +123,10 @@ class ConvMatch:
             self.pad_top, self.pad_left, self.pad_bottom, self.pad_right,
             self.stride_h, self.stride_w,
         )  # fmt: skip
-        return [data_pointer(b) for b in (self.data, self.weight, self.out)] + [
-            tirx.const(v, "int32") for v in ints
-        ]
+        buffers = (self.data, self.weight, self.out)
+        if self.bias is not None:
+            buffers = (self.data, self.weight, self.bias, self.out)
+        return [data_pointer(b) for b in buffers] + [tirx.const(v, "int32") for v in ints]
 
 
 # ---------------------------------------------------------------- helpers
@@ -381,6 +398,41 @@ def _match_pad_block(loops, realize, pad_buf):
     return X, pt, pl, pb, pr
 
 
+def _match_bias_block(loops, realize, conv_out):
+    """The block ``y[n, k, h, w] = conv_out[n, k, h, w] + b[0, k, 0, 0]`` (either
+    order) of a (1, K, 1, 1) float32 bias; returns (b, y)."""
+    _check_trivial_binding(loops, realize)
+    block = realize.block
+    ivs = [iv.var for iv in block.iter_vars]
+    if [int(iv.iter_type) for iv in block.iter_vars] != [_DATA_PAR] * 4 or block.init is not None:
+        raise _NoMatch("not an SSSS block")
+    store = block.body
+    if not (isinstance(store, tirx.BufferStore) and _same_vars(store.indices, ivs)):
+        raise _NoMatch("does not write y[n, k, h, w]")
+    val = store.value
+    if not isinstance(val, tirx.Add) or not all(isinstance(x, Load) for x in (val.a, val.b)):
+        raise _NoMatch("not a sum of two loads")
+    conv, bias = (val.a, val.b) if buffer_of(val.a).same_as(conv_out) else (val.b, val.a)
+    if not (buffer_of(conv).same_as(conv_out) and _same_vars(conv.indices, ivs)):
+        raise _NoMatch("does not read the convolution at [n, k, h, w]")
+    b, y = buffer_of(bias), store.buffer
+    _check_dense_f32_4d(b, "bias")
+    _check_dense_f32_4d(y, "bias add output")
+    k = _static_shape(conv_out)[1]
+    if _static_shape(b) != [1, k, 1, 1] or _static_shape(y) != _static_shape(conv_out):
+        raise _NoMatch("not a (1, K, 1, 1) bias")
+    idx = bias.indices
+    if not (len(idx) == 4 and isinstance(idx[1], tirx.Var) and idx[1].same_as(ivs[1])):
+        raise _NoMatch("bias not indexed by the channel")
+    ones = [v for v, e in zip(ivs, _static_shape(y)) if e == 1]  # an axis of extent 1
+    for i in (idx[0], idx[2], idx[3]):
+        if not ((isinstance(i, tirx.IntImm) and int(i) == 0) or any(i.same_as(v) for v in ones)):
+            raise _NoMatch("bias indexed by more than the channel")
+    if y.same_as(b) or y.same_as(conv_out):
+        raise _NoMatch("bias add in place")
+    return b, y
+
+
 def _reads_writes(stmt):
     """Buffers named in the reads/writes of every block under stmt."""
     out = []
@@ -391,6 +443,25 @@ def _reads_writes(stmt):
     for region in list(realize.block.reads) + list(realize.block.writes):
         out.append(buffer_of(region))
     return out
+
+
+def _bias_after(stmts, i: int, out, allocs) -> dict:
+    """The bias add right after the convolution at ``i``, as ConvMatch's fields,
+    when the convolution's output is an intermediate nothing else reads."""
+    if i + 1 >= len(stmts) or not any(out.same_as(b) for b in allocs):
+        return {"out": out}
+    try:
+        loops, realize = _unwrap_loops(stmts[i + 1])
+        b, y = _match_bias_block(loops, realize, out)
+    except _NoMatch:
+        return {"out": out}
+    for j, other in enumerate(stmts):
+        if j in (i, i + 1):
+            continue
+        used = _reads_writes(other)
+        if used is None or any(out.same_as(u) for u in used):
+            return {"out": out}
+    return {"out": y, "bias_index": i + 1, "bias": b, "conv_buffer": out}
 
 
 def match_conv2d(func) -> list[ConvMatch]:
@@ -440,6 +511,7 @@ def match_conv2d(func) -> list[ConvMatch]:
                 raise _NoMatch("kernel larger than the padded input")
             if max(n, c, h, w, d["k"], d["r"], d["s"], pt, pl, pb, pr) >= 2**31:
                 raise _NoMatch("sizes exceed int32")
+            bias = _bias_after(stmts, i, out, allocs)
             matches.append(
                 ConvMatch(
                     conv_index=i,
@@ -447,7 +519,6 @@ def match_conv2d(func) -> list[ConvMatch]:
                     pad_buffer=pad_buf,
                     data=X,
                     weight=Wt,
-                    out=out,
                     n=n,
                     c=c,
                     h=h,
@@ -461,6 +532,7 @@ def match_conv2d(func) -> list[ConvMatch]:
                     pad_right=pr,
                     stride_h=d["sh"],
                     stride_w=d["sw"],
+                    **bias,
                 )
             )
         except _NoMatch:
@@ -478,12 +550,13 @@ def _full_region(buf):
 
 
 def _extern_block(m: ConvMatch):
-    call = tirx.call_extern("int32", EXTERN_NAME, *m.extern_args())
+    call = tirx.call_extern("int32", m.extern_name, *m.extern_args())
+    reads = [m.data, m.weight] + ([m.bias] if m.bias is not None else [])
     block = SBlock(
         [],
-        [_full_region(m.data), _full_region(m.weight)],
+        [_full_region(b) for b in reads],
         [_full_region(m.out)],
-        EXTERN_NAME,
+        m.extern_name,
         tirx.Evaluate(call),
     )
     return SBlockRealize([], True, block)
@@ -511,7 +584,7 @@ def _kept(matches: list[ConvMatch], root, stmts) -> list[ConvMatch]:
     """
     allocated = list(root.alloc_buffers)
     rewritten = {m.conv_index for m in matches} | {
-        m.pad_index for m in matches if m.pad_index is not None
+        i for m in matches for i in (m.pad_index, m.bias_index) if i is not None
     }
     kept = []
     for m in matches:
@@ -533,8 +606,8 @@ def rewrite_conv2d(func):
     if not matches:
         return func
     replace = {m.conv_index: _extern_block(m) for m in matches}
-    drop = {m.pad_index for m in matches if m.pad_index is not None}
-    dropped_bufs = [m.pad_buffer for m in matches if m.pad_buffer is not None]
+    drop = {i for m in matches for i in (m.pad_index, m.bias_index) if i is not None}
+    dropped_bufs = [b for m in matches for b in (m.pad_buffer, m.conv_buffer) if b is not None]
     new_stmts = []
     for i, stmt in enumerate(stmts):
         if i in drop:

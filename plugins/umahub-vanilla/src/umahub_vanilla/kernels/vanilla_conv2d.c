@@ -31,6 +31,10 @@
  * (TVMBackendParallelLaunch), each with its own im2col buffer; the weights
  * are packed once per call, before.
  *
+ * vanilla_conv2d_nchw_bias adds a bias per output channel to the
+ * accumulators before they are stored: the bias add that follows a
+ * convolution costs no pass of its own over the output.
+ *
  * An output of one position per image (a squeeze-and-excitation block's 1x1
  * convolutions on a pooled 1x1 input, a classifier as a convolution) is a
  * matrix-vector product: each weight is used once, so packing the weights
@@ -94,15 +98,22 @@ static void vanilla_valid_range(ptrdiff_t off, ptrdiff_t stride, ptrdiff_t exten
   *hi = h;
 }
 
-/* acc[j][t] = sum_p w[p*KT + j] * x[p*ldx + t], j < KT, t < WT; written to
- * out[j*ldo + t] for j < nk, t < nw. */
+/* acc[j][t] = bias[j] + sum_p w[p*KT + j] * x[p*ldx + t], j < KT, t < WT
+ * (bias padded to KT, or NULL for none); written to out[j*ldo + t] for j < nk,
+ * t < nw. */
 VANILLA_CLONES
 static void vanilla_tile(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
                          const float* VANILLA_RESTRICT w, ptrdiff_t depth,
-                         float* VANILLA_RESTRICT out, ptrdiff_t ldo, ptrdiff_t nk,
-                         ptrdiff_t nw) {
-  float a0[VANILLA_WT] = {0}, a1[VANILLA_WT] = {0}, a2[VANILLA_WT] = {0}, a3[VANILLA_WT] = {0};
+                         const float* VANILLA_RESTRICT bias, float* VANILLA_RESTRICT out,
+                         ptrdiff_t ldo, ptrdiff_t nk, ptrdiff_t nw) {
+  float a0[VANILLA_WT], a1[VANILLA_WT], a2[VANILLA_WT], a3[VANILLA_WT];
   ptrdiff_t p, t, j;
+  for (t = 0; t < VANILLA_WT; ++t) {
+    a0[t] = bias ? bias[0] : 0.0f;
+    a1[t] = bias ? bias[1] : 0.0f;
+    a2[t] = bias ? bias[2] : 0.0f;
+    a3[t] = bias ? bias[3] : 0.0f;
+  }
   for (p = 0; p < depth; ++p) {
     const float* VANILLA_RESTRICT xp = x + p * ldx;
     const float w0 = w[p * VANILLA_KT], w1 = w[p * VANILLA_KT + 1];
@@ -141,11 +152,16 @@ typedef float vanilla_v16 __attribute__((vector_size(64)));
 __attribute__((target("avx512f,fma")))
 static void vanilla_tile16(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
                            const float* VANILLA_RESTRICT w, ptrdiff_t depth,
-                           float* VANILLA_RESTRICT out, ptrdiff_t ldo, ptrdiff_t nk,
-                           ptrdiff_t nw) {
+                           const float* VANILLA_RESTRICT bias, float* VANILLA_RESTRICT out,
+                           ptrdiff_t ldo, ptrdiff_t nk, ptrdiff_t nw) {
 #define VANILLA_DECL(j) vanilla_v16 a##j = {0};
   VANILLA_ACC16(VANILLA_DECL)
 #undef VANILLA_DECL
+  if (bias) {
+#define VANILLA_BIAS(j) a##j += bias[j];
+    VANILLA_ACC16(VANILLA_BIAS)
+#undef VANILLA_BIAS
+  }
   ptrdiff_t p;
   for (p = 0; p < depth; ++p) {
     vanilla_v16 v;
@@ -198,6 +214,7 @@ int TVMBackendParallelLaunch(vanilla_lambda flambda, void* cdata, int num_task)
 typedef struct {
   const float* data;
   const float* packed;
+  const float* bias; /* K floats padded to a whole tile of channels, or NULL */
   float* out;
   ptrdiff_t N, C, H, W, K, R, S, PT, PL, SH, SW, OH, OW, OWP, CRS, KT;
   int wide; /* the 16 x 16 tile */
@@ -271,12 +288,13 @@ static int vanilla_rows(const vanilla_job* job, ptrdiff_t lo, ptrdiff_t hi) {
         ptrdiff_t nw = (OW - ow0 < VANILLA_WT) ? (OW - ow0) : VANILLA_WT;
 #if VANILLA_AVX512
         if (job->wide) {
-          vanilla_tile16(cols + ow0, OWP, job->packed + k0 * CRS, CRS, out_k + ow0, plane_out, nk,
-                         nw);
+          vanilla_tile16(cols + ow0, OWP, job->packed + k0 * CRS, CRS,
+                         job->bias ? job->bias + k0 : NULL, out_k + ow0, plane_out, nk, nw);
           continue;
         }
 #endif
-        vanilla_tile(cols + ow0, OWP, job->packed + k0 * CRS, CRS, out_k + ow0, plane_out, nk, nw);
+        vanilla_tile(cols + ow0, OWP, job->packed + k0 * CRS, CRS,
+                     job->bias ? job->bias + k0 : NULL, out_k + ow0, plane_out, nk, nw);
       }
     }
   }
@@ -310,7 +328,7 @@ static int vanilla_one_position(const vanilla_job* job, const float* VANILLA_RES
         }
     for (k = 0; k < job->K; ++k) {
       const float* VANILLA_RESTRICT row = weight + k * CRS;
-      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sum = 0.0f;
+      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sum = job->bias ? job->bias[k] : 0.0f;
       for (p = 0; p + 8 <= CRS; p += 8)
         for (j = 0; j < 8; ++j) part[j] += row[p + j] * col[p + j];
       for (; p < CRS; ++p) sum += row[p] * col[p];
@@ -328,9 +346,20 @@ int32_t vanilla_conv2d_nchw(float* data, float* weight, float* out,
                             int32_t pad_top, int32_t pad_left,
                             int32_t pad_bottom, int32_t pad_right,
                             int32_t stride_h, int32_t stride_w) {
+  return vanilla_conv2d_nchw_bias(data, weight, NULL, out, n, c, h, w, k, r, s, pad_top,
+                                  pad_left, pad_bottom, pad_right, stride_h, stride_w);
+}
+
+int32_t vanilla_conv2d_nchw_bias(float* data, float* weight, float* bias, float* out,
+                                 int32_t n, int32_t c, int32_t h, int32_t w,
+                                 int32_t k, int32_t r, int32_t s,
+                                 int32_t pad_top, int32_t pad_left,
+                                 int32_t pad_bottom, int32_t pad_right,
+                                 int32_t stride_h, int32_t stride_w) {
   vanilla_job job;
   ptrdiff_t KP, k0, p, j;
   float* packed;
+  float* padded_bias = NULL;
 
   if (n <= 0 || c <= 0 || h <= 0 || w <= 0 || k <= 0 || r <= 0 || s <= 0) return -1;
   if (pad_top < 0 || pad_left < 0 || pad_bottom < 0 || pad_right < 0) return -1;
@@ -353,10 +382,16 @@ int32_t vanilla_conv2d_nchw(float* data, float* weight, float* out,
 #endif
   job.KT = job.wide ? 16 : VANILLA_KT;
   KP = (job.K + job.KT - 1) / job.KT * job.KT;
+  job.bias = bias;
   if (job.OH * job.OW == 1) return vanilla_one_position(&job, weight);
 
-  packed = (float*)malloc((size_t)(KP * job.CRS) * sizeof(float));
+  packed = (float*)malloc((size_t)(KP * job.CRS + (bias ? KP : 0)) * sizeof(float));
   if (packed == NULL) return -2;
+  if (bias) { /* padded with zeros to whole tiles of channels, as the weights */
+    padded_bias = packed + KP * job.CRS;
+    for (k0 = 0; k0 < KP; ++k0) padded_bias[k0] = k0 < job.K ? bias[k0] : 0.0f;
+    job.bias = padded_bias;
+  }
   /* packed[(k0/KT)*CRS*KT + p*KT + j] = weight[k0 + j][p], 0 past K */
   for (k0 = 0; k0 < KP; k0 += job.KT)
     for (p = 0; p < job.CRS; ++p)

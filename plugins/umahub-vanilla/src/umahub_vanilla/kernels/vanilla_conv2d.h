@@ -1,9 +1,11 @@
 /*
  * vanilla_conv2d.h -- the kernel library of umahub-vanilla ("vanilla_accel").
  *
- * One function: a direct 2-D convolution, NCHW data, KCRS (OIHW) weights,
- * float32, groups = 1, dilation = 1, any stride >= 1, any zero padding
- * (the padding is done here: the caller passes the unpadded input).
+ * A direct 2-D convolution, NCHW data, KCRS (OIHW) weights, float32,
+ * groups = 1, dilation = 1, any stride >= 1, any zero padding (the padding is
+ * done here: the caller passes the unpadded input); without a bias
+ * (vanilla_conv2d_nchw) or with one per output channel, added before the
+ * output is stored (vanilla_conv2d_nchw_bias).
  *
  *   out[n][k][oh][ow] = sum_{c<C, r<R, s<S}
  *       data[n][c][oh*stride_h + r - pad_top][ow*stride_w + s - pad_left]
@@ -51,6 +53,16 @@ int32_t vanilla_conv2d_nchw(float* data, float* weight, float* out,
                             int32_t pad_top, int32_t pad_left,
                             int32_t pad_bottom, int32_t pad_right,
                             int32_t stride_h, int32_t stride_w);
+
+/* The same convolution plus a bias per output channel:
+ *   out[n][k][oh][ow] = (the sum above) + bias[k]
+ *   bias : K floats (read only), or NULL for none. */
+int32_t vanilla_conv2d_nchw_bias(float* data, float* weight, float* bias, float* out,
+                                 int32_t n, int32_t c, int32_t h, int32_t w,
+                                 int32_t k, int32_t r, int32_t s,
+                                 int32_t pad_top, int32_t pad_left,
+                                 int32_t pad_bottom, int32_t pad_right,
+                                 int32_t stride_h, int32_t stride_w);
 
 #ifdef __cplusplus
 }  /* extern "C" */
