@@ -867,16 +867,24 @@ def _schedule_conv2d(
         sch.reorder(wf0, wl[1], wl[2], wl[3], wf1)
         sch.vectorize(wf1)
         sch.transform_layout(wp, ("write", 0), lambda f, c, kh, kw: (f // nr, c, kh, kw, f % nr))
-    tiled, rest = _epilogue_at(sch, p0, out, rest)
-    outer = sch.fuse(n, f0, p0)
-    sch.parallel(outer)
-    sch.unroll(p2)
-    sch.vectorize(f2)
+    _finish_tiles(sch, red, (out, rest), (n, f0, p0), rc0, (p2, f2), lanes)
+    return "conv2d"
+
+
+def _finish_tiles(sch: s_tir.Schedule, red, epilogue, tasks, rc0, micro, lanes: int) -> None:
+    """What a convolution's tiling ends with: the epilogue (``(out, rest)`` of
+    :func:`_accumulator_and_epilogue`) per task, the ``tasks`` loops fused in
+    parallel, the ``micro``-kernel's (unrolled, vectorized) loops, and the
+    accumulator initialised before the reduction step ``rc0``."""
+    out, rest = epilogue
+    tiled, rest = _epilogue_at(sch, tasks[-1], out, rest)
+    sch.parallel(sch.fuse(*tasks))
+    sch.unroll(micro[0])
+    sch.vectorize(micro[1])
     sch.decompose_reduction(red, rc0)
     _vectorize_epilogue(sch, tiled, lanes)
     for name in rest:
         _parallel_spatial(sch, sch.get_sblock(name), lanes)
-    return "conv2d"
 
 
 def _schedule_pointwise(
@@ -913,15 +921,7 @@ def _schedule_pointwise(
     p0, p1, p2 = sch.split(pos, [None, tp // nr, nr])
     rc0, rc1 = sch.split(rc, [None, tc])
     sch.reorder(n, f0, p0, rc0, f1, p1, rc1, ry, rx, f2, p2)
-    tiled, rest = _epilogue_at(sch, p0, out, rest)
-    outer = sch.fuse(n, f0, p0)
-    sch.parallel(outer)
-    sch.unroll(f2)
-    sch.vectorize(p2)
-    sch.decompose_reduction(red, rc0)
-    _vectorize_epilogue(sch, tiled, lanes)
-    for name in rest:
-        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    _finish_tiles(sch, red, (out, rest), (n, f0, p0), rc0, (f2, p2), lanes)
     return "pointwise"
 
 
