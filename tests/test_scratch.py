@@ -9,11 +9,11 @@ import pytest
 tvm = pytest.importorskip("tvm")
 from tvm import s_tir, te  # noqa: E402
 
-from umahub.scratch import STACK_SCRATCH_MAX, scratch_on_stack  # noqa: E402
+from umahub.scratch import STACK_SCRATCH_MAX, SUPPORTED, scratch_on_stack  # noqa: E402
 from umahub.tir_phases import PIPELINE_NAME  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    not hasattr(tvm.tirx, "AllocBuffer"), reason="apache-tvm before 0.27: the pass changes nothing"
+    not SUPPORTED, reason="apache-tvm before 0.27: the pass changes nothing"
 )
 
 

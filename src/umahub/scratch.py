@@ -29,7 +29,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 
-__all__ = ["STACK_SCRATCH_MAX", "scratch_on_stack"]
+__all__ = ["STACK_SCRATCH_MAX", "SUPPORTED", "scratch_on_stack"]
 
 #: The most a task puts on its stack, all its buffers together (a thread's
 #: stack is 8 MiB on Linux; the npu's tiles are sized to its 256 KiB scratchpad).
@@ -85,10 +85,14 @@ def _supported() -> bool:
     return hasattr(tirx, "AllocBuffer") and hasattr(tvm_ffi, "structural_mutate")
 
 
+#: Whether this TVM has what the pass needs (apache-tvm 0.27's ``AllocBuffer``).
+SUPPORTED = _supported()
+
+
 @tirx.transform.prim_func_pass(opt_level=0, name="umahub.ScratchOnStack")
 def scratch_on_stack(func: tirx.PrimFunc, _mod: Any, _ctx: Any) -> tirx.PrimFunc:
     """The pass: ``func`` with its tasks' scratch buffers on the stack (see the module)."""
-    if not _supported():
+    if not SUPPORTED:
         return func
     import tvm_ffi
 

@@ -22,7 +22,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from umahub import codegen, prepack
+from umahub import codegen, prepack, scratch
 from umahub._tvm import (
     Constant,
     TensorType,
@@ -353,7 +353,10 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
         target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
         host, comp.host_schedules = lower_host(comp.hub, host, target)
         with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled_passes(comp)):
-            executable = tvm.compile(host, target=target, tir_pipeline=TIR_PIPELINE)
+            # umahub's TIR pipeline is TVM's default plus the stack scratch pass:
+            # with an older TVM, which the pass leaves alone, TVM's own
+            pipeline = TIR_PIPELINE if scratch.SUPPORTED else "default"
+            executable = tvm.compile(host, target=target, tir_pipeline=pipeline)
     with comp.clock.stage("load"):
         try:
             return load(comp, executable)
