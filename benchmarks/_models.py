@@ -28,6 +28,27 @@ def torchvision_models() -> Any:
     return torchvision.models
 
 
+def random_torchvision(name: str) -> tuple[Any, Any]:
+    """(module in eval mode, input) of torchvision's ``name`` with random weights
+    (seed 0) and a random image (seed 1).
+
+    torchvision starts some classifiers at zero (ViT's head, for fine-tuning):
+    every output would then be 0 whatever the network computes, and a
+    comparison of engines' outputs would check nothing. Such a layer gets
+    small random weights too.
+    """
+    import torch
+
+    torch.manual_seed(0)
+    module = getattr(torchvision_models(), name)(weights=None).eval()
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Linear) and not layer.weight.detach().any():
+            torch.nn.init.normal_(layer.weight, std=0.02)
+            if layer.bias is not None:
+                torch.nn.init.normal_(layer.bias, std=0.02)
+    return module, torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+
+
 def relax_model(name: str) -> tuple[Any, list[Any]]:
     """(Relax module, numpy inputs) of a zoo or torchvision model."""
     import umahub.models as zoo
@@ -39,7 +60,5 @@ def relax_model(name: str) -> tuple[Any, list[Any]]:
     from umahub.frontends import to_relax
 
     torch.set_flush_denormal(True)
-    torch.manual_seed(0)
-    module = getattr(torchvision_models(), name)(weights=None).eval()
-    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    module, x = random_torchvision(name)
     return to_relax(torch.export.export(module, (x,))), [x.numpy()]

@@ -63,7 +63,7 @@ import torch
 torch.set_flush_denormal(True)
 torch.set_num_threads(threads)
 
-from _models import torchvision_models
+from _models import random_torchvision
 
 def model():
     from umahub.models import names
@@ -71,9 +71,8 @@ def model():
         from umahub.models import torch_zoo
         module, inputs = torch_zoo.torch_module(name)
         return module.eval(), tuple(inputs)
-    torch.manual_seed(0)
-    module = getattr(torchvision_models(), name)(weights=None).eval()
-    return module, (torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)),)
+    module, x = random_torchvision(name)
+    return module, (x,)
 
 def timed(run):
     run()
