@@ -34,6 +34,7 @@ __all__ = [
     "Need",
     "PoolUse",
     "bounded",
+    "element_bytes",
     "size_bounds",
     "symbolic_sizes",
     "tensor_bytes",
@@ -41,7 +42,8 @@ __all__ = [
 
 
 @functools.lru_cache(maxsize=64)
-def _element_bytes(dtype: str) -> int:
+def element_bytes(dtype: str) -> int:
+    """Bytes of one element of ``dtype`` (a vector type's lanes included)."""
     import tvm
 
     data_type = tvm.DataType(dtype)
@@ -136,7 +138,7 @@ def tensor_bytes(struct_info: Any, unknown: int = 0) -> int:
         if value is None:
             return unknown
         count *= value
-    return count * _element_bytes(str(struct_info.dtype))
+    return count * element_bytes(str(struct_info.dtype))
 
 
 @dataclass(frozen=True)

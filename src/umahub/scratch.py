@@ -26,8 +26,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import tvm
+import tvm_ffi
 from tvm import tirx
+
+from umahub.memory import element_bytes
 
 __all__ = ["STACK_SCRATCH_MAX", "SUPPORTED", "scratch_on_stack"]
 
@@ -47,13 +49,10 @@ def _size(buffer: Any) -> int | None:
         elements = math.prod(int(d) for d in buffer.shape)
     except TypeError:  # a size known only at run time
         return None
-    dtype = tvm.DataType(str(buffer.dtype))
-    return elements * dtype.bits * dtype.lanes // 8
+    return elements * element_bytes(str(buffer.dtype))
 
 
 def _in_parallel(node: Any, mutator: Any) -> Any:
-    import tvm_ffi
-
     if node.kind != tirx.ForKind.PARALLEL:
         return mutator.default_mutate(node)
     room = [STACK_SCRATCH_MAX]
@@ -79,14 +78,8 @@ def _in_parallel(node: Any, mutator: Any) -> Any:
     )
 
 
-def _supported() -> bool:
-    import tvm_ffi
-
-    return hasattr(tirx, "AllocBuffer") and hasattr(tvm_ffi, "structural_mutate")
-
-
 #: Whether this TVM has what the pass needs (apache-tvm 0.27's ``AllocBuffer``).
-SUPPORTED = _supported()
+SUPPORTED = hasattr(tirx, "AllocBuffer") and hasattr(tvm_ffi, "structural_mutate")
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="umahub.ScratchOnStack")
@@ -94,6 +87,4 @@ def scratch_on_stack(func: tirx.PrimFunc, _mod: Any, _ctx: Any) -> tirx.PrimFunc
     """The pass: ``func`` with its tasks' scratch buffers on the stack (see the module)."""
     if not SUPPORTED:
         return func
-    import tvm_ffi
-
     return func.with_body(tvm_ffi.structural_mutate(func.body, [(tirx.For, _in_parallel)]))
