@@ -19,9 +19,12 @@ import umahub  # noqa: E402
 RNG = np.random.default_rng(0)
 
 
-def _plain(mod, xs):
+def _matches_plain_tvm(compiled, mod, *shapes):
+    """``compiled`` gives plain TVM's output on random inputs of ``shapes``."""
+    xs = [RNG.standard_normal(shape).astype("float32") for shape in shapes]
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    return vm["main"](*[tvm.runtime.tensor(a) for a in xs]).numpy()
+    want = vm["main"](*[tvm.runtime.tensor(a) for a in xs]).numpy()
+    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def _compile(mod):
@@ -58,9 +61,7 @@ def test_a_convolution_filter_is_packed_at_compile_time():
     (packed,) = part.packed
     _panels(packed, "32x16x3x3", "16x3x3", 32)
     assert part.max_error is not None and part.max_error < 1e-4
-    xs = [RNG.standard_normal((1, 16, 14, 14)).astype("float32")]
-    want = _plain(mod, xs)
-    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    _matches_plain_tvm(compiled, mod, (1, 16, 14, 14))
 
 
 def test_a_dense_weight_is_packed_and_an_activation_is_not():
@@ -132,9 +133,7 @@ def test_a_filter_no_vector_divides_is_padded_with_its_packing_at_compile_time(c
     nr = _panels(packed, f"{channels}x64x1x1", "64x1x1", padded)
     assert padded % nr == 0  # whole vectors, no half ones
     assert part.max_error is not None and part.max_error < 1e-4
-    xs = [RNG.standard_normal((1, 64, 13, 13)).astype("float32")]
-    want = _plain(mod, xs)
-    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    _matches_plain_tvm(compiled, mod, (1, 64, 13, 13))
 
 
 def test_a_filter_passed_at_run_time_is_not_padded():
@@ -149,9 +148,7 @@ def test_a_filter_passed_at_run_time_is_not_padded():
     compiled = _compile(mod)
     (part,) = compiled.report.partitions
     assert part.packed == []  # packed tile by tile, as it comes
-    xs = [RNG.standard_normal(s).astype("float32") for s in ((1, 64, 13, 13), (72, 64, 1, 1))]
-    want = _plain(mod, xs)
-    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    _matches_plain_tvm(compiled, mod, (1, 64, 13, 13), (72, 64, 1, 1))
 
 
 def test_a_one_by_one_filter_on_whole_vectors_of_positions_is_packed_unpadded():
@@ -171,6 +168,4 @@ def test_a_one_by_one_filter_on_whole_vectors_of_positions_is_packed_unpadded():
     mr = 12 if vector_lanes() >= 16 else 6
     assert part.packed == [f"weight 1 (72x64x1x1 -> {72 // mr}x64x1x1x{mr})"]
     assert part.max_error is not None and part.max_error < 1e-4
-    xs = [RNG.standard_normal((1, 64, 16, 16)).astype("float32")]
-    want = _plain(mod, xs)
-    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    _matches_plain_tvm(compiled, mod, (1, 64, 16, 16))
