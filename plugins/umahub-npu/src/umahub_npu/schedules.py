@@ -95,7 +95,9 @@ pointwise, per (f-tile, p-tile) task::
   packing ``[f/mr][c][kh][kw][mr]``) x ``nr`` positions (two vectors, or one
   when P is an odd number of vectors): ``mr`` the largest divisor of F with
   ``mr * nr/lanes`` <= 24 accumulators (12 with AVX2), so any channel count
-  (24, 40, 72) runs whole vectors and is not padded;
+  (24, 40, 72) runs whole vectors and is not padded (the lowering leaves a
+  1x1 convolution on a multiple of 16 positions unpadded:
+  ``umahub_npu.lowering._positions_in_vectors``; keep the two in step);
 * ``tp``: whole output rows or a divisor of one (a rectangle, as above), <= 512
   positions; ``tf`` <= 64 channels; tasks and ``sram_bytes`` as for conv2d.
 * Against the implicit GEMM, whose vectors hold channels, it is 1.1-1.7x
