@@ -2,7 +2,7 @@
 
 TVM 0.26/0.27 renamed Relax's ``StructInfo`` to ``Type`` (``TensorStructInfo`` ->
 ``TensorType``, ``expr.struct_info`` -> ``expr.ty``, ``out_sinfo=`` -> ``out_ty=``)
-and moved ``Var``, ``Constant`` and ``VDevice``; umahub code asks here instead of
+and moved ``Var``, ``Constant``, ``VDevice`` and ``StringImm``; umahub code asks here instead of
 guessing.
 
 Careful with the order of the look-ups: TVM 0.25 still has ``relax.TensorType``
@@ -22,6 +22,7 @@ from tvm import relax
 __all__ = [
     "Analyzer",
     "Constant",
+    "StringImm",
     "TensorType",
     "TupleType",
     "VDevice",
@@ -41,6 +42,7 @@ TensorType: Any = getattr(relax, "TensorStructInfo", None) or relax.TensorType
 TupleType: Any = getattr(relax, "TupleStructInfo", None) or relax.TupleType
 Constant: Any = getattr(relax, "Constant", None) or tvm.ir.expr.Constant
 VDevice: Any = getattr(relax, "VDevice", None) or tvm.ir.VDevice
+StringImm: Any = getattr(relax, "StringImm", None) or tvm.ir.StringImm
 
 
 def constant_value(constant: Any) -> Any:

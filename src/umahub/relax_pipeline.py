@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import tvm
 from tvm import relax
 
-from umahub import pipeline
+from umahub import pipeline, storage_plan
 from umahub.errors import UmahubError, warn
 from umahub.host_lowering import lower_host
 from umahub.stages import build
@@ -82,11 +82,12 @@ class RelaxPipeline:
             )
         prepared, comp = pipeline.prepare(self.hub, mod, self.placement, self.progress)
         prepared, comp.host_schedules = lower_host(self.hub, prepared)
+        prepared = storage_plan.plan_storage(prepared)
         self.compilation = comp
         inner = tvm.transform.PassContext(
             opt_level=ctx.opt_level,
             required_pass=list(ctx.required_pass),
-            disabled_pass=list(ctx.disabled_pass) + build.disabled_passes(comp),
+            disabled_pass=[*ctx.disabled_pass, storage_plan.REPLACED_PASS],
             config=dict(ctx.config),
             instruments=list(ctx.instruments),
         )

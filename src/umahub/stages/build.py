@@ -22,7 +22,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from umahub import codegen, prepack, scratch
+from umahub import codegen, prepack, scratch, storage_plan
 from umahub._tvm import (
     Constant,
     TensorType,
@@ -45,7 +45,7 @@ from umahub.step_functions import with_steps
 from umahub.tir_phases import PIPELINE_NAME as TIR_PIPELINE
 from umahub.vdevice import VirtualDevice
 
-__all__ = ["count_copies", "disabled_passes", "load", "place_on_devices", "prepare", "run"]
+__all__ = ["count_copies", "load", "place_on_devices", "prepare", "run"]
 
 
 @relax.expr_functor.mutator
@@ -335,24 +335,14 @@ def prepare(comp: Compilation, placed: Partitioned, lift_weights: bool = True) -
     return host
 
 
-def disabled_passes(comp: Compilation) -> list[str]:
-    """TVM passes the placed module must be built without.
-
-    With several devices, Relax's StaticPlanBlockMemory (TVM 0.25-0.27) would
-    let a tensor on one device reuse storage allocated on another (it plans by
-    size and scope, not by device), so it is disabled: each tensor is then
-    allocated by the VM's pooled allocator of its own device.
-    """
-    return ["StaticPlanBlockMemory"] if len(comp.devices) > 1 else []
-
-
 def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
         host = with_steps(host, comp.devices, comp.hub)  # for the concurrent executor
         target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
         host, comp.host_schedules = lower_host(comp.hub, host, target)
-        with tvm.transform.PassContext(opt_level=3, disabled_pass=disabled_passes(comp)):
+        host = storage_plan.plan_storage(host)  # so TVM's own plan is left out
+        with tvm.transform.PassContext(opt_level=3, disabled_pass=[storage_plan.REPLACED_PASS]):
             # umahub's TIR pipeline is TVM's default plus the stack scratch pass:
             # with an older TVM, which the pass leaves alone, TVM's own
             pipeline = TIR_PIPELINE if scratch.SUPPORTED else "default"
