@@ -1,4 +1,4 @@
-"""The npu takes a convolution's batch norm, residual add and SiLU/hardswish with it;
+"""The npu takes a convolution's batch norm, residual add and SiLU/hardswish/hardsigmoid with it;
 numbers against plain ``tvm.compile`` of the same model."""
 
 from __future__ import annotations
@@ -43,6 +43,23 @@ def _hardswish(bb, y):
     return bb.emit(relax.op.divide(gated, relax.const(6.0, "float32")))
 
 
+def _hardswish_frontend(bb, y):
+    # as TVM's torch and ONNX frontends write it: x * (clip(x + 3, 0, 6) / 6)
+    return bb.emit(relax.op.multiply(y, _hardsigmoid(bb, y)))
+
+
+def _hardsigmoid(bb, y):
+    # as TVM's torch frontends write it: clip(x + 3, 0, 6) / 6
+    three = bb.emit(relax.op.add(y, relax.const(3.0, "float32")))
+    return bb.emit(relax.op.divide(bb.emit(relax.op.clip(three, 0.0, 6.0)), relax.const(6.0)))
+
+
+def _hardsigmoid_onnx(bb, y):
+    # as TVM's ONNX frontend writes HardSigmoid: clip(alpha * x + beta, 0, 1)
+    scaled = bb.emit(relax.op.multiply(relax.const(0.2, "float32"), y))
+    return bb.emit(relax.op.clip(bb.emit(relax.op.add(scaled, relax.const(0.5))), 0.0, 1.0))
+
+
 def _model(channels, out_channels, size, *, groups=1, stride=1, epilogue=None, residual=False):
     bb = relax.BlockBuilder()
     x = relax.Var("x", R.Tensor((1, channels, size, size), "float32"))
@@ -77,6 +94,13 @@ CASES = {
     "conv2d_bn_silu_strided": dict(channels=16, out_channels=24, size=15, stride=2, epilogue=_silu),
     "depthwise_bn_hardswish": dict(
         channels=32, out_channels=32, size=14, groups=32, epilogue=_hardswish
+    ),
+    "conv2d_bn_hardsigmoid": dict(channels=16, out_channels=24, size=7, epilogue=_hardsigmoid),
+    "conv2d_bn_hardswish_frontend": dict(
+        channels=16, out_channels=16, size=9, epilogue=_hardswish_frontend
+    ),
+    "depthwise_bn_hardsigmoid_onnx": dict(
+        channels=24, out_channels=24, size=10, groups=24, epilogue=_hardsigmoid_onnx
     ),
     "depthwise_bn_silu": dict(channels=24, out_channels=24, size=9, groups=24, epilogue=_silu),
     # strided: the padded rows are stored column phase by column phase

@@ -7,7 +7,7 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
 * patterns: matmul / dense and conv2d (depthwise included) with an optional
   epilogue: a bias add (or, for conv2d, an inference batch norm), a residual
   add (a tensor computed at run time: a residual block's input), and an
-  activation (relu, gelu, clip, SiLU, hardswish); batched matmul (attention).
+  activation (relu, gelu, clip, SiLU, hardswish, hardsigmoid); batched matmul (attention).
   umahub folds a batch norm that follows a convolution into its weight and a
   bias before partitioning, so the batch norm patterns are for the rest. A
   convolution whose input is gated per channel (a squeeze-and-excitation
@@ -190,11 +190,14 @@ def umahub_patterns():
     """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
     from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, wildcard
 
-    def activated(producer):
+    def wildcards(n):
         # Fresh wildcards per argument: one pattern object used twice would
         # require both arguments to be the same expression.
+        return [wildcard() for _ in range(n)]
+
+    def activated(producer):
         alternatives = [
-            is_op(name)(producer, *[wildcard() for _ in range(2 if name == "relax.clip" else 0)])
+            is_op(name)(producer, *wildcards(2 if name == "relax.clip" else 0))
             for name in ACTIVATIONS
         ]
         # SiLU, x * sigmoid(x): here one pattern used twice is what it means
@@ -208,13 +211,31 @@ def umahub_patterns():
             pattern = pattern | alternative
         return pattern
 
+    def relu6(producer):
+        # relu6(x + 3), as one clip or as two (torch.export's)
+        clipped = is_op("relax.clip")(is_op("relax.add")(producer, is_const()), *wildcards(2))
+        return clipped | is_op("relax.clip")(clipped, *wildcards(2))
+
+    def hardsigmoid(producer):
+        # relu6(x + 3) / 6 (torch's), or clip(alpha * x + beta, 0, 1) (ONNX's)
+        scaled = is_op("relax.multiply")(is_const(), producer)
+        scaled = scaled | is_op("relax.multiply")(producer, is_const())
+        onnx = is_op("relax.clip")(is_op("relax.add")(scaled, is_const()), *wildcards(2))
+        shifted = relu6(producer)
+        divided = is_op("relax.divide")(shifted, is_const())
+        return divided | is_op("relax.multiply")(shifted, is_const()) | onnx
+
     def hardswish(producer):
-        # x * relu6(x + 3) / 6, relu6 as one clip or as two (torch.export's)
-        shifted = is_op("relax.add")(producer, is_const())
-        relu6 = is_op("relax.clip")(shifted, wildcard(), wildcard())
-        relu6 = relu6 | is_op("relax.clip")(relu6, wildcard(), wildcard())
-        gated = is_op("relax.multiply")(producer, relu6) | is_op("relax.multiply")(relu6, producer)
-        return is_op("relax.divide")(gated, is_const())
+        # x * relu6(x + 3) / 6 (torch.export's), or x * hardsigmoid(x)
+        shifted = relu6(producer)
+        gated = is_op("relax.multiply")(producer, shifted)
+        gated = gated | is_op("relax.multiply")(shifted, producer)
+        sigmoid = hardsigmoid(producer)
+        return (
+            is_op("relax.divide")(gated, is_const())
+            | is_op("relax.multiply")(producer, sigmoid)
+            | is_op("relax.multiply")(sigmoid, producer)
+        )
 
     def with_epilogues(kind, op, check):
         bias = is_op("relax.add")(op, wildcard()) | is_op("relax.add")(wildcard(), op)
@@ -223,9 +244,12 @@ def umahub_patterns():
         block_input = ~is_const()
         residual = is_op("relax.add")(bias, block_input) | is_op("relax.add")(block_input, bias)
         return [
-            # before bias_act, which would take hardswish's "+ 3" for a bias
+            # before bias_act, which would take hardswish's "+ 3" for a bias, and
+            # hardswish before hardsigmoid, which is part of it
             (f"{NAME}.{kind}_bias_hswish", hardswish(bias), {}, check),
             (f"{NAME}.{kind}_hswish", hardswish(op), {}, check),
+            (f"{NAME}.{kind}_bias_hsigmoid", hardsigmoid(bias), {}, check),
+            (f"{NAME}.{kind}_hsigmoid", hardsigmoid(op), {}, check),
             (f"{NAME}.{kind}_bias_residual_act", activated(residual), {}, check),
             (f"{NAME}.{kind}_bias_residual", residual, {}, check),
             (f"{NAME}.{kind}_bias_act", activated(bias), {}, check),
@@ -243,7 +267,9 @@ def umahub_patterns():
     # norm + add without an activation: TVM 0.27's FuseOpsByPattern then loses
     # a variable that another match reads (mobilenet_v2's residual adds).
     normalised = [
-        p for p in with_epilogues("conv2d_bn", norm, conv2d_ok) if p[0].endswith(("act", "hswish"))
+        p
+        for p in with_epilogues("conv2d_bn", norm, conv2d_ok)
+        if p[0].endswith(("act", "hswish", "hsigmoid"))
     ]
     # a squeeze-and-excitation block's gate applied to the convolution's input:
     # the product stays on the npu, instead of going to the host and back
