@@ -272,6 +272,60 @@ def test_a_mean_over_the_last_axes_is_summed_on_the_npu_in_vector_wide_partial_s
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)
 
 
+def test_a_max_pooling_and_the_relu_before_it_run_on_the_npu():
+    """SqueezeNet's stem: the 3-channel convolution stays on the host (the npu
+    refuses 3 channels), its ReLU and max pooling go to the npu with the next
+    convolution, so one tensor crosses; a dilated pooling is refused, saying why."""
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+    from umahub.errors import PlacementError
+
+    rng = np.random.default_rng(6)
+
+    def const(*shape):
+        return relax.const(rng.standard_normal(shape).astype("float32") * 0.2)
+
+    def model(dilation=1):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", TensorType((1, 3, 23, 23), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                stem = bb.emit(relax.op.nn.conv2d(x, const(16, 3, 3, 3), strides=2), "stem")
+                act = bb.emit(relax.op.nn.relu(stem), "act")
+                pool = relax.op.nn.max_pool2d(act, 3, 2, dilation=dilation, ceil_mode=True)
+                pooled = bb.emit(pool, "pooled")
+                out = bb.emit_output(relax.op.nn.conv2d(pooled, const(8, 16, 1, 1)))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    mod = model()
+    compiled = umahub.Hub(config={"plugins": ["npu"]}, project_config=False).compile(mod)
+    placed = {o.name: (o.device, o.pattern) for o in compiled.report.placement}
+    assert placed["stem"] == ("host", "")
+    assert placed["act"] == placed["pooled"] == ("npu:0", "npu.relu_max_pool2d")
+    (pooling,) = [p for p in compiled.report.partitions if "npu.relu_max_pool2d" in p.patterns]
+    assert pooling.schedule == ["pooling: output rows in parallel, a row of column maxima each"]
+    per_inference = sorted(
+        (c.src, c.dst, c.bytes) for c in compiled.report.copies if c.when == "inference"
+    )
+    assert per_inference == [("host", "npu:0", 16 * 11 * 11 * 4), ("npu:0", "host", 8 * 5 * 5 * 4)]
+    config = {"plugins": ["npu"], "placement": {"pooled": "npu"}, "on-error": "error"}
+    with pytest.raises(PlacementError) as refused:
+        umahub.Hub(config=config, project_config=False).explain(model(dilation=2))
+    assert str(refused.value) == (
+        "pin 'pooled' -> 'npu': operator 'pooled' (relax.nn.max_pool2d) runs on host, because "
+        "patterns 'npu.relu_max_pool2d', 'npu.max_pool2d' refused it: a dilated max pooling; "
+        "the npu takes dilation 1 only; pin it elsewhere"
+    )
+    import tvm
+
+    x = rng.standard_normal((1, 3, 23, 23)).astype("float32")
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    want = vm["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(compiled.run(x), want, rtol=1e-5, atol=1e-5)
+
+
 def test_branches_meet_in_a_concatenation_on_the_npu_not_on_the_host():
     """SqueezeNet's fire module: the two expand branches are concatenated on the
     npu (its DMA gathers them), so nothing goes to the host between the

@@ -23,7 +23,7 @@ from umahub.errors import warn
 from umahub.host_schedules import default_schedule
 from umahub.tracing import last_returned, recording
 
-__all__ = ["HOST_TARGET", "lower_host"]
+__all__ = ["HOST_TARGET", "lower_host", "max_pool2d"]
 
 
 def _this_cpu() -> dict[str, str] | str:
@@ -143,12 +143,13 @@ def _softmax(bb: Any, call: Any) -> Any:
     return bb.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis))
 
 
-def _max_pool2d(bb: Any, call: Any) -> Any:
+def max_pool2d(bb: Any, call: Any) -> Any:
     """A 2-D max pooling as two 1-D ones: each window's rows reduced into a row of
     column maxima, then that row's windows reduced. 3 + 3 comparisons per output
     instead of 9, and each input row read once, in order (ResNet's 3x3 stride-2
-    pooling: 0.22 -> 0.05 ms with :func:`umahub.host_schedules` ``"pooling"``).
-    NCHW, dilation 1; others: TVM's legalization."""
+    pooling: 0.22 -> 0.05 ms with :func:`umahub.host_schedules.schedule_pooling`).
+    NCHW, dilation 1; others: TVM's legalization. Public for plugins: a
+    legalization for :func:`umahub.lowering.default_relax_to_tir`."""
     from tvm import te
 
     from umahub.patterns import shape_of
@@ -195,7 +196,7 @@ def _max_pool2d(bb: Any, call: Any) -> Any:
 #: library's scalar function per element (ViT's GELU: 14 ms of a 605 K-element
 #: tensor), these use TVM's polynomials (``fast_exp``, ``fast_erf``,
 #: ``fast_tanh``; relative error below 1e-6), which vectorize. A max pooling
-#: is two 1-D ones (:func:`_max_pool2d`).
+#: is two 1-D ones (:func:`max_pool2d`).
 LEGALIZE = {
     "relax.nn.batch_norm": _batch_norm,
     "relax.nn.gelu": _vector_math(_gelu, "gelu"),
@@ -204,7 +205,7 @@ LEGALIZE = {
     "relax.tanh": _vector_math(lambda x: tvm.topi.fast_tanh(x), "tanh"),
     "relax.exp": _vector_math(lambda x: tvm.topi.fast_exp(x), "exp"),
     "relax.nn.softmax": _softmax,
-    "relax.nn.max_pool2d": _max_pool2d,
+    "relax.nn.max_pool2d": max_pool2d,
 }
 
 _FUSION = (

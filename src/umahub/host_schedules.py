@@ -17,7 +17,8 @@ this order, the first of:
    parallel, every step of a row while it is in cache, its reductions in
    vector-wide partial sums;
    ``"pooling"``: a max pooling as two 1-D ones (see
-   :mod:`umahub.host_lowering`), output rows in parallel;
+   :mod:`umahub.host_lowering`), output rows in parallel
+   (:func:`schedule_pooling`);
 4. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
    the row kernels ``"rows"`` does not take (a softmax over a middle axis, a
    row count known only at run time), ``GEMV`` for matrix-vector products;
@@ -47,7 +48,7 @@ from tvm import s_tir, tirx
 from umahub.host_conv import schedule_conv2d
 from umahub.host_matmul import schedule_matmul
 
-__all__ = ["default_schedule", "schedule_elementwise", "vector_lanes"]
+__all__ = ["default_schedule", "schedule_elementwise", "schedule_pooling", "vector_lanes"]
 
 #: Iterations below which a parallel loop costs more than it saves.
 PARALLEL_MIN = 1 << 15
@@ -373,32 +374,49 @@ def _inline_into_windows(sch: s_tir.Schedule) -> bool:
     return changed
 
 
-def _pooling(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
-    """A pooling computed as two 1-D ones (:mod:`umahub.host_lowering`'s max pooling:
-    each window's rows reduced into a row of column maxima, then that row's
-    windows): output rows in parallel, the row of column maxima of each computed
-    under it, while in cache. The loops inside stay as TE made them, for LLVM;
-    reordered window-first as :func:`_parallel` does, they run 3x slower."""
-    sch = s_tir.Schedule(func)
+def _pool_by_rows(sch: s_tir.Schedule) -> bool:
+    _inline_into_windows(sch)
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     if len(blocks) != 2 or not all(_window(sch, b) for b in blocks):
-        return None
+        return False
     rows, out = blocks
     if [sch.get(c).name_hint for c in sch.get_consumers(rows)] != [sch.get(out).name_hint]:
-        return None
+        return False
     loops, axes = sch.get_loops(out), sch.get(out).iter_vars
     spatial = next((i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL), len(axes))
     extents = [_extent(sch, loop) for loop in loops]
     if len(loops) != len(axes) or spatial < 2 or None in extents:
-        return None
+        return False
     per_row = _iterations(sch, sch.get_loops(rows)[spatial - 1 :])
     row = sch.fuse(*loops[: spatial - 1])
     sch.compute_at(rows, row, preserve_unit_loops=False)
     if _iterations(sch, sch.get_loops(rows)[1:]) != per_row:
-        return None  # computed for more than its output row
+        return False  # computed for more than its output row
     if math.prod(extents) >= PARALLEL_MIN:
         sch.parallel(row)
-    return sch.mod["main"], "pooling"
+    return True
+
+
+def schedule_pooling(sch: s_tir.Schedule) -> bool:
+    """Schedule a pooling computed as two 1-D ones in place; whether it was one.
+
+    That is :func:`umahub.host_lowering.max_pool2d`'s max pooling: each
+    window's rows reduced into a row of column maxima, then that row's windows.
+    Output rows run in parallel, and the row of column maxima of each is
+    computed under it, while in cache; an elementwise producer the pooling
+    alone reads (a ReLU before it, a padding) is computed where it is read.
+    The loops inside stay as TE made them, for LLVM: reordered window-first as
+    the ``"parallel"`` rule does, they run 3x slower. ``sch`` is left as it was
+    when this returns False. Public for plugins, like :func:`schedule_elementwise`.
+    """
+    if not _pool_by_rows(sch.copy()):
+        return False
+    return _pool_by_rows(sch)
+
+
+def _pooling(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
+    sch = s_tir.Schedule(func)
+    return (sch.mod["main"], "pooling") if schedule_pooling(sch) else None
 
 
 def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:

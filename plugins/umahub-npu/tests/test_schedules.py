@@ -431,3 +431,61 @@ def test_a_concatenation_is_scheduled_as_umahub_schedules_the_hosts():
     assert kinds[0] == 1  # parallel: rows of channels
     x, y = f32(1, 32, 32, 32), f32(1, 16, 32, 32)
     np.testing.assert_array_equal(run(sch.mod, [x, y], (1, 48, 32, 32)), np.concatenate([x, y], 1))
+
+
+# ----------------------------------------------------------------- max pooling
+
+
+def _max_pool_reference(x, k, s, pad, out_hw):
+    n, c, h, w = x.shape
+    padded = np.full((n, c, h + 2 * pad + k, w + 2 * pad + k), -np.inf, np.float32)
+    padded[:, :, pad : pad + h, pad : pad + w] = x
+    oh, ow = out_hw
+    return np.stack(
+        [
+            np.stack(
+                [padded[:, :, y * s : y * s + k, i * s : i * s + k].max((2, 3)) for i in range(ow)],
+                -1,
+            )
+            for y in range(oh)
+        ],
+        -2,
+    )
+
+
+@pytest.mark.parametrize(
+    "shape,k,s,pad,ceil,relu,out_hw",
+    [
+        ((1, 64, 111, 111), 3, 2, 0, True, True, (55, 55)),  # SqueezeNet's stem
+        ((1, 64, 112, 112), 3, 2, 1, False, False, (56, 56)),  # ResNet's
+        ((2, 8, 9, 14), 2, 2, 0, True, False, (5, 7)),  # windows off the edge (ceil)
+    ],
+)
+def test_a_max_pooling_is_two_one_d_poolings_by_output_row(shape, k, s, pad, ceil, relu, out_hw):
+    from umahub_npu import lowering
+
+    def body(bb, x):
+        data = bb.emit(relax.op.nn.relu(x)) if relu else x
+        return relax.op.nn.max_pool2d(data, k, s, pad, ceil_mode=ceil)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x))
+        bb.emit_func_output(out)
+    # the one PrimFunc of a partition, as the npu lowers it
+    sch = s_tir.Schedule(lowering.lower(bb.get()["main"], "main", "npu"))
+    assert schedules.schedule(sch) == "pooling"
+    # one loop nest: the output rows (in parallel when there is enough work),
+    # the row of column maxima under each, the ReLU read where it is used
+    rows_block, out_block = sch.get_child_blocks(sch.get_sblock("root"))
+    assert [sch.get(b).name_hint for b in (rows_block, out_block)] == ["pool_rows", "pool_max"]
+    assert sch.get(sch.get_loops(rows_block)[0]).same_as(sch.get(sch.get_loops(out_block)[0]))
+    rows = sch.get(sch.get_loops(out_block)[0])
+    parallel = math.prod(shape[:2]) * math.prod(out_hw) >= schedules.PARALLEL_MIN
+    assert int(rows.kind) == (1 if parallel else 0)
+    assert int(rows.extent) == shape[0] * shape[1] * out_hw[0]
+    x = f32(*shape)
+    want = _max_pool_reference(np.maximum(x, 0) if relu else x, k, s, pad, out_hw)
+    np.testing.assert_array_equal(run(sch.mod, [x], want.shape), want)

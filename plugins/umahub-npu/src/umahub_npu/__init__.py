@@ -15,9 +15,10 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   that x does not go to the host and back for it. The conv2d check needs the
   input channels to fill the engine's 8-wide array (a multiple of 8), or a
   depthwise convolution; a convolution on 3 RGB channels is left to others.
-  And a mean over a tensor's last axes (a global average pooling), and a
-  concatenation (its DMA gathers the pieces): SqueezeNet's and Inception's
-  branches meet on the npu, instead of going to the host and back.
+  And a mean over a tensor's last axes (a global average pooling), a max
+  pooling (with the ReLU before it), and a concatenation (its DMA gathers the
+  pieces): SqueezeNet's and Inception's branches meet and are pooled on the
+  npu, instead of going to the host and back.
 * schedule: :func:`umahub_npu.schedules.schedule` tiles the computation so a
   tile's working set fits ``npu.sram``, keeps the accumulator local, computes
   the epilogue per tile, vectorizes and parallelizes: this plugin is what a
@@ -175,6 +176,28 @@ def mean_ok(ctx) -> bool | umahub.Refusal:
     return True
 
 
+def max_pool_ok(ctx) -> bool | umahub.Refusal:
+    """float32, static shapes, NCHW, dilation 1, a window of at most 64 elements."""
+    from umahub.host_schedules import WINDOW_MAX
+    from umahub.patterns import calls
+
+    refused = _float32_static(ctx)
+    if refused is not None:
+        return refused
+    for pool in calls(ctx, "relax.nn.max_pool2d"):
+        attrs = pool.attrs
+        if str(attrs.layout) != "NCHW" or str(attrs.out_layout) not in ("NCHW", ""):
+            return umahub.Refusal(f"layout {attrs.layout}; the npu pools NCHW only")
+        if any(int(d) != 1 for d in attrs.dilation):
+            return umahub.Refusal("a dilated max pooling; the npu takes dilation 1 only")
+        window = [int(k) for k in attrs.pool_size]
+        if window[0] * window[1] > WINDOW_MAX:
+            return umahub.Refusal(
+                f"a {window[0]}x{window[1]} window; the npu pools {WINDOW_MAX} elements at most"
+            )
+    return True
+
+
 #: The most tensors a concatenation on the npu joins (DenseNet's have more).
 CONCAT_MAX = 8
 
@@ -277,6 +300,12 @@ def umahub_patterns():
     scaled = is_op("relax.nn.conv2d")(gated, wildcard())
     # a global average pooling: the tensor it reads need not go to the host for it
     mean = [(f"{NAME}.mean", is_op("relax.mean")(wildcard()), {}, mean_ok)]
+    # a max pooling, with the ReLU before it (SqueezeNet's stem, ResNet's)
+    pool = is_op("relax.nn.max_pool2d")
+    pools = [
+        (f"{NAME}.relu_max_pool2d", pool(is_op("relax.nn.relu")(wildcard())), {}, max_pool_ok),
+        (f"{NAME}.max_pool2d", pool(wildcard()), {}, max_pool_ok),
+    ]
     # the tensors of a concatenation, one pattern per count (a wildcard for the
     # tuple would make the tuple the partition's parameter)
     concat = [
@@ -294,6 +323,7 @@ def umahub_patterns():
         + with_epilogues("conv2d_scaled", scaled, scaled_conv2d_ok)
         + with_epilogues("conv2d", conv, conv2d_ok)
         + mean
+        + pools
         + concat
     )
 
@@ -326,6 +356,8 @@ def umahub_schedule(accelerator, schedule, context):
         return "not recognised: left unscheduled"
     if strategy == "elementwise":
         return "elementwise: outer loops in parallel"
+    if strategy == "pooling":
+        return "pooling: output rows in parallel, a row of column maxima each"
     return f"{strategy}: tiles fit npu.sram ({human_size(sram)})"
 
 

@@ -1,4 +1,4 @@
-"""How the npu turns its partitions into TIR: TVM's legalization, three operators its own.
+"""How the npu turns its partitions into TIR: TVM's legalization, four operators its own.
 
 * GELU: erf as a polynomial the vector units evaluate (TVM's legalization
   calls the C library's scalar ``erff`` once per element, which costs more
@@ -9,6 +9,8 @@
   ``sqrt(var + eps)`` at every element of the output; here the per-channel
   ``scale = gamma / sqrt(var + eps)`` and ``shift = beta - mean * scale`` are
   computed once per channel and the element costs one multiply-add.
+* max pooling: as umahub lowers the host's, two 1-D ones
+  (:func:`umahub.host_lowering.max_pool2d`).
 
 And one rewrite for the vector units: a convolution with a constant filter
 whose output channels no vector width divides (SqueezeNet's 1000 classes,
@@ -28,6 +30,8 @@ from collections.abc import Callable
 
 import tvm
 from tvm import relax
+
+from umahub.host_lowering import max_pool2d
 
 __all__ = ["LEGALIZE", "lower"]
 
@@ -184,6 +188,7 @@ def _padded_channels(constants: frozenset) -> Callable:
 
 #: The npu's legalizations, by operator.
 LEGALIZE: dict[str, Callable] = {
+    "relax.nn.max_pool2d": max_pool2d,
     "relax.nn.gelu": _fast_gelu,
     "relax.sigmoid": _fast_sigmoid,
     "relax.nn.batch_norm": _batch_norm,

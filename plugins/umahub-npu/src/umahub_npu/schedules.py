@@ -35,6 +35,10 @@ Strategies
 ``"elementwise"``
     Spatial blocks only (a concatenation): umahub's own schedule for the
     host's (:func:`umahub.host_schedules.schedule_elementwise`).
+``"pooling"``
+    A max pooling, lowered as two 1-D ones (a ReLU before it computed where
+    it is read): umahub's schedule for the host's
+    (:func:`umahub.host_schedules.schedule_pooling`).
 ``"none"``
     Not recognised, or a schedule primitive refused: the function is left
     exactly as it was.  :func:`schedule` never raises.
@@ -129,7 +133,7 @@ from tvm.s_tir.schedule import ScheduleError
 from umahub.compat import Load as _LOAD
 from umahub.compat import buffer_of as _buf
 from umahub.compat import detect_linear_equation, param_buffers, vars_in
-from umahub.host_schedules import PARALLEL_MIN, schedule_elementwise
+from umahub.host_schedules import PARALLEL_MIN, schedule_elementwise, schedule_pooling
 from umahub.prepack import ANNOTATION, pack_weight
 
 __all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
@@ -188,7 +192,7 @@ def _default_threads() -> int:
 class Plan:
     """What :func:`plan` found in a PrimFunc: the strategy and the block roles."""
 
-    kind: str  # "matmul" | "conv2d" | "depthwise" | "sum" | "elementwise"
+    kind: str  # "matmul" | "conv2d" | "depthwise" | "sum" | "elementwise" | "pooling"
     func_name: str
     reduction: str  # name of the reduction block
     prologue: list[str] = field(default_factory=list)  # blocks before it
@@ -269,6 +273,8 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
     ]
     if not red and all(iv.iter_type == tirx.IterVar.DataPar for b in blocks for iv in b.iter_vars):
         return Plan(kind="elementwise", func_name=func_name, reduction="")
+    if len(red) > 1:  # a max pooling as two 1-D ones (see lowering), or unknown
+        return Plan(kind="pooling", func_name=func_name, reduction="")
     if len(red) != 1:
         return None
     ri = red[0]
@@ -1078,12 +1084,22 @@ def _schedule_elementwise(
     return "elementwise"
 
 
+def _schedule_pooling(
+    sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
+):
+    """A max pooling as two 1-D ones: as umahub schedules the host's."""
+    if not schedule_pooling(sch):
+        raise ValueError("not a max pooling computed as two 1-D ones")
+    return "pooling"
+
+
 _STRATEGIES = {
     "matmul": _schedule_matmul,
     "conv2d": _schedule_conv2d,
     "depthwise": _schedule_depthwise,
     "sum": _schedule_sum,
     "elementwise": _schedule_elementwise,
+    "pooling": _schedule_pooling,
 }
 
 
@@ -1102,8 +1118,8 @@ def schedule(
     left to umahub, to do once at compile time (:func:`umahub.prepack.pack_weight`).
 
     Returns ``"matmul"``, ``"conv2d"``, ``"pointwise"``, ``"depthwise"``, ``"sum"``,
-    ``"elementwise"``, or ``"none"`` when the function is not recognised or a primitive refuses
-    (``sch`` is then left untouched).  Never raises.
+    ``"elementwise"``, ``"pooling"``, or ``"none"`` when the function is not recognised
+    or a primitive refuses (``sch`` is then left untouched).  Never raises.
     """
     threads = threads or _default_threads()
     lanes = lanes or vector_lanes()
