@@ -13,10 +13,25 @@ THREE = ["npu", "vanilla", "dsp"]
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
+PRIORITY = ["npu", "vanilla_accel", "dsp_cpu"]
+
+
 @pytest.fixture(scope="module")
 def cnn_across_three():
-    hub = umahub.Hub(config={"plugins": THREE, "priority": ["npu", "vanilla_accel", "dsp_cpu"]})
-    return hub.compile(zoo.get("cnn"))
+    """The README's demo: conv1's ReLU pinned to a DSP core, so all three take a part."""
+    config = {"plugins": THREE, "priority": PRIORITY, "placement": {"conv1_relu": "dsp_cpu:0"}}
+    return umahub.Hub(config=config).compile(zoo.get("cnn"))
+
+
+def test_unpinned_the_vanilla_kernel_takes_its_convolutions_relu():
+    """Its kernel bounds what it stores: the ReLU does not cross to another device."""
+    report = umahub.Hub(config={"plugins": THREE, "priority": PRIORITY}).explain(zoo.get("cnn"))
+    rows = [(o.name, o.device, o.pattern) for o in report.placement][:3]
+    assert rows == [
+        ("conv1", "vanilla_accel:0", "vanilla_accel.conv2d_bias_act"),
+        ("conv1_bias_add", "vanilla_accel:0", "vanilla_accel.conv2d_bias_act"),
+        ("conv1_relu", "vanilla_accel:0", "vanilla_accel.conv2d_bias_act"),
+    ]
 
 
 def test_small_cnn_is_split_across_the_three_and_the_host(cnn_across_three):
@@ -25,7 +40,7 @@ def test_small_cnn_is_split_across_the_three_and_the_host(cnn_across_three):
         # 3 input channels do not fill the npu's 8-wide array: vanilla takes conv1.
         ("conv1", "vanilla_accel:0", "vanilla_accel.conv2d_bias"),
         ("conv1_bias_add", "vanilla_accel:0", "vanilla_accel.conv2d_bias"),
-        ("conv1_relu", "dsp_cpu:0", "dsp_cpu.relu"),
+        ("conv1_relu", "dsp_cpu:0", "dsp_cpu.relu"),  # pinned
         ("conv2", "npu:0", "npu.conv2d_bias_act"),
         ("conv2_bias_add", "npu:0", "npu.conv2d_bias_act"),
         ("conv2_relu", "npu:0", "npu.conv2d_bias_act"),

@@ -23,7 +23,12 @@ from umahub.cli import main
 from umahub.errors import ConfigError, UmahubError
 from umahub.targets import TargetError, machine_of, parse_target, this_machine
 
-BUNDLED = {"plugins": ["npu", "vanilla", "dsp"], "priority": ["npu", "vanilla_accel", "dsp_cpu"]}
+# as the README's demo: conv1's ReLU pinned to a DSP core, so that all three take a part
+BUNDLED = {
+    "plugins": ["npu", "vanilla", "dsp"],
+    "priority": ["npu", "vanilla_accel", "dsp_cpu"],
+    "placement": {"conv1_relu": "dsp_cpu:0"},
+}
 TARGET = "llvm -mtriple=aarch64-linux-gnu"
 EM_AARCH64 = 183
 CROSS = next(

@@ -20,7 +20,12 @@ from umahub.rpc import RemoteError, connect, parse_address
 
 pytest_plugins = ["pytester"]
 
-BUNDLED = {"plugins": ["npu", "vanilla", "dsp"], "priority": ["npu", "vanilla_accel", "dsp_cpu"]}
+# as the README's demo: conv1's ReLU pinned to a DSP core, so that all three take a part
+BUNDLED = {
+    "plugins": ["npu", "vanilla", "dsp"],
+    "priority": ["npu", "vanilla_accel", "dsp_cpu"],
+    "placement": {"conv1_relu": "dsp_cpu:0"},
+}
 KEY = "umahub-test-cpu"
 
 

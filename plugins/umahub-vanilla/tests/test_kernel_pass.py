@@ -26,7 +26,7 @@ from umahub_vanilla import passes
 # ------------------------------------------------------------------ helpers
 
 
-def _relax_conv(xs, ws, *, bias=False, relu=False, dtype="float32", **conv_kw):
+def _relax_conv(xs, ws, *, bias=False, relu=False, act=None, dtype="float32", **conv_kw):
     bb = relax.BlockBuilder()
     x = relax.Var("x", R.Tensor(xs, dtype))
     w = relax.Var("w", R.Tensor(ws, dtype))
@@ -41,6 +41,8 @@ def _relax_conv(xs, ws, *, bias=False, relu=False, dtype="float32", **conv_kw):
                 y = bb.emit(relax.op.add(y, b))
             if relu:
                 y = bb.emit(relax.op.nn.relu(y))
+            if act is not None:
+                y = bb.emit(act(y))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()
@@ -140,14 +142,36 @@ def test_pass_rewrites_conv2d():
     assert again["vanilla_0"].same_as(func)
 
 
-def test_the_bias_add_goes_into_the_call_and_the_rest_of_the_epilogue_stays_tir():
-    mod = _primfunc_module(_relax_conv((1, 3, 8, 8), (4, 3, 3, 3), bias=True, relu=True, padding=1))
+def _clip(lo, hi):
+    return lambda y: relax.op.clip(y, lo, hi)
+
+
+@pytest.mark.parametrize(
+    "act, extern, bounds, rest",
+    [
+        # a ReLU, a ReLU6, a clip with one bound: the kernel bounds what it stores
+        (relax.op.nn.relu, "vanilla_conv2d_nchw_bias_clamp", (0.0, 0.0, 1), []),
+        (_clip(0.0, 6.0), "vanilla_conv2d_nchw_bias_clamp", (0.0, 6.0, 3), []),
+        (_clip(float("-inf"), 2.5), "vanilla_conv2d_nchw_bias_clamp", (0.0, 2.5, 2), []),
+        # anything else stays TIR and reads the call's output
+        (relax.op.sigmoid, "vanilla_conv2d_nchw_bias", None, ["compute"]),
+    ],
+    ids=["relu", "relu6", "upper_only", "sigmoid"],
+)
+def test_the_bias_add_and_a_bounding_activation_go_into_the_call(act, extern, bounds, rest):
+    mod = _primfunc_module(_relax_conv((1, 3, 8, 8), (4, 3, 3, 3), bias=True, act=act, padding=1))
+    (m,) = passes.match_conv2d(mod["vanilla_0"])
+    assert (m.extern_name, m.bounds) == (extern, bounds)
     func = passes.conv2d_to_extern()(mod)["vanilla_0"]
-    assert _sblock_names(func) == ["root", "vanilla_conv2d_nchw_bias", "compute"]
-    ptrs = ", ".join(_pointer_arg(b) for b in ("x", "w", "b", "T_add_intermediate"))
-    assert f'T.call_extern("int32", "vanilla_conv2d_nchw_bias", {ptrs}' in func.script()
-    # the convolution's own output is gone with its loop nest
+    assert _sblock_names(func) == ["root", extern, *rest]
+    out = "compute_intermediate" if bounds else "T_add_intermediate"
+    args = ", ".join(_pointer_arg(b) for b in ("x", "w", "b", out))
+    if bounds:
+        args += ", T.float32({!r}), T.float32({!r}), {}".format(*bounds)
+    assert f'T.call_extern("int32", "{extern}", {args}, 1, 3, 8, 8' in func.script()
+    # the convolution's own output, and the bias add's, are gone with their loop nests
     assert "conv2d_nchw_intermediate" not in func.script()
+    assert ("T_add_intermediate" in func.script()) == (bounds is None)
 
 
 def test_a_convolution_the_partition_also_returns_keeps_its_bias_add():
@@ -236,6 +260,11 @@ def test_pass_leaves_other_functions_unchanged():
         # one output position: a matrix-vector product, the weights read unpacked
         ((2, 28, 1, 1), (672, 28, 1, 1), dict(), True),
         ((1, 3, 2, 3), (20, 3, 3, 3), dict(padding=(1, 0, 0, 1), strides=3), False),
+        # the activation taken into the call: a ReLU6 on tiles of 16 channels and a
+        # partial one, an upper bound alone, a ReLU on one output position
+        ((2, 3, 40, 37), (40, 3, 7, 7), dict(padding=3, strides=2, act=(0.0, 6.0)), True),
+        ((1, 3, 17, 23), (16, 3, 3, 3), dict(padding=1, act=(float("-inf"), 0.5)), True),
+        ((2, 28, 1, 1), (672, 28, 1, 1), dict(act=(0.0, float("inf"))), True),
     ],
     ids=[
         "s1p1",
@@ -247,11 +276,18 @@ def test_pass_leaves_other_functions_unchanged():
         "s23_asym_5wide",
         "one_position_se_batch2",
         "one_position_padded",
+        "stem_7x7_k40_relu6",
+        "s1p1_upper_bound",
+        "one_position_relu",
     ],
 )
 def test_exported_module_matches_numpy(tmp_path, xs, ws, kw, bias):
-    mod = passes.conv2d_to_extern()(_primfunc_module(_relax_conv(xs, ws, bias=bias, **kw)))
-    assert "vanilla_conv2d_nchw" in mod["vanilla_0"].script()
+    kw = dict(kw)
+    bounds = kw.pop("act", None)
+    act = _clip(*bounds) if bounds else None
+    mod = passes.conv2d_to_extern()(_primfunc_module(_relax_conv(xs, ws, bias=bias, act=act, **kw)))
+    (call,) = [b for b in _sblock_names(mod["vanilla_0"]) if b.startswith("vanilla_conv2d")]
+    assert call.endswith("_clamp") == (bounds is not None)
     lib = _export(mod, tmp_path / "vanilla_0.so")
 
     rng = np.random.default_rng(42)
@@ -267,6 +303,8 @@ def test_exported_module_matches_numpy(tmp_path, xs, ws, kw, bias):
         b = rng.standard_normal((1, ws[0], 1, 1)).astype("float32")
         args.append(tvm.runtime.tensor(b))
         expected = expected + b
+    if bounds:
+        expected = np.clip(expected, *bounds)
     out = tvm.runtime.tensor(np.full(expected.shape, np.nan, "float32"))
     lib["vanilla_0"](*args, out)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)

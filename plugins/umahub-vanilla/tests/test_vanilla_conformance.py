@@ -19,13 +19,20 @@ class TestConformance(ConformanceSuite):
 
 
 @pytest.mark.umahub_conformance(accelerator="vanilla")
-def test_takes_both_convolutions_with_their_bias(umahub_conformance_hub):
-    """Both convolutions of cnn, each with its bias add, and nothing else."""
+def test_takes_both_convolutions_with_their_bias_and_relu(umahub_conformance_hub):
+    """Both convolutions of cnn, each with its bias add and ReLU, and nothing else."""
     import umahub.models as zoo
 
     report = umahub_conformance_hub().explain(zoo.get("cnn"))
     taken = sorted(o.name for o in report.placement if o.device != "host")
-    assert taken == ["conv1", "conv1_bias_add", "conv2", "conv2_bias_add"]
+    assert taken == [
+        "conv1",
+        "conv1_bias_add",
+        "conv1_relu",
+        "conv2",
+        "conv2_bias_add",
+        "conv2_relu",
+    ]
     assert {o.pattern for o in report.placement if o.device != "host"} == {
-        "vanilla_accel.conv2d_bias"
+        "vanilla_accel.conv2d_bias_act"
     }

@@ -4,14 +4,17 @@ Accelerator ``vanilla_accel``: one instance, TVM's C codegen, a kernel library
 of its own (``kernels/vanilla_conv2d.{h,c}``) compiled and linked into the
 exported model.
 
-* patterns: ``conv2d`` alone and ``conv2d`` + bias ``add``, when the
-  convolution is float32, NCHW/OIHW, groups 1, dilation 1 (any stride, any
-  zero padding). The check refuses anything else, which then stays with the
-  next claimant or the host.
+* patterns: ``conv2d`` alone, ``conv2d`` + bias ``add``, and that + a ReLU or
+  a clip (a ReLU6), when the convolution is float32, NCHW/OIHW, groups 1,
+  dilation 1 (any stride, any zero padding). The check refuses anything else,
+  which then stays with the next claimant or the host.
 * TIR pass at phase 0: the convolution's loop nest (and its padding) is
   replaced by ``T.call_extern("vanilla_conv2d_nchw", ...)``, and with the bias
   add that follows it by ``vanilla_conv2d_nchw_bias``, which adds the bias as
-  it stores; the rest of an epilogue stays TIR.
+  it stores, and with the ReLU or clip after that by
+  ``vanilla_conv2d_nchw_bias_clamp``, which bounds what it stored while it is
+  in cache (a stem's activation does not cross to another device and back);
+  the rest of an epilogue stays TIR.
 * ``c_includes`` puts the library's header on top of the generated C;
   ``c_sources`` and ``include_dirs`` compile and link the library on export.
 * no schedule hook: the pass matches the unscheduled loop nest.
@@ -67,12 +70,15 @@ def supported_conv2d(ctx) -> bool | umahub.Refusal:
 
 @umahub.hookimpl(accelerator=NAME)
 def umahub_patterns():
-    """conv2d + bias add first (the larger match wins), then conv2d alone."""
+    """conv2d + bias add + activation first (the larger match wins), then conv2d +
+    bias add, then conv2d alone."""
     from tvm.relax.dpl import is_const, is_op, wildcard
 
     conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
     bias = is_op("relax.add")(conv, is_const() | wildcard())
+    act = is_op("relax.nn.relu")(bias) | is_op("relax.clip")(bias, wildcard(), wildcard())
     return [
+        (f"{NAME}.conv2d_bias_act", act, {}, supported_conv2d),
         (f"{NAME}.conv2d_bias", bias, {}, supported_conv2d),
         (f"{NAME}.conv2d", conv, {}, supported_conv2d),
     ]

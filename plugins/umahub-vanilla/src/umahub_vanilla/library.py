@@ -11,6 +11,8 @@ from pathlib import Path
 EXTERN_NAME = "vanilla_conv2d_nchw"
 #: The same with a bias per output channel, for a convolution and its bias add.
 EXTERN_BIAS_NAME = "vanilla_conv2d_nchw_bias"
+#: The same, then bounded by an activation (a ReLU, a ReLU6, a clip).
+EXTERN_CLAMP_NAME = "vanilla_conv2d_nchw_bias_clamp"
 #: Directory of the kernel library shipped with the package.
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 #: C sources to compile and link into the exported library.

@@ -17,9 +17,11 @@ with one opaque block around::
 A bias add right after the convolution (``y = conv + b`` with a (1, K, 1, 1)
 bias, the convolution read by nothing else) goes into the call too, as
 ``vanilla_conv2d_nchw_bias(x, w, b, y, ...)``: the kernel adds the bias before
-it stores, and the output costs no second pass. Whatever else follows (a
-relu, ... that FuseOps put in the partition) stays TIR and reads the call's
-output.
+it stores, and the output costs no second pass. So does an activation right
+after that bias add that bounds its input (a ReLU ``max(y, 0)``, a ReLU6 or
+a clip ``max(min(y, hi), lo)``), as ``vanilla_conv2d_nchw_bias_clamp(x, w, b,
+z, lo, hi, bounds, ...)``. Whatever else follows stays TIR and reads the
+call's output.
 
 The pass is conservative: it rewrites only what it has proven to be a
 float32, NCHW/OIHW, groups = 1, dilation = 1 convolution with zero padding,
@@ -58,6 +60,7 @@ __all__ = [
     "C_INCLUDES",
     "C_SOURCES",
     "EXTERN_BIAS_NAME",
+    "EXTERN_CLAMP_NAME",
     "EXTERN_NAME",
     "INCLUDE_DIRS",
     "KERNEL_DIR",
@@ -70,6 +73,7 @@ from umahub_vanilla.library import (
     C_INCLUDES,
     C_SOURCES,
     EXTERN_BIAS_NAME,
+    EXTERN_CLAMP_NAME,
     EXTERN_NAME,
     INCLUDE_DIRS,
     KERNEL_DIR,
@@ -112,9 +116,17 @@ class ConvMatch:
     bias_index: int | None = None
     bias: object | None = None
     conv_buffer: object | None = None
+    # the activation after the bias add, taken into the call: its position,
+    # its bounds (lo, hi, which: bit 0 lo applies, bit 1 hi), and the bias
+    # add's output (a root allocation then dropped; ``out`` is the activation's)
+    act_index: int | None = None
+    bounds: tuple[float, float, int] | None = None
+    bias_buffer: object | None = None
 
     @property
     def extern_name(self) -> str:
+        if self.bounds is not None:
+            return EXTERN_CLAMP_NAME
         return EXTERN_NAME if self.bias is None else EXTERN_BIAS_NAME
 
     def extern_args(self):
@@ -126,7 +138,13 @@ class ConvMatch:
         buffers = (self.data, self.weight, self.out)
         if self.bias is not None:
             buffers = (self.data, self.weight, self.bias, self.out)
-        return [data_pointer(b) for b in buffers] + [tirx.const(v, "int32") for v in ints]
+        bounds = []
+        if self.bounds is not None:
+            lo, hi, which = self.bounds
+            bounds = [tirx.const(lo, "float32"), tirx.const(hi, "float32")]
+            bounds.append(tirx.const(which, "int32"))
+        ints = [tirx.const(v, "int32") for v in ints]
+        return [data_pointer(b) for b in buffers] + bounds + ints
 
 
 # ---------------------------------------------------------------- helpers
@@ -433,6 +451,55 @@ def _match_bias_block(loops, realize, conv_out):
     return b, y
 
 
+def _bounds_of(value, src, ivs) -> tuple[float, float, int]:
+    """``value`` as max/min with float constants around ``src[n, k, h, w]``:
+    (lo, hi, which), ``which`` bit 0 when a lower bound applies, bit 1 an upper
+    (an infinite bound does not). The kernel applies max(v, lo) then min(v, hi),
+    which is ``value`` in either order of the two when lo <= hi."""
+    lo, hi, which, seen = 0.0, 0.0, 0, 0
+    while isinstance(value, (tirx.Max, tirx.Min)):
+        a, b = value.a, value.b
+        const, inner = (a, b) if isinstance(a, tirx.FloatImm) else (b, a)
+        if not isinstance(const, tirx.FloatImm) or _dtype(const) != "float32":
+            raise _NoMatch("not bounded by a float32 constant")
+        bound, bit = float(const.value), 1 if isinstance(value, tirx.Max) else 2
+        if bound != bound or bound == (float("inf") if bit == 1 else float("-inf")):
+            raise _NoMatch("a NaN bound, or one that leaves a constant")
+        if seen & bit:
+            raise _NoMatch("two lower or two upper bounds")
+        seen |= bit
+        if abs(bound) != float("inf"):  # max(v, -inf), min(v, inf): no bound
+            lo, hi = (bound, hi) if bit == 1 else (lo, bound)
+            which |= bit
+        value = inner
+    if not (isinstance(value, Load) and buffer_of(value).same_as(src)):
+        raise _NoMatch("does not bound the bias add's output")
+    if not _same_vars(value.indices, ivs):
+        raise _NoMatch("does not read the bias add at [n, k, h, w]")
+    if which == 3 and lo > hi:
+        raise _NoMatch("empty bounds")
+    return lo, hi, which
+
+
+def _match_act_block(loops, realize, src):
+    """The block ``z[n, k, h, w] = max(min(src[n, k, h, w], hi), lo)`` (either
+    bound alone too: a ReLU is ``max(src, 0)``); returns ((lo, hi, which), z)."""
+    _check_trivial_binding(loops, realize)
+    block = realize.block
+    ivs = [iv.var for iv in block.iter_vars]
+    if [int(iv.iter_type) for iv in block.iter_vars] != [_DATA_PAR] * 4 or block.init is not None:
+        raise _NoMatch("not an SSSS block")
+    store = block.body
+    if not (isinstance(store, tirx.BufferStore) and _same_vars(store.indices, ivs)):
+        raise _NoMatch("does not write z[n, k, h, w]")
+    bounds = _bounds_of(store.value, src, ivs)
+    z = store.buffer
+    _check_dense_f32_4d(z, "activation output")
+    if _static_shape(z) != _static_shape(src) or z.same_as(src):
+        raise _NoMatch("activation in place or of another shape")
+    return bounds, z
+
+
 def _reads_writes(stmt):
     """Buffers named in the reads/writes of every block under stmt."""
     out = []
@@ -445,23 +512,46 @@ def _reads_writes(stmt):
     return out
 
 
-def _bias_after(stmts, i: int, out, allocs) -> dict:
-    """The bias add right after the convolution at ``i``, as ConvMatch's fields,
-    when the convolution's output is an intermediate nothing else reads."""
+def _only_reader(stmts, i: int, out, allocs, match):
+    """What ``match`` finds in the block right after the one at ``i``, when
+    that block is the only other one that touches ``out``, an intermediate;
+    None otherwise."""
     if i + 1 >= len(stmts) or not any(out.same_as(b) for b in allocs):
-        return {"out": out}
+        return None
     try:
         loops, realize = _unwrap_loops(stmts[i + 1])
-        b, y = _match_bias_block(loops, realize, out)
+        found = match(loops, realize, out)
     except _NoMatch:
-        return {"out": out}
+        return None
     for j, other in enumerate(stmts):
         if j in (i, i + 1):
             continue
         used = _reads_writes(other)
         if used is None or any(out.same_as(u) for u in used):
-            return {"out": out}
-    return {"out": y, "bias_index": i + 1, "bias": b, "conv_buffer": out}
+            return None
+    return found
+
+
+def _bias_after(stmts, i: int, out, allocs) -> dict:
+    """The bias add right after the convolution at ``i``, and the activation
+    after it, as ConvMatch's fields, when the convolution's output is an
+    intermediate nothing else reads."""
+    found = _only_reader(stmts, i, out, allocs, _match_bias_block)
+    if found is None:
+        return {"out": out}
+    b, y = found
+    fields = {"out": y, "bias_index": i + 1, "bias": b, "conv_buffer": out}
+    return {**fields, **_act_after(stmts, i + 1, y, allocs)}
+
+
+def _act_after(stmts, i: int, out, allocs) -> dict:
+    """The activation right after the bias add at ``i``, as ConvMatch's fields,
+    when the bias add's output is an intermediate nothing else reads."""
+    found = _only_reader(stmts, i, out, allocs, _match_act_block)
+    if found is None:
+        return {}
+    bounds, z = found
+    return {"out": z, "act_index": i + 1, "bounds": bounds, "bias_buffer": out}
 
 
 def match_conv2d(func) -> list[ConvMatch]:
@@ -584,7 +674,7 @@ def _kept(matches: list[ConvMatch], root, stmts) -> list[ConvMatch]:
     """
     allocated = list(root.alloc_buffers)
     rewritten = {m.conv_index for m in matches} | {
-        i for m in matches for i in (m.pad_index, m.bias_index) if i is not None
+        i for m in matches for i in (m.pad_index, m.bias_index, m.act_index) if i is not None
     }
     kept = []
     for m in matches:
@@ -606,8 +696,10 @@ def rewrite_conv2d(func):
     if not matches:
         return func
     replace = {m.conv_index: _extern_block(m) for m in matches}
-    drop = {i for m in matches for i in (m.pad_index, m.bias_index) if i is not None}
-    dropped_bufs = [b for m in matches for b in (m.pad_buffer, m.conv_buffer) if b is not None]
+    drop = {i for m in matches for i in (m.pad_index, m.bias_index, m.act_index) if i is not None}
+    dropped_bufs = [
+        b for m in matches for b in (m.pad_buffer, m.conv_buffer, m.bias_buffer) if b is not None
+    ]
     new_stmts = []
     for i, stmt in enumerate(stmts):
         if i in drop:

@@ -33,7 +33,9 @@
  *
  * vanilla_conv2d_nchw_bias adds a bias per output channel to the
  * accumulators before they are stored: the bias add that follows a
- * convolution costs no pass of its own over the output.
+ * convolution costs no pass of its own over the output. And
+ * vanilla_conv2d_nchw_bias_clamp bounds what it stored (a ReLU, a ReLU6, a
+ * clip) while the tile's rows are in L1.
  *
  * An output of one position per image (a squeeze-and-excitation block's 1x1
  * convolutions on a pooled 1x1 input, a classifier as a convolution) is a
@@ -78,6 +80,12 @@
 #define VANILLA_AVX512 0
 #endif
 
+/* Bounds of the activation taken into the call (see vanilla_clamp_rows). */
+typedef struct {
+  float lo, hi;
+  int which; /* bit 0: lo applies, bit 1: hi applies; 0: no activation */
+} vanilla_bounds;
+
 /* floor(a / b) for b > 0 */
 static ptrdiff_t vanilla_floordiv(ptrdiff_t a, ptrdiff_t b) {
   ptrdiff_t q = a / b;
@@ -98,14 +106,32 @@ static void vanilla_valid_range(ptrdiff_t off, ptrdiff_t stride, ptrdiff_t exten
   *hi = h;
 }
 
+/* The activation taken into the call: each value v of the stored rows
+ * out[j*ldo + t] (j < nk, t < nw) becomes max(v, lo) where bit 0 of `bounds`
+ * is set, then min(v, hi) where bit 1 is; a NaN stays NaN. The rows were
+ * just stored, so this pass reads them from L1. */
+static void vanilla_clamp_rows(float* VANILLA_RESTRICT out, ptrdiff_t ldo, ptrdiff_t nk,
+                               ptrdiff_t nw, const vanilla_bounds* VANILLA_RESTRICT act) {
+  ptrdiff_t j, t;
+  const float lo = act->lo, hi = act->hi;
+  for (j = 0; j < nk; ++j) {
+    float* VANILLA_RESTRICT row = out + j * ldo;
+    if (act->which & 1)
+      for (t = 0; t < nw; ++t) row[t] = row[t] < lo ? lo : row[t];
+    if (act->which & 2)
+      for (t = 0; t < nw; ++t) row[t] = row[t] > hi ? hi : row[t];
+  }
+}
+
 /* acc[j][t] = bias[j] + sum_p w[p*KT + j] * x[p*ldx + t], j < KT, t < WT
  * (bias padded to KT, or NULL for none); written to out[j*ldo + t] for j < nk,
- * t < nw. */
+ * t < nw, and bounded by act. */
 VANILLA_CLONES
 static void vanilla_tile(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
                          const float* VANILLA_RESTRICT w, ptrdiff_t depth,
                          const float* VANILLA_RESTRICT bias, float* VANILLA_RESTRICT out,
-                         ptrdiff_t ldo, ptrdiff_t nk, ptrdiff_t nw) {
+                         ptrdiff_t ldo, ptrdiff_t nk, ptrdiff_t nw,
+                         const vanilla_bounds* VANILLA_RESTRICT act) {
   float a0[VANILLA_WT], a1[VANILLA_WT], a2[VANILLA_WT], a3[VANILLA_WT];
   ptrdiff_t p, t, j;
   for (t = 0; t < VANILLA_WT; ++t) {
@@ -138,6 +164,7 @@ static void vanilla_tile(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
     else
       for (j = 0; j < nk; ++j) memcpy(out + j * ldo, acc[j], (size_t)nw * sizeof(float));
   }
+  if (act->which) vanilla_clamp_rows(out, ldo, nk, nw, act);
 }
 
 #if VANILLA_AVX512
@@ -153,7 +180,8 @@ __attribute__((target("avx512f,fma")))
 static void vanilla_tile16(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
                            const float* VANILLA_RESTRICT w, ptrdiff_t depth,
                            const float* VANILLA_RESTRICT bias, float* VANILLA_RESTRICT out,
-                           ptrdiff_t ldo, ptrdiff_t nk, ptrdiff_t nw) {
+                           ptrdiff_t ldo, ptrdiff_t nk, ptrdiff_t nw,
+                           const vanilla_bounds* VANILLA_RESTRICT act) {
 #define VANILLA_DECL(j) vanilla_v16 a##j = {0};
   VANILLA_ACC16(VANILLA_DECL)
 #undef VANILLA_DECL
@@ -183,6 +211,7 @@ static void vanilla_tile16(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
   }
 #undef VANILLA_STORE
 #undef VANILLA_STORE_PART
+  if (act->which) vanilla_clamp_rows(out, ldo, nk, nw, act);
 }
 #endif
 
@@ -215,6 +244,7 @@ typedef struct {
   const float* data;
   const float* packed;
   const float* bias; /* K floats padded to a whole tile of channels, or NULL */
+  vanilla_bounds act;
   float* out;
   ptrdiff_t N, C, H, W, K, R, S, PT, PL, SH, SW, OH, OW, OWP, CRS, KT;
   int wide; /* the 16 x 16 tile */
@@ -289,12 +319,14 @@ static int vanilla_rows(const vanilla_job* job, ptrdiff_t lo, ptrdiff_t hi) {
 #if VANILLA_AVX512
         if (job->wide) {
           vanilla_tile16(cols + ow0, OWP, job->packed + k0 * CRS, CRS,
-                         job->bias ? job->bias + k0 : NULL, out_k + ow0, plane_out, nk, nw);
+                         job->bias ? job->bias + k0 : NULL, out_k + ow0, plane_out, nk, nw,
+                         &job->act);
           continue;
         }
 #endif
         vanilla_tile(cols + ow0, OWP, job->packed + k0 * CRS, CRS,
-                     job->bias ? job->bias + k0 : NULL, out_k + ow0, plane_out, nk, nw);
+                     job->bias ? job->bias + k0 : NULL, out_k + ow0, plane_out, nk, nw,
+                     &job->act);
       }
     }
   }
@@ -335,6 +367,7 @@ static int vanilla_one_position(const vanilla_job* job, const float* VANILLA_RES
       for (j = 0; j < 8; ++j) sum += part[j];
       job->out[n * job->K + k] = sum;
     }
+    vanilla_clamp_rows(job->out + n * job->K, 1, job->K, 1, &job->act);
   }
   free(col);
   return 0;
@@ -356,6 +389,18 @@ int32_t vanilla_conv2d_nchw_bias(float* data, float* weight, float* bias, float*
                                  int32_t pad_top, int32_t pad_left,
                                  int32_t pad_bottom, int32_t pad_right,
                                  int32_t stride_h, int32_t stride_w) {
+  return vanilla_conv2d_nchw_bias_clamp(data, weight, bias, out, 0.0f, 0.0f, 0, n, c, h, w, k,
+                                        r, s, pad_top, pad_left, pad_bottom, pad_right,
+                                        stride_h, stride_w);
+}
+
+int32_t vanilla_conv2d_nchw_bias_clamp(float* data, float* weight, float* bias, float* out,
+                                       float lo, float hi, int32_t bounds,
+                                       int32_t n, int32_t c, int32_t h, int32_t w,
+                                       int32_t k, int32_t r, int32_t s,
+                                       int32_t pad_top, int32_t pad_left,
+                                       int32_t pad_bottom, int32_t pad_right,
+                                       int32_t stride_h, int32_t stride_w) {
   vanilla_job job;
   ptrdiff_t KP, k0, p, j;
   float* packed;
@@ -366,6 +411,7 @@ int32_t vanilla_conv2d_nchw_bias(float* data, float* weight, float* bias, float*
   if (stride_h <= 0 || stride_w <= 0) return -1;
   if ((ptrdiff_t)h + pad_top + pad_bottom < r || (ptrdiff_t)w + pad_left + pad_right < s) return -1;
   if (data == NULL || weight == NULL || out == NULL) return -1;
+  if (bounds < 0 || bounds > 3) return -1;
 
   job.data = data;
   job.out = out;
@@ -383,6 +429,7 @@ int32_t vanilla_conv2d_nchw_bias(float* data, float* weight, float* bias, float*
   job.KT = job.wide ? 16 : VANILLA_KT;
   KP = (job.K + job.KT - 1) / job.KT * job.KT;
   job.bias = bias;
+  job.act.lo = lo, job.act.hi = hi, job.act.which = bounds;
   if (job.OH * job.OW == 1) return vanilla_one_position(&job, weight);
 
   packed = (float*)malloc((size_t)(KP * job.CRS + (bias ? KP : 0)) * sizeof(float));

@@ -5,7 +5,8 @@
  * groups = 1, dilation = 1, any stride >= 1, any zero padding (the padding is
  * done here: the caller passes the unpadded input); without a bias
  * (vanilla_conv2d_nchw) or with one per output channel, added before the
- * output is stored (vanilla_conv2d_nchw_bias).
+ * output is stored (vanilla_conv2d_nchw_bias), and then bounded by an
+ * activation (vanilla_conv2d_nchw_bias_clamp).
  *
  *   out[n][k][oh][ow] = sum_{c<C, r<R, s<S}
  *       data[n][c][oh*stride_h + r - pad_top][ow*stride_w + s - pad_left]
@@ -63,6 +64,18 @@ int32_t vanilla_conv2d_nchw_bias(float* data, float* weight, float* bias, float*
                                  int32_t pad_top, int32_t pad_left,
                                  int32_t pad_bottom, int32_t pad_right,
                                  int32_t stride_h, int32_t stride_w);
+
+/* The same, and then an activation that bounds the output (a ReLU, a ReLU6, a clip):
+ *   out = max(out, lo)  where bit 0 of bounds is set,
+ *   out = min(out, hi)  where bit 1 is, in that order (a NaN stays NaN);
+ *   bounds 0: no activation; outside 0..3: -1. */
+int32_t vanilla_conv2d_nchw_bias_clamp(float* data, float* weight, float* bias, float* out,
+                                       float lo, float hi, int32_t bounds,
+                                       int32_t n, int32_t c, int32_t h, int32_t w,
+                                       int32_t k, int32_t r, int32_t s,
+                                       int32_t pad_top, int32_t pad_left,
+                                       int32_t pad_bottom, int32_t pad_right,
+                                       int32_t stride_h, int32_t stride_w);
 
 #ifdef __cplusplus
 }  /* extern "C" */
