@@ -71,10 +71,38 @@ def test_tvms_own_plan_would_mix_the_devices():
 
 
 def test_the_planned_chain_runs_on_its_two_devices():
-    with tvm.transform.PassContext(opt_level=3, disabled_pass=[storage_plan.REPLACED_PASS]):
+    with tvm.transform.PassContext(opt_level=3, disabled_pass=storage_plan.REPLACED_PASSES):
         executable = tvm.compile(storage_plan.plan_storage(_chain()), target="llvm")
     vm = relax.VirtualMachine(executable, [tvm.cpu(0), tvm.cpu(1)])
     x = np.random.default_rng(0).standard_normal((64, 64)).astype("float32")
     out = vm["main"](tvm.runtime.tensor(x, tvm.cpu(0))).numpy()
     # Each stretch negates and doubles three times: (-2)**9, exact in float32.
     np.testing.assert_array_equal(out, x * -512.0)
+
+
+def test_a_reshape_between_partitions_stays_a_view_of_its_input():
+    """TVM's pipeline makes a reshape a view (``vm.builtin.reshape``) after its
+    operators are legalized: legalized again after that, it would be a copy."""
+    import re
+
+    import umahub
+
+    rng = np.random.default_rng(0)
+
+    def weight():
+        return relax.const(rng.standard_normal((64, 64)).astype("float32"))
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((64, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.matmul(x, weight()))
+            r = bb.emit(relax.op.reshape(relax.op.reshape(a, (16, 256)), (64, 64)))
+            out = bb.emit_output(relax.op.matmul(r, weight()))
+        bb.emit_func_output(out)
+    compiled = umahub.Hub(config={"plugins": ["npu"]}, project_config=False).compile(bb.get())
+    text = compiled.executable.as_text()
+    main = text[text.index("@main:") :]
+    calls = re.findall(r"call\s+(\S+)", main[: main.index("\n@")] if "\n@" in main else main)
+    assert [c for c in calls if "reshape" in c] == ["vm.builtin.reshape"]
+    assert [c for c in calls if c.startswith("npu")] == ["npu_0_matmul", "npu_1_matmul"]

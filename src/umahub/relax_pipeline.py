@@ -87,7 +87,7 @@ class RelaxPipeline:
         inner = tvm.transform.PassContext(
             opt_level=ctx.opt_level,
             required_pass=list(ctx.required_pass),
-            disabled_pass=[*ctx.disabled_pass, storage_plan.REPLACED_PASS],
+            disabled_pass=[*ctx.disabled_pass, *storage_plan.REPLACED_PASSES],
             config=dict(ctx.config),
             instruments=list(ctx.instruments),
         )

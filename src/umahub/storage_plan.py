@@ -15,8 +15,12 @@ tensor's storage at every call (mobilenet_v3_small: 83 storages per inference;
 every allocation's scope is given its device for the plan's sake
 (``"global"`` on device 2 is planned as ``"global@umahub.device2"``), and the
 storages the plan makes get their real scope back. Within a device the plan
-is TVM's own. The build runs it after ``CallTIRRewrite`` (which makes the
-allocations) and runs TVM's pipeline with :data:`REPLACED_PASS` disabled.
+is TVM's own. :func:`plan_storage` runs the first passes of TVM's default
+Relax pipeline itself, up to ``CallTIRRewrite`` (which makes the
+allocations), then the plan; the build runs TVM's pipeline with
+:data:`REPLACED_PASSES` disabled, which have run already. ``LegalizeOps`` is
+one: run again after ``RewriteDataflowReshape``, it would turn the reshapes
+that became views back into copies.
 
 The plan is safe for the concurrent executor too: it reuses storage only
 within one Relax function, whose bindings run one after another, and the
@@ -32,10 +36,11 @@ from tvm import relax
 
 from umahub._tvm import StringImm, type_args
 
-__all__ = ["REPLACED_PASS", "plan_storage"]
+__all__ = ["REPLACED_PASSES", "plan_storage"]
 
-#: TVM's pass that :func:`plan_storage` runs in place of the one in its pipeline.
-REPLACED_PASS = "StaticPlanBlockMemory"
+#: TVM's passes that :func:`plan_storage` runs in place of those in its pipeline
+#: (the others it runs do nothing the second time).
+REPLACED_PASSES = ["LegalizeOps", "StaticPlanBlockMemory"]
 
 _TAG = "@umahub.device"
 
@@ -79,10 +84,10 @@ class _Scopes(relax.PyExprMutator):
 
 
 def _lower_calls() -> list[Any]:
-    """TVM's default pipeline up to the allocations of call results (the passes
-    the default pipeline runs before its plan; each does nothing the second time)."""
+    """TVM's default pipeline up to the allocations of call results."""
     t = relax.transform
     return [
+        t.LegalizeOps(),
         t.RewriteDataflowReshape(),
         t.ToNonDataflow(),
         t.RemovePurityChecking(),
@@ -94,8 +99,8 @@ def plan_storage(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with its calls' results allocated (``CallTIRRewrite``) and
     planned by Relax's ``StaticPlanBlockMemory``, each device apart.
 
-    Build the result with :data:`REPLACED_PASS` disabled (it would plan the
-    remaining allocations again, devices mixed).
+    Build the result with :data:`REPLACED_PASSES` disabled: the plan would plan
+    the remaining allocations again, devices mixed.
     """
     mod = tvm.transform.Sequential(_lower_calls())(mod)
     mod = _Scopes(mod, tag=True).run()

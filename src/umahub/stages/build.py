@@ -342,7 +342,7 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
         target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
         host, comp.host_schedules = lower_host(comp.hub, host, target)
         host = storage_plan.plan_storage(host)  # so TVM's own plan is left out
-        with tvm.transform.PassContext(opt_level=3, disabled_pass=[storage_plan.REPLACED_PASS]):
+        with tvm.transform.PassContext(opt_level=3, disabled_pass=storage_plan.REPLACED_PASSES):
             # umahub's TIR pipeline is TVM's default plus the stack scratch pass:
             # with an older TVM, which the pass leaves alone, TVM's own
             pipeline = TIR_PIPELINE if scratch.SUPPORTED else "default"
