@@ -416,9 +416,9 @@ def _match_pad_block(loops, realize, pad_buf):
     return X, pt, pl, pb, pr
 
 
-def _match_bias_block(loops, realize, conv_out):
-    """The block ``y[n, k, h, w] = conv_out[n, k, h, w] + b[0, k, 0, 0]`` (either
-    order) of a (1, K, 1, 1) float32 bias; returns (b, y)."""
+def _elementwise_store(loops, realize):
+    """The store of a block over [n, k, h, w] that writes ``out[n, k, h, w]`` (a bias
+    add's, an activation's), and the block's four iteration variables."""
     _check_trivial_binding(loops, realize)
     block = realize.block
     ivs = [iv.var for iv in block.iter_vars]
@@ -426,7 +426,14 @@ def _match_bias_block(loops, realize, conv_out):
         raise _NoMatch("not an SSSS block")
     store = block.body
     if not (isinstance(store, tirx.BufferStore) and _same_vars(store.indices, ivs)):
-        raise _NoMatch("does not write y[n, k, h, w]")
+        raise _NoMatch("does not write out[n, k, h, w]")
+    return store, ivs
+
+
+def _match_bias_block(loops, realize, conv_out):
+    """The block ``y[n, k, h, w] = conv_out[n, k, h, w] + b[0, k, 0, 0]`` (either
+    order) of a (1, K, 1, 1) float32 bias; returns (b, y)."""
+    store, ivs = _elementwise_store(loops, realize)
     val = store.value
     if not isinstance(val, tirx.Add) or not all(isinstance(x, Load) for x in (val.a, val.b)):
         raise _NoMatch("not a sum of two loads")
@@ -484,14 +491,7 @@ def _bounds_of(value, src, ivs) -> tuple[float, float, int]:
 def _match_act_block(loops, realize, src):
     """The block ``z[n, k, h, w] = max(min(src[n, k, h, w], hi), lo)`` (either
     bound alone too: a ReLU is ``max(src, 0)``); returns ((lo, hi, which), z)."""
-    _check_trivial_binding(loops, realize)
-    block = realize.block
-    ivs = [iv.var for iv in block.iter_vars]
-    if [int(iv.iter_type) for iv in block.iter_vars] != [_DATA_PAR] * 4 or block.init is not None:
-        raise _NoMatch("not an SSSS block")
-    store = block.body
-    if not (isinstance(store, tirx.BufferStore) and _same_vars(store.indices, ivs)):
-        raise _NoMatch("does not write z[n, k, h, w]")
+    store, ivs = _elementwise_store(loops, realize)
     bounds = _bounds_of(store.value, src, ivs)
     z = store.buffer
     _check_dense_f32_4d(z, "activation output")
