@@ -19,14 +19,19 @@ and this module makes that graph:
 * an **alias** step (``a = b``, ``t[i]``, ``(a, b)``) moves no data; the
   executor resolves it in Python as soon as its inputs are there.
 
-Host bindings are grouped so that the graph stays small (one VM call for a run
-of host operators, which TVM's FuseOps may then fuse as in ``main``) and still
-lets devices overlap: a host binding joins a host group that one of its inputs
-comes from, in the same block, when no other step has read from that group
-yet (a group read by a partition is closed, so the partition does not wait
-for host code it does not need) and the group already waits for every other
-step the binding reads from (a new input would hold the whole group back, and
-the graph stays free of cycles).
+The graph is cut after the host's part is fused and scheduled
+(:func:`umahub.host_lowering.lower_host`): a host binding is a call of a
+kernel ``main`` calls too, so the steps compute exactly what the VM does (cut
+before, a multiply and the add after it that ``main`` fused, and LLVM
+contracted into one multiply-add, could land in two steps and round
+differently). Host bindings are grouped so that the graph stays small (one VM
+call for a run of host kernels) and still lets devices overlap: a host
+binding joins a host group that one of its inputs comes from, in the same
+block, when no other step has read from that group yet (a group read by a
+partition is closed, so the partition does not wait for host code it does
+not need) and the group already waits for every other step the binding reads
+from (a new input would hold the whole group back, and the graph stays free
+of cycles).
 
 Why Relax functions in the library rather than the partitions' packed
 functions called from Python: host code between partitions must be compiled

@@ -338,9 +338,12 @@ def prepare(comp: Compilation, placed: Partitioned, lift_weights: bool = True) -
 def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
-        host = with_steps(host, comp.devices, comp.hub)  # for the concurrent executor
         target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
         host, comp.host_schedules = lower_host(comp.hub, host, target)
+        # cut after the host's fusion: a step calls the very kernels main calls, so
+        # the concurrent executor computes exactly what the VM does (a multiply and
+        # the add after it fused in main, but in two steps, rounded differently)
+        host = with_steps(host, comp.devices, comp.hub)
         host = storage_plan.plan_storage(host)  # so TVM's own plan is left out
         with tvm.transform.PassContext(opt_level=3, disabled_pass=storage_plan.REPLACED_PASSES):
             # umahub's TIR pipeline is TVM's default plus the stack scratch pass:
