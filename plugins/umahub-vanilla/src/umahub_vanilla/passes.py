@@ -124,6 +124,12 @@ class ConvMatch:
     bias_buffer: object | None = None
 
     @property
+    def absorbed(self) -> list[int]:
+        """Positions of the loop nests the call replaces besides the convolution's
+        (its padding, bias add and activation)."""
+        return [i for i in (self.pad_index, self.bias_index, self.act_index) if i is not None]
+
+    @property
     def extern_name(self) -> str:
         if self.bounds is not None:
             return EXTERN_CLAMP_NAME
@@ -673,9 +679,7 @@ def _kept(matches: list[ConvMatch], root, stmts) -> list[ConvMatch]:
     buffer as TIR and so keeps it whole; the extern call reads it.
     """
     allocated = list(root.alloc_buffers)
-    rewritten = {m.conv_index for m in matches} | {
-        i for m in matches for i in (m.pad_index, m.bias_index, m.act_index) if i is not None
-    }
+    rewritten = {i for m in matches for i in (m.conv_index, *m.absorbed)}
     kept = []
     for m in matches:
         intermediate = any(m.out.same_as(b) for b in allocated)
@@ -696,7 +700,7 @@ def rewrite_conv2d(func):
     if not matches:
         return func
     replace = {m.conv_index: _extern_block(m) for m in matches}
-    drop = {i for m in matches for i in (m.pad_index, m.bias_index, m.act_index) if i is not None}
+    drop = {i for m in matches for i in m.absorbed}
     dropped_bufs = [
         b for m in matches for b in (m.pad_buffer, m.conv_buffer, m.bias_buffer) if b is not None
     ]
