@@ -47,8 +47,8 @@ from _common import write
 import umahub
 import umahub.models as zoo
 from umahub._tvm import TensorType
-from umahub.picture.timeline import timeline
-from umahub.running import AUTO_TRIALS
+from umahub.report.picture.timeline import timeline
+from umahub.runtime.running import AUTO_TRIALS
 
 PLUGINS = {"plugins": ["npu", "vanilla", "dsp"]}
 
@@ -184,7 +184,7 @@ def measure(name, mod, pins, runs, repeat, stream_len):
     hub = umahub.Hub(config=config, project_config=False)
     compiled = hub.compile(mod, placement=pins)
     assert compiled.step_graph.unsupported == "", compiled.step_graph.unsupported
-    x = umahub.compiled.example_inputs(compiled.input_info)[0]
+    x = umahub.runtime.compiled.example_inputs(compiled.input_info)[0]
     for _ in range(2 * (AUTO_TRIALS + 1)):
         compiled.run(x)  # auto times both executors and keeps the faster
     auto = compiled.executor_in_use

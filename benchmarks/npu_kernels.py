@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins" / "umahub-npu" / "src"))
 from umahub_npu import schedules  # noqa: E402
 
+from umahub.plugin import host_target, vector_lanes  # noqa: E402
+
 # ----------------------------------------------------------------- PrimFunc as umahub makes it
 
 
@@ -252,7 +254,7 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "npu_kernels.json"))
     args = ap.parse_args()
 
-    target = schedules.recommended_target()
+    target = host_target()
     threads = int(os.environ["TVM_NUM_THREADS"])
     cpu = next(
         (l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
@@ -264,7 +266,7 @@ def main():
         OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS"),
         cpu_model=cpu,
         llvm_cpu=str(tvm.target.codegen.llvm_get_system_cpu()),
-        vector_lanes=schedules.vector_lanes(),
+        vector_lanes=vector_lanes(),
         target=target,
         sram_bytes=args.sram,
         numpy_version=np.__version__,

@@ -74,7 +74,7 @@ def dispatch(site: Path, names: list[str]) -> dict[str, float]:
     import pluggy
 
     import umahub
-    from umahub import hookspecs
+    from umahub.plugin import hookspecs
 
     modules = [importlib.import_module(n) for n in names]
     hub = umahub.Hub(autoload=False, plugins=modules)
@@ -120,7 +120,7 @@ def main() -> None:
         listed = ", ".join(f'"p{i:02d}"' for i in range(PLUGINS))
         (site / "umahub.toml").write_text(f"plugins = [{listed}]\n")
         imports = ";".join(f"import {n}" for n in names)
-        base = "import time, umahub, umahub.hub; "
+        base = "import time, umahub, umahub.hub.hub; "
         hub_s = in_fresh_process(
             site,
             base + "t=time.perf_counter(); h=umahub.Hub(); "

@@ -1,9 +1,9 @@
 """TVM's thread-pool spin count: TVM's default against the one umahub sets.
 
 An idle worker of TVM's thread pool spins ``TVM_THREAD_POOL_SPIN_COUNT``
-turns before it sleeps (see :mod:`umahub.threadpool`). Each model is compiled
+turns before it sleeps (see :mod:`umahub.runtime.threadpool`). Each model is compiled
 once with the bundled plugins and exported; then, in ``--rounds`` rounds, each
-spin count (TVM's 300000, umahub's :data:`umahub.threadpool.SPIN_COUNT`) and
+spin count (TVM's 300000, umahub's :data:`umahub.runtime.threadpool.SPIN_COUNT`) and
 each executor (``vm``, ``concurrent``, ``auto``: the default, which times both
 on the first calls and keeps the faster) is timed in a fresh process: the
 median latency of the runs in the 1.5 s after 8 warm-up calls, which is when
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from _common import run_worker, worker_env, write
 
-from umahub.threadpool import SPIN_COUNT
+from umahub.runtime.threadpool import SPIN_COUNT
 
 SPINS = ["300000", str(SPIN_COUNT)]
 EXECUTORS = ["vm", "concurrent", "auto"]

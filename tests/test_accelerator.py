@@ -71,7 +71,7 @@ def test_the_c_of_accelerators_is_compiled_at_o3_with_their_includes_and_sources
     """-O3: at -O2 gcc vectorizes no loop that needs a run-time overlap check of
     two pointers, and TVM's C loops over several buffers all do (a bias add ran
     one float at a time). Each directory and source once, in order."""
-    from umahub.codegen import export_options
+    from umahub.compiler.codegen import export_options
 
     kernels = tmp_path / "k.c"
     accs = [

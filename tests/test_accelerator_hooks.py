@@ -13,7 +13,7 @@ import pytest
 
 import umahub
 from umahub.errors import PluginLoadError
-from umahub.tracing import recording
+from umahub.hub.tracing import recording
 
 TWO_ACCELERATORS = """
 import umahub
@@ -325,7 +325,7 @@ def test_a_marked_wrapper_wraps_its_accelerator_only():
 
 def test_the_bundled_plugins_and_the_compat_module_load_without_tvm():
     code = (
-        "import sys, umahub.compat, umahub_npu, umahub_vanilla, umahub_dsp, umahub\n"
+        "import sys, umahub.plugin.compat, umahub_npu, umahub_vanilla, umahub_dsp, umahub\n"
         "hub = umahub.Hub(autoload=False, plugins=[umahub_npu, umahub_vanilla, umahub_dsp],"
         " project_config=False, strict=True)\n"
         "assert [a.name for a in hub.accelerators] == ['npu', 'vanilla_accel', 'dsp_cpu']\n"

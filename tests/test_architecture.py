@@ -1,4 +1,4 @@
-"""The shape of the code: imports go one way, stages stand alone, modules stay small.
+"""The shape of the code: layers import downwards, stages stand alone, plugins use one door.
 
 Read from the source with ``ast`` (nothing is imported): every ``import`` of a
 umahub module, at module level or inside a function, is an edge; imports
@@ -95,13 +95,117 @@ def test_no_import_cycles_among_umahub_modules():
 
 def test_a_stage_imports_no_other_stage_nor_the_hub_nor_the_pipeline():
     graph = _graph()
-    stages = {m for m in graph if m.startswith("umahub.stages.")}
+    stages = {m for m in graph if m.startswith("umahub.compiler.stages.")}
     assert stages == {
-        f"umahub.stages.{s}" for s in ("plan", "partition", "memory", "lower", "build", "verify")
+        f"umahub.compiler.stages.{s}"
+        for s in ("plan", "partition", "memory", "lower", "build", "verify")
     }
-    forbidden = stages | {"umahub.hub", "umahub.pipeline", "umahub.stages", "umahub"}
+    forbidden = stages | {
+        "umahub.hub",
+        "umahub.hub.hub",
+        "umahub.compiler.pipeline",
+        "umahub.compiler.stages",
+        "umahub",
+    }
     offending = {m: sorted(graph[m] & (forbidden - {m})) for m in stages}
     assert offending == {m: [] for m in stages}
+
+
+#: The foundation: what every layer may import. It imports nothing else of umahub.
+FOUNDATION = {
+    "umahub._moved",
+    "umahub._tvm",
+    "umahub.config",
+    "umahub.config_files",
+    "umahub.errors",
+    "umahub.ir",
+    "umahub.sizes",
+    "umahub.targets",
+}
+
+#: Each layer (a subpackage, or one module of one) and the layers it may import besides
+#: itself and the foundation. The facades above them (``umahub``, ``umahub.hub.hub``, the
+#: plugin API's door ``umahub.plugin``, ``umahub.cli``) are not layers anyone builds on.
+LAYERS = {
+    "umahub.plugin": set(),
+    "umahub.runtime": {"umahub.plugin"},
+    "umahub.remote": {"umahub.runtime"},
+    "umahub.hub": {"umahub.plugin"},
+    "umahub.host": {"umahub.plugin", "umahub.hub.tracing"},
+    "umahub.report": {"umahub.plugin", "umahub.hub.tracing"},
+}
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _layer_breaches(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    facades = {"umahub", "umahub.plugin", "umahub.hub", "umahub.hub.hub"}
+    breaches: dict[str, list[str]] = {}
+    for module, imports in graph.items():
+        if module in facades:
+            continue
+        if module in FOUNDATION:
+            allowed = FOUNDATION
+        else:
+            layer = next((p for p in sorted(LAYERS, key=len, reverse=True) if _in(module, p)), None)
+            if layer is None:
+                continue
+            allowed = FOUNDATION | {layer} | LAYERS[layer]
+        bad = sorted(t for t in imports if not any(_in(t, a) for a in allowed) and t != module)
+        if bad:
+            breaches[module] = bad
+    return breaches
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    assert _layer_breaches(_graph()) == {}
+
+
+def test_the_layer_check_finds_a_breach():
+    graph = {"umahub.runtime.running": {"umahub.compiler.pipeline", "umahub.errors"}}
+    assert _layer_breaches(graph) == {"umahub.runtime.running": ["umahub.compiler.pipeline"]}
+
+
+def test_the_report_data_imports_none_of_its_views():
+    graph = _graph()
+    views = {m for m in graph if _in(m, "umahub.report.picture")} | {"umahub.report.text"}
+    assert {m: sorted(graph[m] & views) for m in ("umahub.report.data", "umahub.report.text")} == {
+        "umahub.report.data": [],
+        "umahub.report.text": [],
+    }
+
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+
+
+def _plugin_sources() -> list[Path]:
+    return sorted(PLUGINS.glob("*/src/**/*.py"))
+
+
+def test_the_bundled_plugins_import_only_the_plugin_api():
+    """A plugin's door into umahub is ``umahub.plugin``; everything else is internal."""
+    assert _plugin_sources(), f"no plugin sources under {PLUGINS}"
+    reached = {}
+    for path in _plugin_sources():
+        name = ".".join(path.relative_to(path.parents[1]).with_suffix("").parts)
+        imports = _runtime_imports(path, name, set(_modules()))
+        names = {i for i in imports if i != "umahub" or _imports_umahub_itself(path)}
+        outside = sorted(i for i in names if not _in(i, "umahub.plugin"))
+        if outside:
+            reached[str(path.relative_to(PLUGINS))] = outside
+    assert reached == {}
+
+
+def _imports_umahub_itself(path: Path) -> bool:
+    """``import umahub`` (the user's API), which ``_runtime_imports`` reports as "umahub"."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(a.name == "umahub" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "umahub" and not node.level:
+            return True
+    return False
 
 
 @pytest.mark.parametrize("name", sorted(_modules()))

@@ -594,7 +594,7 @@ def test_the_choice_keeps_the_lead_only_where_the_rounds_show_it_faster(
 
 
 def _finalists_text(verdict):
-    from umahub.auto.text import _finalists
+    from umahub.report.text import _finalists
 
     return _finalists({"finalists": verdict})
 

@@ -61,9 +61,9 @@ def test_plugins_lists_tvm_backends_entry_points_too():
     result = run("plugins")
     lines = result.stdout.splitlines()
     assert "TVM backends (group tvm.backends, called by TVM itself at 'import tvm'):" in lines
-    ours = "  umahub           umahub.tvm_backend:register  (umahub "
+    ours = "  umahub           umahub.compiler.tvm_backend:register  (umahub "
     assert any(line.startswith(ours) for line in lines)
     data = json.loads(run("plugins", "--json").stdout)
-    assert {"name": "umahub", "value": "umahub.tvm_backend:register"}.items() <= next(
+    assert {"name": "umahub", "value": "umahub.compiler.tvm_backend:register"}.items() <= next(
         b for b in data["tvm_backends"] if b["name"] == "umahub"
     ).items()

@@ -1,4 +1,4 @@
-"""``umahub.compat``: the TVM names plugins need, on whichever apache-tvm 0.25-0.27 is installed."""
+"""``umahub.plugin.compat``: the TVM names plugins need, on any apache-tvm from 0.25 to 0.27."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from umahub import compat
+from umahub.plugin import compat
 
 
 def test_importing_it_does_not_import_tvm():
-    code = "import sys, umahub.compat; assert 'tvm' not in sys.modules"
+    code = "import sys, umahub.plugin.compat; assert 'tvm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

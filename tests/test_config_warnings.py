@@ -17,7 +17,7 @@ from graphs import chain
 import umahub
 from umahub.config import Config, Pin, load_config
 from umahub.errors import ConfigError, UmahubWarning
-from umahub.loading import env_flag
+from umahub.hub.loading import env_flag
 
 
 def write_pyproject(path, body):

@@ -118,9 +118,9 @@ class _FakeSession:
         self.uploaded: dict[str, bytes] = {}
 
     def get_function(self, name: str):
-        if name == "umahub.board.info":
+        if name == "umahub.remote.board.info":
             return lambda: json.dumps({"machine": self.machine})
-        assert name == "umahub.board.load"
+        assert name == "umahub.remote.board.load"
         return lambda library, devices, weights: ("loaded", library, devices, weights)
 
     def upload(self, blob, name: str) -> None:
@@ -128,7 +128,7 @@ class _FakeSession:
 
 
 def _board(machine: str):
-    from umahub.rpc import Board, _Worker
+    from umahub.remote.rpc import Board, _Worker
 
     session = _FakeSession(machine)
     return Board(session, f"board '{machine}'", 10.0, _Worker()), session
@@ -145,7 +145,7 @@ def test_an_aarch64_board_accepts_it(arm, machine):
 
 
 def test_a_board_of_this_machine_refuses_it(arm):
-    from umahub.rpc import RemoteError
+    from umahub.remote.rpc import RemoteError
 
     board, session = _board(HERE)
     with pytest.raises(RemoteError) as caught:
@@ -243,7 +243,7 @@ def test_another_architecture_needs_a_compiler_for_it():
 @pytest.mark.skipif(CROSS is None, reason="no aarch64 cross compiler on PATH")
 def test_verify_and_profile_are_refused_or_skipped():
     import umahub.models as zoo
-    from umahub.pipeline import check_target
+    from umahub.compiler.pipeline import check_target
 
     for option in ("verify", "profile"):
         with pytest.raises(TargetError) as caught:
@@ -276,7 +276,7 @@ def test_the_config_takes_a_target_and_a_compiler():
 
 
 def test_a_native_target_builds_and_runs_here():
-    from umahub.pipeline import check_target
+    from umahub.compiler.pipeline import check_target
 
     target = check_target(_hub(), f"llvm -mtriple={platform.machine()}-linux-gnu")
     assert target.native and target.arch == HERE and target.cc is None

@@ -17,8 +17,8 @@ import umahub
 import umahub.models as zoo
 from umahub._tvm import TensorType
 from umahub.errors import ConfigError, UmahubError
-from umahub.executor import ExecutionError, plan_cores
-from umahub.running import AUTO_TRIALS
+from umahub.runtime.executor import ExecutionError, plan_cores
+from umahub.runtime.running import AUTO_TRIALS
 
 BUNDLED = {"plugins": ["npu", "vanilla", "dsp"]}
 
@@ -71,7 +71,7 @@ def npu_model(hub):
 
 
 def inputs(compiled, seed=0):
-    return umahub.compiled.example_inputs(compiled.input_info, seed)
+    return umahub.runtime.compiled.example_inputs(compiled.input_info, seed)
 
 
 def same(a, b):
@@ -458,7 +458,7 @@ def test_profile_puts_the_measured_timeline_in_the_report_and_picture(hub, tmp_p
     assert sorted((s["lane"], s["label"]) for s in measured["spans"]) == want
     assert all(0 <= s["start"] <= s["end"] for s in measured["spans"])
     assert "measured: vm " in str(compiled.report)
-    from umahub.picture.timeline import measured as measured_items
+    from umahub.report.picture.timeline import measured as measured_items
 
     items = measured_items(compiled.report)
     assert [(i.lane, i.label) for i in items] == [
@@ -493,7 +493,7 @@ def test_sizes_known_only_at_run_time_run_on_the_vm(hub):
 
 
 def test_the_graph_survives_its_json_and_refuses_another_version():
-    from umahub.steps import Step, StepGraph
+    from umahub.runtime.steps import Step, StepGraph
 
     graph = StepGraph(
         ("host", "npu:0"),
@@ -525,7 +525,7 @@ def test_the_graph_survives_its_json_and_refuses_another_version():
 
 def test_the_estimate_overlaps_a_host_branch_with_the_npu(hub):
     """An operator waits only for the copies it reads, not for its group's others."""
-    from umahub.picture.timeline import timeline
+    from umahub.report.picture.timeline import timeline
 
     report = hub.explain(branches((32, 32), heavy=True), placement=pins("npu", "host"))
     spans = {s.label: s for s in timeline(report)}

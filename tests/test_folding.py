@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 
 from umahub._tvm import TensorType, constant_value
-from umahub.folding import fold_constants, fold_layout_of_constants
+from umahub.host.folding import fold_constants, fold_layout_of_constants
 
 
 def _model(chain, rows=2):
@@ -123,7 +123,7 @@ def _calls(mod):
 
 
 def test_an_inference_batch_norm_is_folded_into_the_convolution_before_it():
-    from umahub.folding import fold_batch_norms
+    from umahub.host.folding import fold_batch_norms
 
     for groups in (1, 8):  # a convolution and a depthwise one
         mod, w, (gamma, beta, mean, var) = _conv_norm(groups)
@@ -143,7 +143,7 @@ def test_an_inference_batch_norm_is_folded_into_the_convolution_before_it():
 
 
 def test_a_batch_norm_is_not_folded_in_training_or_when_its_inputs_are_read_elsewhere():
-    from umahub.folding import fold_batch_norms
+    from umahub.host.folding import fold_batch_norms
 
     for case in ({"training": True}, {"conv_read_twice": True}, {"mean_as_input": True}):
         mod, _, _ = _conv_norm(**case)

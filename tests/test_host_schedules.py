@@ -9,7 +9,7 @@ from tvm import relax, s_tir
 from tvm.script import relax as R
 
 import umahub
-from umahub.host_schedules import default_schedule
+from umahub.host.schedules import default_schedule
 
 
 def _host_model() -> tvm.IRModule:
@@ -144,7 +144,7 @@ def test_an_elementwise_chain_is_one_loop_nest_with_parallel_rows(shape, kinds):
 
 
 def test_what_dlight_does_not_take_gets_its_spatial_loops_in_parallel():
-    from umahub.host_schedules import _parallel
+    from umahub.host.schedules import _parallel
 
     mod = relax.transform.LegalizeOps()(_host_model())
     conv = next(
@@ -194,7 +194,7 @@ def test_a_pooling_reduces_its_window_over_whole_rows_and_computes_the_same(op, 
     ids=["resnet", "ceil_mode", "uneven"],
 )
 def test_a_max_pool_is_two_one_dimensional_ones_row_by_row_and_exact(pool, shape):
-    from umahub.host_lowering import lower_host
+    from umahub.host.lowering import lower_host
 
     mod = _one_op_model(lambda x: relax.op.nn.max_pool2d(x, **pool), shape)
     lowered, counts = lower_host(umahub.Hub(autoload=False), mod)
@@ -210,7 +210,7 @@ def test_a_max_pool_is_two_one_dimensional_ones_row_by_row_and_exact(pool, shape
 
 
 def test_a_max_pool_in_another_layout_keeps_tvms_legalization():
-    from umahub.host_lowering import lower_host
+    from umahub.host.lowering import lower_host
 
     mod = _one_op_model(lambda x: relax.op.nn.max_pool2d(x, 3, 2, 1, layout="NHWC"), (1, 28, 28, 8))
     _, counts = lower_host(umahub.Hub(autoload=False), mod)
@@ -218,7 +218,7 @@ def test_a_max_pool_in_another_layout_keeps_tvms_legalization():
 
 
 def test_a_max_pool_has_its_padding_inlined_and_its_window_outside_the_row():
-    from umahub.host_schedules import _parallel
+    from umahub.host.schedules import _parallel
 
     mod = relax.transform.LegalizeOps()(
         _one_op_model(lambda x: relax.op.nn.max_pool2d(x, 3, 2, 1), (1, 16, 28, 28))
@@ -268,7 +268,7 @@ def test_an_inference_batch_norm_on_the_host_is_a_scale_and_shift_and_computes_t
     ids=["gelu", "gelu_tanh", "sigmoid", "tanh", "exp", "softmax", "softmax_axis1"],
 )
 def test_transcendental_functions_on_the_host_are_polynomials_and_compute_the_same(op):
-    from umahub.host_lowering import lower_host
+    from umahub.host.lowering import lower_host
 
     mod = _one_op_model(op, (2, 24, 40))
     lowered, _ = lower_host(umahub.Hub(autoload=False), mod)
@@ -283,7 +283,7 @@ def test_transcendental_functions_on_the_host_are_polynomials_and_compute_the_sa
 
 
 def _layer_norm(x):
-    from umahub.compat import type_of
+    from umahub.plugin.compat import type_of
 
     n = int(type_of(x).shape[-1])
     rng = np.random.default_rng(5)
@@ -327,7 +327,7 @@ def _safe_softmax(x):
 def test_a_row_kernel_runs_row_by_row_with_its_reductions_in_vector_partial_sums(
     op, shape, schedules, partial_sums
 ):
-    from umahub.host_lowering import lower_host
+    from umahub.host.lowering import lower_host
 
     mod = _one_op_model(op, shape)
     lowered, counts = lower_host(umahub.Hub(autoload=False), mod)

@@ -13,7 +13,7 @@ from graphs import chain
 import umahub
 import umahub.models as zoo
 from umahub.errors import PlacementError
-from umahub.patterns import Refusal, refusal_reason
+from umahub.plugin.patterns import Refusal, refusal_reason
 from umahub.sizes import human_size
 
 BUNDLED = {"plugins": ["npu", "vanilla", "dsp"], "on-error": "error"}

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from umahub.context import Copy, Operator
-from umahub.memory import MemoryPlan, PoolUse
-from umahub.picture import (
+from umahub.plugin.context import Copy, Operator
+from umahub.plugin.memory import MemoryPlan, PoolUse
+from umahub.report.picture import (
     ACCELERATOR_FLOPS,
     BANDWIDTH,
     HOST_FLOPS,
@@ -22,7 +22,7 @@ from umahub.picture import (
     save_picture,
     timeline,
 )
-from umahub.report import PartitionReport, Report
+from umahub.report.report import PartitionReport, Report
 
 SVG = "{http://www.w3.org/2000/svg}"
 MS = 1e-3

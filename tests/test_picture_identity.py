@@ -16,11 +16,11 @@ import pytest
 from graphs import chain
 
 import umahub
-from umahub.context import Copy, Operator
-from umahub.picture import device_colours, render_html, render_svg, save_picture
-from umahub.picture.layout import GW
-from umahub.picture.svg import HOST_COLOUR, device_colour
-from umahub.report import PartitionReport, Report
+from umahub.plugin.context import Copy, Operator
+from umahub.report.picture import device_colours, render_html, render_svg, save_picture
+from umahub.report.picture.layout import GW
+from umahub.report.picture.svg import HOST_COLOUR, device_colour
+from umahub.report.report import PartitionReport, Report
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -388,7 +388,7 @@ class OwnLowering(_Base):
 
     @umahub.hookimpl
     def umahub_relax_to_tir(self, accelerator, function, context):
-        from umahub.lowering import default_relax_to_tir
+        from umahub.compiler.lowering import default_relax_to_tir
 
         if accelerator.name == "flaky":
             return default_relax_to_tir(function, context.symbol, "flaky")

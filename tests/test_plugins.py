@@ -171,9 +171,9 @@ def test_plugin_modules_are_imported_only_when_a_hub_is_made(install):
     )
     import sys
 
-    import umahub.loading
+    import umahub.hub.loading
 
-    candidates = umahub.loading.find()
+    candidates = umahub.hub.loading.find()
     assert "lazy" in [c.name for c in candidates]
     assert "lazy_mod" not in sys.modules
     umahub.Hub(config={"plugins": ["lazy"]})

@@ -1,4 +1,4 @@
-"""A parallel task's scratch buffers go on its stack (umahub.scratch), not through
+"""A parallel task's scratch buffers go on its stack (umahub.host.scratch), not through
 TVM's workspace pool at every task; the numbers do not change."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 tvm = pytest.importorskip("tvm")
 from tvm import s_tir, te  # noqa: E402
 
-from umahub.scratch import STACK_SCRATCH_MAX, SUPPORTED, scratch_on_stack  # noqa: E402
-from umahub.tir_phases import PIPELINE_NAME  # noqa: E402
+from umahub.compiler.tir_phases import PIPELINE_NAME  # noqa: E402
+from umahub.host.scratch import STACK_SCRATCH_MAX, SUPPORTED, scratch_on_stack  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not SUPPORTED, reason="apache-tvm before 0.27: the pass changes nothing"

@@ -12,8 +12,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from umahub import storage_plan
 from umahub._tvm import TensorType, VDevice, name_of
+from umahub.host import storage_plan
 
 STRETCHES = (1, 0, 1)
 

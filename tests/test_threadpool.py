@@ -1,4 +1,4 @@
-"""umahub gives TVM's thread pool a short spin (umahub.threadpool)."""
+"""umahub gives TVM's thread pool a short spin (umahub.runtime.threadpool)."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from umahub.threadpool import SPIN_COUNT
+from umahub.runtime.threadpool import SPIN_COUNT
 
 CODE = "import os, umahub; print(os.environ.get('TVM_THREAD_POOL_SPIN_COUNT'))"
 

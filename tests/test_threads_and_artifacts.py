@@ -126,7 +126,7 @@ def test_an_inference_leaves_nothing_for_the_cycle_collector(compiled, library, 
 def test_arrays_go_to_the_host_and_back_unchanged(array):
     import tvm
 
-    from umahub.running import host_tensor, to_numpy
+    from umahub.runtime.running import host_tensor, to_numpy
 
     tensor = host_tensor(array, tvm.cpu(0))
     assert tuple(tensor.shape) == array.shape

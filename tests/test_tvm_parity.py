@@ -170,7 +170,7 @@ def test_a_symbolic_batch_compiles_and_runs_at_any_size(hub):
     assert set(devices(compiled).values()) == {"host"}
     assert compiled.report.notes == [
         "sizes n are known only at run time: pattern checks count tensors of those sizes as "
-        "unbounded (umahub.memory.UNBOUNDED) and memory pools plan the tensors of static "
+        "unbounded (umahub.plugin.memory.UNBOUNDED) and memory pools plan the tensors of static "
         "shape only; bound the sizes with main's tir_var_upper_bound attribute to place and "
         "check them"
     ]
@@ -299,7 +299,7 @@ def test_infinite_clip_bounds_compile_as_c(hub):
 
 
 def test_special_floats_are_written_as_c():
-    from umahub.codegen import c_special_floats
+    from umahub.compiler.codegen import c_special_floats
 
     source = (
         'y = (v) < (inff) ? v : -inff; z = nanf + inf * nan; s = "inf"; w = nanf(""); q = infx;'

@@ -15,8 +15,8 @@ The public API (everything else is internal)::
 For plugin authors: :data:`hookimpl` (``@umahub.hookimpl(accelerator="npu")``
 for a hook of one accelerator), :class:`Accelerator`, :class:`MemoryPool`,
 :class:`Refusal` (a pattern check's "no", with its reason), the hook contract
-in :mod:`umahub.hookspecs`, :data:`API_VERSION`, and :mod:`umahub.compat`: the
-TVM names that differ between apache-tvm 0.25, 0.26 and 0.27.
+in :mod:`umahub.plugin.hookspecs`, and :data:`API_VERSION`. Everything a plugin
+may use is in :mod:`umahub.plugin`, the one package a plugin imports.
 
 ``import umahub`` does not import TVM nor any plugin: both happen when they are
 first needed (a :class:`Hub` is made, a model compiled).
@@ -26,22 +26,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from umahub import compat, errors
-from umahub.accelerator import Accelerator, MemoryPool
+from umahub import _moved, errors
 from umahub.errors import UmahubWarning
 from umahub.hub import Hub
-from umahub.markers import API_VERSION, hookimpl, hookspec
-from umahub.patterns import Refusal
-from umahub.threadpool import spin_briefly
+from umahub.plugin.accelerator import Accelerator, MemoryPool
+from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
+from umahub.plugin.patterns import Refusal
+from umahub.runtime.threadpool import spin_briefly
 
 spin_briefly()  # before TVM's first thread pool starts (none of the above imports TVM)
+_moved.install()
 
 if TYPE_CHECKING:
-    from umahub.compiled import Compiled, load
-    from umahub.context import CompileContext, CostContext
-    from umahub.placement import annotate
-    from umahub.rpc import remote
-    from umahub.vdevice import VirtualDevice
+    from umahub.compiler.placement import annotate
+    from umahub.compiler.vdevice import VirtualDevice
+    from umahub.plugin.context import CompileContext, CostContext
+    from umahub.remote.rpc import remote
+    from umahub.runtime.compiled import Compiled, load
 
 __version__ = "0.1.0"
 
@@ -58,7 +59,6 @@ __all__ = [
     "VirtualDevice",
     "__version__",
     "annotate",
-    "compat",
     "errors",
     "hookimpl",
     "hookspec",
@@ -68,22 +68,25 @@ __all__ = [
 
 # Names whose modules import TVM: resolved on first use.
 _LAZY = {
-    "Compiled": "umahub.compiled",
-    "load": "umahub.compiled",
-    "CompileContext": "umahub.context",
-    "CostContext": "umahub.context",
-    "VirtualDevice": "umahub.vdevice",
-    "annotate": "umahub.placement",
-    "remote": "umahub.rpc",
+    "Compiled": "umahub.runtime.compiled",
+    "load": "umahub.runtime.compiled",
+    "CompileContext": "umahub.plugin.context",
+    "CostContext": "umahub.plugin.context",
+    "VirtualDevice": "umahub.compiler.vdevice",
+    "annotate": "umahub.compiler.placement",
+    "remote": "umahub.remote.rpc",
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'umahub' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(module), name)
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif _moved.new_name(f"umahub.{name}") is not None:
+        value = importlib.import_module(f"umahub.{name}")  # an old path: warns where it moved
+    else:
+        raise AttributeError(f"module 'umahub' has no attribute {name!r}")
     globals()[name] = value
     return value

@@ -108,7 +108,7 @@ class Config:
             ``umahub_patterns``) may take; past it, a plugin failure. 0: no limit.
         executor: how ``run`` runs a compiled model: ``"vm"`` (TVM's Relax VM,
             one step after the other), ``"concurrent"`` (a worker per device,
-            see :mod:`umahub.executor`) or ``"auto"`` (concurrent when the
+            see :mod:`umahub.runtime.executor`) or ``"auto"`` (concurrent when the
             model runs on more than one device).
         profile: after the build, run the model on random inputs with both
             executors and put the measured timeline in the report.

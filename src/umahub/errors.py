@@ -117,7 +117,10 @@ class UnknownModelError(UmahubError, LookupError):
 
 
 class PluginOutputError(CompileError):
-    """A hook returned something its specification does not allow (see :mod:`umahub.contract`)."""
+    """A hook returned something its specification does not allow.
+
+    See :mod:`umahub.hub.contract` for what each hook may return.
+    """
 
 
 class HookTimeoutError(CompileError):

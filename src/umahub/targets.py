@@ -40,11 +40,69 @@ __all__ = [
     "BuildTarget",
     "TargetError",
     "elf_machine",
+    "host_target",
     "machine_of",
     "parse_target",
     "resolve",
     "this_machine",
+    "vector_lanes",
 ]
+
+
+def host_target() -> dict[str, str]:
+    """The LLVM target of this machine's CPU (``-mcpu``), so that its vector units are used.
+
+    Plain ``"llvm"`` is generic x86-64 (SSE2, no FMA): vectorized loops would
+    run at a fraction of the CPU's width. The wheel's LLVM rejects
+    ``-mcpu=native`` for its target triple, so the CPU is asked by name; where
+    LLVM cannot name it, the generic target. A dict, because TVM 0.27 reads no
+    ``-mcpu=`` in a target string. The host's part of a model and the bundled
+    accelerators' LLVM kernels are built for it unless a compile names a
+    target.
+    """
+    import tvm
+
+    try:
+        cpu = str(tvm.target.codegen.llvm_get_system_cpu())
+    except Exception:  # an LLVM that cannot say
+        cpu = ""
+    return {"kind": "llvm", "mcpu": cpu} if cpu and cpu != "generic" else {"kind": "llvm"}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def vector_lanes(target: Any = None) -> int:
+    """float32 lanes of one vector register: of ``target``, or of this machine's CPU.
+
+    With a target (a ``tvm.target.Target``, as a cross build's
+    ``context.target``): what LLVM says of its vector width, 4 lanes where it
+    cannot say. Without one: the widest vector registers this CPU reports
+    (``/proc/cpuinfo``: 16 with AVX-512, 8 with AVX or AVX2, 4 otherwise),
+    which need not be the width LLVM prefers for the CPU. Kernels pick tile
+    sizes by it.
+    """
+    if target is None:
+        flags = _cpu_flags()
+        if "avx512f" in flags:
+            return 16
+        return 8 if "avx2" in flags or "avx" in flags else 4
+    import tvm
+
+    try:
+        bits = int(tvm.target.codegen.llvm_get_vector_width(target))
+    except Exception:
+        bits = 128
+    return max(1, bits // 32)
+
 
 # ELF e_machine -> what platform.machine() says on such a machine.
 _ELF_MACHINES = {3: "i386", 40: "arm", 62: "x86_64", 183: "aarch64", 243: "riscv64"}

@@ -1,4 +1,4 @@
-"""The npu's constant weights are packed once, at compile time (umahub.prepack):
+"""The npu's constant weights are packed once, at compile time (umahub.host.prepack):
 convolution filters as ``[f/nr][c][kh][kw][nr]``, matmul B as ``[j/nr][k][nr]``;
 a B computed at run time is still packed tile by tile. Numbers against plain TVM."""
 
@@ -12,9 +12,9 @@ import pytest
 tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 from tvm.script import relax as R  # noqa: E402
-from umahub_npu.schedules import vector_lanes  # noqa: E402
 
 import umahub  # noqa: E402
+from umahub.plugin import vector_lanes  # noqa: E402
 
 RNG = np.random.default_rng(0)
 

@@ -16,7 +16,9 @@ from tvm.script import relax as R  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from umahub_npu import schedules  # noqa: E402
 
-TARGET = schedules.recommended_target()
+from umahub.plugin import host_target  # noqa: E402
+
+TARGET = host_target()
 RNG = np.random.default_rng(0)
 
 

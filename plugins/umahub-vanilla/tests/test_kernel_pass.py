@@ -184,7 +184,7 @@ def test_a_convolution_the_partition_also_returns_keeps_its_bias_add():
             conv = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
             out = bb.emit_output(relax.Tuple([bb.emit(relax.op.add(conv, b)), conv]))
         bb.emit_func_output(out)
-    from umahub.lowering import default_relax_to_tir
+    from umahub.compiler.lowering import default_relax_to_tir
 
     mod = default_relax_to_tir(bb.get()["main"], "vanilla_0", "vanilla_accel")
     func = passes.conv2d_to_extern()(mod)["vanilla_0"]
@@ -323,7 +323,7 @@ def test_a_convolution_feeding_only_another_keeps_its_loop_nest(tmp_path):
             y = bb.emit(relax.op.nn.conv2d(x, w1, padding=1))
             out = bb.emit_output(bb.emit(relax.op.nn.conv2d(y, w2, padding=1)))
         bb.emit_func_output(out)
-    from umahub.lowering import default_relax_to_tir
+    from umahub.compiler.lowering import default_relax_to_tir
 
     # one PrimFunc for the whole partition, as umahub's default lowering makes it
     mod = default_relax_to_tir(bb.get()["main"], "vanilla_0", "vanilla_accel")

@@ -36,5 +36,5 @@ The modules: :mod:`~umahub.auto.candidates`, :mod:`~umahub.auto.costs`,
 :mod:`~umahub.auto.cache`, :mod:`~umahub.auto.search`, then
 :mod:`~umahub.auto.choose` (the four put together, run by the pipeline),
 :mod:`~umahub.auto.finalists` (the measured check) and
-:mod:`~umahub.auto.text` (the report's words for it).
+:mod:`~umahub.report.text` (the report's words for it).
 """

@@ -22,10 +22,10 @@ import tvm
 from tvm import relax
 
 from umahub._tvm import Constant, ret_type, structural_hash, type_of
-from umahub.accelerator import Accelerator
-from umahub.context import Operator
+from umahub.compiler.placement import Pins, PlannedPattern
 from umahub.ir import is_partition
-from umahub.placement import Pins, PlannedPattern
+from umahub.plugin.accelerator import Accelerator
+from umahub.plugin.context import Operator
 
 __all__ = ["Group", "find_groups", "operator_table"]
 
@@ -60,7 +60,7 @@ class Group:
 
 def operator_table(mod: tvm.IRModule, pins: Pins) -> tuple[Operator, ...]:
     """Every operator of ``mod``'s ``main`` as placement names them, all on the host."""
-    from umahub.stages.partition import partition
+    from umahub.compiler.stages.partition import partition
 
     return partition(mod, [], pins, {}).operators
 
@@ -70,7 +70,7 @@ def _digest(*parts: Any) -> str:
 
 
 def _is_static(func: relax.Function) -> bool:
-    from umahub.memory import symbolic_sizes
+    from umahub.plugin.memory import symbolic_sizes
 
     return not any(symbolic_sizes(type_of(p)) for p in func.params) and not symbolic_sizes(
         ret_type(func)
@@ -105,7 +105,7 @@ def find_groups(
     in model order. Returns the groups and the pattern checks that raised
     (``(pattern, nodes, exception)``, as partitioning records them).
     """
-    from umahub.stages.partition import partition
+    from umahub.compiler.stages.partition import partition
 
     alone = dataclasses.replace(accelerator, merge=False)
     own = [dataclasses.replace(p, accelerator=alone, claims=True) for p in planned]

@@ -2,10 +2,10 @@
 
 In that order:
 
-1. ``umahub_cost`` (:func:`umahub.hookspecs.umahub_cost`): a vendor's estimate;
+1. ``umahub_cost`` (:func:`umahub.plugin.hookspecs.umahub_cost`): a vendor's estimate;
 2. the cost cache (:mod:`umahub.auto.cache`): what an earlier compile measured;
 3. a measurement: the group alone (its Relax function, weights bound) is built
-   by :func:`umahub.pipeline.build_alone` with its accelerator alone claiming,
+   by :func:`umahub.compiler.pipeline.build_alone` with its accelerator alone claiming,
    and with no accelerator at all for the host's side, then run on this
    machine, on the VM (whose thread pool the kernels share, as when the
    model runs). The accelerator's seconds are its partition's call, timed by
@@ -47,10 +47,10 @@ import numpy as np
 
 from umahub.auto.cache import CostCache, code_fingerprint
 from umahub.auto.candidates import Group
-from umahub.context import CostContext, Operator
 from umahub.errors import CompileError, last_line
-from umahub.timelimit import within
-from umahub.tracing import recording, returned_by
+from umahub.hub.timelimit import within
+from umahub.hub.tracing import recording, returned_by
+from umahub.plugin.context import CostContext, Operator
 
 __all__ = ["CopyModel", "Cost", "Costs"]
 
@@ -147,7 +147,7 @@ class Costs:
 
     def __init__(self, comp: Any, build: Any, cache: CostCache | None = None):
         """``build(hub, mod, accelerators, target) -> Compiled`` builds a group alone
-        (:func:`umahub.pipeline.build_alone`)."""
+        (:func:`umahub.compiler.pipeline.build_alone`)."""
         import tvm
 
         import umahub
@@ -288,7 +288,7 @@ class Costs:
     def _time(self, group: Group, device: str) -> tuple[float, list[list[Any]]]:
         import tvm
 
-        from umahub.compiled import example_inputs
+        from umahub.runtime.compiled import example_inputs
 
         only = [] if device == HOST else [self.hub.accelerator(device)]
         mod = tvm.IRModule({"main": group.function})

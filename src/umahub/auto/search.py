@@ -13,7 +13,7 @@ The estimate of an assignment is the latency of the executor that runs it:
   host operator's seconds and every copy's seconds: a tensor is copied once per
   device that reads it and is not where it was made (a model output made on an
   accelerator goes back to the host);
-* **concurrent** (:mod:`umahub.executor`): the same tasks list-scheduled in
+* **concurrent** (:mod:`umahub.runtime.executor`): the same tasks list-scheduled in
   model order, one lane per device instance, a sync copy on its accelerator's
   lane, an async copy on the accelerator's DMA lane, where it overlaps compute.
 

@@ -23,7 +23,7 @@ __all__ = ["cmd_bench", "cmd_compile", "cmd_explain", "cmd_plugins", "cmd_run"]
 
 
 def _hub(args: argparse.Namespace) -> Any:
-    from umahub.hub import Hub
+    from umahub.hub.hub import Hub
 
     return Hub(strict=True if getattr(args, "strict", False) else None)
 
@@ -110,7 +110,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _hook_names() -> tuple[str, ...]:
-    from umahub.dispatch import HOOK_NAMES
+    from umahub.hub.dispatch import HOOK_NAMES
 
     return HOOK_NAMES
 
@@ -164,7 +164,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _target(hub: Any, args: argparse.Namespace) -> Any:
     """``--target``/``--cc`` (or the config's), checked; None: build for this machine."""
-    from umahub.pipeline import check_target
+    from umahub.compiler.pipeline import check_target
 
     target = check_target(
         hub,
@@ -182,7 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run an exported library on random inputs or on the arrays of an .npz/.npy file."""
     import numpy as np
 
-    from umahub.compiled import example_inputs
+    from umahub.runtime.compiled import example_inputs
 
     if args.output:
         check_writable(args.output, "-o")
@@ -268,7 +268,7 @@ def _board(args: argparse.Namespace, auto: bool = True) -> Any:
         )
     if args.rpc and not args.key:
         raise UmahubError(f"--rpc {args.rpc}: give --key, the kind of board to ask the tracker for")
-    from umahub.rpc import connect
+    from umahub.remote.rpc import connect
 
     board = connect(tracker=args.rpc, server=args.rpc_server, key=args.key, timeout=args.timeout)
     _say(args, f"on {board.name} ({board.info.get('machine', '?')})")
@@ -279,7 +279,7 @@ def _model(args: argparse.Namespace) -> Any:
     """The library loaded here, or on the board that ``--rpc``/``--rpc-server`` name."""
     import os
 
-    from umahub.compiled import load
+    from umahub.runtime.compiled import load
 
     if not (args.rpc or args.rpc_server):
         _board(args, auto=False)  # --key alone is an error
@@ -293,8 +293,8 @@ def _model(args: argparse.Namespace) -> Any:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Measure the latency of an exported library, here or on a board."""
-    from umahub.bench import bench
-    from umahub.compiled import example_inputs
+    from umahub.remote.bench import bench
+    from umahub.runtime.compiled import example_inputs
 
     if args.json and args.json != "-":
         check_writable(args.json, "--json")
@@ -363,7 +363,7 @@ class _Bar:
 def cmd_explain(args: argparse.Namespace) -> int:
     """Show placement, copies and memory of MODEL without building it."""
     if args.out:
-        from umahub.picture import SUFFIXES
+        from umahub.report.picture import SUFFIXES
 
         if Path(args.out).suffix.lower() not in SUFFIXES:
             raise UmahubError(

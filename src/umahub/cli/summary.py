@@ -48,7 +48,7 @@ def summary(report: Any, seconds: float) -> str:
         counts = Counter(_verdict(p.verified) for p in verified)
         lines.append("verify: " + ", ".join(f"{n} {what}" for what, n in sorted(counts.items())))
     if report.auto:
-        from umahub.auto.text import summary_line
+        from umahub.report.text import summary_line
 
         lines.append(summary_line(report.auto))
     lines.append(f"copies per inference: {_copies(report, 'inference')}")

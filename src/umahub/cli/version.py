@@ -19,7 +19,7 @@ def _version(distribution: str) -> str:
 def version_text() -> str:
     """The versions, one per line; plugins as their entry points name them (none imported)."""
     from umahub import __version__
-    from umahub.loading import ENTRY_POINT_GROUP
+    from umahub.hub.loading import ENTRY_POINT_GROUP
 
     lines = [
         f"umahub {__version__}",

@@ -56,7 +56,7 @@ def cross_vocabulary(
     hub: Any, accelerators: Sequence[str]
 ) -> tuple[tuple[str, ...], dict[str, set[str]]]:
     """(the operators random graphs are made of, accelerator -> the ops its patterns mention)."""
-    from umahub.placement import normalise_pattern
+    from umahub.compiler.placement import normalise_pattern
     from umahub.testing._graphs import pattern_ops, vocabulary
 
     mentioned: dict[str, set[str]] = {}
@@ -156,7 +156,7 @@ def check_placed_graph(
             names the graph, the pins and the priority.
     """
     from umahub.errors import PlacementError
-    from umahub.hub import UmahubWarning
+    from umahub.hub.hub import UmahubWarning
     from umahub.testing._graphs import build, graph_inputs
     from umahub.testing._session import host_outputs
 

@@ -105,7 +105,7 @@ class ConformanceSession:
         if self._targets is None:
             import umahub
             from umahub.errors import UmahubError
-            from umahub.loading import find
+            from umahub.hub.loading import find
 
             names = sorted({c.name for c in find()})
             config = {
@@ -307,7 +307,7 @@ class ConformanceSession:
             import umahub
 
             return umahub.load(path).run(*inputs)
-        from umahub.rpc import connect
+        from umahub.remote.rpc import connect
 
         if self._board is None:
             self._board = connect(tracker=self.rpc[0], key=self.rpc[1])

@@ -219,7 +219,7 @@ class ConformanceSuite:
         )
         from hypothesis import given
 
-        from umahub.placement import normalise_pattern
+        from umahub.compiler.placement import normalise_pattern
         from umahub.testing._graphs import (
             build,
             graph_inputs,

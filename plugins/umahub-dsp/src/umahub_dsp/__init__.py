@@ -14,10 +14,16 @@ codegen, a 64 KiB TCM per core filled by the CPU (synchronous copies).
 
 from __future__ import annotations
 
-import umahub
-from umahub.memory import UNBOUNDED
-from umahub.patterns import dtype_of, match_bytes
-from umahub.sizes import human_size
+from umahub.plugin import (
+    UNBOUNDED,
+    Accelerator,
+    MemoryPool,
+    Refusal,
+    dtype_of,
+    hookimpl,
+    human_size,
+    match_bytes,
+)
 
 UMAHUB_API = 1
 
@@ -38,42 +44,42 @@ ELEMENTWISE = {
 }
 
 
-@umahub.hookimpl
+@hookimpl
 def umahub_accelerators():
     """The DSP: two cores, each with its own 64 KiB TCM."""
     return [
-        umahub.Accelerator(
+        Accelerator(
             NAME,
             codegen="c",
             instances=2,
-            memory=[umahub.MemoryPool("dsp.tcm", TCM_BYTES, copy="sync")],
+            memory=[MemoryPool("dsp.tcm", TCM_BYTES, copy="sync")],
             description="two-core DSP, elementwise operators, 64 KiB TCM per core",
         )
     ]
 
 
-def fits_tcm(ctx) -> bool | umahub.Refusal:
+def fits_tcm(ctx) -> bool | Refusal:
     """Take float32 matches whose tensors fit the budget; refuse the rest, saying why."""
     for value in ctx.matched_bindings.values():
         if dtype_of(value) != "float32":
-            return umahub.Refusal(f"a {dtype_of(value)} tensor; the DSP computes float32 only")
+            return Refusal(f"a {dtype_of(value)} tensor; the DSP computes float32 only")
     need = match_bytes(ctx)
     if need >= UNBOUNDED:
-        return umahub.Refusal(
+        return Refusal(
             "tensors whose size is known only at run time, with no upper bound; "
             f"they may not fit the {human_size(TCM_BYTES)} TCM"
         )
     if need > MATCH_BUDGET:
-        return umahub.Refusal(
+        return Refusal(
             f"its tensors take {human_size(need)}, more than a quarter of the "
             f"{human_size(TCM_BYTES)} TCM ({human_size(MATCH_BUDGET)})"
         )
     if need == 0:
-        return umahub.Refusal("no tensor of known size")
+        return Refusal("no tensor of known size")
     return True
 
 
-@umahub.hookimpl(accelerator=NAME)
+@hookimpl(accelerator=NAME)
 def umahub_patterns():
     """One pattern per elementwise operator."""
     from tvm.relax.dpl import is_op, wildcard
@@ -87,7 +93,7 @@ def umahub_patterns():
     return patterns
 
 
-@umahub.hookimpl(accelerator=NAME)
+@hookimpl(accelerator=NAME)
 def umahub_schedule(schedule):
     """Vectorize every block's innermost (fused) loop by the DSP's vector width."""
     from umahub_dsp.schedule import vectorize_blocks

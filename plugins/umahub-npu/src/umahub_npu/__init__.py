@@ -36,8 +36,7 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
 
 from __future__ import annotations
 
-import umahub
-from umahub.sizes import human_size
+from umahub.plugin import Accelerator, MemoryPool, Refusal, hookimpl, human_size
 
 UMAHUB_API = 1
 
@@ -46,19 +45,17 @@ SRAM_BYTES = 256 * 1024
 DRAM_BYTES = 1024 * 1024 * 1024
 ARRAY_WIDTH = 8
 
-ACTIVATIONS = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.clip")
 
-
-@umahub.hookimpl
+@hookimpl
 def umahub_accelerators():
     """The npu: DRAM for tensors, a 256 KiB scratchpad for tiles, DMA copies."""
     return [
-        umahub.Accelerator(
+        Accelerator(
             NAME,
             codegen="llvm",
             memory=[
-                umahub.MemoryPool("npu.dram", DRAM_BYTES, copy="async"),
-                umahub.MemoryPool("npu.sram", SRAM_BYTES, copy="async"),
+                MemoryPool("npu.dram", DRAM_BYTES, copy="async"),
+                MemoryPool("npu.sram", SRAM_BYTES, copy="async"),
             ],
             description="matrix engine with a 256 KiB scratchpad: matmul and conv2d",
             merge=False,  # its schedules take one matmul or conv2d (with epilogue) at a time
@@ -66,24 +63,23 @@ def umahub_accelerators():
     ]
 
 
-def _float32_static(ctx) -> umahub.Refusal | None:
+def _float32_static(ctx) -> Refusal | None:
     """None when every tensor of the match is float32 of static shape, else why not."""
-    from umahub._tvm import TensorType, type_of
-    from umahub.patterns import dtype_of, shape_of
+    from umahub.plugin import TensorType, dtype_of, shape_of, type_of
 
     for value in ctx.matched_bindings.values():
         if not isinstance(type_of(value), TensorType):
             continue  # batch norm's tuple: its fields are the tensors of other bindings
         if dtype_of(value) != "float32":
-            return umahub.Refusal(f"a {dtype_of(value)} tensor; the npu computes float32 only")
+            return Refusal(f"a {dtype_of(value)} tensor; the npu computes float32 only")
         if shape_of(value) is None:
-            return umahub.Refusal("a tensor whose shape is known only at run time")
+            return Refusal("a tensor whose shape is known only at run time")
     return None
 
 
-def matmul_ok(ctx) -> bool | umahub.Refusal:
+def matmul_ok(ctx) -> bool | Refusal:
     """float32, static shapes, 2-D to 4-D operands."""
-    from umahub.patterns import calls, shape_of
+    from umahub.plugin import calls, shape_of
 
     refused = _float32_static(ctx)
     if refused is not None:
@@ -91,17 +87,17 @@ def matmul_ok(ctx) -> bool | umahub.Refusal:
     for mm in calls(ctx, "relax.matmul"):
         for shape in (shape_of(a) for a in mm.args):
             if shape is None:
-                return umahub.Refusal("a matmul operand whose shape is known only at run time")
+                return Refusal("a matmul operand whose shape is known only at run time")
             if not 2 <= len(shape) <= 4:
-                return umahub.Refusal(
+                return Refusal(
                     f"a {len(shape)}-D matmul operand; the npu takes 2-D to 4-D operands"
                 )
     return True
 
 
-def conv2d_ok(ctx) -> bool | umahub.Refusal:
+def conv2d_ok(ctx) -> bool | Refusal:
     """NCHW/OIHW, dilation 1, and input channels a multiple of 8 or depthwise."""
-    from umahub.patterns import calls, shape_of
+    from umahub.plugin import calls, shape_of
 
     refused = _float32_static(ctx)
     if refused is not None:
@@ -110,34 +106,34 @@ def conv2d_ok(ctx) -> bool | umahub.Refusal:
         attrs = conv.attrs
         layout = (str(attrs.data_layout), str(attrs.kernel_layout))
         if layout != ("NCHW", "OIHW"):
-            return umahub.Refusal(f"layout {'/'.join(layout)}; the npu takes NCHW/OIHW")
+            return Refusal(f"layout {'/'.join(layout)}; the npu takes NCHW/OIHW")
         dilation = tuple(int(d) for d in attrs.dilation)
         if any(d != 1 for d in dilation):
-            return umahub.Refusal(f"dilation {dilation}; the npu takes dilation 1 only")
+            return Refusal(f"dilation {dilation}; the npu takes dilation 1 only")
         channels = shape_of(conv.args[0])[1]
         groups = int(attrs.groups)
         depthwise = groups == channels and shape_of(conv.args[1])[0] == channels
         if depthwise:
             continue
         if groups != 1:
-            return umahub.Refusal(f"a grouped convolution ({groups} groups) that is not depthwise")
+            return Refusal(f"a grouped convolution ({groups} groups) that is not depthwise")
         if channels % ARRAY_WIDTH:
-            return umahub.Refusal(
+            return Refusal(
                 f"{channels} input channels, not a multiple of the npu's {ARRAY_WIDTH}-wide array"
             )
     for norm in calls(ctx, "relax.nn.batch_norm"):
         if bool(norm.attrs.training) or int(norm.attrs.axis) != 1:
-            return umahub.Refusal("a batch norm in training mode or not over channels (axis 1)")
+            return Refusal("a batch norm in training mode or not over channels (axis 1)")
         if any(shape_of(a) is None or len(shape_of(a)) != 1 for a in norm.args[1:]):
-            return umahub.Refusal("batch norm statistics that are not one value per channel")
+            return Refusal("batch norm statistics that are not one value per channel")
     return True
 
 
-def scaled_conv2d_ok(ctx) -> bool | umahub.Refusal:
+def scaled_conv2d_ok(ctx) -> bool | Refusal:
     """:func:`conv2d_ok`, and the convolution's input is scaled per channel: an
     (N, C, H, W) tensor times an (N, C, 1, 1) one (a squeeze-and-excitation
     block's gate), not SiLU's ``x * sigmoid(x)``."""
-    from umahub.patterns import calls, shape_of
+    from umahub.plugin import calls, shape_of
 
     checked = conv2d_ok(ctx)
     if checked is not True:
@@ -155,14 +151,14 @@ def scaled_conv2d_ok(ctx) -> bool | umahub.Refusal:
             and any(len(g) == 4 and g[:2] == data[:2] and g[2:] == (1, 1) for g in operands)
             and data[2:] != (1, 1)
         ):
-            return umahub.Refusal("the convolution's input is not scaled per channel")
+            return Refusal("the convolution's input is not scaled per channel")
     return True
 
 
-def mean_ok(ctx) -> bool | umahub.Refusal:
+def mean_ok(ctx) -> bool | Refusal:
     """float32, static shapes, the mean over the tensor's last axes (a global
     average pooling's spatial axes)."""
-    from umahub.patterns import calls, shape_of
+    from umahub.plugin import calls, shape_of
 
     refused = _float32_static(ctx)
     if refused is not None:
@@ -172,14 +168,13 @@ def mean_ok(ctx) -> bool | umahub.Refusal:
         axes = mean.attrs.axis
         axes = sorted(int(a) % ndim for a in axes) if axes is not None else list(range(ndim))
         if axes != list(range(ndim - len(axes), ndim)):
-            return umahub.Refusal(f"a mean over axes {axes}; the npu takes the last axes only")
+            return Refusal(f"a mean over axes {axes}; the npu takes the last axes only")
     return True
 
 
-def max_pool_ok(ctx) -> bool | umahub.Refusal:
+def max_pool_ok(ctx) -> bool | Refusal:
     """float32, static shapes, NCHW, dilation 1, a window of at most 64 elements."""
-    from umahub.host_schedules import WINDOW_MAX
-    from umahub.patterns import calls
+    from umahub.plugin import WINDOW_MAX, calls
 
     refused = _float32_static(ctx)
     if refused is not None:
@@ -187,12 +182,12 @@ def max_pool_ok(ctx) -> bool | umahub.Refusal:
     for pool in calls(ctx, "relax.nn.max_pool2d"):
         attrs = pool.attrs
         if str(attrs.layout) != "NCHW" or str(attrs.out_layout) not in ("NCHW", ""):
-            return umahub.Refusal(f"layout {attrs.layout}; the npu pools NCHW only")
+            return Refusal(f"layout {attrs.layout}; the npu pools NCHW only")
         if any(int(d) != 1 for d in attrs.dilation):
-            return umahub.Refusal("a dilated max pooling; the npu takes dilation 1 only")
+            return Refusal("a dilated max pooling; the npu takes dilation 1 only")
         window = [int(k) for k in attrs.pool_size]
         if window[0] * window[1] > WINDOW_MAX:
-            return umahub.Refusal(
+            return Refusal(
                 f"a {window[0]}x{window[1]} window; the npu pools {WINDOW_MAX} elements at most"
             )
     return True
@@ -202,87 +197,20 @@ def max_pool_ok(ctx) -> bool | umahub.Refusal:
 CONCAT_MAX = 8
 
 
-def concat_ok(ctx) -> bool | umahub.Refusal:
+def concat_ok(ctx) -> bool | Refusal:
     """float32, static shapes."""
     refused = _float32_static(ctx)
     return True if refused is None else refused
 
 
-@umahub.hookimpl(accelerator=NAME)
+@hookimpl(accelerator=NAME)
 def umahub_patterns():
     """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
-    from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, wildcard
+    from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
 
-    def wildcards(n):
-        # Fresh wildcards per argument: one pattern object used twice would
-        # require both arguments to be the same expression.
-        return [wildcard() for _ in range(n)]
+    from umahub.plugin import conv2d, epilogues, matmul
 
-    def activated(producer):
-        alternatives = [
-            is_op(name)(producer, *wildcards(2 if name == "relax.clip" else 0))
-            for name in ACTIVATIONS
-        ]
-        # SiLU, x * sigmoid(x): here one pattern used twice is what it means
-        sigmoid = is_op("relax.sigmoid")(producer)
-        alternatives += [
-            is_op("relax.multiply")(producer, sigmoid),
-            is_op("relax.multiply")(sigmoid, producer),
-        ]
-        pattern = alternatives[0]
-        for alternative in alternatives[1:]:
-            pattern = pattern | alternative
-        return pattern
-
-    def relu6(producer):
-        # relu6(x + 3), as one clip or as two (torch.export's)
-        clipped = is_op("relax.clip")(is_op("relax.add")(producer, is_const()), *wildcards(2))
-        return clipped | is_op("relax.clip")(clipped, *wildcards(2))
-
-    def hardsigmoid(producer):
-        # relu6(x + 3) / 6 (torch's), or clip(alpha * x + beta, 0, 1) (ONNX's)
-        scaled = is_op("relax.multiply")(is_const(), producer)
-        scaled = scaled | is_op("relax.multiply")(producer, is_const())
-        onnx = is_op("relax.clip")(is_op("relax.add")(scaled, is_const()), *wildcards(2))
-        shifted = relu6(producer)
-        divided = is_op("relax.divide")(shifted, is_const())
-        return divided | is_op("relax.multiply")(shifted, is_const()) | onnx
-
-    def hardswish(producer):
-        # x * relu6(x + 3) / 6 (torch.export's), or x * hardsigmoid(x)
-        shifted = relu6(producer)
-        gated = is_op("relax.multiply")(producer, shifted)
-        gated = gated | is_op("relax.multiply")(shifted, producer)
-        sigmoid = hardsigmoid(producer)
-        return (
-            is_op("relax.divide")(gated, is_const())
-            | is_op("relax.multiply")(producer, sigmoid)
-            | is_op("relax.multiply")(sigmoid, producer)
-        )
-
-    def with_epilogues(kind, op, check):
-        bias = is_op("relax.add")(op, wildcard()) | is_op("relax.add")(wildcard(), op)
-        # a residual block's sum: the branch's result plus the block's input (a
-        # tensor computed at run time: hardswish's "+ 3" is no residual)
-        block_input = ~is_const()
-        residual = is_op("relax.add")(bias, block_input) | is_op("relax.add")(block_input, bias)
-        return [
-            # before bias_act, which would take hardswish's "+ 3" for a bias, and
-            # hardswish before hardsigmoid, which is part of it
-            (f"{NAME}.{kind}_bias_hswish", hardswish(bias), {}, check),
-            (f"{NAME}.{kind}_hswish", hardswish(op), {}, check),
-            (f"{NAME}.{kind}_bias_hsigmoid", hardsigmoid(bias), {}, check),
-            (f"{NAME}.{kind}_hsigmoid", hardsigmoid(op), {}, check),
-            (f"{NAME}.{kind}_bias_residual_act", activated(residual), {}, check),
-            (f"{NAME}.{kind}_bias_residual", residual, {}, check),
-            (f"{NAME}.{kind}_bias_act", activated(bias), {}, check),
-            (f"{NAME}.{kind}_bias", bias, {}, check),
-            (f"{NAME}.{kind}_act", activated(op), {}, check),
-            (f"{NAME}.{kind}", op, {}, check),
-        ]
-
-    matmul = is_op("relax.matmul")(wildcard(), wildcard())
-    conv = is_op("relax.nn.conv2d")(wildcard(), wildcard())
+    conv = conv2d()
     # an inference batch norm after the convolution is part of its epilogue
     norm = is_tuple_get_item(is_op("relax.nn.batch_norm")(conv, *[wildcard() for _ in range(4)]), 0)
     # Not the norm alone: a match cannot end at a tuple's item (the batch norm
@@ -291,13 +219,12 @@ def umahub_patterns():
     # a variable that another match reads (mobilenet_v2's residual adds).
     normalised = [
         p
-        for p in with_epilogues("conv2d_bn", norm, conv2d_ok)
+        for p in epilogues(NAME, "conv2d_bn", norm, conv2d_ok)
         if p[0].endswith(("act", "hswish", "hsigmoid"))
     ]
     # a squeeze-and-excitation block's gate applied to the convolution's input:
     # the product stays on the npu, instead of going to the host and back
-    gated = is_op("relax.multiply")(wildcard(), wildcard())
-    scaled = is_op("relax.nn.conv2d")(gated, wildcard())
+    scaled = conv2d(is_op("relax.multiply")(wildcard(), wildcard()))
     # a global average pooling: the tensor it reads need not go to the host for it
     mean = [(f"{NAME}.mean", is_op("relax.mean")(wildcard()), {}, mean_ok)]
     # a max pooling, with the ReLU before it (SqueezeNet's stem, ResNet's)
@@ -318,17 +245,17 @@ def umahub_patterns():
         for n in range(CONCAT_MAX, 1, -1)
     ]
     return (
-        with_epilogues("matmul", matmul, matmul_ok)
+        epilogues(NAME, "matmul", matmul(), matmul_ok)
         + normalised
-        + with_epilogues("conv2d_scaled", scaled, scaled_conv2d_ok)
-        + with_epilogues("conv2d", conv, conv2d_ok)
+        + epilogues(NAME, "conv2d_scaled", scaled, scaled_conv2d_ok)
+        + epilogues(NAME, "conv2d", conv, conv2d_ok)
         + mean
         + pools
         + concat
     )
 
 
-@umahub.hookimpl(accelerator=NAME)
+@hookimpl(accelerator=NAME)
 def umahub_relax_to_tir(function, context):
     """The default lowering, except for GELU, sigmoid, batch norm and convolutions'
     output channels (see umahub_npu.lowering)."""
@@ -340,7 +267,7 @@ def umahub_relax_to_tir(function, context):
     return lower(function, context.symbol, NAME, context.weights)
 
 
-@umahub.hookimpl(accelerator=NAME)
+@hookimpl(accelerator=NAME)
 def umahub_schedule(accelerator, schedule, context):
     """Tile to the scratchpad, vectorize, parallelize (see umahub_npu.schedules)."""
     from umahub_npu.schedules import schedule as npu_schedule
@@ -348,7 +275,7 @@ def umahub_schedule(accelerator, schedule, context):
     sram = next(p.size_bytes for p in accelerator.memory if p.scope == "npu.sram")
     lanes = None
     if context.target is not None:  # a cross build: the vector width of the target's CPU
-        from umahub.host_schedules import vector_lanes
+        from umahub.plugin import vector_lanes
 
         lanes = vector_lanes(context.target)
     strategy = npu_schedule(schedule, sram_bytes=sram, lanes=lanes, weights=context.weights)
@@ -361,15 +288,15 @@ def umahub_schedule(accelerator, schedule, context):
     return f"{strategy}: tiles fit npu.sram ({human_size(sram)})"
 
 
-@umahub.hookimpl(accelerator=NAME)
+@hookimpl(accelerator=NAME)
 def umahub_codegen(module, context):
     """LLVM for the compile's target (``context.target``, a cross build), else for this
     host's CPU, so that the AVX2/FMA the schedule counts on are there."""
     import tvm
 
-    from umahub_npu.schedules import recommended_target
+    from umahub.plugin import host_target
 
     target = context.target
     if target is None:
-        target = tvm.target.Target(recommended_target())
+        target = tvm.target.Target(host_target())
     return tvm.tirx.build(module, target=target, pipeline=context.tir_pipeline)

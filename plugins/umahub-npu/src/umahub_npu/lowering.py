@@ -10,7 +10,7 @@
   ``scale = gamma / sqrt(var + eps)`` and ``shift = beta - mean * scale`` are
   computed once per channel and the element costs one multiply-add.
 * max pooling: as umahub lowers the host's, two 1-D ones
-  (:func:`umahub.host_lowering.max_pool2d`).
+  (:func:`umahub.plugin.max_pool2d`).
 
 And one rewrite for the vector units: a convolution with a constant filter
 whose output channels no vector width divides (SqueezeNet's 1000 classes,
@@ -31,7 +31,7 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 
-from umahub.host_lowering import max_pool2d
+from umahub.plugin import max_pool2d
 
 __all__ = ["LEGALIZE", "lower"]
 
@@ -52,7 +52,7 @@ def _fast_sigmoid(bb, call):
         e = topi.fast_exp(topi.negative(x))
         return te.compute(x.shape, lambda *i: 1.0 / (1.0 + e(*i)), name="sigmoid")
 
-    from umahub.patterns import dtype_of
+    from umahub.plugin import dtype_of
 
     if dtype_of(call) != "float32":
         return _default(bb, call)
@@ -69,7 +69,7 @@ def _batch_norm(bb, call):
 
     attrs = call.attrs
     data = call.args[0]
-    from umahub.patterns import shape_of
+    from umahub.plugin import shape_of
 
     shape = shape_of(data)
     if bool(attrs.training) or shape is None or len(shape) != 4 or int(attrs.axis) not in (1, -3):
@@ -113,7 +113,7 @@ def _positions_in_vectors(call) -> bool:
     """Whether the npu computes this convolution with output positions in its
     vectors (a 1x1, stride-1 one on whole vectors of positions; see
     ``umahub_npu.schedules``), where any channel count is whole vectors."""
-    from umahub.patterns import shape_of
+    from umahub.plugin import shape_of
 
     attrs = call.attrs
     out = shape_of(call)
@@ -133,7 +133,7 @@ def _padded_channels(constants: frozenset) -> Callable:
     def legalize(bb, call):
         from tvm import te
 
-        from umahub.patterns import dtype_of, shape_of
+        from umahub.plugin import dtype_of, shape_of
 
         data, weight = call.args
         shape = shape_of(weight)
@@ -201,7 +201,7 @@ def lower(
     """The default lowering with :data:`LEGALIZE`, and convolutions' output channels
     padded for the vector units where the filter is one of ``weights`` (indices of
     ``function``'s parameters the model passes as constants)."""
-    from umahub.lowering import default_relax_to_tir
+    from umahub.plugin import default_relax_to_tir
 
     constants = frozenset(p for i, p in enumerate(function.params) if i in weights)
     legalize = dict(LEGALIZE)

@@ -34,11 +34,11 @@ Strategies
     rows in parallel, each in vector-wide partial sums (``rfactor``).
 ``"elementwise"``
     Spatial blocks only (a concatenation): umahub's own schedule for the
-    host's (:func:`umahub.host_schedules.schedule_elementwise`).
+    host's (:func:`umahub.plugin.schedule_elementwise`).
 ``"pooling"``
     A max pooling, lowered as two 1-D ones (a ReLU before it computed where
     it is read): umahub's schedule for the host's
-    (:func:`umahub.host_schedules.schedule_pooling`).
+    (:func:`umahub.plugin.schedule_pooling`).
 ``"none"``
     Not recognised, or a schedule primitive refused: the function is left
     exactly as it was.  :func:`schedule` never raises.
@@ -61,7 +61,7 @@ matmul, per (batch, i-tile, j-tile) task::
   fits ``sram_bytes``;
 * B is read in panels ``[j/nr][k][nr]`` (transposed when it is stored
   ``[.., j, k]``): a constant B (a weight, ``CompileContext.weights``) is
-  packed so once, at compile time (:func:`umahub.prepack.pack_weight`); a B
+  packed so once, at compile time (:func:`umahub.plugin.pack_weight`); a B
   computed at run time has the tile of each (i, j, k) step packed into
   ``[tj/nr][tk][nr]``; the accumulator is the C
   tile (``cache_write`` when the matmul writes the output itself), the
@@ -112,10 +112,8 @@ pointwise, per (f-tile, p-tile) task::
 depthwise: each channel is independent; the tile is ``ty`` full rows of one
 channel (input rows + 9 weights + output rows), always far below the budget.
 
-Target: build with ``recommended_target()`` (``{"kind": "llvm", "mcpu":
-<host cpu>}``).  In this TVM wheel, ``"llvm"`` alone is x86-64 generic (SSE2,
-no FMA) and ``mcpu="native"`` is rejected by LLVM for the wheel's conda
-``mtriple`` and silently falls back to ``generic`` too.
+Target: build with :func:`umahub.plugin.host_target` (this CPU by name: plain
+``"llvm"`` is generic x86-64, SSE2 and no FMA).
 """
 
 from __future__ import annotations
@@ -125,18 +123,24 @@ import math
 import os
 from dataclasses import dataclass, field
 
-import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.schedule import ScheduleError
 
-# the names that differ between apache-tvm 0.25, 0.26 and 0.27
-from umahub.compat import Load as _LOAD
-from umahub.compat import buffer_of as _buf
-from umahub.compat import detect_linear_equation, param_buffers, vars_in
-from umahub.host_schedules import PARALLEL_MIN, schedule_elementwise, schedule_pooling
-from umahub.prepack import ANNOTATION, pack_weight
+from umahub.plugin import (
+    PARALLEL_MIN,
+    detect_linear_equation,
+    pack_weight,
+    param_buffers,
+    schedule_elementwise,
+    schedule_pooling,
+    vars_in,
+    vector_lanes,
+)
+from umahub.plugin import PREPACK_ANNOTATION as ANNOTATION
+from umahub.plugin import Load as _LOAD
+from umahub.plugin import buffer_of as _buf
 
-__all__ = ["plan", "recommended_target", "schedule", "vector_lanes"]
+__all__ = ["plan", "schedule"]
 
 log = logging.getLogger("umahub_npu.schedules")
 
@@ -144,38 +148,6 @@ _DTYPE_BYTES = 4  # the npu computes in float32
 
 
 # --------------------------------------------------------------------------- host facts
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def vector_lanes() -> int:
-    """float32 lanes of one vector register of this host: 16 (AVX-512), 8 (AVX2), 4."""
-    flags = _cpu_flags()
-    if "avx512f" in flags:
-        return 16
-    if "avx2" in flags or "avx" in flags:
-        return 8
-    return 4
-
-
-def recommended_target() -> dict:
-    """The LLVM target to build npu kernels with (this host's CPU, so AVX2/FMA are used)."""
-    try:
-        cpu = str(tvm.target.codegen.llvm_get_system_cpu())
-    except Exception:  # pylint: disable=broad-except
-        cpu = ""
-    if not cpu or cpu == "generic":
-        return {"kind": "llvm"}
-    return {"kind": "llvm", "mcpu": cpu}
 
 
 def _default_threads() -> int:
@@ -208,7 +180,7 @@ class Plan:
 # A buffer load is ``tvm.ir.expr.TensorLoad`` with ``source`` in 0.27 and
 # ``tirx.BufferLoad`` with ``buffer`` before; a store is ``tirx.BufferStore`` with
 # ``buffer``; a read region names its buffer ``source`` (0.27) or ``buffer``:
-# ``_LOAD`` and ``_buf`` (from ``umahub.compat``) cover both.
+# ``_LOAD`` and ``_buf`` (from ``umahub.plugin.compat``) cover both.
 
 
 def _strip_cast(e):
@@ -1115,7 +1087,7 @@ def schedule(
     ``lanes``: float32 lanes of the target's vector registers (a cross build);
     None: this host's (:func:`vector_lanes`). ``weights``: the parameters the
     model passes as constants (``CompileContext.weights``): their packing is
-    left to umahub, to do once at compile time (:func:`umahub.prepack.pack_weight`).
+    left to umahub, to do once at compile time (:func:`umahub.plugin.pack_weight`).
 
     Returns ``"matmul"``, ``"conv2d"``, ``"pointwise"``, ``"depthwise"``, ``"sum"``,
     ``"elementwise"``, ``"pooling"``, or ``"none"`` when the function is not recognised

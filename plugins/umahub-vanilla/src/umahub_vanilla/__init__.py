@@ -22,7 +22,7 @@ exported model.
 
 from __future__ import annotations
 
-import umahub
+from umahub.plugin import Accelerator, MemoryPool, Refusal, hookimpl
 from umahub_vanilla.library import C_INCLUDES, C_SOURCES, INCLUDE_DIRS
 
 UMAHUB_API = 1
@@ -30,14 +30,14 @@ UMAHUB_API = 1
 NAME = "vanilla_accel"
 
 
-@umahub.hookimpl
+@hookimpl
 def umahub_accelerators():
     """The vanilla accelerator, with its kernel library."""
     return [
-        umahub.Accelerator(
+        Accelerator(
             NAME,
             codegen="c",
-            memory=[umahub.MemoryPool("vanilla.mem", 8 * 1024 * 1024, copy="sync")],
+            memory=[MemoryPool("vanilla.mem", 8 * 1024 * 1024, copy="sync")],
             c_includes=C_INCLUDES,
             c_sources=C_SOURCES,
             include_dirs=INCLUDE_DIRS,
@@ -46,29 +46,29 @@ def umahub_accelerators():
     ]
 
 
-def supported_conv2d(ctx) -> bool | umahub.Refusal:
+def supported_conv2d(ctx) -> bool | Refusal:
     """float32 NCHW/OIHW convolution, groups 1, dilation 1: what the kernel computes."""
-    from umahub.patterns import calls, dtype_of
+    from umahub.plugin import calls, dtype_of
 
     for conv in calls(ctx, "relax.nn.conv2d"):
         attrs = conv.attrs
         layout = (str(attrs.data_layout), str(attrs.kernel_layout))
         if layout != ("NCHW", "OIHW"):
-            return umahub.Refusal(f"layout {'/'.join(layout)}; its kernel takes NCHW/OIHW")
+            return Refusal(f"layout {'/'.join(layout)}; its kernel takes NCHW/OIHW")
         if int(attrs.groups) != 1:
-            return umahub.Refusal(f"{int(attrs.groups)} groups; its kernel takes groups 1")
+            return Refusal(f"{int(attrs.groups)} groups; its kernel takes groups 1")
         dilation = tuple(int(d) for d in attrs.dilation)
         if any(d != 1 for d in dilation):
-            return umahub.Refusal(f"dilation {dilation}; its kernel takes dilation 1 only")
+            return Refusal(f"dilation {dilation}; its kernel takes dilation 1 only")
         if str(attrs.out_layout) not in ("NCHW", ""):
-            return umahub.Refusal(f"output layout {attrs.out_layout}; its kernel writes NCHW")
+            return Refusal(f"output layout {attrs.out_layout}; its kernel writes NCHW")
         for value in (*conv.args, conv):
             if dtype_of(value) != "float32":
-                return umahub.Refusal(f"a {dtype_of(value)} tensor; its kernel takes float32")
+                return Refusal(f"a {dtype_of(value)} tensor; its kernel takes float32")
     return True
 
 
-@umahub.hookimpl(accelerator=NAME)
+@hookimpl(accelerator=NAME)
 def umahub_patterns():
     """conv2d + bias add + activation first (the larger match wins), then conv2d +
     bias add, then conv2d alone."""
@@ -84,7 +84,7 @@ def umahub_patterns():
     ]
 
 
-@umahub.hookimpl(accelerator=NAME)
+@hookimpl(accelerator=NAME)
 def umahub_tir_passes(phase):
     """Phase 0: swap the convolution loop nest for the kernel library call."""
     if phase != 0:

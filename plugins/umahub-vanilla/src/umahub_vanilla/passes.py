@@ -33,7 +33,7 @@ prints them as ``float*`` and declares the callee as
 ``int32_t vanilla_conv2d_nchw(float*, float*, float*, int32_t, ...)``);
 the kernel's header is written to agree with that prototype.  With
 apache-tvm 0.25, where ``.data`` is a handle the C codegen declares ``void*``,
-they are ``T.address_of(x[0, 0, 0, 0])`` instead (see ``umahub.compat.data_pointer``).
+they are ``T.address_of(x[0, 0, 0, 0])`` instead (see ``umahub.plugin.data_pointer``).
 """
 
 from __future__ import annotations
@@ -43,17 +43,18 @@ import dataclasses
 import tvm
 from tvm import tirx
 
-# the names that differ between apache-tvm 0.25, 0.26 and 0.27
-from umahub.compat import (
+from umahub.plugin import (
     Call,
     Load,
-    SBlock,
-    SBlockRealize,
     buffer_of,
     data_pointer,
     detect_linear_equation,
+    extern_block,
     is_buffer,
     param_buffers,
+    perfect_nest,
+    root_block,
+    with_root_body,
 )
 
 __all__ = [
@@ -135,6 +136,11 @@ class ConvMatch:
             return EXTERN_CLAMP_NAME
         return EXTERN_NAME if self.bias is None else EXTERN_BIAS_NAME
 
+    @property
+    def reads(self) -> list:
+        """The buffers the call reads: the input, the weights, the bias if any."""
+        return [self.data, self.weight] + ([self.bias] if self.bias is not None else [])
+
     def extern_args(self):
         ints = (
             self.n, self.c, self.h, self.w, self.k, self.r, self.s,
@@ -177,17 +183,15 @@ def _is_zero_float(expr) -> bool:
 
 def _unwrap_loops(stmt):
     """A perfect nest of plain serial loops ending in one SBlockRealize."""
-    loops = []
-    while isinstance(stmt, tirx.For):
-        if int(stmt.kind) != int(tirx.ForKind.SERIAL) or stmt.annotations:
-            raise _NoMatch("loop is not a plain serial loop")
-        if _int(stmt.min) != 0:
-            raise _NoMatch("loop does not start at 0")
-        loops.append(stmt)
-        stmt = stmt.body
-    if not isinstance(stmt, SBlockRealize):
+    nest = perfect_nest(stmt)
+    if nest is None:
         raise _NoMatch("loop nest does not end in a block")
-    return loops, stmt
+    for loop in nest[0]:
+        if int(loop.kind) != int(tirx.ForKind.SERIAL) or loop.annotations:
+            raise _NoMatch("loop is not a plain serial loop")
+        if _int(loop.min) != 0:
+            raise _NoMatch("loop does not start at 0")
+    return nest
 
 
 def _check_trivial_binding(loops, realize):
@@ -275,17 +279,6 @@ def _interval_of(cond, ivars, extents):
             lo = max(lo, c + 1)
         ranges[idx] = [lo, hi]
     return ranges
-
-
-def _root_of(func):
-    body = func.body
-    if not isinstance(body, SBlockRealize):
-        raise _NoMatch("PrimFunc has no root block (already lowered?)")
-    root = body.block
-    if root.iter_vars or root.init is not None or root.match_buffers:
-        raise _NoMatch("unexpected root block")
-    stmts = list(root.body) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    return body, root, stmts
 
 
 # ---------------------------------------------------------------- matching
@@ -564,11 +557,11 @@ def match_conv2d(func) -> list[ConvMatch]:
     """All the convolutions of ``func`` that ``conv2d_to_extern`` would
     replace (an empty list when there is none or the function is not the
     unscheduled S-TIR LegalizeOps emits)."""
-    try:
-        _, root, stmts = _root_of(func)
-    except _NoMatch:
+    root = root_block(func)
+    if root is None:
         return []
-    allocs = list(root.alloc_buffers)
+    stmts = root.stmts
+    allocs = list(root.block.alloc_buffers)
     params = [b for b in param_buffers(func) if b is not None]
     matches = []
     for i, stmt in enumerate(stmts):
@@ -639,25 +632,6 @@ def match_conv2d(func) -> list[ConvMatch]:
 # ---------------------------------------------------------------- rewriting
 
 
-def _full_region(buf):
-    return tirx.BufferRegion(
-        buf, [tvm.ir.Range.from_min_extent(tirx.const(0, _dtype(d)), d) for d in buf.shape]
-    )
-
-
-def _extern_block(m: ConvMatch):
-    call = tirx.call_extern("int32", m.extern_name, *m.extern_args())
-    reads = [m.data, m.weight] + ([m.bias] if m.bias is not None else [])
-    block = SBlock(
-        [],
-        [_full_region(b) for b in reads],
-        [_full_region(m.out)],
-        m.extern_name,
-        tirx.Evaluate(call),
-    )
-    return SBlockRealize([], True, block)
-
-
 def _read_by_loops(buf, stmts, skip: set[int]) -> bool:
     """Whether a loop nest of ``stmts`` (other than those at ``skip``) reads or writes ``buf``."""
     for i, stmt in enumerate(stmts):
@@ -695,35 +669,21 @@ def rewrite_conv2d(func):
     matches = match_conv2d(func)
     if not matches:
         return func
-    realize, root, stmts = _root_of(func)
-    matches = _kept(matches, root, stmts)
+    root = root_block(func)
+    matches = _kept(matches, root.block, root.stmts)
     if not matches:
         return func
-    replace = {m.conv_index: _extern_block(m) for m in matches}
+    replace = {
+        m.conv_index: extern_block(m.extern_name, m.extern_args(), m.reads, [m.out])
+        for m in matches
+    }
     drop = {i for m in matches for i in m.absorbed}
     dropped_bufs = [
         b for m in matches for b in (m.pad_buffer, m.conv_buffer, m.bias_buffer) if b is not None
     ]
-    new_stmts = []
-    for i, stmt in enumerate(stmts):
-        if i in drop:
-            continue
-        new_stmts.append(replace.get(i, stmt))
-    body = new_stmts[0] if len(new_stmts) == 1 else tirx.SeqStmt(new_stmts)
-    allocs = [b for b in root.alloc_buffers if not any(b.same_as(d) for d in dropped_bufs)]
-    new_root = SBlock(
-        root.iter_vars,
-        root.reads,
-        root.writes,
-        root.name_hint,
-        body,
-        root.init,
-        allocs,
-        root.match_buffers,
-        root.annotations,
-    )
-    new_realize = SBlockRealize(realize.iter_values, realize.predicate, new_root)
-    return func.with_body(new_realize)
+    stmts = [replace.get(i, s) for i, s in enumerate(root.stmts) if i not in drop]
+    allocs = [b for b in root.block.alloc_buffers if not any(b.same_as(d) for d in dropped_bufs)]
+    return with_root_body(func, stmts, allocs)
 
 
 def conv2d_to_extern() -> tvm.transform.Pass:

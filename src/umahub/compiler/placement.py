@@ -1,0 +1,382 @@
+"""Stage 1, placement planning: who may claim what.
+
+The plan is the list of patterns that partitioning will match, in claiming
+order: the ``priority`` accelerators first (first claimant wins, the host takes
+the rest), then accelerators that claim only what is pinned to them. Pins are
+carried in the patterns' checks: a match that holds an operator pinned
+elsewhere is rejected, so the operator goes on to its pinned accelerator (or
+stays on the host).
+
+A pin selector matches an operator by its node name (``"lv3"``), its op name
+(``"relax.nn.conv2d"``, or without the ``relax.`` prefix: ``"nn.conv2d"``), or
+the name of the pattern that claims it (``"npu.matmul"``); globs
+(``"conv*"``) are allowed. Exact selectors win over globs; among equals, the
+first written wins. Pins come from ``[tool.umahub.placement]``, from the
+model (the ``main`` function's attribute ``"umahub.compiler.placement"``, see
+:func:`annotate`) and from ``hub.compile(mod, placement=...)``, the latter
+overriding the former.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from umahub._tvm import name_of
+from umahub.config import HOST, Pin, parse_pin
+from umahub.ir import span_name
+from umahub.plugin.accelerator import Accelerator
+from umahub.plugin.patterns import refusal_reason
+
+__all__ = [
+    "MODEL_PLACEMENT_ATTR",
+    "Matches",
+    "Pins",
+    "PlannedPattern",
+    "Refusals",
+    "annotate",
+    "model_pins",
+    "normalise_pattern",
+    "pinned_accelerators",
+]
+
+#: The ``main`` attribute that carries pins written into the model.
+MODEL_PLACEMENT_ATTR = "umahub.compiler.placement"
+
+
+def annotate(mod: tvm.IRModule, placement: Mapping[str, str]) -> tvm.IRModule:
+    """Return ``mod`` with pins written into its ``main`` (selector -> ``"accel[:i]"``/``"host"``).
+
+    The pins travel with the model: every hub that compiles it honours them,
+    unless its config or the ``compile`` call pins the same selector elsewhere.
+    """
+    for value in placement.values():
+        parse_pin(value, "umahub.annotate")
+    main = mod["main"]
+    old = (
+        dict(main.attrs[MODEL_PLACEMENT_ATTR])
+        if main.attrs and (MODEL_PLACEMENT_ATTR in main.attrs)
+        else {}
+    )
+    merged = {**{str(k): str(v) for k, v in old.items()}, **dict(placement)}
+    new = mod.copy() if hasattr(mod, "copy") else tvm.IRModule(mod.functions, attrs=mod.attrs)
+    new[mod.get_global_var("main")] = main.with_attr(MODEL_PLACEMENT_ATTR, merged)
+    return new
+
+
+def model_pins(mod: tvm.IRModule) -> dict[str, Pin]:
+    """The pins written into ``mod`` by :func:`annotate`."""
+    main = mod["main"]
+    if not main.attrs or MODEL_PLACEMENT_ATTR not in main.attrs:
+        return {}
+    return {
+        str(k): parse_pin(str(v), f"model attribute {MODEL_PLACEMENT_ATTR}")
+        for k, v in main.attrs[MODEL_PLACEMENT_ATTR].items()
+    }
+
+
+def _op_names(op: str) -> tuple[str, ...]:
+    short = op.removeprefix("relax.")
+    return (op, short) if short != op else (op,)
+
+
+class Pins:
+    """Pin selectors in precedence order, resolved per operator."""
+
+    def __init__(self, layers: Sequence[Mapping[str, Pin]]):
+        merged: dict[str, Pin] = {}
+        for layer in layers:  # later layers override earlier ones, selector by selector
+            merged.update(layer)
+        exact = [(s, p) for s, p in merged.items() if not _is_glob(s)]
+        globs = [(s, p) for s, p in merged.items() if _is_glob(s)]
+        self.ordered: list[tuple[str, Pin]] = exact + globs
+        #: Placement by cost's choice, node -> accelerator name (absent: the host);
+        #: None when placement is by priority. Pins are already part of it.
+        self.chosen: Mapping[str, str] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.ordered)
+
+    def resolve(self, node: str, op: str, pattern: str = "") -> tuple[str, Pin] | None:
+        """The (selector, pin) that places this operator, or None."""
+        names = (node, *_op_names(op), *((pattern,) if pattern else ()))
+        for selector, pin in self.ordered:
+            if any(fnmatch.fnmatchcase(n, selector) for n in names):
+                return selector, pin
+        return None
+
+    def for_pattern(self, pattern: str) -> Pin | None:
+        """A pin whose selector names (or globs) the pattern itself."""
+        for selector, pin in self.ordered:
+            if fnmatch.fnmatchcase(pattern, selector):
+                return pin
+        return None
+
+
+def _is_glob(selector: str) -> bool:
+    return any(ch in selector for ch in "*?[")
+
+
+@dataclass(frozen=True)
+class PlannedPattern:
+    """One pattern of the plan, with its accelerator and whether it claims freely."""
+
+    accelerator: Accelerator
+    name: str
+    pattern: Any
+    annotations: Mapping[str, Any]
+    check: Callable[[Any], Any] | None  # true: take; false or a Refusal: refuse
+    claims: bool  # False: the accelerator takes only what is pinned to it
+
+    def fusion_pattern(
+        self,
+        pins: Pins,
+        accepted: list | None = None,
+        failures: list | None = None,
+        refusals: Refusals | None = None,
+    ) -> relax.transform.FusionPattern:
+        """The FusionPattern with a check that also enforces the pins.
+
+        Every accepted match is appended to ``accepted`` as
+        ``(pattern name, [(node, op), ...])``. A plugin check that raises
+        refuses the match (its operators go on to the next claimant or the
+        host) and appends ``(pattern name, nodes, exception)`` to ``failures``.
+        A refused match that holds an operator pinned to this accelerator is
+        recorded in ``refusals``, with why (see :class:`Refusals`).
+        """
+        guard = _guard(self, pins, accepted, failures, refusals)
+        return relax.transform.FusionPattern(self.name, self.pattern, dict(self.annotations), guard)
+
+
+def matched_operators(ctx: Any) -> list[tuple[str, str]]:
+    """(node name, op name) of every operator in a pattern match."""
+    nodes = []
+    for var, value in ctx.matched_bindings.items():
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            nodes.append((span_name(value) or name_of(var), value.op.name))
+    return nodes
+
+
+class Matches(list):
+    """The matches accepted so far, as ``(pattern name, [(node, op), ...])``.
+
+    It also holds the bindings they take: a binding already in an accepted
+    match is refused to any later one. TVM's FuseOpsByPattern (0.25-0.27) may
+    otherwise accept two overlapping matches (a convolution read by two adds,
+    each a "conv2d + bias" match) and leave one of them as a composite without
+    its convolution, which its pattern never described.
+    """
+
+    def __init__(self, inner_outputs: bool = True, producers: dict | None = None) -> None:
+        super().__init__()
+        #: binding -> the pattern of the accepted match that holds it.
+        self.taken: dict = {}
+        #: Whether a match may hold, other than as its result, a value that its
+        #: dataflow block outputs; TVM 0.25's FuseOpsByPattern loses such a value.
+        self.inner_outputs = inner_outputs
+        #: bound variable -> (its position in the function, the variables it
+        #: reads): :func:`producers_of`, to refuse a match that would be a cycle.
+        self.producers = producers or {}
+
+
+def producers_of(func: Any) -> dict:
+    """Each variable ``func`` binds -> (its position, the variables its value reads)."""
+    found: dict = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            reads: list = []
+            _variables(binding.value, reads)
+            found[binding.var] = (len(found), tuple(reads))
+    return found
+
+
+def _variables(expr: Any, out: list) -> None:
+    if isinstance(expr, relax.Var):
+        out.append(expr)
+    elif isinstance(expr, relax.Call):
+        for arg in expr.args:
+            _variables(arg, out)
+    elif isinstance(expr, relax.Tuple):
+        for field in expr.fields:
+            _variables(field, out)
+    elif isinstance(expr, relax.TupleGetItem):
+        _variables(expr.tuple_value, out)
+
+
+def _through_outside(producers: dict, ctx: Any) -> bool:
+    """Whether a value outside the match is computed from the match and read by it.
+
+    Fused, such a match would depend on itself; TVM's FuseOpsByPattern (0.25-0.27)
+    then stops with "a cyclic dependency detected" instead of refusing it (a
+    convolution, its tanh pinned elsewhere, and an add of the two). The search
+    goes back from what the match reads no further than its first binding.
+    """
+    inside = set(ctx.matched_bindings.keys())
+    known = [producers[v] for v in inside if v in producers]
+    if not producers or not known:
+        return False
+    first = min(position for position, _ in known)
+    todo = [a for _, reads in known for a in reads if a not in inside]
+    seen: set = set()
+    while todo:
+        var = todo.pop()
+        if var in seen or var not in producers:
+            continue
+        seen.add(var)
+        position, reads = producers[var]
+        if position < first:
+            continue
+        for read in reads:
+            if read in inside:
+                return True
+            todo.append(read)
+    return False
+
+
+def _holds_inner_output(ctx: Any) -> bool:
+    """Whether a match holds a block output other than its own result."""
+    from tvm import relax
+
+    root = ctx.value_to_bound_var.get(ctx.matched_expr)
+    return any(
+        not isinstance(var, relax.DataflowVar) and not (root is not None and var.same_as(root))
+        for var in ctx.matched_bindings.keys()
+    )
+
+
+def _guard(
+    planned: PlannedPattern,
+    pins: Pins,
+    accepted: list | None,
+    failures: list | None,
+    refusals: Refusals | None = None,
+) -> Callable[[Any], bool]:
+    def guarded(ctx: Any) -> bool:
+        why = _taken(accepted, ctx)
+        if why is None:
+            try:
+                why = _refused(planned, pins, ctx)
+            except Exception as exc:  # a plugin's check: never let it through TVM's pass
+                if failures is not None:
+                    failures.append((planned.name, [n for n, _ in matched_operators(ctx)], exc))
+                return False
+        if why is not None:
+            if refusals is not None and pins and _wanted(planned, pins, ctx):
+                refusals.add(planned.name, [n for n, _ in matched_operators(ctx)], why)
+            return False
+        if accepted is not None:
+            accepted.append((planned.name, matched_operators(ctx)))
+            taken = getattr(accepted, "taken", None)
+            if taken is not None:
+                taken.update(dict.fromkeys(ctx.matched_bindings.keys(), planned.name))
+        return True
+
+    return guarded
+
+
+def _taken(accepted: list | None, ctx: Any) -> str | None:
+    """Why a match may not be taken whatever its check says (None: it may)."""
+    taken = getattr(accepted, "taken", None)
+    if taken:
+        owner = next((taken[v] for v in ctx.matched_bindings.keys() if v in taken), None)
+        if owner is not None:  # first claimant wins
+            return f"part of the match is already taken by a match of pattern '{owner}'"
+    if _through_outside(getattr(accepted, "producers", {}), ctx):
+        return (
+            "a value outside the match is computed from it and read by it: "
+            "fused, the match would depend on itself"
+        )
+    if not getattr(accepted, "inner_outputs", True) and _holds_inner_output(ctx):
+        return (
+            "the match holds a value the model also uses outside it, "
+            "which this TVM's FuseOpsByPattern cannot keep"
+        )
+    return None
+
+
+def _wanted(planned: PlannedPattern, pins: Pins, ctx: Any) -> bool:
+    """Whether the match holds an operator (or is of a pattern) pinned to its accelerator."""
+    accel = planned.accelerator.name
+    pattern_pin = pins.for_pattern(planned.name)
+    if pattern_pin is not None and pattern_pin.accelerator == accel:
+        return True
+    for node, op in matched_operators(ctx):
+        hit = pins.resolve(node, op, planned.name)
+        if hit is not None and hit[1].accelerator == accel:
+            return True
+    return False
+
+
+def _refused(planned: PlannedPattern, pins: Pins, ctx: Any) -> str | None:
+    """Pins first (a match holding an operator pinned elsewhere is refused), then the check.
+
+    Returns None when the match is taken, else why not ("" when a plugin's
+    check refused without a reason).
+    """
+    accel = planned.accelerator.name
+    wanted = False
+    if pins.chosen is not None:
+        for node, _ in matched_operators(ctx):
+            where = pins.chosen.get(node, HOST)
+            if where != accel:
+                return f"placement by cost put '{node}' on {where}"
+    if pins:
+        pattern_pin = pins.for_pattern(planned.name)
+        if pattern_pin is not None:
+            if pattern_pin.accelerator != accel:
+                return f"pattern '{planned.name}' is pinned to '{pattern_pin}'"
+            wanted = True
+        for node, op in matched_operators(ctx):
+            hit = pins.resolve(node, op, planned.name)
+            if hit is not None:
+                selector, pin = hit
+                if pin.accelerator != accel:
+                    return f"the match also holds '{node}', pinned to '{pin}' by {selector!r}"
+                wanted = True
+    if not planned.claims and not wanted:
+        return "its accelerator takes only what is pinned to it"
+    if planned.check is None:
+        return None
+    return refusal_reason(planned.check(ctx))
+
+
+class Refusals(dict):
+    """Why matches holding a pinned operator were refused: node -> [(pattern, reason)].
+
+    Only matches that hold an operator pinned to the pattern's accelerator
+    are recorded (those are the ones a user asked for), each (pattern,
+    reason) once per node. The reason is "" when a plugin's check refused
+    without giving one.
+    """
+
+    def add(self, pattern: str, nodes: Sequence[str], reason: str) -> None:
+        """Record that a match of ``pattern`` over ``nodes`` was refused for ``reason``."""
+        for node in nodes:
+            seen = self.setdefault(node, [])
+            if (pattern, reason) not in seen:
+                seen.append((pattern, reason))
+
+    def of(self, node: str, accelerator: str) -> list[tuple[str, str]]:
+        """The refusals of ``accelerator``'s patterns of matches holding ``node``."""
+        return [(p, r) for p, r in self.get(node, ()) if p.split(".", 1)[0] == accelerator]
+
+
+def normalise_pattern(accelerator: Accelerator, item: Any) -> tuple[str, Any, dict, Any]:
+    """(name, pattern, annotations, check) of one pattern in either accepted form.
+
+    Raises:
+        PluginOutputError: a malformed pattern (see :func:`umahub.hub.contract.checked_patterns`).
+    """
+    from umahub.hub.contract import checked_patterns
+
+    return checked_patterns(accelerator, [item])[0]
+
+
+def pinned_accelerators(pins: Pins) -> set[str]:
+    """Names of the accelerators some pin sends operators to."""
+    return {pin.accelerator for _, pin in pins.ordered if pin.accelerator != HOST}

@@ -1,0 +1,126 @@
+"""umahub inside ``tvm.compile``: the plugins' partitioning, lowering and codegen as a
+Relax pipeline.
+
+A TVM user keeps TVM's own entry point::
+
+    hub = umahub.Hub()
+    pipeline = hub.relax_pipeline()
+    executable = tvm.compile(mod, target="llvm", relax_pipeline=pipeline)
+    compiled = pipeline.load(executable)      # run, export_library, report
+    # or TVM's own VM, with one device per virtual device umahub used:
+    vm = tvm.relax.VirtualMachine(executable, pipeline.devices)
+
+or, with umahub installed, by name (``[tool.umahub]`` of the project)::
+
+    executable = tvm.compile(mod, target="llvm", relax_pipeline="umahub")
+
+The pipeline is one module pass: umahub's stages up to the build (plan,
+partition, memory, lower through the plugins' hooks, codegen), which leave a
+module whose partitions are calls of their runtime modules (the module
+attribute ``external_mods``, which ``tvm.compile`` links), each on its device,
+with the copies between them; then TVM's default Relax pipeline. The placement
+and the report are those :meth:`umahub.Hub.compile` makes of the same model.
+
+Two differences from :meth:`umahub.Hub.compile`, both because ``tvm.compile``
+builds the module, not umahub:
+
+- Weights that partitions read on an accelerator are copied there at every
+  inference (``main`` keeps the model's own parameters), where ``Hub.compile``
+  copies them once, at load.
+- ``verify`` does not run (it rebuilds the model when a partition is wrong);
+  with ``verify = true`` the pipeline warns and goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import tvm
+from tvm import relax
+
+from umahub.compiler import pipeline
+from umahub.compiler.stages import build
+from umahub.errors import UmahubError, warn
+from umahub.host import storage_plan
+from umahub.host.lowering import lower_host
+
+if TYPE_CHECKING:
+    from umahub.compiler.compilation import Compilation, Progress
+    from umahub.hub.hub import Hub
+    from umahub.report.report import Report
+    from umahub.runtime.compiled import Compiled
+
+__all__ = ["RelaxPipeline"]
+
+
+@tvm.transform.module_pass(opt_level=0, name="umahub")
+class RelaxPipeline:
+    """umahub's stages and TVM's default Relax pipeline, as one pass for ``tvm.compile``.
+
+    Made by :meth:`umahub.Hub.relax_pipeline`. After ``tvm.compile`` ran it,
+    :attr:`report`, :attr:`devices` and :meth:`load` describe what it did
+    (the last module it transformed).
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        placement: Mapping[str, str] | None = None,
+        progress: Progress | None = None,
+    ):
+        self.hub = hub
+        self.placement = placement
+        self.progress = progress
+        self.compilation: Compilation | None = None
+
+    def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        """Place, lower and codegen ``mod`` through the plugins, then TVM's default pipeline."""
+        if self.hub.config.verify:
+            warn(
+                "verify = true is not applied inside tvm.compile (verification rebuilds "
+                "the model); use umahub.Hub().compile to verify the partitions"
+            )
+        prepared, comp = pipeline.prepare(self.hub, mod, self.placement, self.progress)
+        prepared, comp.host_schedules = lower_host(self.hub, prepared)
+        prepared = storage_plan.plan_storage(prepared)
+        self.compilation = comp
+        inner = tvm.transform.PassContext(
+            opt_level=ctx.opt_level,
+            required_pass=list(ctx.required_pass),
+            disabled_pass=[*ctx.disabled_pass, *storage_plan.REPLACED_PASSES],
+            config=dict(ctx.config),
+            instruments=list(ctx.instruments),
+        )
+        with inner:
+            return relax.get_pipeline("default")(prepared)
+
+    def _done(self) -> Compilation:
+        if self.compilation is None:
+            raise UmahubError(
+                "the umahub pipeline has not run yet: pass it to "
+                "tvm.compile(mod, target, relax_pipeline=pipeline) first"
+            )
+        return self.compilation
+
+    @property
+    def report(self) -> Report:
+        """Where every operator runs and why, as :attr:`umahub.Compiled.report`."""
+        return self._done().report()
+
+    @property
+    def devices(self) -> list[Any]:
+        """The runtime devices a ``relax.VirtualMachine`` of the executable needs, in order."""
+        return [tvm.cpu(i) for i in range(len(self._done().devices))]
+
+    def load(self, executable: Any) -> Compiled:
+        """The executable ``tvm.compile`` made with this pipeline, as a :class:`umahub.Compiled`.
+
+        It runs with numpy in and out, exports with the plugins' kernel
+        libraries linked in (:meth:`umahub.Compiled.export_library`), and
+        carries the report.
+        """
+        comp = self._done()
+        compiled = build.load(comp, executable)
+        compiled.report = comp.report()
+        return compiled

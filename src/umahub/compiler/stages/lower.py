@@ -1,0 +1,214 @@
+"""Stage 4, lower: each partition through its plugin's hooks, in ``lowering-order``.
+
+Per partition: ``umahub_relax_to_tir`` (or the default lowering, one PrimFunc)
+-> ``umahub_schedule`` -> ``umahub_tir_passes`` (phases 0-3) ->
+``umahub_codegen`` (or the default codegen); generated C is compiled (syntax
+only) right away. What each hook returns is checked (:mod:`umahub.hub.contract`);
+the whole lowering of a partition runs under ``hook-timeout``
+(:mod:`umahub.hub.timelimit`). A failure at any point is the partition's: it goes
+back to the host, or the compile stops (``on-error``), with a message naming
+plugin, hook and partition. Each hook sees the memory plan as the partitions
+lowered before it left it.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from umahub.compiler import codegen
+from umahub.compiler.compilation import Compilation, Partition
+from umahub.compiler.lowering import default_relax_to_tir
+from umahub.compiler.tir_phases import PHASES, use_phase_passes
+from umahub.errors import CompileError, PluginOutputError, last_line
+from umahub.host import prepack
+from umahub.host.prepack import Packing
+from umahub.hub.contract import (
+    checked_codegen,
+    checked_passes,
+    checked_relax_to_tir,
+)
+from umahub.hub.timelimit import within
+from umahub.hub.tracing import last_returned, recording, returned_by
+from umahub.plugin.context import CompileContext
+from umahub.plugin.memory import MemoryPlan, PoolUse
+from umahub.report.report import hooks_that_acted
+
+__all__ = ["run"]
+
+
+def _lower_one(
+    hub: Any, ctx: CompileContext, func: relax.Function, cc: str | None = None
+) -> tuple[Any, list[str], tvm.IRModule | None, dict[int, Packing]]:
+    """relax_to_tir -> schedule -> tir_passes -> codegen for one partition.
+
+    Returns the runtime module, what the schedule hooks said, the default
+    lowering's TIR when it was used (the verify stage's reference, unscheduled),
+    and the weights the kernel takes packed (:mod:`umahub.host.prepack`).
+    """
+    acc = ctx.accelerator
+    tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
+    default = None
+    if tir_mod is None:
+        tir_mod = default = default_relax_to_tir(func, ctx.symbol, acc.name)
+    else:
+        _blame("umahub_relax_to_tir", checked_relax_to_tir, tir_mod, ctx.symbol, func)
+    schedule = tvm.s_tir.Schedule(tir_mod)
+    schedule.work_on(ctx.symbol)
+    said = [
+        s
+        for s in hub.traced_hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
+        if isinstance(s, str)
+    ]
+    scheduled, packings = _blame(
+        "umahub_schedule", prepack.split, schedule.mod, ctx.symbol, func, ctx.weights
+    )
+    phase_passes: dict[int, list[Any]] = {}
+    failed: list[str] = []  # the plugin whose pass raised: TVM's FFI drops exception attributes
+    for phase in PHASES:
+        results = hub.traced_hook.umahub_tir_passes(accelerator=acc, phase=phase, context=ctx)
+        phase_passes[phase] = []
+        for plugin, result in zip(returned_by("umahub_tir_passes", len(results)), results):
+            passes = _blame("umahub_tir_passes", checked_passes, result, phase)
+            phase_passes[phase] += [_attributed(p, plugin, failed) for p in passes]
+    with use_phase_passes(phase_passes) as pipeline:
+        ctx = replace(ctx, tir_pipeline=pipeline)
+        try:
+            module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
+            if module is None:  # valid C already (see codegen.prepend_c)
+                module = codegen.build_default(acc, scheduled, ctx.symbol, pipeline, ctx.target)
+            else:
+                _blame("umahub_codegen", checked_codegen, module, ctx.symbol, codegen.module_kind)
+                if codegen.module_kind(module) == "c":  # a plugin's C: made valid the same way
+                    module = codegen.prepend_c(module, "", ctx.symbol)
+        except Exception as exc:
+            if failed:
+                exc.umahub_culprit = (failed[0], "umahub_tir_passes")  # type: ignore[attr-defined]
+            raise
+    if codegen.module_kind(module) == "c":  # compiled now, so that a failure can fall back
+        try:
+            codegen.check_c(module, acc, cc)
+        except CompileError as exc:
+            plugin = last_returned("umahub_codegen")
+            if plugin is None:
+                raise CompileError(
+                    f"the default C codegen of '{acc.name}' failed for partition {ctx.symbol} "
+                    f"on {ctx.device}: {exc}"
+                ) from exc
+            exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
+            raise
+    if ctx.target is not None and codegen.module_kind(module) == "llvm":
+        try:
+            codegen.check_llvm_target(module, ctx.target)
+        except CompileError as exc:
+            plugin = last_returned("umahub_codegen")
+            if plugin is not None:
+                exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
+            raise
+    return module, said, default, packings
+
+
+def _attributed(tir_pass: Any, plugin: str, failed: list[str]) -> Any:
+    """``tir_pass`` wrapped so that, when it raises, ``failed`` gets the plugin's name."""
+
+    @tvm.transform.module_pass(opt_level=0, name=f"umahub.{plugin}.{tir_pass.info.name}")
+    def run(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
+        try:
+            return tir_pass(mod)
+        except Exception:
+            failed.append(plugin)
+            raise
+
+    return run
+
+
+def _blame(hook: str, check: Callable[..., Any], *args: Any) -> Any:
+    """Run a contract check on what ``hook`` returned; a failure names the plugin that gave it."""
+    try:
+        return check(*args)
+    except PluginOutputError as exc:
+        plugin = last_returned(hook)
+        if plugin is not None:
+            exc.umahub_culprit = (plugin, hook)  # type: ignore[attr-defined]
+        raise
+
+
+def _lowering_failure(exc: Exception, p: Partition, acc: Any) -> tuple[str, type, Exception]:
+    """The message, error type and cause for a partition whose lowering failed."""
+    plugin, hook = getattr(exc, "umahub_culprit", (None, None))
+    if isinstance(exc, CompileError) and not plugin:  # umahub's message names the culprit
+        return str(exc), type(exc), exc
+    who = f"plugin '{plugin}' failed in {hook}" if plugin else f"lowering of '{acc.name}' failed"
+    detail = last_line(exc)
+    return (
+        f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on {p.device}: "
+        f"{type(exc).__name__}: {detail}",
+        CompileError,
+        exc,
+    )
+
+
+def run(comp: Compilation) -> None:
+    """Stage 4: lower every partition that fits its pool; fill ``comp.modules``."""
+    hub, part = comp.hub, comp.partitioned
+    functions = comp.functions()
+    plan = comp.plan
+    lowered = MemoryPlan(
+        pools=tuple(PoolUse(p.device, p.scope, p.size_bytes, p.copy) for p in plan.pools),
+        host_bytes=plan.host_bytes,
+        host_constants=plan.host_constants,
+    )
+    todo = [
+        p
+        for name in comp.order
+        for p in part.partitions
+        if p.accelerator == name and not comp.reports[p.symbol].fallback
+    ]
+    weights = prepack.weights_of(part.mod)
+    target = comp.target.tvm() if comp.target is not None else None
+    cc = comp.target.cc if comp.target is not None else None
+    for i, p in enumerate(todo, 1):
+        report = comp.reports[p.symbol]
+        name = p.accelerator
+        acc = hub.accelerator(name)
+        ctx = CompileContext(
+            hub.config,
+            acc,
+            p.instance,
+            p.symbol,
+            p.operators,
+            lowered,
+            target=target,
+            weights=weights.get(p.symbol, frozenset()),
+        )
+        said: list[str] = []
+        step = f"{i}/{len(todo)} {p.symbol} on {p.device}"
+        with comp.clock.stage("lower", step), recording() as calls:
+            start = time.perf_counter()
+            try:
+                comp.modules[p.symbol], said, default, packings = within(
+                    hub.config.hook_timeout,
+                    functools.partial(_lower_one, hub, ctx, functions[p.symbol], cc),
+                    f"lowering {p.symbol}",
+                )
+                if default is not None:
+                    comp.reference_tir[p.symbol] = default
+                comp.packers.packings[p.symbol] = packings
+                report.packed = [
+                    prepack.describe(functions[p.symbol], i, k) for i, k in packings.items()
+                ]
+            except Exception as exc:
+                comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
+            report.seconds["lower"] = time.perf_counter() - start
+        comp.clock.count(list(calls))
+        report.hooks = hooks_that_acted(list(calls))
+        report.schedule = said
+        if p.symbol in comp.modules and acc.pool is not None:
+            lowered = lowered.add(p.device, acc.pool.scope, comp.needs[p.symbol])
+    comp.lowered_plan = lowered

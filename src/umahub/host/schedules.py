@@ -1,0 +1,463 @@
+"""umahub's own schedules for the host: what runs when no ``umahub_host_schedule`` does.
+
+The operators no accelerator takes run on the host's CPU. Built without a
+schedule, each is a loop nest on one thread with no vectors (TVM's default
+Relax pipeline schedules nothing on a CPU). Each fused host PrimFunc gets, in
+this order, the first of:
+
+1. ``"elementwise"``: a function of spatial blocks only (an activation, a
+   bias add, a transpose, a fused chain of them): the chain inlined into its
+   last block (a big block its consumers read several times excepted), its
+   outer loops in parallel when there is enough work (the contiguous inner
+   loop is left for LLVM to vectorize);
+2. ``"matmul"``, ``"conv2d"``: a matrix product or a 2-D convolution with
+   its epilogue, in register tiles (:mod:`umahub.host.matmul`,
+   :mod:`umahub.host.conv`);
+3. ``"rows"``: softmax, layer norm and their kin, a row at a time: rows in
+   parallel, every step of a row while it is in cache, its reductions in
+   vector-wide partial sums;
+   ``"pooling"``: a max pooling as two 1-D ones (see
+   :mod:`umahub.host.lowering`), output rows in parallel
+   (:func:`schedule_pooling`);
+4. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
+   the row kernels ``"rows"`` does not take (a softmax over a middle axis, a
+   row count known only at run time), ``GEMV`` for matrix-vector products;
+5. ``"parallel"``: anything else (an average pooling, a reduction dlight does not
+   take, a convolution no accelerator took): the leading spatial loops of
+   each root block fused and run in parallel; a pooling window's loops
+   inside the output row, which stays a contiguous loop for LLVM to
+   vectorize (so does the row of a padding block);
+6. ``"unscheduled"``: what none of these could change, built as it is.
+
+A rule that fails part-way leaves nothing behind: each works on a copy.
+
+Why this module is long: it is the list of rules above, in the order they are
+tried, with the block helpers they share (inlining, windows, loop extents);
+the two rules that are kernels of their own live in :mod:`umahub.host.matmul`
+and :mod:`umahub.host.conv`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tvm import s_tir, tirx
+
+from umahub.host.conv import schedule_conv2d
+from umahub.host.matmul import schedule_matmul
+from umahub.targets import vector_lanes
+
+__all__ = [
+    "PARALLEL_MIN",
+    "WINDOW_MAX",
+    "default_schedule",
+    "schedule_elementwise",
+    "schedule_pooling",
+]
+
+#: Iterations below which a parallel loop costs more than it saves.
+PARALLEL_MIN = 1 << 15
+
+
+def _dlight(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str] | None:
+    from tvm.s_tir import dlight
+
+    for name, rule in (("reduction", dlight.cpu.Reduction()), ("gemv", dlight.cpu.GEMV())):
+        try:
+            sch = rule.apply(func, target, False)
+        except Exception:  # a rule refusing part-way: the next one
+            continue
+        if isinstance(sch, s_tir.Schedule):
+            return sch.mod["main"], name
+    return None
+
+
+_SPATIAL = 0  # IterVar.iter_type of a data-parallel block axis
+
+
+def _spatial(sch: s_tir.Schedule, block: Any) -> bool:
+    return all(iv.iter_type == _SPATIAL for iv in sch.get(block).iter_vars)
+
+
+def _extent(sch: s_tir.Schedule, loop: Any) -> int | None:
+    extent = sch.get(loop).extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def _iterations(sch: s_tir.Schedule, loops: list) -> int:
+    """How many times the body of ``loops`` runs; 0 when an extent is not static."""
+    return math.prod(_extent(sch, loop) or 0 for loop in loops)
+
+
+#: Expression nodes a block may grow to by inlining a producer it reads more than once.
+INLINE_MAX = 400
+
+
+def _walk(node: Any, kind: Any, visit: Any) -> None:
+    import tvm_ffi
+
+    walk = getattr(tvm_ffi, "structural_walk", None)
+    if walk is not None:  # apache-tvm 0.26+
+        walk(node, (kind, visit), order="post")
+    else:
+        tirx.stmt_functor.post_order_visit(
+            node, lambda n: visit(n) if isinstance(n, kind) else None
+        )
+
+
+def _expression_size(sch: s_tir.Schedule, block: Any) -> int:
+    nodes: list[Any] = []
+    _walk(sch.get(block).body, object, nodes.append)
+    return len(nodes)
+
+
+def _reads_of(sch: s_tir.Schedule, producer: Any) -> int:
+    """How many loads of ``producer``'s output its consumers make (per element)."""
+    from umahub.plugin.compat import Load, buffer_of
+
+    written = buffer_of(sch.get(producer).writes[0])
+    loads: list[Any] = []
+    for consumer in sch.get_consumers(producer):
+        _walk(
+            sch.get(consumer).body,
+            Load,
+            lambda n: loads.append(n) if buffer_of(n).same_as(written) else None,
+        )
+    return len(loads)
+
+
+def _inline_chain(sch: s_tir.Schedule, blocks: list) -> None:
+    """Inline each block into its consumers, unless they read it more than once and
+    it is big: TVM's polynomial ``exp``/``erf`` read their input a dozen times,
+    and a chain of them inlined would grow exponentially (GELU of a sigmoid of
+    a tanh: millions of nodes); such a block is written once and read back."""
+    for block in blocks:
+        uses = _reads_of(sch, block)
+        if uses > 1 and uses * _expression_size(sch, block) > INLINE_MAX:
+            continue
+        sch.compute_inline(block)
+
+
+def _accesses(sch: s_tir.Schedule, block: Any) -> list[tuple[list[Any], list[Any]]]:
+    """(indices, buffer shape) of every load and the store of ``block``."""
+    from umahub.plugin.compat import Load, buffer_of, nodes_in
+
+    body = sch.get(block).body
+    accesses = [(list(n.indices), list(buffer_of(n).shape)) for n in nodes_in(body, Load)]
+    accesses.append((list(body.indices), list(buffer_of(body).shape)))
+    return accesses
+
+
+def _contiguous_tail(sch: s_tir.Schedule, block: Any, limit: int) -> int:
+    """How many of the block's last loops (at most ``limit``) every access reads
+    as one contiguous run: indexed by exactly those axes, in order, in a buffer
+    whose inner sizes are theirs, or not indexed by them at all (a broadcast
+    operand). Fused, they are one loop LLVM vectorizes (a concatenation's
+    select included), and the flattened index is still that loop's variable,
+    with no divisions. 1 where only the row is."""
+    node = sch.get(block)
+    axes = [iv.var for iv in node.iter_vars]
+    if len(sch.get_loops(block)) != len(axes):  # not one loop per axis, as TE makes them
+        return 1
+    extents = [_int_or_none(iv.dom.extent) for iv in node.iter_vars]
+    accesses = _accesses(sch, block)
+    best = 1
+    for k in range(2, min(limit, len(axes)) + 1):
+        tail = axes[-k:]
+        for indices, shape in accesses:
+            uses = [i for i, e in enumerate(indices) if any(_uses_var(e, v) for v in tail)]
+            if not uses:
+                continue  # broadcast along the whole tail
+            if len(indices) < k or uses != list(range(len(indices) - k, len(indices))):
+                return best
+            if not all(_is_var(e, v) for e, v in zip(indices[-k:], tail)):
+                return best
+            if [_int_or_none(d) for d in shape[-k + 1 :]] != extents[-k + 1 :]:
+                return best
+        best = k
+    return best
+
+
+def _is_var(expr: Any, var: Any) -> bool:
+    return isinstance(expr, tirx.Var) and expr.same_as(var)
+
+
+def _uses_var(expr: Any, var: Any) -> bool:
+    from umahub.plugin.compat import vars_in
+
+    return any(v.same_as(var) for v in vars_in(expr))
+
+
+def _parallel_rows(sch: s_tir.Schedule, block: Any) -> bool:
+    """The block's outer loops, fused, in parallel until every thread has work; the
+    last loop (a contiguous row) never, nor the loops before it that every access
+    reads contiguously with it (:func:`_contiguous_tail`), which are fused into
+    one longer row. False when its loops are not static."""
+    loops = sch.get_loops(block)
+    extents = [_extent(sch, loop) for loop in loops]
+    if not loops or any(e is None for e in extents):
+        return False
+    if math.prod(extents) < PARALLEL_MIN or len(loops) < 2:
+        return True
+    outer, count = [], 1
+    for loop, e in zip(loops[:-1], extents[:-1]):
+        outer.append(loop)
+        count *= e
+        if count >= 64:
+            break
+    row = _contiguous_tail(sch, block, len(loops) - len(outer))
+    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    if row > 1:
+        sch.fuse(*loops[-row:])
+    return True
+
+
+def schedule_elementwise(sch: s_tir.Schedule) -> bool:
+    """Schedule, in place, a function of spatial blocks only (an activation, a
+    concatenation, a fused chain of them): the chain inlined into its last
+    block, outer loops in parallel. False, and ``sch`` unchanged, when some
+    block is not spatial; a primitive that refuses part-way raises.
+
+    For plugins too: an accelerator's elementwise partitions (the npu's
+    concatenations) get what the host's get.
+
+    The inner loops stay inside, contiguous, for LLVM to vectorize itself (a
+    loop split by the vector width would index with divisions: 2.4x slower on
+    a (1, 64, 56, 56) add + relu); those every access reads as one run are
+    fused into one (a concatenation's select was not vectorized over 55-float
+    rows: 7x slower). Small functions stay on one thread: a parallel launch
+    costs more than it saves below :data:`PARALLEL_MIN`.
+    """
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if not blocks or not all(_spatial(sch, b) for b in blocks):
+        return False
+    _inline_chain(sch, blocks[:-1])
+    for block in sch.get_child_blocks(root):
+        if not _parallel_rows(sch, block):
+            raise ValueError(f"{sch.get(block).name_hint}: loops of unknown extent")
+    return True
+
+
+def _elementwise(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
+    sch = s_tir.Schedule(func)
+    return (sch.mod["main"], "elementwise") if schedule_elementwise(sch) else None
+
+
+def _row_work(sch: s_tir.Schedule, blocks: list, rows: int) -> dict[str, int] | None:
+    """Iterations per row of each block, when every block works row by row: a
+    spatial block over ``rows`` rows, a reduction over the last axis of each of
+    ``rows`` rows (TE puts reduction axes last); None otherwise."""
+    work = {}
+    for block in blocks:
+        node = sch.get(block)
+        loops = sch.get_loops(block)
+        extents = [_extent(sch, loop) for loop in loops]
+        if len(loops) != len(node.iter_vars) or None in extents:
+            return None
+        reduced = [iv.iter_type != _SPATIAL for iv in node.iter_vars]
+        if any(reduced[:-1]) or (reduced[-1] and math.prod(extents[:-1]) != rows):
+            return None
+        if math.prod(extents) % rows:
+            return None
+        work[node.name_hint] = math.prod(extents) // rows
+    return work
+
+
+def _rows(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
+    """A row kernel (softmax, layer norm, RMS norm): reductions over each row's last
+    axis and elementwise steps between them, one row at a time, rows in parallel.
+
+    Every step of a row runs while the row is in cache, in one parallel loop. A
+    reduction over a whole number of vectors accumulates ``lanes`` partial
+    results, one vector per step (``rfactor``), and adds them up after; one
+    value at a time, each addition waits for the last (layer norm's 768-wide
+    rows: 9x slower). A row no vector divides (ViT's 197 tokens) keeps its
+    reductions serial: a split by the vector width would be predicated, and
+    x86 builds a predicated vector loop as scalar code. The elementwise steps
+    stay contiguous loops, which LLVM vectorizes with their tails. None when a
+    block does not work row by row (a softmax over a middle axis: dlight's).
+    """
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if all(_spatial(sch, b) for b in blocks) or not _spatial(sch, blocks[-1]):
+        return None
+    _inline_chain(sch, [b for b in blocks[:-1] if _spatial(sch, b)])
+    blocks = sch.get_child_blocks(root)
+    loops = sch.get_loops(blocks[-1])
+    extents = [_extent(sch, loop) for loop in loops]
+    if len(loops) < 2 or None in extents or math.prod(extents[:-1]) < 2:
+        return None
+    rows = math.prod(extents[:-1])
+    work = _row_work(sch, blocks, rows)
+    if work is None:
+        return None
+    partials = []
+    for block in blocks[:-1]:
+        length = work[sch.get(block).name_hint]
+        if _spatial(sch, block) or length % lanes or length < 2 * lanes:
+            continue
+        _, lane = sch.split(sch.get_loops(block)[-1], [None, lanes])
+        partials.append(sch.get(sch.rfactor(lane, factor_axis=0)).name_hint)
+        work[partials[-1]], work[sch.get(block).name_hint] = length, lanes
+    row = sch.fuse(*loops[:-1])
+    if rows * extents[-1] >= PARALLEL_MIN:
+        sch.parallel(row)
+    for block in reversed(sch.get_child_blocks(root)[:-1]):
+        sch.compute_at(block, row, preserve_unit_loops=False)
+    for name, per_row in work.items():  # a block computed for more than its row: not ours
+        if _iterations(sch, sch.get_loops(sch.get_sblock(name))[1:]) != per_row:
+            return None
+    for name in partials:  # (lane, step) after compute_at: lanes innermost, one vector
+        block = sch.get_sblock(name)
+        lane, step = sch.get_loops(block)[1:]
+        sch.reorder(step, lane)
+        sch.vectorize(lane)
+        sch.decompose_reduction(block, step)
+    return sch.mod["main"], "rows"
+
+
+#: Reduction sizes (product of a block's reduction extents) taken for a window (pooling).
+WINDOW_MAX = 64
+
+
+def _window_first(sch: s_tir.Schedule, block: Any, loops: list, n: int) -> bool:
+    """A pooling (see :func:`_window`): the window's loops moved outside the output
+    row, so each window step runs over a whole contiguous row (which LLVM
+    vectorizes). Whether it was done.
+    """
+    if n < 2 or len(loops) == n or not _window(sch, block):
+        return False
+    sch.reorder(*loops[: n - 1], *loops[n:], loops[n - 1])
+    return True
+
+
+def _window(sch: s_tir.Schedule, block: Any) -> bool:
+    """Whether ``block`` reduces a small window of one tensor per output (a pooling;
+    not a convolution, which reads weights too)."""
+    from umahub.plugin.compat import buffer_of
+
+    node = sch.get(block)
+    reduced = [_int_or_none(iv.dom.extent) for iv in node.iter_vars if iv.iter_type != _SPATIAL]
+    if not reduced or None in reduced or math.prod(reduced) > WINDOW_MAX:
+        return False
+    written = [buffer_of(w) for w in node.writes]
+    read = [buffer_of(r) for r in node.reads]
+    others = [b for b in read if not any(b.same_as(w) for w in written)]
+    return len(others) == 1
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, tirx.IntImm) else None
+
+
+def _inline_into_windows(sch: s_tir.Schedule) -> bool:
+    """A spatial block only poolings read (their padding) computed where they read it:
+    a few compares per element instead of a padded copy written and read again."""
+    changed = False
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        consumers = sch.get_consumers(block)
+        if _spatial(sch, block) and consumers and all(_window(sch, c) for c in consumers):
+            try:
+                sch.compute_inline(block)
+                changed = True
+            except Exception:  # not inlinable (an output, an opaque body): stays
+                continue
+    return changed
+
+
+def _pool_by_rows(sch: s_tir.Schedule) -> bool:
+    _inline_into_windows(sch)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if len(blocks) != 2 or not all(_window(sch, b) for b in blocks):
+        return False
+    rows, out = blocks
+    if [sch.get(c).name_hint for c in sch.get_consumers(rows)] != [sch.get(out).name_hint]:
+        return False
+    loops, axes = sch.get_loops(out), sch.get(out).iter_vars
+    spatial = next((i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL), len(axes))
+    extents = [_extent(sch, loop) for loop in loops]
+    if len(loops) != len(axes) or spatial < 2 or None in extents:
+        return False
+    per_row = _iterations(sch, sch.get_loops(rows)[spatial - 1 :])
+    row = sch.fuse(*loops[: spatial - 1])
+    sch.compute_at(rows, row, preserve_unit_loops=False)
+    if _iterations(sch, sch.get_loops(rows)[1:]) != per_row:
+        return False  # computed for more than its output row
+    if math.prod(extents) >= PARALLEL_MIN:
+        sch.parallel(row)
+    return True
+
+
+def schedule_pooling(sch: s_tir.Schedule) -> bool:
+    """Schedule a pooling computed as two 1-D ones in place; whether it was one.
+
+    That is :func:`umahub.host.lowering.max_pool2d`'s max pooling: each
+    window's rows reduced into a row of column maxima, then that row's windows.
+    Output rows run in parallel, and the row of column maxima of each is
+    computed under it, while in cache; an elementwise producer the pooling
+    alone reads (a ReLU before it, a padding) is computed where it is read.
+    The loops inside stay as TE made them, for LLVM: reordered window-first as
+    the ``"parallel"`` rule does, they run 3x slower. ``sch`` is left as it was
+    when this returns False. Public for plugins, like :func:`schedule_elementwise`.
+    """
+    if not _pool_by_rows(sch.copy()):
+        return False
+    return _pool_by_rows(sch)
+
+
+def _pooling(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
+    sch = s_tir.Schedule(func)
+    return (sch.mod["main"], "pooling") if schedule_pooling(sch) else None
+
+
+def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
+    sch = s_tir.Schedule(func)
+    changed = _inline_into_windows(sch)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        loops = sch.get_loops(block)
+        axes = sch.get(block).iter_vars
+        if len(loops) != len(axes):  # not one loop per axis, as TE makes them: left alone
+            continue
+        # TE puts a block's spatial axes first and binds loop i to axis i
+        n = next((i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL), len(axes))
+        if n == 0:
+            continue
+        # the last spatial loop (a row) stays inside, contiguous, when there is a
+        # window to reduce or nothing to reduce: fusing it would index with divisions
+        window = _window_first(sch, block, loops, n)
+        keep_row = n >= 2 and (n == len(axes) or window)
+        outer = loops[: n - 1] if keep_row else loops[:n]
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        extent = _extent(sch, fused)
+        if extent is None or extent >= 2:
+            sch.parallel(fused)
+            changed = True
+        if window:  # the row's accumulators initialised once, before the window
+            sch.decompose_reduction(block, loops[n])
+            changed = True
+    return (sch.mod["main"], "parallel") if changed else None
+
+
+def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str]:
+    """``func`` scheduled by the first rule that takes it, and that rule's name."""
+    for rule in (
+        # first: dlight's rules take no function without a reduction, and
+        # inline every block before they look (see _inline_chain)
+        _elementwise,
+        lambda f: schedule_matmul(f, vector_lanes(target)),
+        lambda f: schedule_conv2d(f, vector_lanes(target)),
+        lambda f: _rows(f, vector_lanes(target)),
+        _pooling,
+        lambda f: _dlight(f, target),
+        _parallel,
+    ):
+        try:
+            done = rule(func)
+        except Exception:  # a schedule primitive refused: the next rule, from scratch
+            continue
+        if done is not None:
+            return done
+    return func, "unscheduled"

@@ -1,0 +1,246 @@
+"""The :class:`Hub`: the loaded plugins, their accelerators, and the door to compiling."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from umahub.config import Config, load_config
+from umahub.errors import (
+    PluginLoadError,
+    UmahubError,
+    UmahubWarning,
+    did_you_mean,
+    warn,
+)
+from umahub.hub.dispatch import HOOK_NAMES, PluginManager
+from umahub.hub.loading import PluginInfo, find, load, select
+from umahub.plugin.accelerator import Accelerator
+
+if TYPE_CHECKING:
+    import tvm
+
+    from umahub.report.report import Report
+    from umahub.runtime.compiled import Compiled
+
+__all__ = ["Hub", "UmahubWarning"]  # UmahubWarning lives in umahub.errors
+
+
+class Hub:
+    """Installed plugins, loaded and ordered as ``[tool.umahub]`` says.
+
+    Args:
+        config: keys of ``[tool.umahub]`` that override the file's (see
+            :mod:`umahub.config`).
+        autoload: load the plugins installed under the entry-point group
+            ``umahub.plugins`` (``UMAHUB_DISABLE_PLUGIN_AUTOLOAD=1`` also turns
+            this off).
+        plugins: modules or objects to use as plugins as well.
+        strict: a plugin that fails to load is an error instead of being
+            skipped with a warning (default: the config's ``strict``).
+        project_config: read ``[tool.umahub]`` from the project (or
+            ``UMAHUB_CONFIG``); False uses ``config`` alone, e.g. in a test kit
+            that must not depend on the project it runs in.
+
+    Raises:
+        ConfigError: an unknown key or name in the configuration.
+        PluginConflictError: two plugins share a plugin name (a plugin that
+            declares an accelerator another plugin declared is skipped, and
+            shows as failed with that reason).
+        PluginLoadError: in strict mode, the first plugin that failed to load.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        autoload: bool = True,
+        plugins: Sequence[Any] = (),
+        *,
+        strict: bool | None = None,
+        project_config: bool = True,
+    ):
+        cfg = load_config(config) if project_config else Config().merged(config)
+        if strict is not None:
+            cfg = replace(cfg, strict=strict)
+        self.config: Config = cfg
+        found = find(autoload, plugins)
+        cfg.check_plugin_names(
+            [c.name for c in found],
+            HOOK_NAMES,
+            (c.distribution for c in found if c.dist is not None),
+        )
+        self._pm = PluginManager()
+        infos: list[PluginInfo] = []
+        impls: dict[str, dict[str, Any]] = {}
+        owners: dict[str, tuple[PluginInfo, Accelerator]] = {}
+        for candidate in select(found, cfg):
+            info, hooks = self._load_one(candidate, owners)
+            infos.append(info)
+            if info.loaded:
+                impls[info.name] = hooks
+        failures = [i for i in infos if not i.loaded]
+        if failures and cfg.strict:
+            first = failures[0]
+            raise PluginLoadError(first.name, first.distribution, first.error or "")
+        for info in failures:
+            warn(f"skipped {_who(info)}: {info.error}")
+        self.plugins: list[PluginInfo] = infos
+        loaded = [i for i in infos if i.loaded]
+        self._accelerators = {name: acc for name, (_, acc) in owners.items()}
+        self._owner = {name: info.name for name, (info, _) in owners.items()}
+        cfg.check_accelerator_names(
+            {name: acc.instances for name, acc in self._accelerators.items()}
+        )
+        self._pm.register_ordered(loaded, impls, cfg.hook_order)
+        self._registration = (loaded, impls)
+        self._traced: PluginManager | None = None
+
+    def _load_one(
+        self, candidate, owners: dict[str, tuple[PluginInfo, Accelerator]]
+    ) -> tuple[PluginInfo, dict[str, Any]]:
+        info = load(candidate)
+        if not info.loaded:
+            return info, {}
+        try:
+            hooks = self._pm.implementations(info)
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            return info.failed(str(exc), exc), {}
+        info = replace(info, hooks=tuple(h for h in HOOK_NAMES if h in hooks))
+        declared: list[Accelerator] = []
+        if "umahub_accelerators" in hooks:
+            try:
+                declared = _accelerators_of(hooks["umahub_accelerators"][0]())
+            except Exception as exc:  # a plugin's own code failing is the plugin's error
+                return info.failed(
+                    f"umahub_accelerators failed: {type(exc).__name__}: {exc}", exc
+                ), {}
+        for acc in declared:
+            if acc.name in owners:  # the first declaration stands; this plugin is skipped
+                other = owners[acc.name][0]
+                return info.failed(
+                    f"declares accelerator '{acc.name}', which {_who(other)} already declares; "
+                    f"uninstall one, or disable one: [tool.umahub] disable = "
+                    f'["{info.name}"]'
+                ), {}
+        info = replace(info, accelerators=tuple(a.name for a in declared))
+        for acc in declared:
+            owners[acc.name] = (info, acc)
+        return info, hooks
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def accelerators(self) -> list[Accelerator]:
+        """Every accelerator, those named by ``priority`` first, in that order."""
+        order = list(self.config.priority or ())
+        rest = [n for n in self._accelerators if n not in order]
+        return [self._accelerators[n] for n in order + rest]
+
+    @property
+    def claimants(self) -> list[Accelerator]:
+        """The accelerators that claim operators, in claiming order.
+
+        With ``priority`` set, only the accelerators it names; else all of
+        them in plugin order.
+        """
+        if self.config.priority is None:
+            return list(self._accelerators.values())
+        return [self._accelerators[n] for n in self.config.priority]
+
+    def accelerator(self, name: str) -> Accelerator:
+        """The accelerator called ``name``; a :class:`KeyError` suggests the closest one."""
+        try:
+            return self._accelerators[name]
+        except KeyError:
+            raise KeyError(
+                f"no accelerator '{name}'{did_you_mean(name, self._accelerators)}; "
+                f"installed: {', '.join(self._accelerators) or 'none'}"
+            ) from None
+
+    def owner(self, accelerator: str) -> str:
+        """The name of the plugin that declared ``accelerator``."""
+        return self._owner[accelerator]
+
+    @property
+    def hook(self) -> Any:
+        """pluggy's hook relay: ``hub.hook.umahub_patterns(accelerator=acc)``."""
+        return self._pm.hook
+
+    @property
+    def traced_hook(self) -> Any:
+        """The same hooks, each call logged for the report (what the pipeline uses)."""
+        if self._traced is None:
+            self._traced = PluginManager()
+            self._traced.register_ordered(*self._registration, self.config.hook_order, traced=True)
+        return self._traced.hook
+
+    def call_order(self, hook: str) -> list[str]:
+        """The plugins whose implementation of ``hook`` runs, in running order."""
+        return self._pm.call_order(hook)
+
+    # ------------------------------------------------------------------ compiling
+
+    def compile(self, mod: tvm.IRModule | Any, *, model: str = "", **options: Any) -> Compiled:
+        """Compile a model through the plugins' hooks.
+
+        ``mod`` is a Relax module with a ``main``, a
+        ``torch.export.ExportedProgram`` or an ``onnx.ModelProto`` (imported
+        by :func:`umahub.frontends.to_relax`, weights as constants, operators
+        named after the source model's nodes and layers, so that pins can
+        name them). ``model`` names it in the report and its picture (a zoo
+        name, a file name). See :func:`umahub.compiler.pipeline.compile` for the options.
+
+        Raises:
+            UmahubError: ``mod`` is none of these, or could not be imported.
+        """
+        from umahub.compiler.pipeline import compile as compile_module
+        from umahub.frontends import to_relax
+
+        compiled = compile_module(self, to_relax(mod), **options)
+        compiled.report.model = model
+        return compiled
+
+    def explain(self, mod: tvm.IRModule | Any, *, model: str = "", **options: Any) -> Report:
+        """Plan placement, copies and memory for ``mod`` without building it.
+
+        ``mod`` and ``model`` are what :meth:`compile` takes.
+        """
+        from umahub.compiler.pipeline import explain
+        from umahub.frontends import to_relax
+
+        report = explain(self, to_relax(mod), **options)
+        report.model = model
+        return report
+
+    def relax_pipeline(self, *, placement: Mapping[str, str] | None = None) -> Any:
+        """This hub's plugins as a Relax pipeline for ``tvm.compile``.
+
+        ``tvm.compile(mod, target="llvm", relax_pipeline=hub.relax_pipeline())``
+        places, lowers and codegens ``mod`` as :meth:`compile` does; the
+        returned pass then gives the report, the devices and a runnable
+        :class:`umahub.Compiled` (see :mod:`umahub.compiler.relax_pipeline`).
+        """
+        from umahub.compiler.relax_pipeline import RelaxPipeline
+
+        return RelaxPipeline(self, placement)
+
+    def __repr__(self) -> str:
+        loaded = [p.name for p in self.plugins if p.loaded]
+        return f"<umahub.Hub plugins={loaded} accelerators={[a.name for a in self.accelerators]}>"
+
+
+def _who(info: PluginInfo) -> str:
+    if info.distribution:
+        return f"plugin '{info.name}' (distribution {info.distribution} {info.version})"
+    return f"plugin '{info.name}' ({info.origin})"
+
+
+def _accelerators_of(result: Any) -> list[Accelerator]:
+    if result is None:
+        return []
+    if not isinstance(result, (list, tuple)) or not all(isinstance(a, Accelerator) for a in result):
+        raise UmahubError(f"must return a list of umahub.Accelerator, got {result!r}")
+    return list(result)

@@ -1,0 +1,283 @@
+"""The plugin API: everything an accelerator plugin may use of umahub, in one package.
+
+A plugin imports this package and nothing else of umahub::
+
+    import umahub.plugin as up
+
+    UMAHUB_API = up.API_VERSION
+
+    @up.hookimpl
+    def umahub_accelerators():
+        sram = up.MemoryPool("my.sram", 64 << 10)
+        return [up.Accelerator("my_accel", codegen="c", memory=[sram])]
+
+    @up.hookimpl(accelerator="my_accel")
+    def umahub_patterns():
+        return up.epilogues("my_accel", "conv2d", up.conv2d(), check=my_check)
+
+What it holds, by what a plugin does with it:
+
+Declaring the plugin
+    :data:`hookimpl` (``accelerator=`` for hooks of one accelerator),
+    :data:`hookspec`, :data:`API_VERSION`, :mod:`~umahub.plugin.hookspecs`
+    (the contract: every hook, when it is called, what it takes and returns),
+    :class:`Accelerator`, :class:`MemoryPool`, :data:`CODEGENS`,
+    :data:`COPY_KINDS`.
+
+Claiming operators (``umahub_patterns``)
+    Pattern factories: :func:`op`, :func:`matmul`, :func:`conv2d`,
+    :func:`bias_add`, :func:`activated`, :func:`relu6`, :func:`hardsigmoid`,
+    :func:`hardswish`, :func:`epilogues`, :data:`ACTIVATIONS`. For the
+    checks: :class:`Refusal`, :func:`refusal_reason`, :func:`calls`,
+    :func:`shape_of`, :func:`dtype_of`, :func:`match_bytes`,
+    :func:`human_size`, :data:`UNBOUNDED`, :func:`element_bytes`,
+    :func:`tensor_bytes`.
+
+What the hooks are given
+    :class:`CompileContext`, :class:`CostContext`, :class:`Operator`,
+    :class:`Copy`.
+
+Lowering (``umahub_relax_to_tir``)
+    :func:`default_relax_to_tir`, :func:`single_primfunc`, and the host's
+    lowering of a max pooling, :func:`max_pool2d`.
+
+Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
+    The host's schedules a plugin may reuse (:func:`schedule_elementwise`,
+    :func:`schedule_pooling`, with :data:`PARALLEL_MIN` and
+    :data:`WINDOW_MAX`); weights packed at compile time
+    (:func:`pack_weight`, :data:`PREPACK_ANNOTATION`); the machine
+    (:func:`host_target`, :func:`vector_lanes`); TIR helpers that read and
+    rewrite a PrimFunc the same way on every supported TVM
+    (:mod:`~umahub.plugin.tir`: :func:`root_block`, :func:`with_root_body`,
+    :func:`perfect_nest`, :func:`full_region`, :func:`extern_block`,
+    :func:`rewrite`, :func:`blocks`).
+
+TVM's names that moved between apache-tvm 0.25, 0.26 and 0.27
+    :mod:`~umahub.plugin.compat`, re-exported here: :data:`SBlock`,
+    :data:`SBlockRealize`, :data:`Load`, :data:`Region`, :data:`Call`,
+    :data:`Analyzer`, :data:`TensorType`, :data:`TupleType`,
+    :func:`buffer_of`, :func:`is_buffer`, :func:`param_buffers`,
+    :func:`data_pointer`, :func:`vars_in`, :func:`nodes_in`,
+    :func:`detect_linear_equation`, :func:`type_of`, :func:`ret_type`,
+    :func:`type_args`, :func:`name_of`.
+
+``import umahub.plugin`` does not import TVM: every name is resolved when it
+is first used, so a plugin's top-level module may import this package and
+still be listed by ``umahub plugins`` without TVM being loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from umahub.plugin.accelerator import CODEGENS, COPY_KINDS, Accelerator, MemoryPool
+from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
+from umahub.plugin.patterns import (
+    ACTIVATIONS,
+    Refusal,
+    activated,
+    bias_add,
+    calls,
+    conv2d,
+    dtype_of,
+    epilogues,
+    hardsigmoid,
+    hardswish,
+    match_bytes,
+    matmul,
+    op,
+    refusal_reason,
+    relu6,
+    shape_of,
+)
+from umahub.sizes import human_size
+
+if TYPE_CHECKING:
+    from umahub.compiler.lowering import default_relax_to_tir, single_primfunc
+    from umahub.host.lowering import max_pool2d
+    from umahub.host.prepack import pack_weight
+    from umahub.host.schedules import (
+        PARALLEL_MIN,
+        WINDOW_MAX,
+        schedule_elementwise,
+        schedule_pooling,
+    )
+    from umahub.plugin import compat, hookspecs, tir
+    from umahub.plugin.compat import (
+        Analyzer,
+        Call,
+        Load,
+        Region,
+        SBlock,
+        SBlockRealize,
+        TensorType,
+        TupleType,
+        buffer_of,
+        data_pointer,
+        detect_linear_equation,
+        is_buffer,
+        name_of,
+        nodes_in,
+        param_buffers,
+        ret_type,
+        type_args,
+        type_of,
+        vars_in,
+    )
+    from umahub.plugin.context import CompileContext, Copy, CostContext, Operator
+    from umahub.plugin.memory import UNBOUNDED, element_bytes, tensor_bytes
+    from umahub.plugin.tir import (
+        blocks,
+        extern_block,
+        full_region,
+        perfect_nest,
+        rewrite,
+        root_block,
+        with_root_body,
+    )
+    from umahub.targets import host_target, vector_lanes
+
+#: Where each lazily resolved name lives: ``name -> module`` (the name in that
+#: module is the same, except where ``module:attribute`` says otherwise).
+_LAZY = {
+    **dict.fromkeys(("compat", "hookspecs", "tir"), "umahub.plugin"),
+    **dict.fromkeys(("CompileContext", "CostContext", "Copy", "Operator"), "umahub.plugin.context"),
+    **dict.fromkeys(("UNBOUNDED", "element_bytes", "tensor_bytes"), "umahub.plugin.memory"),
+    **dict.fromkeys(
+        (
+            "blocks",
+            "extern_block",
+            "full_region",
+            "perfect_nest",
+            "rewrite",
+            "root_block",
+            "with_root_body",
+        ),
+        "umahub.plugin.tir",
+    ),
+    **dict.fromkeys(
+        (
+            "Analyzer",
+            "Call",
+            "Load",
+            "Region",
+            "SBlock",
+            "SBlockRealize",
+            "TensorType",
+            "TupleType",
+            "buffer_of",
+            "data_pointer",
+            "detect_linear_equation",
+            "is_buffer",
+            "name_of",
+            "nodes_in",
+            "param_buffers",
+            "ret_type",
+            "type_args",
+            "type_of",
+            "vars_in",
+        ),
+        "umahub.plugin.compat",
+    ),
+    **dict.fromkeys(("default_relax_to_tir", "single_primfunc"), "umahub.compiler.lowering"),
+    "max_pool2d": "umahub.host.lowering",
+    **dict.fromkeys(
+        ("PARALLEL_MIN", "WINDOW_MAX", "schedule_elementwise", "schedule_pooling"),
+        "umahub.host.schedules",
+    ),
+    "pack_weight": "umahub.host.prepack",
+    "PREPACK_ANNOTATION": "umahub.host.prepack:ANNOTATION",
+    **dict.fromkeys(("host_target", "vector_lanes"), "umahub.targets"),
+}
+
+__all__ = [
+    "ACTIVATIONS",
+    "API_VERSION",
+    "CODEGENS",
+    "COPY_KINDS",
+    "PARALLEL_MIN",
+    "PREPACK_ANNOTATION",
+    "UNBOUNDED",
+    "WINDOW_MAX",
+    "Accelerator",
+    "Analyzer",
+    "Call",
+    "CompileContext",
+    "Copy",
+    "CostContext",
+    "Load",
+    "MemoryPool",
+    "Operator",
+    "Refusal",
+    "Region",
+    "SBlock",
+    "SBlockRealize",
+    "TensorType",
+    "TupleType",
+    "activated",
+    "bias_add",
+    "blocks",
+    "buffer_of",
+    "calls",
+    "compat",
+    "conv2d",
+    "data_pointer",
+    "default_relax_to_tir",
+    "detect_linear_equation",
+    "dtype_of",
+    "element_bytes",
+    "epilogues",
+    "extern_block",
+    "full_region",
+    "hardsigmoid",
+    "hardswish",
+    "hookimpl",
+    "hookspec",
+    "hookspecs",
+    "host_target",
+    "human_size",
+    "is_buffer",
+    "match_bytes",
+    "matmul",
+    "max_pool2d",
+    "name_of",
+    "nodes_in",
+    "op",
+    "pack_weight",
+    "param_buffers",
+    "perfect_nest",
+    "refusal_reason",
+    "relu6",
+    "ret_type",
+    "rewrite",
+    "root_block",
+    "schedule_elementwise",
+    "schedule_pooling",
+    "shape_of",
+    "single_primfunc",
+    "tensor_bytes",
+    "tir",
+    "type_args",
+    "type_of",
+    "vars_in",
+    "vector_lanes",
+    "with_root_body",
+]
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'umahub.plugin' has no attribute {name!r}")
+    module, _, attribute = where.partition(":")
+    if module == __name__:
+        value: Any = importlib.import_module(f"{__name__}.{name}")
+    else:
+        value = getattr(importlib.import_module(module), attribute or name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

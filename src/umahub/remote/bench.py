@@ -1,0 +1,128 @@
+"""Latency of an exported model, here or on a board: the numbers of ``umahub bench``.
+
+:func:`bench` runs a model (a :class:`umahub.LoadedModel`, or a
+:class:`umahub.remote.rpc.RemoteModel` on a board) once to warm up, then ``repeat``
+times, and gives the latency's min, median, p90, max and mean in
+milliseconds, with the machine and the versions it was measured with (and
+the board's, for a remote run). A remote run also gives the time of ``main``
+on the board alone (``board_latency_ms``): the difference is the transfer of
+inputs and outputs and the RPC round trip. A local model run by the
+concurrent executor gives each device's busy time in its median run
+(``device_ms``); the VM cannot tell it (``device_ms_why`` says so).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["bench", "machine_info", "summarize"]
+
+
+def machine_info() -> dict[str, Any]:
+    """This machine and the versions that matter (no TVM import)."""
+    info: dict[str, Any] = {
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "node": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if names:
+            info["cpu"] = names[0]
+    except OSError:
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("umahub", "apache-tvm", "apache-tvm-ffi", "numpy"):
+        try:
+            info[dist] = version(dist)
+        except PackageNotFoundError:
+            info[dist] = None
+    return info
+
+
+def summarize(seconds: Sequence[float]) -> dict[str, float]:
+    """min, median, p90, max and mean of ``seconds``, in milliseconds."""
+    ms = np.asarray(seconds, dtype=float) * 1e3
+    return {
+        "min": float(ms.min()),
+        "median": float(np.median(ms)),
+        "p90": float(np.percentile(ms, 90)),
+        "max": float(ms.max()),
+        "mean": float(ms.mean()),
+    }
+
+
+def bench(
+    model: Any,
+    arrays: Sequence[Any],
+    repeat: int = 50,
+    warmup: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Time ``model.run(*arrays)``: ``warmup`` runs (more while the ``"auto"``
+    executor is still choosing, see :meth:`umahub.LoadedModel.warm_up`), then
+    ``repeat`` timed ones.
+
+    Args:
+        model: a :class:`umahub.LoadedModel` or :class:`umahub.Compiled`, or a
+            :class:`umahub.remote.rpc.RemoteModel`.
+        progress: called ``progress(done, repeat)`` after each timed run.
+
+    Returns:
+        JSON-ready: ``latency_ms`` (min, median, p90, max, mean), ``repeat``,
+        ``warmup`` (the untimed runs made), ``machine`` (this one), for a remote
+        model ``board`` (its machine) and ``board_latency_ms``, for a local one
+        ``device_ms`` or ``device_ms_why``.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be 1 or more, not {repeat}")
+    remote = hasattr(model, "board_seconds")
+    if hasattr(model, "warm_up"):  # and, under "auto", until the executor is chosen
+        warmup = model.warm_up(*arrays, at_least=warmup)
+    else:
+        for _ in range(warmup):
+            model.run(*arrays)
+    times, on_board = [], []
+    for i in range(repeat):
+        start = time.perf_counter()
+        model.run(*arrays)
+        times.append(time.perf_counter() - start)
+        if remote:
+            on_board.append(model.board_seconds())
+        if progress is not None:
+            progress(i + 1, repeat)
+    result: dict[str, Any] = {
+        "model": str(getattr(model, "path", "") or ""),
+        "where": model.board.name if remote else "this machine",
+        "repeat": repeat,
+        "warmup": warmup,
+        "latency_ms": summarize(times),
+        "machine": machine_info(),
+    }
+    if remote:
+        result["board_latency_ms"] = summarize(on_board)
+        result["board"] = model.board.info
+    else:
+        result.update(_device_times(model, arrays))
+    return result
+
+
+def _device_times(model: Any, arrays: Sequence[Any]) -> dict[str, Any]:
+    """Each device's busy milliseconds in the concurrent executor's median run."""
+    profiled = model.profile(*arrays, runs=5)
+    if profiled.get("executor") != "concurrent":
+        return {"device_ms_why": f"runs on the VM: {profiled.get('why', 'one device')}"}
+    busy: dict[str, float] = {}
+    for span in profiled["spans"]:
+        busy[span["lane"]] = busy.get(span["lane"], 0.0) + (span["end"] - span["start"]) * 1e3
+    return {"device_ms": busy, "executor_ms": profiled["concurrent_seconds"] * 1e3}

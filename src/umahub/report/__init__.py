@@ -1,0 +1,12 @@
+"""The report of a compilation, and its views.
+
+:mod:`~umahub.report.report` is the data (where each operator runs and why,
+what each hook did, copies, memory, time); :mod:`~umahub.report.picture` draws
+it.
+"""
+
+from __future__ import annotations
+
+from umahub.report.report import PartitionReport, Report
+
+__all__ = ["PartitionReport", "Report"]

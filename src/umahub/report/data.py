@@ -1,0 +1,118 @@
+"""The report's data: where every operator runs and why, what each hook did, copies, memory, time.
+
+:class:`ReportData` is what the stages fill in and what programs read
+(``to_json``); the views (:mod:`umahub.report.text`,
+:mod:`umahub.report.picture`) read it and are never imported here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from umahub.hub.tracing import HookCall
+from umahub.plugin.context import Copy, Operator
+from umahub.plugin.memory import MemoryPlan
+
+__all__ = ["PartitionReport", "ReportData", "hooks_that_acted"]
+
+
+@dataclass
+class PartitionReport:
+    """One partition: where it ran, which plugin did what at each hook, how long."""
+
+    symbol: str
+    accelerator: str
+    device: str
+    patterns: tuple[str, ...]
+    operators: int
+    hooks: dict[str, list[str]] = field(default_factory=dict)  # hook -> plugins that acted
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    schedule: list[str] = field(default_factory=list)  # what schedule hooks said they did
+    packed: list[str] = field(default_factory=list)  # weights packed at compile time (prepack)
+    fallback: str = ""  # why it went back to the host
+    virtual_device: str = ""  # (device type, runtime device index, target, memory scope)
+    verified: str = ""  # what verification found ("" when it did not run)
+    max_error: float | None = None  # the largest error against the host, when verified
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dict(self.__dict__, patterns=list(self.patterns))
+
+
+def hooks_that_acted(calls: list[HookCall]) -> dict[str, list[str]]:
+    """hook -> plugins whose implementation returned something, in call order."""
+    acted: dict[str, list[str]] = defaultdict(list)
+    for call in calls:
+        if call.returned and call.plugin not in acted[call.hook]:
+            acted[call.hook].append(call.plugin)
+    return dict(acted)
+
+
+@dataclass
+class ReportData:
+    """Everything a compile decided, as data (``to_dict``, ``to_json``)."""
+
+    placement: list[Operator]
+    partitions: list[PartitionReport]
+    devices: list[str]
+    copies: list[Copy] = field(default_factory=list)
+    memory: MemoryPlan | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+    hook_seconds: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    built: bool = True
+    measured: dict[str, Any] = field(default_factory=dict)  # Compiled.profile's, when run
+    model: str = ""  # the model's name, for the picture's title ("" when not given)
+    host_schedules: dict[str, int] = field(default_factory=dict)  # how -> host functions
+    auto: dict[str, Any] | None = None  # placement by cost: umahub.auto.AutoChoice.to_dict()
+
+    # ------------------------------------------------------------------ summaries
+
+    def devices_of(self) -> dict[str, int]:
+        """Operator count per device (host included)."""
+        counts: dict[str, int] = defaultdict(int)
+        for op in self.placement:
+            counts[op.device] += 1
+        return dict(counts)
+
+    def copy_edges(self, when: str = "inference") -> list[dict[str, Any]]:
+        """Copies grouped by (src, dst): count, bytes, kind.
+
+        ``when="inference"``: the copies of every inference; ``"load"``: the
+        weights copied to their accelerators once, when the model is loaded.
+        """
+        edges: dict[tuple[str, str], dict[str, Any]] = {}
+        for c in (c for c in self.copies if c.when == when):
+            e = edges.setdefault(
+                (c.src, c.dst), {"src": c.src, "dst": c.dst, "count": 0, "bytes": 0, "kind": c.kind}
+            )
+            e["count"] += 1
+            e["bytes"] += c.bytes
+        return list(edges.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data."""
+        return {
+            "devices": self.devices,
+            "placement": [dict(o.__dict__) for o in self.placement],
+            "partitions": [p.to_dict() for p in self.partitions],
+            "copies": [c.to_dict() for c in self.copies],
+            "copy_edges": self.copy_edges(),
+            "load_copy_edges": self.copy_edges("load"),
+            "memory": self.memory.to_dict() if self.memory else None,
+            "stages": self.stages,
+            "hook_seconds": self.hook_seconds,
+            "notes": self.notes,
+            "built": self.built,
+            "measured": self.measured,
+            "model": self.model,
+            "host_schedules": self.host_schedules,
+            "auto": self.auto,
+        }
+
+    def to_json(self, indent: int = 2) -> str:
+        """The report as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent)

@@ -1,0 +1,177 @@
+"""The report as text: ``str(report)``, its section on placement by cost, the summary line."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from umahub.sizes import human_size
+
+if TYPE_CHECKING:
+    from umahub.report.data import ReportData
+
+__all__ = ["describe", "render", "summary_line"]
+
+
+#: Groups the report's text lists by name; the rest are counted (all are in the JSON).
+SHOWN_GROUPS = 12
+
+
+def summary_line(auto: Mapping[str, Any]) -> str:
+    """One line on what placement by cost did, for ``umahub compile``'s summary."""
+    configured = auto["baselines_ms"].get(auto["configured"])
+    versus = f" (by priority: {configured:.2f} ms)" if configured is not None else ""
+    counts = ", ".join(f"{n} {k}" for k, n in auto["costs"].items() if n)
+    return (
+        f"placement by cost: estimated {auto['estimate_ms']:.2f} ms{versus}, "
+        f"{len(auto['changed'])} operator(s) placed otherwise than by priority; "
+        f"costs: {counts or 'none'}; {sum(auto['seconds'].values()):.1f}s"
+    )
+
+
+def _finalists(auto: Mapping[str, Any]) -> list[str]:
+    measured = auto.get("finalists") or {}
+    if "skipped" in measured:
+        return [f"  not measured against the other starting points: {measured['skipped']}"]
+    if "kept" not in measured:
+        return []
+    kept = "the choice" if measured["kept"] == "auto" else measured["kept"]
+    cached = " (the verdict of an earlier compile)" if measured.get("cached") else ""
+    times = ", ".join(
+        f"{'the choice' if name == 'auto' else name} {ms:.3f} ms"
+        for name, ms in sorted(measured["measured_ms"].items(), key=lambda kv: kv[1])
+    )
+    tie = (
+        " (a tie with the choice, which the rounds did not show faster)"
+        if measured.get("tie")
+        else ""
+    )
+    lines = [f"  measured: {times}: {kept} is kept{tie}{cached}"]
+    for name, why in measured.get("left_out", {}).items():
+        lines.append(f"    {name} left out: {why}")
+    return lines
+
+
+def describe(auto: Mapping[str, Any]) -> list[str]:
+    """The report's text section on placement by cost."""
+    lines = ["placement by cost:"]
+    lines.append(
+        f"  estimate: {auto['estimate_ms']:.3f} ms ({auto['executor']} executor); "
+        f"starting points, estimated:"
+    )
+    for name, ms in sorted(auto["baselines_ms"].items(), key=lambda kv: kv[1]):
+        mark = "  (configured)" if name == auto["configured"] else ""
+        lines.append(f"    {ms:10.3f} ms  {name}{mark}")
+    lines.extend(_finalists(auto))
+    changed = auto["changed"]
+    if changed:
+        lines.append(f"  placed otherwise than by priority: {len(changed)} operator(s)")
+        for node, (before, after) in list(changed.items())[:SHOWN_GROUPS]:
+            lines.append(f"    {node}: {before} -> {after}")
+        if len(changed) > SHOWN_GROUPS:
+            lines.append(f"    ... {len(changed) - SHOWN_GROUPS} more (report JSON: auto.changed)")
+    groups = auto["groups"]
+    interesting = [g for g in groups if g["chosen"] != g["by_priority"]] + [
+        g for g in groups if g["chosen"] == g["by_priority"]
+    ]
+    lines.append(f"  candidate groups: {len(groups)} ({sum(g['chosen'] for g in groups)} taken)")
+    for g in interesting[:SHOWN_GROUPS]:
+        nodes = ", ".join(g["nodes"][:3]) + (" ..." if len(g["nodes"]) > 3 else "")
+        state = "taken" if g["chosen"] else "not taken"
+        lines.append(f"    {g['accelerator']} [{nodes}] {state}: {g['why']}")
+    if len(groups) > SHOWN_GROUPS:
+        lines.append(f"    ... {len(groups) - SHOWN_GROUPS} more (report JSON: auto.groups)")
+    copies = "; ".join(
+        f"{a} {c['gb_per_s']} GB/s + {c['latency_us']} us ({c['source']})"
+        for a, c in auto["copies"].items()
+    )
+    if copies:
+        lines.append(f"  copies: {copies}")
+    counts = ", ".join(f"{k} {n}" for k, n in auto["costs"].items())
+    cache = auto["cache"]
+    lines.append(
+        f"  costs: {counts}; cache {cache['path']} ({cache['hits']} hits, {cache['misses']} misses)"
+    )
+    spent = ", ".join(f"{k} {v:.2f}s" for k, v in auto["seconds"].items())
+    lines.append(f"  time: {spent}")
+    return lines
+
+
+def render(report: ReportData) -> str:
+    """The report as the text a person reads: ``str(report)``."""
+    lines = ["placement:"]
+    width = max([len(o.name) for o in report.placement] + [4])
+    opw = max([len(o.op) for o in report.placement] + [2])
+    devw = max([len(o.device) for o in report.placement] + [6])
+    lines.append(f"  {'node':<{width}}  {'op':<{opw}}  {'device':<{devw}}  pattern / pin")
+    for o in report.placement:
+        why = o.pattern or ("-" if not o.pinned else "")
+        if o.pinned:
+            why = f"{why} (pinned by '{o.pinned}')".strip()
+        lines.append(f"  {o.name:<{width}}  {o.op:<{opw}}  {o.device:<{devw}}  {why}")
+    counts = ", ".join(f"{d}: {n}" for d, n in sorted(report.devices_of().items()))
+    lines.append(f"  operators per device: {counts}")
+    if report.partitions:
+        lines.append("partitions:")
+        for p in report.partitions:
+            state = (
+                f"FELL BACK to host: {p.fallback}"
+                if p.fallback
+                else f"{p.device} {p.virtual_device}".strip()
+            )
+            lines.append(
+                f"  {p.symbol}  [{state}]  {p.operators} op(s), patterns {', '.join(p.patterns)}"
+            )
+            for hook, plugins in p.hooks.items():
+                lines.append(f"      {hook}: {', '.join(plugins)}")
+            for said in p.schedule:
+                lines.append(f"      schedule: {said}")
+            for packed in p.packed:
+                lines.append(f"      packed at compile time: {packed}")
+            if p.verified:
+                lines.append(f"      verify: {p.verified}")
+    for when, title in (
+        ("inference", "copies per inference:"),
+        ("load", "weights copied once, at load:"),
+    ):
+        edges = report.copy_edges(when)
+        if edges:
+            lines.append(title)
+        for e in edges:
+            lines.append(
+                f"  {e['src']} -> {e['dst']}: {e['count']} copies, "
+                f"{human_size(e['bytes'])}, {e['kind']}"
+            )
+    if report.memory is not None:
+        lines.append("memory:")
+        lines.append(
+            f"  host: {human_size(report.memory.host_bytes)} planned "
+            f"(+{human_size(report.memory.host_constants)} of constants)"
+        )
+        for pool in report.memory.pools:
+            lines.append(
+                f"  {pool.device} {pool.scope}: {human_size(pool.used)} of "
+                f"{human_size(pool.size_bytes)} used ({human_size(pool.resident)} "
+                f"resident), {human_size(pool.free)} free"
+            )
+    if report.host_schedules:
+        parts = ", ".join(f"{how} {n}" for how, n in report.host_schedules.items())
+        lines.append(f"host functions: {sum(report.host_schedules.values())} ({parts})")
+    if report.stages:
+        total = sum(report.stages.values())
+        parts = ", ".join(f"{k} {v:.2f}s" for k, v in report.stages.items())
+        lines.append(f"time: {total:.2f}s ({parts})")
+    if report.hook_seconds:
+        parts = ", ".join(f"{k} {v * 1e3:.1f}ms" for k, v in report.hook_seconds.items())
+        lines.append(f"hook time: {parts}")
+    if report.measured.get("spans"):
+        m = report.measured
+        lines.append(
+            f"measured: vm {m['vm_seconds'] * 1e3:.2f}ms, concurrent "
+            f"{m['concurrent_seconds'] * 1e3:.2f}ms per inference (median of {m['runs']})"
+        )
+    if report.auto:
+        lines += describe(report.auto)
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

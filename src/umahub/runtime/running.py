@@ -1,0 +1,450 @@
+"""How a loaded library runs: TVM's Relax VM or the concurrent executor, chosen per call.
+
+:class:`Running` gives :class:`umahub.Compiled` and :class:`umahub.LoadedModel`
+their ``run``, ``stream`` and ``profile``; :class:`Executors` holds the two
+ways to run one library:
+
+* ``"vm"``: ``main`` on TVM's Relax VM, one step after the other; one VM per
+  calling thread (a VM keeps per-call state in its registers, so one VM must
+  not run two calls at once), the library and the weights on the devices shared.
+* ``"concurrent"``: the model's step graph (:mod:`umahub.runtime.steps`, carried by the
+  library) with a worker per device (:mod:`umahub.runtime.executor`), made at its first use.
+* ``"auto"`` (the default): the VM when the library has no step graph (the
+  model runs on one device); otherwise the faster of the two on this model:
+  the first calls of ``run`` alternate between them, timed, and once each has
+  run :data:`AUTO_TRIALS` times (after one to warm up) the faster is kept.
+  The concurrent executor costs some tens of microseconds per step (threads
+  handing work to each other), so a model of tiny kernels stays on the VM and
+  a model whose devices can overlap long kernels goes concurrent. A stream
+  under "auto" runs concurrently unless auto has chosen the VM.
+
+:meth:`Executors.call_seconds` and :meth:`Executors.step_seconds` time what
+each executor runs, call by call and step by step (placement by cost times
+candidate groups with them).
+
+Why this module is long: both executors, the choice between them and their
+timing share one loaded library, its VMs and its weights; split up, each part
+would reach into the others' state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from umahub.config import EXECUTORS
+from umahub.errors import UmahubError
+
+__all__ = [
+    "AUTO_TRIALS",
+    "Executors",
+    "InputInfo",
+    "Runner",
+    "Running",
+    "check_inputs",
+    "host_tensor",
+    "to_numpy",
+]
+
+#: Timed calls of ``run`` on each executor (after one to warm up) before "auto" keeps the faster.
+AUTO_TRIALS = 3
+
+# One input: its shape (a dimension is an int, or the name of a size known only
+# at run time; None: any rank) and its dtype.
+InputInfo = tuple[tuple[int | str, ...] | None, str]
+
+
+def check_inputs(info: Sequence[InputInfo], arrays: Sequence[Any]) -> None:
+    """Refuse inputs of the wrong number, rank, static size or dtype.
+
+    A symbolic size (``"n"``) takes any value, the same one wherever it appears.
+    """
+    if len(arrays) != len(info):
+        raise UmahubError(f"the model takes {len(info)} input(s), got {len(arrays)}")
+    bound: dict[str, int] = {}
+    for i, ((shape, dtype), a) in enumerate(zip(info, arrays)):
+        if not dtype:
+            continue
+        a = np.asarray(a)
+        ok = str(a.dtype) == dtype and (shape is None or a.ndim == len(shape))
+        for want, got in zip(shape or (), a.shape):
+            if isinstance(want, int):
+                ok = ok and want == got
+            elif want != "?":
+                ok = ok and bound.setdefault(want, got) == got
+        if not ok:
+            shown = "any shape" if shape is None else f"shape {tuple(shape)}"
+            raise UmahubError(
+                f"input {i}: expected {shown} {dtype}, got {tuple(a.shape)} {a.dtype}"
+                + (f" (sizes so far: {bound})" if bound else "")
+            )
+
+
+class Runner:
+    """Relax VMs over one loaded library, with numpy in and out; one VM per thread.
+
+    Weights that partitions read on accelerators are extra parameters of
+    ``main`` (see :func:`umahub.build.place_on_devices`): they are copied to
+    their devices once, here, not at every inference, and shared by all VMs.
+    """
+
+    def __init__(self, library: Any, devices: int, weight_devices: Sequence[int] = ()):
+        import tvm
+
+        self.library = library
+        self.devices = [tvm.cpu(i) for i in range(devices)]
+        self._local = threading.local()
+        self.weights: list[Any] = []
+        if weight_devices:
+            values = self.vm()["umahub_weights"]()
+            self.weights = [values[i].copyto(self.devices[d]) for i, d in enumerate(weight_devices)]
+
+    def vm(self) -> Any:
+        """This thread's VM (made at its first use)."""
+        vm = getattr(self._local, "vm", None)
+        if vm is None:
+            from tvm import relax
+
+            vm = self._local.vm = relax.VirtualMachine(self.library, self.devices)
+            self._local.main = vm["main"]
+        return vm
+
+    def tensors(self, arrays: Sequence[Any]) -> list[Any]:
+        """The inputs as TVM tensors on the host."""
+        host = self.devices[0]
+        return [host_tensor(a, host) for a in arrays]
+
+    def __call__(self, *arrays: Any) -> Any:
+        self.vm()
+        return to_numpy(self._local.main(*self.tensors(arrays), *self.weights))
+
+
+class Executors:
+    """The executors of one loaded library: the VM runner, and the concurrent
+    executor, made at its first use from the step graph the library carries."""
+
+    def __init__(self, runner: Runner, devices: Sequence[str], executor: str = "auto"):
+        self.runner, self.devices = runner, list(devices)
+        self.executor = _choice(executor)
+        self._graph: Any = None
+        self._concurrent: Any = None
+        self._lock = threading.Lock()
+        self._trials = 0
+        self._timed: dict[str, list[float]] = {"vm": [], "concurrent": []}
+        self.chosen = ""  # what "auto" chose, once it has timed both
+
+    @property
+    def graph(self) -> Any:
+        """The library's :class:`umahub.runtime.steps.StepGraph` (``unsupported`` says why not)."""
+        if self._graph is None:
+            from umahub.runtime.steps import StepGraph, read_graph
+
+            if len(self.devices) < 2:
+                self._graph = StepGraph(tuple(self.devices), unsupported="one device only")
+            else:
+                self._graph = read_graph(self.runner.vm(), self.devices)
+        return self._graph
+
+    def resolve(self, executor: str | None) -> str:
+        """``"vm"`` or ``"concurrent"`` for the requested (or the default) executor;
+        ``"auto"`` while auto is still timing both."""
+        choice = _choice(executor or self.executor)
+        if choice == "auto":
+            return "vm" if self.graph.unsupported else self.chosen or "auto"
+        if choice == "concurrent" and self.graph.unsupported:
+            raise UmahubError(
+                f"the concurrent executor cannot run this model: {self.graph.unsupported}; "
+                'use executor="vm"'
+            )
+        return choice
+
+    def concurrent(self) -> Any:
+        """The concurrent executor (made once)."""
+        with self._lock:
+            if self._concurrent is None:
+                from umahub.runtime.executor import Executor
+
+                self._concurrent = Executor(self.runner.library, self.graph, self.runner.weights)
+            return self._concurrent
+
+    def call_seconds(
+        self, arrays: Sequence[Any], runs: int
+    ) -> tuple[dict[str, list[float]], list[tuple[int, float]]]:
+        """Seconds of every function ``main`` calls on the VM over ``runs`` inferences
+        (after one to warm up), by name (a partition's symbol, a host kernel's, VM
+        builtins'), and every copy between devices as ``(bytes, seconds)``.
+
+        Timed by TVM's VM instrumentation on a VM of its own, on the VM's thread
+        pool, as :meth:`run` runs the model.
+        """
+        from tvm import relax
+
+        vm = relax.VirtualMachine(self.runner.library, self.runner.devices)
+        args = [*self.runner.tensors(arrays), *self.runner.weights]
+        seconds: dict[str, list[float]] = {}
+        copies: list[tuple[int, float]] = []
+        started: list[float] = []
+        recording = [False]
+
+        def instrument(func: Any, name: str, before: bool, value: Any, *inputs: Any) -> int:
+            if before:
+                started.append(time.perf_counter())
+                return 0
+            spent = time.perf_counter() - started.pop()
+            if recording[0]:
+                seconds.setdefault(name, []).append(spent)
+                if name == "vm.builtin.to_device" and inputs:
+                    copies.append((_nbytes(inputs[0]), spent))
+            return 0
+
+        vm.set_instrument(instrument)
+        main = vm["main"]
+        main(*args)
+        recording[0] = True
+        for _ in range(runs):
+            main(*args)
+        return seconds, copies
+
+    def step_seconds(self, arrays: Sequence[Any], runs: int) -> dict[str, list[float]]:
+        """Seconds of every step over ``runs`` inferences on the concurrent executor
+        (after one to warm up), by the step's label (a partition's symbol,
+        ``"copy x host->npu:0"``, ``"host: lv1"``); one device only: ``{"main": [...]}``,
+        the VM's ``main`` on tensors made beforehand, as the concurrent steps are."""
+        self.runner(*arrays)
+        if self.graph.unsupported:
+            main = self.runner.vm()["main"]
+            args = [*self.runner.tensors(arrays), *self.runner.weights]
+            times = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                main(*args)
+                times.append(time.perf_counter() - start)
+            return {"main": times}
+        ex = self.concurrent()
+        tensors = self.runner.tensors(arrays)
+        ex.run(tensors)
+        seconds: dict[str, list[float]] = {}
+        for _ in range(runs):
+            inference = ex.submit(tensors, profile=True)
+            inference.result()
+            for span in inference.spans:
+                seconds.setdefault(span.label, []).append(span.end - span.start)
+        return seconds
+
+    def run(self, arrays: Sequence[Any], executor: str | None, timeout: float | None) -> Any:
+        which = self.resolve(executor)
+        if which != "auto":
+            return self._run(which, arrays, timeout)
+        with self._lock:
+            which = ("vm", "concurrent")[self._trials % 2]
+            self._trials += 1
+        start = time.perf_counter()
+        out = self._run(which, arrays, timeout)
+        self._timed_run(which, time.perf_counter() - start)
+        return out
+
+    def _run(self, which: str, arrays: Sequence[Any], timeout: float | None) -> Any:
+        if which == "vm":
+            return self.runner(*arrays)
+        return to_numpy(self.concurrent().run(self.runner.tensors(arrays), timeout))
+
+    def _timed_run(self, which: str, seconds: float) -> None:
+        """Keep the time of one of auto's trials; choose once both have enough."""
+        with self._lock:
+            self._timed[which].append(seconds)
+            trials = [t[1:] for t in self._timed.values()]  # the first of each warms up
+            if not self.chosen and all(len(t) >= AUTO_TRIALS for t in trials):
+                vm, concurrent = (float(np.median(t)) for t in trials)
+                self.chosen = "concurrent" if concurrent < vm else "vm"
+
+    def stream(
+        self, batches: Iterable[Any], info: Sequence[InputInfo], executor: str | None,
+        depth: int | None,
+    ) -> Iterator[Any]:  # fmt: skip
+        def checked() -> Iterator[list[Any]]:
+            for batch in batches:
+                arrays = [batch] if isinstance(batch, np.ndarray) else list(batch)
+                check_inputs(info, arrays)
+                yield arrays
+
+        # "auto" still timing both runs a stream concurrently: pipelining is what it is for
+        if self.resolve(executor) == "vm":
+            for arrays in checked():
+                yield self.runner(*arrays)
+            return
+        ex = self.concurrent()
+        tensors = (self.runner.tensors(arrays) for arrays in checked())
+        for inference in ex.stream(tensors, depth):
+            yield to_numpy(inference.result())
+
+    def profile(self, arrays: Sequence[Any], runs: int) -> dict[str, Any]:
+        """Time both executors on ``arrays``; the concurrent one's steps of its median run."""
+        self.runner(*arrays)  # warm up both: the first calls make VMs and threads
+        if not self.graph.unsupported:
+            self.concurrent().run(self.runner.tensors(arrays))
+        vm_times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            self.runner(*arrays)
+            vm_times.append(time.perf_counter() - start)
+        result: dict[str, Any] = {"runs": runs, "vm_seconds": float(np.median(vm_times))}
+        if self.graph.unsupported:
+            return {**result, "executor": "vm", "why": self.graph.unsupported, "spans": []}
+        ex = self.concurrent()
+        tensors = self.runner.tensors(arrays)
+        done = []
+        for _ in range(runs):
+            inference = ex.submit(tensors, profile=True)
+            inference.result()
+            done.append(inference)
+        done.sort(key=lambda i: i.seconds)
+        median = done[len(done) // 2]
+        return {
+            **result,
+            "executor": "concurrent",
+            "concurrent_seconds": median.seconds,
+            "lanes": {lane: ex.cores[lane] for lane in ex.lanes},
+            "spans": [m.to_dict() for m in sorted(median.spans, key=lambda m: m.start)],
+        }
+
+
+def _nbytes(tensor: Any) -> int:
+    """Bytes of a TVM tensor, from its shape and dtype (0 when it is no tensor)."""
+    try:
+        return int(np.prod([int(d) for d in tensor.shape])) * np.dtype(str(tensor.dtype)).itemsize
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
+def _choice(executor: str) -> str:
+    if executor not in EXECUTORS:
+        from umahub.errors import did_you_mean
+
+        raise UmahubError(
+            f"unknown executor {executor!r}{did_you_mean(str(executor), EXECUTORS)}; "
+            f"known: {', '.join(EXECUTORS)}"
+        )
+    return executor
+
+
+def host_tensor(array: Any, device: Any) -> Any:
+    """``array`` (anything numpy takes) copied into a new TVM tensor on ``device``.
+
+    Through DLPack: ``tvm.runtime.tensor`` and ``Tensor.numpy`` go through
+    ``ctypes.cast``, which leaves two objects in a reference cycle at every
+    call, so that every inference fed Python's cycle collector (about 5% of a
+    small model's run). A dtype numpy cannot share by DLPack takes TVM's way.
+    """
+    import tvm
+
+    # np.require keeps 0-d arrays 0-d (np.ascontiguousarray makes them 1-d).
+    array = np.require(array, requirements="C")
+    tensor = tvm.runtime.empty(array.shape, array.dtype, device)
+    try:
+        view = np.from_dlpack(tensor)
+    except (TypeError, BufferError, RuntimeError):  # no DLPack type in numpy: TVM's copy
+        return tvm.runtime.tensor(array, device)
+    np.copyto(view, array, casting="no")
+    return tensor
+
+
+def to_numpy(value: Any) -> Any:
+    """A VM result in numpy: a tensor as an array (a copy, by DLPack where numpy
+    has the type: see :func:`host_tensor`), a shape (``R.shape``) as an int64
+    array, a tuple as a list."""
+    if hasattr(value, "numpy"):
+        try:
+            return np.from_dlpack(value).copy()
+        except (TypeError, BufferError, RuntimeError):
+            return value.numpy()
+    if type(value).__name__ in ("Shape", "ShapeTuple"):
+        return np.asarray(list(value), dtype="int64")
+    if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
+        return [to_numpy(v) for v in value]
+    return value
+
+
+class Running:
+    """``run``, ``stream`` and ``profile``, shared by :class:`Compiled` and :class:`LoadedModel`."""
+
+    input_info: list[InputInfo]
+    _executors: Executors
+
+    @property
+    def executor(self) -> str:
+        """The default executor of :meth:`run`: ``"auto"``, ``"vm"`` or ``"concurrent"``."""
+        return self._executors.executor
+
+    @executor.setter
+    def executor(self, value: str) -> None:
+        self._executors.executor = _choice(value)
+
+    @property
+    def executor_in_use(self) -> str:
+        """What :meth:`run` uses unless told: ``"vm"``, ``"concurrent"``, or ``"auto"``
+        while auto is still timing both."""
+        return self._executors.resolve(None)
+
+    @property
+    def step_graph(self) -> Any:
+        """The :class:`umahub.runtime.steps.StepGraph` the concurrent executor runs."""
+        return self._executors.graph
+
+    def run(self, *arrays: Any, executor: str | None = None, timeout: float | None = None) -> Any:
+        """Run one inference; numpy in, numpy out (a list for several outputs).
+
+        Args:
+            executor: ``"vm"``, ``"concurrent"`` or ``"auto"``; default: :attr:`executor`.
+            timeout: (concurrent) seconds to wait before giving up with an error.
+
+        Raises:
+            UmahubError: wrong inputs, an unknown executor, or the concurrent
+                executor asked for a model it cannot run.
+            umahub.runtime.executor.ExecutionError: a partition or copy failed (naming
+                it and its device), or the timeout passed.
+        """
+        check_inputs(self.input_info, arrays)
+        return self._executors.run(arrays, executor, timeout)
+
+    def warm_up(self, *arrays: Any, executor: str | None = None, at_least: int = 1) -> int:
+        """Run ``arrays`` until :meth:`run` is what later calls will be: ``at_least``
+        times (the first call makes VMs and threads), and while ``"auto"`` is still
+        timing both executors, until it has chosen. Returns the number of runs.
+
+        Time a model only after this: while ``"auto"`` is choosing, every other call
+        runs on the concurrent executor, and a model timed then looks slower (or
+        faster) than it will run.
+        """
+        runs, most = 0, at_least + 2 * (AUTO_TRIALS + 1)
+        while runs < at_least or (self._executors.resolve(executor) == "auto" and runs < most):
+            self.run(*arrays, executor=executor)
+            runs += 1
+        return runs
+
+    def stream(
+        self, inputs: Iterable[Any], *, executor: str | None = None, depth: int | None = None
+    ) -> Iterator[Any]:
+        """Run a stream of inferences, several in flight at once; yield outputs in order.
+
+        Each item of ``inputs`` is the list of a model's inputs (or one array
+        for a model of one input). With the concurrent executor up to ``depth``
+        inferences (default: one per worker) are in flight, so a stream moves
+        through the devices like a pipeline; with the VM, one at a time.
+        """
+        return self._executors.stream(inputs, self.input_info, executor, depth)
+
+    def profile(self, *arrays: Any, runs: int = 5) -> dict[str, Any]:
+        """Run ``arrays`` ``runs`` times on each executor; the measured timeline.
+
+        Returns:
+            ``vm_seconds`` and ``concurrent_seconds`` (medians), ``lanes`` (the
+            cores of each worker), and ``spans``: every step of the concurrent
+            executor's median run (lane, start, end, label, kind; seconds from
+            the start of the inference).
+        """
+        check_inputs(self.input_info, arrays)
+        return self._executors.profile(arrays, max(1, runs))
