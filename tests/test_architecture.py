@@ -129,7 +129,7 @@ FOUNDATION = {
 LAYERS = {
     "umahub.plugin": set(),
     "umahub.runtime": {"umahub.plugin"},
-    "umahub.remote": {"umahub.runtime"},
+    "umahub.boards": {"umahub.runtime"},
     "umahub.hub": {"umahub.plugin"},
     "umahub.host": {"umahub.plugin", "umahub.hub.tracing"},
     "umahub.report": {"umahub.plugin", "umahub.hub.tracing"},

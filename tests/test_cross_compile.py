@@ -118,9 +118,9 @@ class _FakeSession:
         self.uploaded: dict[str, bytes] = {}
 
     def get_function(self, name: str):
-        if name == "umahub.remote.board.info":
+        if name == "umahub.boards.board.info":
             return lambda: json.dumps({"machine": self.machine})
-        assert name == "umahub.remote.board.load"
+        assert name == "umahub.boards.board.load"
         return lambda library, devices, weights: ("loaded", library, devices, weights)
 
     def upload(self, blob, name: str) -> None:
@@ -128,7 +128,7 @@ class _FakeSession:
 
 
 def _board(machine: str):
-    from umahub.remote.rpc import Board, _Worker
+    from umahub.boards.rpc import Board, _Worker
 
     session = _FakeSession(machine)
     return Board(session, f"board '{machine}'", 10.0, _Worker()), session
@@ -145,7 +145,7 @@ def test_an_aarch64_board_accepts_it(arm, machine):
 
 
 def test_a_board_of_this_machine_refuses_it(arm):
-    from umahub.remote.rpc import RemoteError
+    from umahub.boards.rpc import RemoteError
 
     board, session = _board(HERE)
     with pytest.raises(RemoteError) as caught:

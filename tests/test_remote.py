@@ -1,7 +1,7 @@
 """Remote runs over TVM's RPC: a tracker and two boards on the loopback interface.
 
 The boards are TVM's ``rpc.Server`` with umahub's loader registered (what
-``python -m umahub.remote.board`` starts); one plain TVM server shows the message a
+``python -m umahub.boards.board`` starts); one plain TVM server shows the message a
 board without it gets. All are shut down at the end of the session.
 """
 
@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
+from umahub.boards.rpc import RemoteError, connect, parse_address
 from umahub.cli import main
-from umahub.remote.rpc import RemoteError, connect, parse_address
 
 pytest_plugins = ["pytester"]
 
@@ -40,12 +40,12 @@ def farm():
     """TVM's tracker and two umahub boards with one key, and one plain TVM server."""
     from tvm.rpc.tracker import Tracker
 
-    import umahub.remote.board
+    import umahub.boards.board
 
     tracker = Tracker("127.0.0.1", port=29190, port_end=29290, silent=True)
     address = ("127.0.0.1", tracker.port)
     boards = [
-        _server(tracker_addr=address, key=KEY, server_init_callback=umahub.remote.board.register)
+        _server(tracker_addr=address, key=KEY, server_init_callback=umahub.boards.board.register)
         for _ in range(2)
     ]
     plain = _server()
@@ -125,7 +125,7 @@ def test_a_board_without_umahubs_loader_is_named_with_the_fix(farm):
         connect(server=farm["plain"], timeout=10)
     assert str(caught.value) == (
         f"board {farm['plain']} runs TVM's plain RPC server, which cannot keep a model's "
-        "weights on its accelerator devices; start it with `python -m umahub.remote.board "
+        "weights on its accelerator devices; start it with `python -m umahub.boards.board "
         "--tracker HOST:PORT --key KEY` (TVM's server with umahub's loader; umahub on the "
         "board, no plugins)"
     )
@@ -136,7 +136,7 @@ def test_unknown_key_no_tracker_no_server(farm):
         connect(tracker=farm["tracker"], key="rk3588", timeout=5)
     assert str(caught.value) == (
         f"tracker {farm['tracker']} has no board with key 'rk3588' (boards by key: "
-        f"{KEY} (2)); start one with `python -m umahub.remote.board --tracker HOST:PORT --key KEY` "
+        f"{KEY} (2)); start one with `python -m umahub.boards.board --tracker HOST:PORT --key KEY` "
         "or use one of those keys"
     )
     start = time.monotonic()
@@ -177,9 +177,9 @@ def _serving_children(server):
 
 
 def test_a_board_that_goes_away_mid_run(cnn):
-    import umahub.remote.board
+    import umahub.boards.board
 
-    server = _server(server_init_callback=umahub.remote.board.register)
+    server = _server(server_init_callback=umahub.boards.board.register)
     try:
         board = connect(server=f"127.0.0.1:{server.port}", timeout=20)
         model = board.load(cnn["path"])
@@ -199,9 +199,9 @@ def test_a_board_that_goes_away_mid_run(cnn):
 
 
 def test_a_board_that_stops_answering_times_out(cnn):
-    import umahub.remote.board
+    import umahub.boards.board
 
-    server = _server(server_init_callback=umahub.remote.board.register)
+    server = _server(server_init_callback=umahub.boards.board.register)
     stopped = []
     try:
         board = connect(server=f"127.0.0.1:{server.port}", timeout=2)

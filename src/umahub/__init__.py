@@ -38,10 +38,10 @@ spin_briefly()  # before TVM's first thread pool starts (none of the above impor
 _moved.install()
 
 if TYPE_CHECKING:
+    from umahub.boards.rpc import remote
     from umahub.compiler.placement import annotate
     from umahub.compiler.vdevice import VirtualDevice
     from umahub.plugin.context import CompileContext, CostContext
-    from umahub.remote.rpc import remote
     from umahub.runtime.compiled import Compiled, load
 
 __version__ = "0.1.0"
@@ -74,7 +74,7 @@ _LAZY = {
     "CostContext": "umahub.plugin.context",
     "VirtualDevice": "umahub.compiler.vdevice",
     "annotate": "umahub.compiler.placement",
-    "remote": "umahub.remote.rpc",
+    "remote": "umahub.boards.rpc",
 }
 
 

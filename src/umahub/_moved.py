@@ -59,9 +59,9 @@ MOVED = {
     "umahub.steps": "umahub.runtime.steps",
     "umahub.step_functions": "umahub.runtime.step_functions",
     "umahub.threadpool": "umahub.runtime.threadpool",
-    "umahub.rpc": "umahub.remote.rpc",
-    "umahub.board": "umahub.remote.board",
-    "umahub.bench": "umahub.remote.bench",
+    "umahub.rpc": "umahub.boards.rpc",
+    "umahub.board": "umahub.boards.board",
+    "umahub.bench": "umahub.boards.bench",
     "umahub.picture": "umahub.report.picture",
     "umahub.auto.text": "umahub.report.text",
 }

@@ -268,7 +268,7 @@ def _board(args: argparse.Namespace, auto: bool = True) -> Any:
         )
     if args.rpc and not args.key:
         raise UmahubError(f"--rpc {args.rpc}: give --key, the kind of board to ask the tracker for")
-    from umahub.remote.rpc import connect
+    from umahub.boards.rpc import connect
 
     board = connect(tracker=args.rpc, server=args.rpc_server, key=args.key, timeout=args.timeout)
     _say(args, f"on {board.name} ({board.info.get('machine', '?')})")
@@ -293,7 +293,7 @@ def _model(args: argparse.Namespace) -> Any:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Measure the latency of an exported library, here or on a board."""
-    from umahub.remote.bench import bench
+    from umahub.boards.bench import bench
     from umahub.runtime.compiled import example_inputs
 
     if args.json and args.json != "-":

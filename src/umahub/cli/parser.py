@@ -222,7 +222,7 @@ def _board_options(p: argparse.ArgumentParser, doing: str = "run") -> None:
     where.add_argument(
         "--rpc-server",
         metavar="HOST:PORT",
-        help=f"{doing} on this one board (python -m umahub.remote.board), no tracker",
+        help=f"{doing} on this one board (python -m umahub.boards.board), no tracker",
     )
     p.add_argument("--key", help="the kind of board to ask the tracker for")
     p.add_argument(

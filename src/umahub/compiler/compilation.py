@@ -123,7 +123,7 @@ class Compilation:
         target: the machine the model is built for and its C compiler; None:
             this machine (see :mod:`umahub.targets`).
         notes: what went differently from the plan, for the report.
-        board: a :class:`umahub.remote.rpc.Board` on which placement by cost times the
+        board: a :class:`umahub.boards.rpc.Board` on which placement by cost times the
             candidate groups (None: this machine).
         only: the accelerators that claim, with no pins and no auto: a cost
             measurement's build (:mod:`umahub.auto.costs`); None: as configured.

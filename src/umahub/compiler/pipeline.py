@@ -181,7 +181,7 @@ def compile(
             architecture cannot run here: export it and run it on a board.
         cc: the C compiler of C partitions and the export
             (``"aarch64-linux-gnu-gcc"``); None: the config's ``cc``, else TVM's default.
-        board: a :class:`umahub.remote.rpc.Board` (``umahub.remote(...)``) on which
+        board: a :class:`umahub.boards.rpc.Board` (``umahub.remote(...)``) on which
             placement by cost times the candidate groups, built for ``target``;
             None: they are timed on this machine (a build for another machine
             then has no measured costs).

@@ -307,7 +307,7 @@ class ConformanceSession:
             import umahub
 
             return umahub.load(path).run(*inputs)
-        from umahub.remote.rpc import connect
+        from umahub.boards.rpc import connect
 
         if self._board is None:
             self._board = connect(tracker=self.rpc[0], key=self.rpc[1])

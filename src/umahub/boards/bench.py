@@ -1,7 +1,7 @@
 """Latency of an exported model, here or on a board: the numbers of ``umahub bench``.
 
 :func:`bench` runs a model (a :class:`umahub.LoadedModel`, or a
-:class:`umahub.remote.rpc.RemoteModel` on a board) once to warm up, then ``repeat``
+:class:`umahub.boards.rpc.RemoteModel` on a board) once to warm up, then ``repeat``
 times, and gives the latency's min, median, p90, max and mean in
 milliseconds, with the machine and the versions it was measured with (and
 the board's, for a remote run). A remote run also gives the time of ``main``
@@ -75,7 +75,7 @@ def bench(
 
     Args:
         model: a :class:`umahub.LoadedModel` or :class:`umahub.Compiled`, or a
-            :class:`umahub.remote.rpc.RemoteModel`.
+            :class:`umahub.boards.rpc.RemoteModel`.
         progress: called ``progress(done, repeat)`` after each timed run.
 
     Returns:

@@ -2,16 +2,16 @@
 
 A board runs TVM's own RPC server (``tvm.rpc.Server``: TVM's transport, its
 tracker protocol, its upload and its session per client), started by
-``python -m umahub.remote.board`` so that two functions are registered in it:
+``python -m umahub.boards.board`` so that two functions are registered in it:
 
-``umahub.remote.board.load(name, devices, weights)``
+``umahub.boards.board.load(name, devices, weights)``
     loads an uploaded library (``name`` in the session's work directory) on a
     Relax VM over ``devices`` CPU devices (host = 0, then each accelerator
     instance), copies the weights that go to accelerators to their devices
     once (``weights``: JSON, the device index of each, as the library's
     trailer lists them) and returns a function that runs ``main`` on inputs
     uploaded to the board and returns its outputs.
-``umahub.remote.board.info()``
+``umahub.boards.board.info()``
     the board's machine and versions, as JSON.
 
 Why not TVM's plain server: its VM takes inputs over RPC through
@@ -36,9 +36,9 @@ from typing import Any
 __all__ = ["INFO", "LAST_SECONDS", "LOAD", "main", "register"]
 
 #: The registered functions' names.
-LOAD = "umahub.remote.board.load"
-INFO = "umahub.remote.board.info"
-LAST_SECONDS = "umahub.remote.board.last_seconds"
+LOAD = "umahub.boards.board.load"
+INFO = "umahub.boards.board.info"
+LAST_SECONDS = "umahub.boards.board.last_seconds"
 
 _last = [0.0]  # seconds of the last run's main on the board (this session's process)
 
@@ -70,7 +70,7 @@ def register() -> None:
     import tvm_ffi
 
     tvm_ffi.register_global_func(LOAD, _load, override=True)
-    from umahub.remote.bench import machine_info
+    from umahub.boards.bench import machine_info
 
     tvm_ffi.register_global_func(INFO, lambda: json.dumps(machine_info()), override=True)
     tvm_ffi.register_global_func(LAST_SECONDS, lambda: _last[0], override=True)
@@ -84,9 +84,9 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m umahub.remote.board``: serve this board through TVM's RPC server."""
+    """``python -m umahub.boards.board``: serve this board through TVM's RPC server."""
     parser = argparse.ArgumentParser(
-        prog="python -m umahub.remote.board",
+        prog="python -m umahub.boards.board",
         description="Serve this board to umahub over TVM's RPC (TVM's server, with umahub's "
         "loader registered). Plugins are not needed on the board.",
     )

@@ -6,8 +6,8 @@
         model = board.load("cnn.so")        # uploaded, loaded with its devices and weights
         outputs = model.run(*arrays)        # numpy in, numpy out, as umahub.load(...).run
 
-A board runs ``python -m umahub.remote.board`` (TVM's RPC server with umahub's
-loader registered, :mod:`umahub.remote.board`); a tracker (``python -m
+A board runs ``python -m umahub.boards.board`` (TVM's RPC server with umahub's
+loader registered, :mod:`umahub.boards.board`); a tracker (``python -m
 tvm.exec.rpc_tracker``) hands boards out by key. Everything on the wire is
 TVM's: ``tvm.rpc.connect``, ``connect_tracker``, ``TrackerSession.request``,
 the session's upload.
@@ -59,7 +59,7 @@ DEFAULT_TIMEOUT = 60.0
 _T = TypeVar("_T")
 
 
-_BOARD_COMMAND = "python -m umahub.remote.board --tracker HOST:PORT --key KEY"
+_BOARD_COMMAND = "python -m umahub.boards.board --tracker HOST:PORT --key KEY"
 
 
 class RemoteError(UmahubError):
@@ -144,7 +144,7 @@ class Board:
         self.info: dict[str, Any] = {}
         try:
             loader = self._call(
-                lambda: session.get_function("umahub.remote.board.info"), "connecting"
+                lambda: session.get_function("umahub.boards.board.info"), "connecting"
             )
         except RemoteError:
             loader = None
@@ -211,7 +211,7 @@ class Board:
         with open(path, "rb") as f:
             blob = bytearray(f.read())
         self._call(lambda: session.upload(blob, name), f"uploading {path}")
-        load = self._call(lambda: session.get_function("umahub.remote.board.load"), "loading")
+        load = self._call(lambda: session.get_function("umahub.boards.board.load"), "loading")
         weights = json.dumps(meta.get("weights", []))
         devices = len(meta["devices"])
         try:
@@ -282,7 +282,7 @@ class RemoteModel:
         session = self.board._session
         return float(
             self.board._call(
-                lambda: session.get_function("umahub.remote.board.last_seconds")(),
+                lambda: session.get_function("umahub.boards.board.last_seconds")(),
                 "reading its clock",
             )
         )
@@ -322,7 +322,7 @@ def connect(
         tracker: ``"host:port"`` of TVM's tracker (``python -m tvm.exec.rpc_tracker``).
         key: the kind of board to ask the tracker for (with ``tracker``; with
             ``server``, the server's key, if it has one).
-        server: ``"host:port"`` of one board (``python -m umahub.remote.board``), no tracker.
+        server: ``"host:port"`` of one board (``python -m umahub.boards.board``), no tracker.
         timeout: seconds to wait for the tracker, for a free board, and for any
             one call on the board.
 
@@ -356,13 +356,13 @@ def _direct(server: str, key: str, timeout: float, worker: _Worker) -> tuple[Any
 
     host, port = parse_address(server, "server")
     name = f"board {host}:{port}"
-    _probe(host, port, timeout, "RPC server", "python -m umahub.remote.board --port PORT")
+    _probe(host, port, timeout, "RPC server", "python -m umahub.boards.board --port PORT")
     try:
         return worker.call(lambda: rpc.connect(host, port, key), timeout), name
     except concurrent.futures.TimeoutError:
         raise RemoteError(
             f"{name} accepted the connection but did not answer within {timeout:g} s; "
-            "is it an RPC server (python -m umahub.remote.board) and is it serving someone else?"
+            "is it an RPC server (python -m umahub.boards.board) and is it serving someone else?"
         ) from None
     except Exception as exc:
         raise RemoteError(
