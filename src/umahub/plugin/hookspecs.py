@@ -140,8 +140,8 @@ def umahub_accelerators() -> list[Accelerator]:
     """Declare the accelerators (target_archs) this plugin provides.
 
     Called once per plugin, when a :class:`umahub.Hub` loads it, before any
-    other hook. Accelerator names are global: a plugin that declares a name a
-    plugin loaded before it declares is not loaded (``umahub plugins`` shows
+    other hook. Accelerator names are global: of two plugins that declare one
+    name, the later in plugin order fails to load (``umahub plugins`` shows
     it as failed, naming the other; ``disable`` in ``[tool.umahub]`` chooses
     between the two).
 
