@@ -1,7 +1,7 @@
 """Old import paths of modules that moved into subpackages, kept for one release.
 
-umahub's modules were one flat folder until 0.2; they now live in subpackages
-by subsystem (``umahub.hookspecs`` is :mod:`umahub.plugin.hookspecs`). Code
+Before umahub 0.2 the modules were one flat folder; from 0.2 on they are in
+subpackages by subsystem (``umahub.hookspecs`` is :mod:`umahub.plugin.hookspecs`). Code
 that imports an old name gets the very module of the new one (not a copy: a
 patch of one is a patch of the other) and a :class:`DeprecationWarning` naming
 the new path. ``python -m umahub.board`` still runs the board's server.
@@ -68,7 +68,7 @@ MOVED = {
 
 
 def new_name(old: str) -> str | None:
-    """Where the module ``old`` lives now, or None when it did not move."""
+    """The new dotted name of the module ``old``, or None when it did not move."""
     head = old
     while head:
         if head in MOVED:

@@ -255,7 +255,7 @@ def resolve(
     target: Any = None, cc: str | None = None, *, target_option: str = "target",
     cc_option: str = "cc",
 ) -> BuildTarget | None:  # fmt: skip
-    """Check a target and a C compiler; None when neither is given (this machine, as before).
+    """Check a target and a C compiler; None when neither is given (build for this machine).
 
     ``target_option`` and ``cc_option`` name them in messages (``--target``).
 

@@ -49,7 +49,7 @@ def code_fingerprint(objects: Iterable[Any]) -> str:
     """A digest of the Python files of the packages that define ``objects`` (modules,
     or plugin objects of a class): their paths, sizes and modification times.
 
-    Stat calls only (a few milliseconds for umahub and its plugins). An object
+    Stat calls only: no file is read. An object
     whose package has no files on disk (defined in ``__main__``, a notebook)
     adds its module's name.
     """

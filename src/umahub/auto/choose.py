@@ -184,8 +184,8 @@ def run(comp: Any, build: Any) -> None:
 
     # A starting point that places every operator as the choice does is still a
     # contender where it merges neighbouring matches: the choice keeps each match
-    # a partition of its own, and resnet50's npu ran its merged partitions in half
-    # the time (23 against 46 ms).
+    # a partition of its own, and a merged partition, lowered as one kernel, can
+    # run much faster than its matches apart.
     contenders: list[str] = []
     choice, placements = devices(solution.assignment), set()
     for name in sorted(solution.baselines, key=solution.baselines.__getitem__):

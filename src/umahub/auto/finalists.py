@@ -25,17 +25,16 @@ when the rounds show it faster (:func:`slower_by_chance` under
 :data:`SIGNIFICANCE`), or are too few to show anything. A tie goes to the
 contender, a placement a claiming order or one accelerator makes, which the
 user could have configured and which runs as it was timed; the estimate's own
-mix of the two is the least proven. Seen on bert (2 cores, a noisy machine):
-the choice, some matmuls on the npu, measured 2.5% faster than the host alone
-in one compile and 13% slower in the next, and 26% slower by rounds in the
-benchmark's fresh processes.
+mix of the two is the least proven: on a loaded machine, whether such a mix
+beats the host alone can change from one compile to the next.
 
 Why a bound on the estimate: the estimate's errors seen on the bundled
 plugins (``benchmarks/results/auto.json``) are either shared by every
 placement of a model (small groups each paying a call's fixed cost) or
-underestimate the slow ones (merged partitions of a slow accelerator); a
-contender estimated twice as slow as the choice has never measured faster.
-Building it would cost a full compile and tell nothing.
+underestimate the slow ones (merged partitions of a slow accelerator); on
+them, a contender estimated more than :data:`WITHIN` times slower than the
+choice does not measure faster. Building it would cost a full compile and
+tell nothing.
 
 The check is skipped, with the reason in ``report.auto["finalists"]``, when a
 plugin's ``umahub_cost`` gave costs (a vendor's model of its hardware is not

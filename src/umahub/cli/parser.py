@@ -63,7 +63,7 @@ MODEL_HELP = (
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """Help texts with ``{zoo}`` replaced by the zoo's model names.
 
-    Only ``--help`` pays for it: listing the zoo imports TVM (seconds).
+    Only ``--help`` pays for it: listing the zoo imports TVM, which is slow.
     """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:

@@ -10,9 +10,9 @@ The default codegens, named by ``Accelerator.codegen``:
   compiled when the model is exported (by the compile's ``cc`` in a cross
   build), with ``-O3`` (gcc's ``-O2`` vectorizes only loops that need no
   run-time check that two pointers do not overlap, which TVM's C loops over
-  several buffers do: a convolution's bias add ran one float at a time, a
-  quarter of the vanilla accelerator's stem), the accelerator's
-  ``include_dirs`` and its ``c_sources`` (see :func:`export_options`).
+  several buffers do: at ``-O2`` a convolution's bias add runs one float at a
+  time), the accelerator's ``include_dirs`` and its ``c_sources`` (see
+  :func:`export_options`).
 
 Several C modules are linked into one library; TVM's C codegen defines the
 same two helper symbols in each (``__tvm_ffi__library_ctx`` and, for a module

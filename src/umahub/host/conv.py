@@ -5,7 +5,8 @@ grouped or dilated convolution an accelerator refuses) is, as TVM legalizes
 it, a reduction ``out[n, f, y, x] += data[n, c, y*s + ry, x*s + rx] *
 w[f, c, ry, rx]`` over ``(c, ry, rx)``, after a padding stage and before an
 elementwise epilogue (bias, batch norm, activation). ``dlight``'s CPU
-reduction rule runs it at about 1 GFLOP/s.
+rules have no convolution rule: their reduction rule takes it as any other
+reduction, without register tiles.
 
 The schedule, for a tile of ``fr`` output channels (unrolled) x ``xr``
 output columns (a vector), whose accumulators stay in registers::

@@ -6,11 +6,11 @@ its result be copied to an accelerator, at every inference. An inference batch
 norm after a convolution is a per-channel scale and shift: folded into the
 convolution's weight and a bias (:func:`fold_batch_norms`), it costs nothing at
 run time, and the convolution with its bias is a pattern every accelerator
-takes (a batch norm alone is one none does, and ran on the host between two
-copies). Relax's
-``FoldConstant`` evaluates such expressions, but it builds and runs a kernel
-for each one with TVM, about a tenth of a second apiece: a ViT-B/16 has 50
-transposed weights. The layout operators that make most of them
+takes (a batch norm alone is one none does, and would run on the host
+between two copies). Relax's ``FoldConstant`` evaluates such expressions, but
+it builds and runs a kernel with TVM for each one, which costs far more than
+the numpy operation, and a transformer has a transposed weight in every
+linear layer. The layout operators that make most of them
 (``permute_dims``, ``reshape``, ``astype``, ``expand_dims``, ``squeeze``) are
 therefore folded here first, with numpy, in one walk over ``main``; what
 remains goes to ``FoldConstant``.
@@ -228,9 +228,9 @@ def fold_batch_norms(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
 
 
 def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with what depends on weights alone computed once, now (see the module's
-    docs). A module that cannot be folded is kept as it is (only slower, never
-    different)."""
+    """``mod`` with what depends on weights alone computed once, at compile time
+    (see the module's docs). A module that cannot be folded is kept as it is
+    (only slower, never different)."""
     try:
         layout, _ = fold_layout_of_constants(mod)
         layout = layout if well_formed(layout) else mod

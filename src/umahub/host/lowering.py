@@ -132,10 +132,10 @@ def _softmax(bb: Any, call: Any) -> Any:
 def max_pool2d(bb: Any, call: Any) -> Any:
     """A 2-D max pooling as two 1-D ones: each window's rows reduced into a row of
     column maxima, then that row's windows reduced. 3 + 3 comparisons per output
-    instead of 9, and each input row read once, in order (ResNet's 3x3 stride-2
-    pooling: 0.22 -> 0.05 ms with :func:`umahub.host.schedules.schedule_pooling`).
-    NCHW, dilation 1; others: TVM's legalization. Public for plugins: a
-    legalization for :func:`umahub.compiler.lowering.default_relax_to_tir`."""
+    instead of 9, and each input row read once, in order (scheduled by
+    :func:`umahub.host.schedules.schedule_pooling`). NCHW, dilation 1; others:
+    TVM's legalization. Public for plugins: a legalization for
+    :func:`umahub.compiler.lowering.default_relax_to_tir`."""
     from tvm import te
 
     from umahub.plugin.patterns import shape_of
@@ -179,8 +179,8 @@ def max_pool2d(bb: Any, call: Any) -> Any:
 
 #: The host's own legalizations, by operator (the rest: TVM's). LLVM has no
 #: vector ``exp``, ``erf`` or ``tanh``: TVM's legalizations call the C
-#: library's scalar function per element (ViT's GELU: 14 ms of a 605 K-element
-#: tensor), these use TVM's polynomials (``fast_exp``, ``fast_erf``,
+#: library's scalar function per element (a GELU then costs more than the
+#: matmul before it), these use TVM's polynomials (``fast_exp``, ``fast_erf``,
 #: ``fast_tanh``; relative error below 1e-6), which vectorize. A max pooling
 #: is two 1-D ones (:func:`max_pool2d`).
 LEGALIZE = {

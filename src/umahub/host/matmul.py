@@ -5,8 +5,8 @@ A[b.., i, k] * B[b.., k, j]`` (a dense or linear layer, attention's batched
 products; ``B`` also stored ``[b.., j, k]``), with an elementwise epilogue or
 none (bias, activation, residual add), is what a model leaves on the host when
 no accelerator takes its matmuls: a shape known only at run time, a type the
-accelerator refuses, no accelerator at all. Unscheduled, it runs at 1-3
-GFLOP/s; TVM's ``dlight`` CPU rules have no matmul rule.
+accelerator refuses, no accelerator at all. Unscheduled, it is a loop nest on
+one thread without vectors, and TVM's ``dlight`` CPU rules have no matmul rule.
 
 The schedule, for ``mr`` x ``nr`` register tiles (``nr`` one or two vectors
 along ``j``, ``mr`` rows unrolled; the tile's accumulators stay in registers)::

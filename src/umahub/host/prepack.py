@@ -188,7 +188,8 @@ def _packed(packers: Packers, calls: list[tuple[str, list]]) -> dict[tuple, Any]
 
 def fold(mod: tvm.IRModule, packers: Packers) -> tvm.IRModule:
     """``mod`` (after ``RunCodegen``) with each packed weight of a partition call
-    replaced by its packed value, computed now; ``packers.originals`` filled."""
+    replaced by its packed value, computed at compile time; ``packers.originals``
+    filled."""
     if not any(packers.packings.values()):
         return mod
     calls = [

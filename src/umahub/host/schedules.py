@@ -223,11 +223,11 @@ def schedule_elementwise(sch: s_tir.Schedule) -> bool:
     concatenations) get what the host's get.
 
     The inner loops stay inside, contiguous, for LLVM to vectorize itself (a
-    loop split by the vector width would index with divisions: 2.4x slower on
-    a (1, 64, 56, 56) add + relu); those every access reads as one run are
-    fused into one (a concatenation's select was not vectorized over 55-float
-    rows: 7x slower). Small functions stay on one thread: a parallel launch
-    costs more than it saves below :data:`PARALLEL_MIN`.
+    loop split by the vector width would index with divisions); those every
+    access reads as one run are fused into one (unfused, LLVM leaves a
+    concatenation's select over short rows scalar). Small functions stay on
+    one thread: a parallel launch costs more than it saves below
+    :data:`PARALLEL_MIN`.
     """
     root = sch.get_sblock("root")
     blocks = sch.get_child_blocks(root)
@@ -272,12 +272,12 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
     Every step of a row runs while the row is in cache, in one parallel loop. A
     reduction over a whole number of vectors accumulates ``lanes`` partial
     results, one vector per step (``rfactor``), and adds them up after; one
-    value at a time, each addition waits for the last (layer norm's 768-wide
-    rows: 9x slower). A row no vector divides (ViT's 197 tokens) keeps its
-    reductions serial: a split by the vector width would be predicated, and
-    x86 builds a predicated vector loop as scalar code. The elementwise steps
-    stay contiguous loops, which LLVM vectorizes with their tails. None when a
-    block does not work row by row (a softmax over a middle axis: dlight's).
+    value at a time, each addition would wait for the last. A row no vector
+    divides (ViT's 197 tokens) keeps its reductions serial: a split by the
+    vector width would be predicated, and x86 builds a predicated vector loop
+    as scalar code. The elementwise steps stay contiguous loops, which LLVM
+    vectorizes with their tails. None when a block does not work row by row (a
+    softmax over a middle axis: dlight's).
     """
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
@@ -400,7 +400,7 @@ def schedule_pooling(sch: s_tir.Schedule) -> bool:
     computed under it, while in cache; an elementwise producer the pooling
     alone reads (a ReLU before it, a padding) is computed where it is read.
     The loops inside stay as TE made them, for LLVM: reordered window-first as
-    the ``"parallel"`` rule does, they run 3x slower. ``sch`` is left as it was
+    the ``"parallel"`` rule does, they run slower. ``sch`` is left unchanged
     when this returns False. Public for plugins, like :func:`schedule_elementwise`.
     """
     if not _pool_by_rows(sch.copy()):

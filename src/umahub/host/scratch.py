@@ -5,8 +5,8 @@ whose epilogue runs while it is hot, the padded rows a depthwise convolution
 reads. TVM allocates a buffer that is not tiny (1 KiB and more) with
 ``TVMBackendAllocWorkspace`` where it is declared, which for a task is inside
 the parallel loop: once per task, and a mobile CNN's kernels run thousands of
-tasks per inference (mobilenet_v2: about 8,600 allocations and as many frees,
-whose pool search showed as 5% of the run in ``perf``).
+tasks per inference, each paying an allocation and a free with a search of
+the pool.
 
 :func:`scratch_on_stack` marks every allocation of a known size up to
 :data:`STACK_SCRATCH_MAX` under a parallel loop so that TVM leaves it to the

@@ -6,10 +6,9 @@ a few storages allocated at the top of the function. It pools storages by
 memory scope and dtype, not by device: with the npu's tensors on device 1 and
 the host's on device 0, both ``"global"``, a tensor of one would be put in the
 storage of the other (apache-tvm 0.25-0.27), and the runtime refuses the call
-("Mismatched ... device_id"). So umahub used to turn the plan off whenever a
-model had more than one device, and the VM then allocated every intermediate
-tensor's storage at every call (mobilenet_v3_small: 83 storages per inference;
-10 with the plan).
+("Mismatched ... device_id"). Turning the plan off for a model on more than
+one device is no way out: the VM would then allocate every intermediate
+tensor's storage at every call.
 
 :func:`plan_storage` runs the plan with each device in a pool of its own:
 every allocation's scope is given its device for the plan's sake

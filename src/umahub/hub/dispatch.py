@@ -320,10 +320,10 @@ class PluginManager(pluggy.PluginManager):
             hook_order: hook name -> plugin names that go first, in that order;
                 for such a hook the authors' ``tryfirst``/``trylast`` are ignored.
             traced: wrap each implementation to log its calls (see
-                :func:`umahub.hub.tracing.recording`) and name the culprit of an exception; costs a
-                fraction of a microsecond per implementation and call, so the
-                hub keeps a traced manager for its pipeline and an untraced one
-                for ``hub.hook``.
+                :func:`umahub.hub.tracing.recording`) and name the culprit of
+                an exception; the wrapper adds a call to every call of every
+                implementation, so the hub keeps a traced manager for its
+                pipeline and an untraced one for ``hub.hook``.
         """
         for hook in HOOK_NAMES:
             names = [p.name for p in plugins if hook in impls[p.name]]

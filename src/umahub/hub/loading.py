@@ -50,8 +50,8 @@ ENTRY_POINT_GROUP = "umahub.plugins"
 class Distribution:
     """The installed distribution a plugin came from; its metadata is read when first asked.
 
-    Reading METADATA parses an e-mail style header block: for twenty plugins
-    that is most of the cost of discovery, and it is only needed for display.
+    Reading METADATA parses an e-mail style header block, which costs more
+    than the rest of discovery, and it is only needed for display.
     """
 
     def __init__(self, dist: Any):

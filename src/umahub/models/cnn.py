@@ -3,7 +3,7 @@
 (1, 3, 16, 16) -> conv 3x3 (8) + bias -> relu -> conv 3x3 (8) + bias -> relu
 -> add the first conv's activation (a residual) -> flatten (reshape) ->
 dense 2048->10 + bias. Every operator class an accelerator is likely to claim
-(conv2d, add, relu, matmul) appears, and it compiles in about a second.
+(conv2d, add, relu, matmul) appears, and it is small enough to compile quickly.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``mlp``: a two-layer perceptron, the smallest model of the zoo.
 
-(1, 64) -> dense 128 + bias -> relu -> dense 10 + bias. Compiles in well under
-a second; for tests that need a matmul, a bias add and an activation.
+(1, 64) -> dense 128 + bias -> relu -> dense 10 + bias. The quickest to
+compile; for tests that need a matmul, a bias add and an activation.
 """
 
 from __future__ import annotations

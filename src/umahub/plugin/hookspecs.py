@@ -13,8 +13,9 @@ name, so an implementation takes only the arguments it needs, in any order::
         return [umahub.Accelerator("my_accel", codegen="c")]
 
 The hooks are called in the order of the compile pipeline, which is also the
-order of this file: discovery, partition, lowering (Relax to TIR, schedule, TIR
-passes), codegen, and the host's schedules when the model is built.
+order of this file: discovery, partition (with placement by cost, the costs of
+the candidate groups), lowering (Relax to TIR, schedule, TIR passes), codegen,
+and the host's schedules when the model is built.
 
 Hooks that take an ``accelerator`` are called for every accelerator. Mark an
 implementation with the accelerator(s) it is for, and umahub calls it for
@@ -90,21 +91,27 @@ Contract versions
 -----------------
 
 A plugin states the contract it was written for with ``UMAHUB_API``; umahub
-refuses a plugin written for a contract it no longer speaks.
+refuses a plugin written for a contract it does not speak
+(:data:`umahub.plugin.markers.SUPPORTED_API_VERSIONS`).
 
-* ``1`` (umahub 0.1): the first six hooks below. Added since without changing what
-  a correct plugin writes, so still ``1``: outputs checked at compile time,
-  ``hook-timeout``, ``verify``, ``@umahub.hookimpl(accelerator=...)``
-  (plugins that check ``accelerator.name`` themselves work as before), and
-  ``umahub.Refusal`` for a pattern check's reason (a check returning a bool
-  works as before), and ``umahub_host_schedule`` (the host's schedules, which
-  a plugin may replace; one that does not implement it changes nothing), and
-  ``context.target``: the LLVM target of a cross build (``hub.compile(mod,
-  target=...)``, ``umahub compile --target``), None when the model is built
-  for this machine. A plugin that ignores it works as before for native
-  builds; one that builds LLVM itself must build for it in a cross build. And
-  ``umahub_cost`` (a group's seconds for placement by cost; one that does not
-  implement it is measured) and ``MemoryPool(bandwidth=...)``.
+* ``1`` (umahub 0.1): :func:`umahub_accelerators`, :func:`umahub_patterns`,
+  :func:`umahub_relax_to_tir`, :func:`umahub_schedule`,
+  :func:`umahub_tir_passes` and :func:`umahub_codegen`. Contract ``1`` also
+  covers what was added without changing what a correct plugin writes:
+
+  - outputs checked at compile time, ``hook-timeout`` and ``verify``;
+  - ``@umahub.hookimpl(accelerator=...)`` (a plugin that checks
+    ``accelerator.name`` itself works unchanged);
+  - ``umahub.Refusal`` for a pattern check's reason (a check returning a
+    bool works unchanged);
+  - :func:`umahub_host_schedule`: the host's schedules, which a plugin may
+    replace (one that does not implement it changes nothing);
+  - ``context.target``: the LLVM target of a cross build (``hub.compile(mod,
+    target=...)``, ``umahub compile --target``), None when the model is built
+    for this machine. A plugin that ignores it works for native builds; one
+    that builds LLVM itself must build for it in a cross build;
+  - :func:`umahub_cost` (a group's seconds for placement by cost; a group no
+    implementation costs is measured) and ``MemoryPool(bandwidth=...)``.
 
 Why this module is long: it is the plugin author's reference; each hook's
 contract, arguments, results and failures are written next to its signature.
@@ -132,12 +139,18 @@ if TYPE_CHECKING:
 def umahub_accelerators() -> list[Accelerator]:
     """Declare the accelerators (target_archs) this plugin provides.
 
-    Called once per :class:`umahub.Hub`, for every plugin, right after the
-    plugins are loaded. Accelerator names are global: two plugins declaring the
-    same name is an error that names both distributions.
+    Called once per plugin, when a :class:`umahub.Hub` loads it, before any
+    other hook. Accelerator names are global: of two plugins that declare one
+    name, the later in plugin order fails to load (``umahub plugins`` shows
+    it as failed, naming the other; ``disable`` in ``[tool.umahub]`` chooses
+    between the two).
 
-    :return: a list of :class:`umahub.Accelerator`; an empty list for a plugin
-        that only adds passes or schedules to other plugins' accelerators.
+    :return: a list of :class:`umahub.Accelerator`; an empty list (or
+        ``None``) for a plugin that only adds passes or schedules to other
+        plugins' accelerators. A hook that raises or returns anything else
+        makes the plugin fail to load: it is skipped with a warning, or stops
+        the hub with a :class:`~umahub.errors.PluginLoadError` in ``strict``
+        mode.
 
     Example::
 
@@ -159,9 +172,14 @@ def umahub_accelerators() -> list[Accelerator]:
 def umahub_patterns(accelerator: Accelerator) -> list[Any] | None:
     """Return the operator patterns ``accelerator`` can take.
 
-    Called once per accelerator, while the placement is planned. Accelerators
-    claim operators in ``priority`` order; the first claimant of an operator
-    wins and the host takes the rest.
+    Called once per accelerator, while the placement is planned, for every
+    implementation in hook order; the patterns of all implementations are
+    taken, in that order. Accelerators claim operators in ``priority`` order;
+    the first claimant of an operator wins and the host takes the rest.
+    Within one accelerator, patterns are tried in the order given: put the
+    larger ones first. A failure of this hook (an exception, a malformed
+    pattern, ``hook-timeout``) is the accelerator's: it claims nothing in
+    this compile (or, with ``on-error = "error"``, the compile stops).
 
     :param accelerator: the accelerator whose patterns are asked for.
     :return: ``None`` when ``accelerator`` is not this plugin's, else a list of
@@ -200,7 +218,7 @@ def umahub_patterns(accelerator: Accelerator) -> list[Any] | None:
 
 
 # -------------------------------------------------------------------------
-# Lowering: Relax to TIR, schedule (S-TIR), TIR passes (NS-TIR)
+# Placement by cost: what a candidate group costs
 # -------------------------------------------------------------------------
 
 
@@ -213,10 +231,10 @@ def umahub_cost(
     Called only when placement is by cost (``priority = "auto"`` in
     ``[tool.umahub]``, ``hub.compile(mod, placement="auto")``): once per
     distinct group that ``accelerator``'s patterns match (equal groups, same
-    operators and shapes, are asked once), in hook order, stopping at the
-    first result that is not ``None``. When every implementation returns
-    ``None``, umahub measures: it builds the group alone on the accelerator
-    and on the host, times both on this machine, and keeps the result on disk
+    operators and shapes, are asked once), in hook order. Stops at first
+    non-None result. When every implementation returns ``None``, umahub
+    measures: it builds the group alone on the accelerator and on the host,
+    times both on this machine, and keeps the result on disk
     (:mod:`umahub.auto.cache`). A vendor with a cost model (or a simulator of
     a board that is not here) implements it; the host's side is always
     measured.
@@ -239,6 +257,11 @@ def umahub_cost(
         def umahub_cost(context):
             return context.flops / 2e12  # 2 TFLOP/s, whatever the shape
     """
+
+
+# -------------------------------------------------------------------------
+# Lowering: Relax to TIR, schedule (S-TIR), TIR passes (NS-TIR)
+# -------------------------------------------------------------------------
 
 
 @hookspec(firstresult=True)
@@ -405,8 +428,8 @@ def umahub_host_schedule(schedule: tvm.s_tir.Schedule, target: tvm.target.Target
     The host's part of the model is fused as TVM's CPU pipeline fuses it
     (``LegalizeOps``, ``FuseOps``, ``FuseTIR``: an elementwise chain, a
     softmax, a layer norm become one PrimFunc each); then this hook is called
-    once per PrimFunc, in hook order, and stops at the first result that is
-    not ``None``. When every implementation returns ``None``, umahub's own
+    once per PrimFunc, in hook order. Stops at first non-None result. When
+    every implementation returns ``None``, umahub's own
     schedules run (:mod:`umahub.host.schedules`: TVM's ``dlight`` CPU rules
     for reductions, parallel and vectorized loops for the rest). A plugin for
     a CPU (or a vendor of a better CPU backend) implements it to replace them

@@ -13,9 +13,9 @@ ways to run one library:
   model runs on one device); otherwise the faster of the two on this model:
   the first calls of ``run`` alternate between them, timed, and once each has
   run :data:`AUTO_TRIALS` times (after one to warm up) the faster is kept.
-  The concurrent executor costs some tens of microseconds per step (threads
-  handing work to each other), so a model of tiny kernels stays on the VM and
-  a model whose devices can overlap long kernels goes concurrent. A stream
+  The concurrent executor pays for every step a handoff between threads, so
+  a model of tiny kernels stays on the VM and a model whose devices can
+  overlap long kernels goes concurrent. A stream
   under "auto" runs concurrently unless auto has chosen the VM.
 
 :meth:`Executors.call_seconds` and :meth:`Executors.step_seconds` time what
@@ -336,8 +336,8 @@ def host_tensor(array: Any, device: Any) -> Any:
 
     Through DLPack: ``tvm.runtime.tensor`` and ``Tensor.numpy`` go through
     ``ctypes.cast``, which leaves two objects in a reference cycle at every
-    call, so that every inference fed Python's cycle collector (about 5% of a
-    small model's run). A dtype numpy cannot share by DLPack takes TVM's way.
+    call: every inference would feed Python's cycle collector. A dtype numpy
+    cannot share by DLPack takes TVM's way.
     """
     import tvm
 

@@ -19,8 +19,8 @@ Run it on the command line
     the session's tests (``-k`` and ``-m`` select among them as usual), as
     ``.../umahub/testing/conformance.py::TestConformance::test_<check>[<accel>-<model>]``.
 ``--umahub-conformance-models=LIST``
-    comma-separated zoo models, or ``all`` (default ``mlp,cnn``; resnet18 and
-    bert take 10-60 s each to compile).
+    comma-separated zoo models, or ``all`` (default ``mlp,cnn``: resnet18 and
+    bert take much longer to compile).
 ``--umahub-conformance-report=PATH``
     the JSON report (default ``umahub-conformance.json`` in the rootdir).
 ``--umahub-conformance-examples=N``

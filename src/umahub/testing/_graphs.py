@@ -6,8 +6,8 @@ generate it (:data:`GENERATORS`). A graph is a chain of 2 to 6 steps over
 small float32 tensors, each step applied to the previous result, a binary step
 taking either a constant or an earlier result of the same shape as its second
 operand (so the graph is a DAG with skip connections, and every node reaches
-the output). Shapes stay small (at most 16 KiB per tensor) so that any
-accelerator's pool, and the host, compile them in a fraction of a second.
+the output). Shapes stay small (at most 16 KiB per tensor) so that they fit
+any accelerator's pool and every example compiles quickly.
 
 ``graphs(ops, dag=True)`` draws the graphs of the cross-accelerator check:
 a step may read any earlier value (branches), values read later or by several

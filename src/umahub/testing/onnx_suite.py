@@ -37,8 +37,8 @@ Run it::
 
 The results go to ``suites/results/onnx_suite.json`` (``--out``): the machine,
 the umahub, TVM, onnx and Python versions, every case's outcomes and a
-summary. The last line printed is the summary, e.g. ``onnx-suite: 1855 cases,
-plain ok 1400, umahub ok 1390, pins ok 1385, regressions 12 (umahub) 15
+summary. The last line printed is the summary, ``onnx-suite: <n> cases,
+plain ok <n>, umahub ok <n>, pins ok <n>, regressions <n> (umahub) <n>
 (pins)``; the exit status is 1 when there is a regression, else 0.
 
 From Python (a vendor's own tests)::

@@ -104,10 +104,10 @@ pointwise, per (f-tile, p-tile) task::
   ``umahub_npu.lowering._positions_in_vectors``; keep the two in step);
 * ``tp``: whole output rows or a divisor of one (a rectangle, as above), <= 512
   positions; ``tf`` <= 64 channels; tasks and ``sram_bytes`` as for conv2d.
-* Against the implicit GEMM, whose vectors hold channels, it is 1.1-1.7x
-  faster where the channels are few: mobilenetv2's 32 -> 16 on 112x112
-  165 -> 272 GFLOP/s, 144 -> 24 on 56x56 258 -> 359, and ResNet-50's 64 ->
-  256 on 56x56 318 -> 428 (2 threads, AVX-512).
+* Against the implicit GEMM, whose vectors hold channels, it is faster, the
+  more so the fewer the channels: its vectors hold positions, of which a 1x1
+  convolution has many, and a channel count no vector divides costs it no
+  half-empty vectors.
 
 depthwise: each channel is independent; the tile is ``ty`` full rows of one
 channel (input rows + 9 weights + output rows), always far below the budget.
@@ -419,7 +419,7 @@ def matmul_tiles(batch: int, M: int, N: int, K: int, lanes: int, sram_bytes: int
     nr = _pick_nr(N, lanes)
     # AVX-512's 32 registers hold 8 rows x 2 vectors of accumulators (16 of
     # them), where a row tile of 16 or more amortizes packing B over its rows
-    # (ViT's 197 rows, padded to 200: tiles of 40, 10% faster than 4 x 2)
+    # (ViT's 197 rows, padded to 200, get row tiles of 40)
     eight = lanes >= 16 and M % 8 == 0 and any(d % 8 == 0 and 16 <= d <= 40 for d in _divisors(M))
     mr = 8 if eight else _pick_mr(M)
     tjs = [d for d in _divisors(N) if d % nr == 0 and d <= max(256, nr)] or [nr]
@@ -689,7 +689,7 @@ def _padding(M: int, N: int, lanes: int) -> tuple[int, int]:
 
     Tiles divide their axis (a predicated tile does not vectorise), so a size
     like 197 (ViT's tokens, a prime) would get 1-row and 1-column tiles and
-    run scalar code, 10x slower, and 196 columns a tile of 28, not a whole
+    run scalar code, and 196 columns a tile of 28, not a whole
     number of vectors. Padded to a multiple of the register tile, it runs
     the same micro-kernel as 200 or 224, for a few extra rows and columns.
     """
@@ -1011,8 +1011,7 @@ def _pad_at(sch: s_tir.Schedule, block, loop, lanes: int, stride: int) -> None:
             # the input row read once, in order, each element written to its
             # phase: LLVM vectorizes this loop as wide loads and shuffles. A
             # vector per phase (below) loads every ``stride``-th element one by
-            # one: 2-2.5x slower from 28 columns up, faster only on rows of a
-            # vector or less (14 columns: 8 positions per phase)
+            # one: slower, except on rows of a vector or less
             sch.unroll(phase)
             return
         sch.reorder(phase, pos)  # phase by phase: contiguous writes

@@ -1,4 +1,4 @@
-"""umahub-vanilla: TVM UMA's "vanilla accelerator", on today's TVM.
+"""umahub-vanilla: TVM UMA's "vanilla accelerator", on apache-tvm 0.25 to 0.27.
 
 Accelerator ``vanilla_accel``: one instance, TVM's C codegen, a kernel library
 of its own (``kernels/vanilla_conv2d.{h,c}``) compiled and linked into the
