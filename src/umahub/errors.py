@@ -10,6 +10,7 @@ import difflib
 import sys
 import warnings
 from collections.abc import Iterable
+from types import FrameType
 
 __all__ = [
     "CompileError",
@@ -63,7 +64,8 @@ def warn(message: str) -> None:
     The warning is attributed to the first frame outside umahub (the user's
     ``hub.compile(...)`` or ``Hub()``), whatever the depth it was raised at.
     """
-    frame, level = sys._getframe(1), 2  # stacklevel 1 is this function, 2 its caller
+    frame: FrameType | None = sys._getframe(1)
+    level = 2  # stacklevel 1 is this function, 2 its caller
     while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("umahub"):
         frame, level = frame.f_back, level + 1
     warnings.warn(f"umahub: {message}", UmahubWarning, stacklevel=level)

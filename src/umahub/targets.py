@@ -32,7 +32,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from umahub.errors import UmahubError, last_line
 
@@ -142,7 +142,7 @@ def elf_machine(path: str) -> str:
         head = f.read(20)
     if len(head) < 20 or head[:4] != b"\x7fELF":
         return ""
-    order = "little" if head[5] == 1 else "big"
+    order: Literal["little", "big"] = "little" if head[5] == 1 else "big"
     code = int.from_bytes(head[18:20], order)
     return _ELF_MACHINES.get(code, f"ELF machine {code}")
 

@@ -344,6 +344,7 @@ def connect(
                 )
             session, name = _request(tracker, key, timeout, worker)
         else:
+            assert server is not None  # exactly one of the two, checked above
             session, name = _direct(server, key or "", timeout, worker)
     except BaseException:
         worker.stop()

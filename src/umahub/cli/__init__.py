@@ -43,7 +43,7 @@ def _one_line(text: str) -> str:
 def _describe(exc: BaseException) -> str:
     """The one line an exception becomes for the user."""
     if isinstance(exc, UmahubError):
-        return f"umahub: error: {_one_line(exc)}"
+        return f"umahub: error: {_one_line(str(exc))}"
     if isinstance(exc, OSError) and exc.strerror:
         where = f"{exc.filename}: " if exc.filename else ""
         return f"umahub: error: {where}{exc.strerror.lower()}"

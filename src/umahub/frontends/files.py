@@ -19,6 +19,8 @@ def _from_python(path: Path) -> Any:
 
     name = f"umahub_model_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UmahubError(f"{path}: Python cannot load this file as a module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # TVMScript reads the source through the module
     try:

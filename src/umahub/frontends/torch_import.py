@@ -91,7 +91,7 @@ def _torch_importer() -> Any:
 
         def __init__(self) -> None:
             super().__init__()
-            self.convert_map = _NamingConverters(
+            self.convert_map: Any = _NamingConverters(
                 self.convert_map, lambda: self.block_builder, _torch_namer()
             )
 

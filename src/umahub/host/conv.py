@@ -26,6 +26,7 @@ from typing import Any
 from tvm import s_tir, tirx
 
 from umahub.plugin.compat import Load, buffer_of, nodes_in
+from umahub.plugin.tir import loop_extents
 
 __all__ = ["schedule_conv2d"]
 
@@ -81,11 +82,6 @@ def _deinterleave(sch: s_tir.Schedule, before: list, red: Any, stride: int) -> N
         )
 
 
-def _static(sch: s_tir.Schedule, loop: Any) -> int | None:
-    extent = sch.get(loop).extent
-    return int(extent) if isinstance(extent, tirx.IntImm) else None
-
-
 def schedule_conv2d(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
     """``func`` scheduled as a convolution with ``lanes``-wide vectors, or None when
     it is not one (see the module's docs)."""
@@ -103,8 +99,8 @@ def schedule_conv2d(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str
     if len(loops) != 7:
         return None
     n, f, y, x, rc, ry, rx = loops
-    extents = [_static(sch, loop) for loop in loops]
-    if None in extents:
+    extents = loop_extents(sch, loops)
+    if extents is None:
         return None
     channels, width = extents[1], extents[3]
     xr = max(d for d in range(1, min(width, 2 * lanes) + 1) if width % d == 0)

@@ -83,7 +83,7 @@ def _numpy_dtype_ok(x: np.ndarray, constant: Constant) -> bool:
 
 
 @relax.expr_functor.mutator
-class _LayoutFolder(relax.PyExprMutator):  # type: ignore[misc]
+class _LayoutFolder(relax.PyExprMutator):
     """Replaces a layout operator of a constant (or of one folded before) by its value."""
 
     def __init__(self, mod: tvm.IRModule):
@@ -173,7 +173,7 @@ _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 
 
 @relax.expr_functor.mutator
-class _NormFolder(relax.PyExprMutator):  # type: ignore[misc]
+class _NormFolder(relax.PyExprMutator):
     """Replaces the chosen batch norms' item 0 by the convolution with the folded
     weight plus a bias; the convolution and the norm are left unused."""
 

@@ -74,9 +74,11 @@ def _batch_norm(bb: Any, call: Any) -> Any:
     shift = bb.emit(relax.TupleGetItem(params, 1))
 
     def apply(x, s, b):
-        return te.compute(
-            x.shape, lambda n, c, *rest: x[(n, c, *rest)] * s[c] + b[c], name="batch_norm"
-        )
+        def value(n, c, *rest):
+            index = (n, c, *rest)
+            return x[index] * s[c] + b[c]
+
+        return te.compute(x.shape, value, name="batch_norm")
 
     out = bb.emit(bb.call_te(apply, data, scale, shift, primfunc_name_hint="batch_norm"))
     # the running statistics, unchanged in inference: the call's own inputs

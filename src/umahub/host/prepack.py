@@ -164,7 +164,8 @@ def _packed(packers: Packers, calls: list[tuple[str, list]]) -> dict[tuple, Any]
     """(symbol, input index, constant) -> the packed constant, all computed with
     one LLVM build (TVM objects hash by identity: a partition called twice with
     different weights gets each packed)."""
-    todo, funcs = {}, {}
+    todo: dict[tuple, Any] = {}
+    funcs: dict[str, Any] = {}
     for symbol, args in calls:
         for index, packing in packers.packings[symbol].items():
             if not isinstance(args[index], Constant):

@@ -46,6 +46,7 @@ from tvm import s_tir, tirx
 
 from umahub.host.conv import schedule_conv2d
 from umahub.host.matmul import schedule_matmul
+from umahub.plugin.tir import loop_extents, static_int, static_ints
 from umahub.targets import vector_lanes
 
 __all__ = [
@@ -80,14 +81,9 @@ def _spatial(sch: s_tir.Schedule, block: Any) -> bool:
     return all(iv.iter_type == _SPATIAL for iv in sch.get(block).iter_vars)
 
 
-def _extent(sch: s_tir.Schedule, loop: Any) -> int | None:
-    extent = sch.get(loop).extent
-    return int(extent) if isinstance(extent, tirx.IntImm) else None
-
-
 def _iterations(sch: s_tir.Schedule, loops: list) -> int:
     """How many times the body of ``loops`` runs; 0 when an extent is not static."""
-    return math.prod(_extent(sch, loop) or 0 for loop in loops)
+    return math.prod(static_int(sch.get(loop).extent) or 0 for loop in loops)
 
 
 #: Expression nodes a block may grow to by inlining a producer it reads more than once.
@@ -160,7 +156,7 @@ def _contiguous_tail(sch: s_tir.Schedule, block: Any, limit: int) -> int:
     axes = [iv.var for iv in node.iter_vars]
     if len(sch.get_loops(block)) != len(axes):  # not one loop per axis, as TE makes them
         return 1
-    extents = [_int_or_none(iv.dom.extent) for iv in node.iter_vars]
+    extents = [static_int(iv.dom.extent) for iv in node.iter_vars]
     accesses = _accesses(sch, block)
     best = 1
     for k in range(2, min(limit, len(axes)) + 1):
@@ -173,7 +169,7 @@ def _contiguous_tail(sch: s_tir.Schedule, block: Any, limit: int) -> int:
                 return best
             if not all(_is_var(e, v) for e, v in zip(indices[-k:], tail)):
                 return best
-            if [_int_or_none(d) for d in shape[-k + 1 :]] != extents[-k + 1 :]:
+            if [static_int(d) for d in shape[-k + 1 :]] != extents[-k + 1 :]:
                 return best
         best = k
     return best
@@ -195,8 +191,8 @@ def _parallel_rows(sch: s_tir.Schedule, block: Any) -> bool:
     reads contiguously with it (:func:`_contiguous_tail`), which are fused into
     one longer row. False when its loops are not static."""
     loops = sch.get_loops(block)
-    extents = [_extent(sch, loop) for loop in loops]
-    if not loops or any(e is None for e in extents):
+    extents = loop_extents(sch, loops)
+    if not loops or extents is None:
         return False
     if math.prod(extents) < PARALLEL_MIN or len(loops) < 2:
         return True
@@ -253,8 +249,8 @@ def _row_work(sch: s_tir.Schedule, blocks: list, rows: int) -> dict[str, int] | 
     for block in blocks:
         node = sch.get(block)
         loops = sch.get_loops(block)
-        extents = [_extent(sch, loop) for loop in loops]
-        if len(loops) != len(node.iter_vars) or None in extents:
+        extents = loop_extents(sch, loops)
+        if len(loops) != len(node.iter_vars) or extents is None:
             return None
         reduced = [iv.iter_type != _SPATIAL for iv in node.iter_vars]
         if any(reduced[:-1]) or (reduced[-1] and math.prod(extents[:-1]) != rows):
@@ -287,8 +283,8 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
     _inline_chain(sch, [b for b in blocks[:-1] if _spatial(sch, b)])
     blocks = sch.get_child_blocks(root)
     loops = sch.get_loops(blocks[-1])
-    extents = [_extent(sch, loop) for loop in loops]
-    if len(loops) < 2 or None in extents or math.prod(extents[:-1]) < 2:
+    extents = loop_extents(sch, loops)
+    if len(loops) < 2 or extents is None or math.prod(extents[:-1]) < 2:
         return None
     rows = math.prod(extents[:-1])
     work = _row_work(sch, blocks, rows)
@@ -340,17 +336,13 @@ def _window(sch: s_tir.Schedule, block: Any) -> bool:
     from umahub.plugin.compat import buffer_of
 
     node = sch.get(block)
-    reduced = [_int_or_none(iv.dom.extent) for iv in node.iter_vars if iv.iter_type != _SPATIAL]
-    if not reduced or None in reduced or math.prod(reduced) > WINDOW_MAX:
+    reduced = static_ints(iv.dom.extent for iv in node.iter_vars if iv.iter_type != _SPATIAL)
+    if not reduced or math.prod(reduced) > WINDOW_MAX:
         return False
     written = [buffer_of(w) for w in node.writes]
     read = [buffer_of(r) for r in node.reads]
     others = [b for b in read if not any(b.same_as(w) for w in written)]
     return len(others) == 1
-
-
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, tirx.IntImm) else None
 
 
 def _inline_into_windows(sch: s_tir.Schedule) -> bool:
@@ -378,8 +370,8 @@ def _pool_by_rows(sch: s_tir.Schedule) -> bool:
         return False
     loops, axes = sch.get_loops(out), sch.get(out).iter_vars
     spatial = next((i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL), len(axes))
-    extents = [_extent(sch, loop) for loop in loops]
-    if len(loops) != len(axes) or spatial < 2 or None in extents:
+    extents = loop_extents(sch, loops)
+    if len(loops) != len(axes) or spatial < 2 or extents is None:
         return False
     per_row = _iterations(sch, sch.get_loops(rows)[spatial - 1 :])
     row = sch.fuse(*loops[: spatial - 1])
@@ -431,7 +423,7 @@ def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
         keep_row = n >= 2 and (n == len(axes) or window)
         outer = loops[: n - 1] if keep_row else loops[:n]
         fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        extent = _extent(sch, fused)
+        extent = static_int(sch.get(fused).extent)
         if extent is None or extent >= 2:
             sch.parallel(fused)
             changed = True

@@ -16,7 +16,13 @@ from ._graph import Graph, build_main
 from ._spec import ModelSpec, TensorSpec, Weights
 
 # (expansion t, output channels c, repeats n, stride of the first repeat s), from the paper.
-SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1))
+SETTINGS: tuple[tuple[int, int, int, int], ...] = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+)
 SETTINGS += ((6, 160, 3, 2), (6, 320, 1, 1))
 STEM, LAST, CLASSES = 32, 1280, 1000
 LAST_INDEX = 1 + sum(n for _, _, n, _ in SETTINGS)  # 18, as in torchvision's ``features``

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import tvm
 
@@ -46,7 +46,7 @@ def torch_module(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch
     torch = _torch()
     from . import _torch_nets
 
-    module = _torch_nets.CONSTRUCTORS[name]()
+    module: Any = _torch_nets.CONSTRUCTORS[name]()
     module.load_state_dict({k: torch.from_numpy(v) for k, v in weights(name).items()})
     module.eval()
     return module, tuple(torch.from_numpy(a) for a in inputs(name, seed))

@@ -50,7 +50,7 @@ Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
     rewrite a PrimFunc the same way on every supported TVM
     (:mod:`~umahub.plugin.tir`: :func:`root_block`, :func:`with_root_body`,
     :func:`perfect_nest`, :func:`full_region`, :func:`extern_block`,
-    :func:`rewrite`, :func:`blocks`).
+    :func:`rewrite`, :func:`blocks`, :func:`static_int`, :func:`static_ints`, :func:`loop_extents`).
 
 TVM's names that moved between apache-tvm 0.25, 0.26 and 0.27
     :mod:`~umahub.plugin.compat`, re-exported here: :data:`SBlock`,
@@ -131,9 +131,12 @@ if TYPE_CHECKING:
         blocks,
         extern_block,
         full_region,
+        loop_extents,
         perfect_nest,
         rewrite,
         root_block,
+        static_int,
+        static_ints,
         with_root_body,
     )
     from umahub.targets import host_target, vector_lanes
@@ -149,9 +152,12 @@ _LAZY = {
             "blocks",
             "extern_block",
             "full_region",
+            "loop_extents",
             "perfect_nest",
             "rewrite",
             "root_block",
+            "static_int",
+            "static_ints",
             "with_root_body",
         ),
         "umahub.plugin.tir",
@@ -238,6 +244,7 @@ __all__ = [
     "host_target",
     "human_size",
     "is_buffer",
+    "loop_extents",
     "match_bytes",
     "matmul",
     "max_pool2d",
@@ -256,6 +263,8 @@ __all__ = [
     "schedule_pooling",
     "shape_of",
     "single_primfunc",
+    "static_int",
+    "static_ints",
     "tensor_bytes",
     "tir",
     "type_args",

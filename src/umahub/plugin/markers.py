@@ -25,7 +25,7 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 ACCELERATOR_OPTION = "accelerator"
 
 
-class HookimplMarker(pluggy.HookimplMarker):
+class HookimplMarker(pluggy.HookimplMarker):  # type: ignore[misc]  # pluggy's is final
     """pluggy's ``HookimplMarker``, plus ``accelerator=``: which accelerators a hook is for.
 
     ``@umahub.hookimpl(accelerator="npu")`` on an implementation of a hook that

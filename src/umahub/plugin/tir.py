@@ -23,7 +23,7 @@ before it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +34,11 @@ __all__ = [
     "blocks",
     "extern_block",
     "full_region",
+    "loop_extents",
     "perfect_nest",
     "rewrite",
     "root_block",
+    "static_int",
     "with_root_body",
 ]
 
@@ -150,6 +152,30 @@ def extern_block(
         tirx.Evaluate(call),
     )
     return compat.SBlockRealize([], True, block)
+
+
+def static_int(expr: Any) -> int | None:
+    """The value of an integer expression known at compile time, or None (a symbolic one)."""
+    from tvm import tirx
+
+    return int(expr) if isinstance(expr, tirx.IntImm) else None
+
+
+def static_ints(exprs: Iterable[Any]) -> list[int] | None:
+    """The values of integer expressions known at compile time, or None when any is not."""
+    values = []
+    for expr in exprs:
+        value = static_int(expr)
+        if value is None:
+            return None
+        values.append(value)
+    return values
+
+
+def loop_extents(sch: Any, loops: Sequence[Any]) -> list[int] | None:
+    """The extent of each of ``loops`` (loop references of the ``tvm.s_tir.Schedule``
+    ``sch``), or None when any of them is known only at run time."""
+    return static_ints(sch.get(loop).extent for loop in loops)
 
 
 def blocks(func: Any) -> list[Any]:

@@ -266,7 +266,7 @@ def load_cases(
             continue
         if tc.name in cases:
             continue
-        if not _is_tensor_case(tc):
+        if tc.model is None or tc.data_sets is None or not _is_tensor_case(tc):
             if skipped is not None:
                 skipped.append(tc.name)
             continue

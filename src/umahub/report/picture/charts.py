@@ -201,7 +201,8 @@ def draw_legend(
 ) -> tuple[list[str], float]:
     """Device swatches (operators, weights loaded), the copy styles and the dot, wrapped."""
     out: list[str] = ['<g class="legend">']
-    x, y = M, top
+    x: float = M
+    y: float = top
     entries = [
         (
             d,

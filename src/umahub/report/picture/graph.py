@@ -119,7 +119,7 @@ def _copy_markers(
 AUTO_STROKE = ' stroke="#d62728" stroke-width="1.5" stroke-dasharray="3 2"'
 
 
-def _op_title(op: Operator, moved: tuple[str, str] | None = None) -> str:
+def _op_title(op: Operator, moved: tuple[str, ...] | None = None) -> str:
     parts = [f"{op.name}: {op.op} on {op.device}"]
     if moved is not None:
         parts.append(f"placed by cost (by priority: {moved[0]})")
