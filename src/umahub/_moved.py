@@ -123,4 +123,4 @@ class _Finder(importlib.abc.MetaPathFinder):
 def install() -> None:
     """Put the finder of old names on ``sys.meta_path`` (once)."""
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.append(_Finder())
+        sys.meta_path.insert(0, _Finder())  # before the path finder, which would load a copy
