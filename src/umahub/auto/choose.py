@@ -15,9 +15,10 @@ from tvm import relax
 
 from umahub.auto.candidates import Group, find_groups
 from umahub.auto.costs import Cost, Costs
-from umahub.auto.search import HOST, Assignment, Candidate, Problem, greedy, solve
+from umahub.auto.search import Assignment, Candidate, Problem, greedy, solve
 from umahub.compiler.composites import name_nodes, pattern_of
 from umahub.compiler.operators import walk
+from umahub.config import HOST
 from umahub.plugin.context import Operator
 
 __all__ = ["AutoChoice", "run"]

@@ -47,6 +47,7 @@ import numpy as np
 
 from umahub.auto.cache import CostCache, code_fingerprint
 from umahub.auto.candidates import Group
+from umahub.config import HOST
 from umahub.errors import CompileError, last_line
 from umahub.hub.timelimit import within
 from umahub.hub.tracing import recording, returned_by
@@ -58,7 +59,6 @@ __all__ = ["CopyModel", "Cost", "Costs"]
 RUNS = 5
 SECONDS = 0.02
 MAX_RUNS = 50
-HOST = "host"
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from umahub.config import HOST
+
 __all__ = ["MAX_PERMUTED", "Assignment", "Candidate", "Problem", "Solution", "solve"]
 
 #: With up to this many accelerators every claiming order is a starting point.
@@ -54,7 +56,6 @@ MAX_PERMUTED = 4
 STARTS = 3
 #: A local search stops after this many sweeps over the candidates.
 MAX_SWEEPS = 20
-HOST = "host"
 
 
 @dataclass(frozen=True)
