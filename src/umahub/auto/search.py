@@ -14,8 +14,9 @@ The estimate of an assignment is the latency of the executor that runs it:
   device that reads it and is not where it was made (a model output made on an
   accelerator goes back to the host);
 * **concurrent** (:mod:`umahub.runtime.executor`): the same tasks list-scheduled in
-  model order, one lane per device instance, a sync copy on its accelerator's
-  lane, an async copy on the accelerator's DMA lane, where it overlaps compute.
+  model order, one lane per device instance, a sync copy on the lane of its
+  accelerator end's instance, an async copy on that instance's DMA lane, where it
+  overlaps compute.
 
 ``executor = "auto"`` runs whichever is faster, so the estimate is the lower of
 the two.
@@ -249,10 +250,9 @@ class Assignment:
             if key not in copied:
                 accel = device if device != HOST else src
                 kind = p.copy_kind.get(accel, "sync")
-                if kind == "async":
-                    copier = f"{accel} DMA"
-                else:  # the CPU copies, on the accelerator end's lane
-                    copier = lane if device != HOST else made_on.get(node, HOST)
+                end_lane = lane if device != HOST else made_on.get(node, HOST)
+                # the CPU copies on the accelerator end's lane, DMA on that instance's DMA lane
+                copier = f"{end_lane} DMA" if kind == "async" else end_lane
                 start = max(done[node], lane_free.get(copier, 0.0))
                 end = start + p.copy_seconds(src, device, p.bytes.get(node, 0))
                 lane_free[copier] = end
