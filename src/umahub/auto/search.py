@@ -16,7 +16,7 @@ The estimate of an assignment is the latency of the executor that runs it:
 * **concurrent** (:mod:`umahub.runtime.executor`): the same tasks list-scheduled in
   model order, one lane per device instance, a sync copy on the lane of its
   accelerator end's instance, an async copy on that instance's DMA lane, where it
-  overlaps compute.
+  overlaps compute: the lane model of :mod:`umahub.report.lanes`.
 
 ``executor = "auto"`` runs whichever is faster, so the estimate is the lower of
 the two.
@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from umahub.config import HOST
+from umahub.report.lanes import Lanes, accelerator_end, copy_lane
 
 __all__ = ["MAX_PERMUTED", "Assignment", "Candidate", "Problem", "Solution", "solve"]
 
@@ -236,9 +237,9 @@ class Assignment:
     def concurrent(self) -> float:
         """The estimated latency on the concurrent executor (list scheduling, see module)."""
         p = self.problem
-        lane_free: dict[str, float] = {}
+        lanes = Lanes()
         done: dict[str, float] = {}  # node -> when its output is ready where it was made
-        copied: dict[tuple[str, str], float] = {}  # (producer, dst lane) -> when ready there
+        copied: dict[tuple[str, str], float] = {}  # (producer, dst device) -> when ready there
         next_instance: dict[str, int] = {}
         made_on: dict[str, str] = {}  # node -> the lane that computed it
 
@@ -248,29 +249,19 @@ class Assignment:
                 return done[node]
             key = (node, device)
             if key not in copied:
-                accel = device if device != HOST else src
-                kind = p.copy_kind.get(accel, "sync")
-                end_lane = lane if device != HOST else made_on.get(node, HOST)
-                # the CPU copies on the accelerator end's lane, DMA on that instance's DMA lane
-                copier = f"{end_lane} DMA" if kind == "async" else end_lane
-                start = max(done[node], lane_free.get(copier, 0.0))
-                end = start + p.copy_seconds(src, device, p.bytes.get(node, 0))
-                lane_free[copier] = end
-                copied[key] = end
+                kind = p.copy_kind.get(accelerator_end(src, device), "sync")
+                seconds = p.copy_seconds(src, device, p.bytes.get(node, 0))
+                copier = copy_lane(made_on[node], lane, kind)
+                copied[key] = lanes.book([copier], done[node], seconds) + seconds
             return copied[key]
 
         for node in p.nodes:
             i = self.owner.get(node)
             if i is None:
-                lane = HOST
-                start = max(
-                    [lane_free.get(lane, 0.0)]
-                    + [ready(x, lane, HOST) for x in p.inputs.get(node, ()) if x in done]
-                )
-                end = start + p.host.get(node, 0.0)
-                lane_free[lane] = end
-                done[node] = end
-                made_on[node] = lane
+                reads = [ready(x, HOST, HOST) for x in p.inputs.get(node, ()) if x in done]
+                seconds = p.host.get(node, 0.0)
+                done[node] = lanes.book([HOST], max([0.0, *reads]), seconds) + seconds
+                made_on[node] = HOST
                 continue
             cand = p.candidates[i]
             if node != cand.nodes[-1]:
@@ -279,17 +270,13 @@ class Assignment:
             next_instance[cand.accelerator] = k + 1
             lane = f"{cand.accelerator}:{k % max(1, p.instances.get(cand.accelerator, 1))}"
             inner = set(cand.nodes)
-            reads = {x for n in cand.nodes for x in p.inputs.get(n, ()) if x not in inner}
-            start = max(
-                [lane_free.get(lane, 0.0)]
-                + [ready(x, lane, cand.accelerator) for x in reads if x in done]
-            )
-            end = start + cand.seconds
-            lane_free[lane] = end
+            outer = {x for n in cand.nodes for x in p.inputs.get(n, ()) if x not in inner}
+            reads = [ready(x, lane, cand.accelerator) for x in outer if x in done]
+            end = lanes.book([lane], max([0.0, *reads]), cand.seconds) + cand.seconds
             for n in cand.nodes:
                 done[n] = end
                 made_on[n] = lane
-        finish = [0.0, *lane_free.values()]
+        finish = [lanes.end]
         for node in p.outputs:
             if node in done:
                 finish.append(ready(node, HOST, HOST))
