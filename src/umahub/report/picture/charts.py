@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from umahub.report.lanes import device_of, is_dma
 from umahub.report.picture.layout import LABEL_W, LANE, M
 from umahub.report.picture.svg import (
     CHAR,
@@ -102,9 +103,9 @@ def draw_timeline(
             t += step
     for k, lane in enumerate(lanes):
         ly = y0 + k * LANE
-        device = lane.removesuffix(" DMA")
+        device = device_of(lane)
         share = f"{busy[lane] / total:.0%}" if total > 0 else "0%"
-        dma = lane.endswith(" DMA")
+        dma = is_dma(lane)
         out += [
             f'<g class="lane" data-lane="{esc(lane)}" data-busy="{busy[lane]!r}">',
             f'<rect x="{M}" y="{ly:.1f}" width="{width - 2 * M:.1f}" '
