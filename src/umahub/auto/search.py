@@ -271,7 +271,9 @@ class Assignment:
             lane = f"{cand.accelerator}:{k % max(1, p.instances.get(cand.accelerator, 1))}"
             inner = set(cand.nodes)
             outer = {x for n in cand.nodes for x in p.inputs.get(n, ()) if x not in inner}
-            reads = [ready(x, lane, cand.accelerator) for x in outer if x in done]
+            # its copies queue as their data gets ready, as the executor queues them
+            first = sorted((x for x in outer if x in done), key=lambda x: (done[x], p.position[x]))
+            reads = [ready(x, lane, cand.accelerator) for x in first]
             end = lanes.book([lane], max([0.0, *reads]), cand.seconds) + cand.seconds
             for n in cand.nodes:
                 done[n] = end
