@@ -18,8 +18,9 @@ by cost (:mod:`umahub.auto.search`).
   into its own memory, or out of it, as the executor runs it, on that device's
   worker. So it takes that device's lane, and only that one: the other end (the
   host, or the accelerator it comes from) goes on with its own work. This is
-  what the measured timeline shows and what the search's estimate must follow,
-  since the executor is what runs.
+  what the measured timeline shows and what an estimate must follow, since the
+  executor is what runs. (The picture's timeline differs here, and says so: it
+  blocks both ends of a sync copy.)
 
 :class:`Lanes` books a task on its lanes: it starts once its inputs are ready
 and every lane it takes is free, and holds them until it ends.
