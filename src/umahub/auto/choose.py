@@ -16,6 +16,7 @@ from tvm import relax
 from umahub.auto.candidates import Group, find_groups
 from umahub.auto.costs import Cost, Costs
 from umahub.auto.search import Assignment, Candidate, Problem, greedy, solve
+from umahub.auto.starts import order_name
 from umahub.compiler.composites import name_nodes, pattern_of
 from umahub.compiler.operators import walk
 from umahub.config import HOST
@@ -173,7 +174,6 @@ def run(comp: Any, build: Any) -> None:
     chosen = {n: problem.candidates[i].accelerator for i in solution.assignment.chosen
               for n in problem.candidates[i].nodes}  # fmt: skip
     priority = greedy(problem, configured)
-    configured_name = "priority " + " > ".join(configured) if configured else "host alone"
     changed = {
         n: (priority.device(n), solution.assignment.device(n))
         for n in problem.nodes
@@ -201,7 +201,7 @@ def run(comp: Any, build: Any) -> None:
         chosen=chosen,
         estimate=solution.estimate,
         baselines=solution.baselines,
-        configured=configured_name,
+        configured=order_name(configured),
         groups=_group_rows(groups, keep, on_accel, on_host, solution.assignment, priority),
         changed=changed,
         copies=copy_model.to_dict(),

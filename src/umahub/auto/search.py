@@ -47,6 +47,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from umahub.auto.starts import alone_name, order_name
 from umahub.config import HOST
 from umahub.report.lanes import Lanes, accelerator_end, copy_lane
 
@@ -360,13 +361,13 @@ def solve(problem: Problem, configured: Sequence[str] = ()) -> Solution:
     accels = problem.accelerators
     starts: dict[str, Assignment] = {}
     if configured:
-        starts[_order_name(configured)] = greedy(problem, configured)
+        starts[order_name(configured)] = greedy(problem, configured)
     orders = itertools.permutations(accels) if len(accels) <= MAX_PERMUTED else [accels]
     for order in orders:
-        starts.setdefault(_order_name(order), greedy(problem, order))
+        starts.setdefault(order_name(order), greedy(problem, order))
     for accel in accels:
-        starts.setdefault(f"{accel} alone", greedy(problem, [accel]))
-    starts.setdefault("host alone", greedy(problem, []))
+        starts.setdefault(alone_name(accel), greedy(problem, [accel]))
+    starts.setdefault(order_name(()), greedy(problem, []))
     baselines = {name: a.estimate() for name, a in starts.items()}
     ranked = sorted(starts, key=lambda n: baselines[n])  # stable: the configured order first
     finalists = [(baselines[n], 0, starts[n]) for n in ranked]
@@ -379,7 +380,3 @@ def solve(problem: Problem, configured: Sequence[str] = ()) -> Solution:
             finalists.append((searched.estimate(), rank + 1, searched))
     best = min(finalists, key=lambda f: (f[0], f[1]))
     return Solution(best[2], best[0], baselines, starts, moves)
-
-
-def _order_name(order: Sequence[str]) -> str:
-    return "priority " + " > ".join(order) if order else "host alone"
