@@ -174,24 +174,16 @@ def run(comp: Any, build: Any) -> None:
     chosen = {n: problem.candidates[i].accelerator for i in solution.assignment.chosen
               for n in problem.candidates[i].nodes}  # fmt: skip
     priority = greedy(problem, configured)
-    changed = {
-        n: (priority.device(n), solution.assignment.device(n))
-        for n in problem.nodes
-        if priority.device(n) != solution.assignment.device(n)
-    }
-
-    def devices(assignment: Any) -> tuple[str, ...]:
-        return tuple(assignment.device(n) for n in problem.nodes)
 
     # A starting point that places every operator as the choice does is still a
     # contender where it merges neighbouring matches: the choice keeps each match
     # a partition of its own, and resnet50's npu ran its merged partitions in half
     # the time (23 against 46 ms).
     contenders: list[str] = []
-    choice, placements = devices(solution.assignment), set()
+    choice, placements = tuple(solution.assignment.devices().values()), set()
     for name in sorted(solution.baselines, key=solution.baselines.__getitem__):
         assignment = solution.baseline_assignments[name]
-        placed = devices(assignment)
+        placed = tuple(assignment.devices().values())
         if placed in placements or (placed == choice and not _merges_neighbours(assignment)):
             continue
         placements.add(placed)
@@ -203,7 +195,7 @@ def run(comp: Any, build: Any) -> None:
         baselines=solution.baselines,
         configured=order_name(configured),
         groups=_group_rows(groups, keep, on_accel, on_host, solution.assignment, priority),
-        changed=changed,
+        changed=_changed(priority, solution.assignment),
         copies=copy_model.to_dict(),
         counts=dict(costs.counts),
         seconds={
@@ -219,15 +211,18 @@ def run(comp: Any, build: Any) -> None:
         executor=problem.executor,
         contenders=contenders,
         contenders_changed={
-            name: {
-                n: (priority.device(n), solution.baseline_assignments[name].device(n))
-                for n in problem.nodes
-                if priority.device(n) != solution.baseline_assignments[name].device(n)
-            }
-            for name in contenders
+            name: _changed(priority, solution.baseline_assignments[name]) for name in contenders
         },
         cache_base=costs.base,
     )
+
+
+def _changed(before: Assignment, after: Assignment) -> dict[str, tuple[str, str]]:
+    """node -> (its device in ``before``, in ``after``), where the two differ."""
+    nodes = before.problem.nodes
+    return {
+        n: (before.device(n), after.device(n)) for n in nodes if before.device(n) != after.device(n)
+    }
 
 
 def _merges_neighbours(assignment: Any) -> bool:
