@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from umahub.config import HOST
+from umahub.config import HOST, accelerator_of
 from umahub.report.lanes import Lanes, copy_lane, device_of, dma_lane, is_dma
 from umahub.report.picture.groups import groups, has_edges, split
 
@@ -130,7 +130,7 @@ def estimate_flops(op: Operator) -> float:
 
 def _throughput(device: str, throughput: Mapping[str, float] | None) -> float:
     given = throughput or {}
-    for key in (device, device.split(":")[0]):
+    for key in (device, accelerator_of(device)):
         if key in given:
             return float(given[key])
     if device == HOST:
