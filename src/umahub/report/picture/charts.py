@@ -19,6 +19,7 @@ from umahub.report.picture.layout import LABEL_W, LANE, M
 from umahub.report.picture.svg import (
     CHAR,
     HOST_COLOUR,
+    copy_dash,
     esc,
     fmt_bytes,
     fmt_time,
@@ -229,7 +230,7 @@ def draw_legend(
         w = 38 + len(label) * 10.5 * CHAR
         if x + w > width - M:
             x, y = M, y + 18
-        dash = ' stroke-dasharray="5 3"' if kind == "async" else ""
+        dash = copy_dash(kind)
         out.append(
             f'<rect x="{x:.1f}" y="{y:.1f}" width="12" height="12" fill="url(#{kind})" '
             'stroke="#666" stroke-width="0.8"/>'

@@ -23,6 +23,7 @@ __all__ = [
     "DEFS",
     "FONT",
     "HOST_COLOUR",
+    "copy_dash",
     "device_colour",
     "device_colours",
     "esc",
@@ -198,6 +199,11 @@ def ink(colour: str) -> str:
     """Dark or white text, whichever reads on ``colour``."""
     r, g, b = (int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
     return "#1f1f1f" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "#ffffff"
+
+
+def copy_dash(kind: str) -> str:
+    """The dash of a copy's line, in the graph and the legend: async dashed, sync solid."""
+    return ' stroke-dasharray="5 3"' if kind == "async" else ""
 
 
 #: The ``<defs>`` the drawing refers to: arrow and dot markers, the sync and
