@@ -13,6 +13,7 @@ from typing import Any
 
 from tvm import relax
 
+from umahub.auto.cache import digest
 from umahub.auto.candidates import Group, find_groups
 from umahub.auto.costs import Cost, Costs
 from umahub.auto.search import Assignment, Candidate, Problem, greedy, solve
@@ -71,9 +72,7 @@ class AutoChoice:
 
     def key_of(self, *parts: Any) -> str:
         """A cache key for something this compile's costs determine."""
-        from umahub.auto.candidates import _digest
-
-        return _digest(*self.cache_base, *parts)
+        return digest(*self.cache_base, *parts)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (milliseconds where people read them)."""

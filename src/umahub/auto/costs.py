@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from umahub.auto.cache import CostCache, code_fingerprint
+from umahub.auto.cache import CostCache, code_fingerprint, digest
 from umahub.auto.candidates import Group
 from umahub.config import HOST
 from umahub.errors import CompileError, last_line
@@ -191,9 +191,7 @@ class Costs:
         return self._base
 
     def _key(self, device: str, key: str) -> str:
-        from umahub.auto.candidates import _digest
-
-        return _digest(*self._base, device, key)
+        return digest(*self._base, device, key)
 
     # ------------------------------------------------------------------ groups
 
