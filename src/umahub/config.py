@@ -36,7 +36,15 @@ from typing import Any
 from umahub.config_files import find_config_file, read_toml
 from umahub.errors import ConfigError, did_you_mean, warn
 
-__all__ = ["Config", "Pin", "find_config_file", "glob_problem", "load_config", "parse_pin"]
+__all__ = [
+    "Config",
+    "Pin",
+    "accelerator_of",
+    "find_config_file",
+    "glob_problem",
+    "load_config",
+    "parse_pin",
+]
 
 HOST = "host"
 ON_ERROR = ("fallback", "error")
@@ -53,6 +61,11 @@ class Pin:
 
     def __str__(self) -> str:
         return self.accelerator if self.instance is None else f"{self.accelerator}:{self.instance}"
+
+
+def accelerator_of(device: str) -> str:
+    """The accelerator a device instance belongs to: ``"npu:0"`` -> ``"npu"``; ``"host"`` stays."""
+    return device.partition(":")[0]
 
 
 def parse_pin(value: str, key: str = "placement") -> Pin:

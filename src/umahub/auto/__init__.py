@@ -33,7 +33,8 @@ went, the estimates of the starting points, and what changed against
 ``priority``; ``umahub explain --auto`` shows it without building the model.
 
 The modules: :mod:`~umahub.auto.candidates`, :mod:`~umahub.auto.costs`,
-:mod:`~umahub.auto.cache`, :mod:`~umahub.auto.search`, then
+:mod:`~umahub.auto.cache`, :mod:`~umahub.auto.search` (its starting points
+named by :mod:`~umahub.auto.starts`), then
 :mod:`~umahub.auto.choose` (the four put together, run by the pipeline),
 :mod:`~umahub.auto.finalists` (the measured check) and
 :mod:`~umahub.report.text` (the report's words for it).

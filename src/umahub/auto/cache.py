@@ -2,12 +2,13 @@
 
 One JSON file, ``costs-1.json``, in ``$UMAHUB_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/umahub``, else ``~/.cache/umahub``. An entry's key is a
-digest of what its cost depends on (see :func:`umahub.auto.costs.fingerprint`):
-the group's structure and shapes, the accelerator, the plugin's distribution
-and version, umahub's and TVM's versions, the source files of umahub and of
-every plugin (:func:`code_fingerprint`: an edited plugin in a development
-install keeps its version), the target and the thread count. A plugin
-upgrade or edit, another machine or another thread count measures again.
+:func:`digest` of what its cost depends on (made by
+:class:`umahub.auto.costs.Costs`): the group's structure and shapes, the
+accelerator, the plugin's distribution and version, umahub's and TVM's
+versions, the source files of umahub and of every plugin
+(:func:`code_fingerprint`: an edited plugin in a development install keeps its
+version), the target and the thread count. A plugin upgrade or edit, another
+machine or another thread count measures again.
 
 The file is rewritten whole (a temporary file renamed over it), merged with
 what another process wrote meanwhile, so concurrent compiles lose at most a
@@ -29,7 +30,7 @@ from typing import Any
 
 from umahub.errors import warn
 
-__all__ = ["CostCache", "cache_dir", "code_fingerprint"]
+__all__ = ["CostCache", "cache_dir", "code_fingerprint", "digest"]
 
 #: The file's format; another format is ignored (and rewritten).
 FORMAT = 1
@@ -43,6 +44,11 @@ def cache_dir() -> Path:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "umahub"
+
+
+def digest(*parts: Any) -> str:
+    """A key made of ``parts`` (their text): for the cache's entries and for equal groups."""
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:32]
 
 
 def code_fingerprint(objects: Iterable[Any]) -> str:

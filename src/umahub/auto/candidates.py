@@ -13,7 +13,6 @@ placement makes.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ import tvm
 from tvm import relax
 
 from umahub._tvm import Constant, ret_type, structural_hash, type_of
+from umahub.auto.cache import digest
 from umahub.compiler.placement import Pins, PlannedPattern
 from umahub.ir import is_partition
 from umahub.plugin.accelerator import Accelerator
@@ -65,10 +65,6 @@ def operator_table(mod: tvm.IRModule, pins: Pins) -> tuple[Operator, ...]:
     return partition(mod, [], pins, {}).operators
 
 
-def _digest(*parts: Any) -> str:
-    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:32]
-
-
 def _is_static(func: relax.Function) -> bool:
     from umahub.plugin.memory import symbolic_sizes
 
@@ -84,8 +80,8 @@ def _match_function(
     plain = composite.without_attr("Primitive")
     constants = [isinstance(a, Constant) for a in args]
     shapes = [str(type_of(a)) for a in args]
-    key = _digest(structural_hash(plain), constants, shapes)
-    host_key = _digest(structural_hash(plain.without_attr("Composite")), constants, shapes)
+    key = digest(structural_hash(plain), constants, shapes)
+    host_key = digest(structural_hash(plain.without_attr("Composite")), constants, shapes)
     bound = plain.without_attr("Composite").bind_params(
         {p: a for p, a in zip(composite.params, args) if isinstance(a, Constant)}
     )

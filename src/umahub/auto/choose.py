@@ -13,11 +13,14 @@ from typing import Any
 
 from tvm import relax
 
+from umahub.auto.cache import digest
 from umahub.auto.candidates import Group, find_groups
 from umahub.auto.costs import Cost, Costs
-from umahub.auto.search import HOST, Assignment, Candidate, Problem, greedy, solve
+from umahub.auto.search import Assignment, Candidate, Problem, greedy, solve
+from umahub.auto.starts import order_name
 from umahub.compiler.composites import name_nodes, pattern_of
 from umahub.compiler.operators import walk
+from umahub.config import HOST
 from umahub.plugin.context import Operator
 
 __all__ = ["AutoChoice", "run"]
@@ -69,9 +72,7 @@ class AutoChoice:
 
     def key_of(self, *parts: Any) -> str:
         """A cache key for something this compile's costs determine."""
-        from umahub.auto.candidates import _digest
-
-        return _digest(*self.cache_base, *parts)
+        return digest(*self.cache_base, *parts)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (milliseconds where people read them)."""
@@ -172,25 +173,16 @@ def run(comp: Any, build: Any) -> None:
     chosen = {n: problem.candidates[i].accelerator for i in solution.assignment.chosen
               for n in problem.candidates[i].nodes}  # fmt: skip
     priority = greedy(problem, configured)
-    configured_name = "priority " + " > ".join(configured) if configured else "host alone"
-    changed = {
-        n: (priority.device(n), solution.assignment.device(n))
-        for n in problem.nodes
-        if priority.device(n) != solution.assignment.device(n)
-    }
-
-    def devices(assignment: Any) -> tuple[str, ...]:
-        return tuple(assignment.device(n) for n in problem.nodes)
 
     # A starting point that places every operator as the choice does is still a
     # contender where it merges neighbouring matches: the choice keeps each match
     # a partition of its own, and a merged partition, lowered as one kernel, can
     # run much faster than its matches apart.
     contenders: list[str] = []
-    choice, placements = devices(solution.assignment), set()
+    choice, placements = tuple(solution.assignment.devices().values()), set()
     for name in sorted(solution.baselines, key=solution.baselines.__getitem__):
         assignment = solution.baseline_assignments[name]
-        placed = devices(assignment)
+        placed = tuple(assignment.devices().values())
         if placed in placements or (placed == choice and not _merges_neighbours(assignment)):
             continue
         placements.add(placed)
@@ -200,9 +192,9 @@ def run(comp: Any, build: Any) -> None:
         chosen=chosen,
         estimate=solution.estimate,
         baselines=solution.baselines,
-        configured=configured_name,
+        configured=order_name(configured),
         groups=_group_rows(groups, keep, on_accel, on_host, solution.assignment, priority),
-        changed=changed,
+        changed=_changed(priority, solution.assignment),
         copies=copy_model.to_dict(),
         counts=dict(costs.counts),
         seconds={
@@ -218,15 +210,18 @@ def run(comp: Any, build: Any) -> None:
         executor=problem.executor,
         contenders=contenders,
         contenders_changed={
-            name: {
-                n: (priority.device(n), solution.baseline_assignments[name].device(n))
-                for n in problem.nodes
-                if priority.device(n) != solution.baseline_assignments[name].device(n)
-            }
-            for name in contenders
+            name: _changed(priority, solution.baseline_assignments[name]) for name in contenders
         },
         cache_base=costs.base,
     )
+
+
+def _changed(before: Assignment, after: Assignment) -> dict[str, tuple[str, str]]:
+    """node -> (its device in ``before``, in ``after``), where the two differ."""
+    nodes = before.problem.nodes
+    return {
+        n: (before.device(n), after.device(n)) for n in nodes if before.device(n) != after.device(n)
+    }
 
 
 def _merges_neighbours(assignment: Any) -> bool:

@@ -45,8 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from umahub.auto.cache import CostCache, code_fingerprint
+from umahub.auto.cache import CostCache, code_fingerprint, digest
 from umahub.auto.candidates import Group
+from umahub.config import HOST
 from umahub.errors import CompileError, last_line
 from umahub.hub.timelimit import within
 from umahub.hub.tracing import recording, returned_by
@@ -58,7 +59,6 @@ __all__ = ["CopyModel", "Cost", "Costs"]
 RUNS = 5
 SECONDS = 0.02
 MAX_RUNS = 50
-HOST = "host"
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,15 @@ def _fit(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return latency, float(np.median(rates)) if rates else math.inf
 
 
+def _more_runs(times: Sequence[float]) -> int:
+    """How many more runs a measurement of ``RUNS`` runs that took ``times`` needs to
+    last about ``SECONDS`` in all, at most ``MAX_RUNS``; 0 when it lasted that long."""
+    median = statistics.median(times)
+    if median * RUNS >= SECONDS:
+        return 0
+    return min(MAX_RUNS, int(SECONDS / max(median, 1e-7)))
+
+
 def _threads() -> str:
     return os.environ.get("TVM_NUM_THREADS") or str(os.cpu_count() or 1)
 
@@ -182,9 +191,7 @@ class Costs:
         return self._base
 
     def _key(self, device: str, key: str) -> str:
-        from umahub.auto.candidates import _digest
-
-        return _digest(*self._base, device, key)
+        return digest(*self._base, device, key)
 
     # ------------------------------------------------------------------ groups
 
@@ -308,17 +315,15 @@ class Costs:
         runner = compiled._executors
         if device == HOST:
             times = runner.step_seconds(arrays, RUNS)["main"]
-            if statistics.median(times) * RUNS < SECONDS:
-                more = int(SECONDS / max(statistics.median(times), 1e-7))
-                times += runner.step_seconds(arrays, min(MAX_RUNS, more))["main"]
+            if more := _more_runs(times):
+                times += runner.step_seconds(arrays, more)["main"]
             return min(times), []
         # On the VM, whose thread pool the kernels share as when the model runs (the
         # concurrent executor gives an emulated accelerator's kernels one thread).
         symbol = placed[0].symbol
         calls, copied = runner.call_seconds(arrays, RUNS)
-        if statistics.median(calls[symbol]) * RUNS < SECONDS:
-            more = int(SECONDS / max(statistics.median(calls[symbol]), 1e-7))
-            again, copied_again = runner.call_seconds(arrays, min(MAX_RUNS, more))
+        if more := _more_runs(calls[symbol]):
+            again, copied_again = runner.call_seconds(arrays, more)
             calls[symbol] += again[symbol]
             copied += copied_again
         copies = [[device, size, seconds] for size, seconds in copied if size]

@@ -55,6 +55,7 @@ from typing import Any
 
 from umahub._tvm import structural_hash
 from umahub.auto.cache import CostCache
+from umahub.auto.starts import accelerators_of
 
 __all__ = [
     "BUDGET",
@@ -110,16 +111,6 @@ def slower_by_chance(ratios: Sequence[float]) -> float:
         assignments = ([draw.choice((1, -1)) for _ in logs] for _ in range(count))
     sums = (sum(s * abs(x) for s, x in zip(signs, logs)) for signs in assignments)
     return sum(1 for total in sums if total >= observed) / count
-
-
-def accelerators_of(name: str) -> tuple[str, ...]:
-    """The claiming order of a starting point's name (``"priority npu > dsp"``,
-    ``"npu alone"``, ``"host alone"``)."""
-    if name == "host alone":
-        return ()
-    if name.endswith(" alone"):
-        return (name.removesuffix(" alone"),)
-    return tuple(name.removeprefix("priority ").split(" > "))
 
 
 def contenders(comp: Any) -> list[str]:

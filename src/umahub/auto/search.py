@@ -14,8 +14,9 @@ The estimate of an assignment is the latency of the executor that runs it:
   device that reads it and is not where it was made (a model output made on an
   accelerator goes back to the host);
 * **concurrent** (:mod:`umahub.runtime.executor`): the same tasks list-scheduled in
-  model order, one lane per device instance, a sync copy on its accelerator's
-  lane, an async copy on the accelerator's DMA lane, where it overlaps compute.
+  model order, one lane per device instance, a sync copy on the lane of its
+  accelerator end's instance, an async copy on that instance's DMA lane, where it
+  overlaps compute: the lane model of :mod:`umahub.report.lanes`.
 
 ``executor = "auto"`` runs whichever is faster, so the estimate is the lower of
 the two.
@@ -46,6 +47,10 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from umahub.auto.starts import alone_name, order_name
+from umahub.config import HOST
+from umahub.report.lanes import Lanes, accelerator_end, copy_lane
+
 __all__ = ["MAX_PERMUTED", "Assignment", "Candidate", "Problem", "Solution", "solve"]
 
 #: With up to this many accelerators every claiming order is a starting point.
@@ -54,7 +59,6 @@ MAX_PERMUTED = 4
 STARTS = 3
 #: A local search stops after this many sweeps over the candidates.
 MAX_SWEEPS = 20
-HOST = "host"
 
 
 @dataclass(frozen=True)
@@ -234,9 +238,9 @@ class Assignment:
     def concurrent(self) -> float:
         """The estimated latency on the concurrent executor (list scheduling, see module)."""
         p = self.problem
-        lane_free: dict[str, float] = {}
+        lanes = Lanes()
         done: dict[str, float] = {}  # node -> when its output is ready where it was made
-        copied: dict[tuple[str, str], float] = {}  # (producer, dst lane) -> when ready there
+        copied: dict[tuple[str, str], float] = {}  # (producer, dst device) -> when ready there
         next_instance: dict[str, int] = {}
         made_on: dict[str, str] = {}  # node -> the lane that computed it
 
@@ -246,30 +250,19 @@ class Assignment:
                 return done[node]
             key = (node, device)
             if key not in copied:
-                accel = device if device != HOST else src
-                kind = p.copy_kind.get(accel, "sync")
-                if kind == "async":
-                    copier = f"{accel} DMA"
-                else:  # the CPU copies, on the accelerator end's lane
-                    copier = lane if device != HOST else made_on.get(node, HOST)
-                start = max(done[node], lane_free.get(copier, 0.0))
-                end = start + p.copy_seconds(src, device, p.bytes.get(node, 0))
-                lane_free[copier] = end
-                copied[key] = end
+                kind = p.copy_kind.get(accelerator_end(src, device), "sync")
+                seconds = p.copy_seconds(src, device, p.bytes.get(node, 0))
+                copier = copy_lane(made_on[node], lane, kind)
+                copied[key] = lanes.book([copier], done[node], seconds) + seconds
             return copied[key]
 
         for node in p.nodes:
             i = self.owner.get(node)
             if i is None:
-                lane = HOST
-                start = max(
-                    [lane_free.get(lane, 0.0)]
-                    + [ready(x, lane, HOST) for x in p.inputs.get(node, ()) if x in done]
-                )
-                end = start + p.host.get(node, 0.0)
-                lane_free[lane] = end
-                done[node] = end
-                made_on[node] = lane
+                reads = [ready(x, HOST, HOST) for x in p.inputs.get(node, ()) if x in done]
+                seconds = p.host.get(node, 0.0)
+                done[node] = lanes.book([HOST], max([0.0, *reads]), seconds) + seconds
+                made_on[node] = HOST
                 continue
             cand = p.candidates[i]
             if node != cand.nodes[-1]:
@@ -278,17 +271,15 @@ class Assignment:
             next_instance[cand.accelerator] = k + 1
             lane = f"{cand.accelerator}:{k % max(1, p.instances.get(cand.accelerator, 1))}"
             inner = set(cand.nodes)
-            reads = {x for n in cand.nodes for x in p.inputs.get(n, ()) if x not in inner}
-            start = max(
-                [lane_free.get(lane, 0.0)]
-                + [ready(x, lane, cand.accelerator) for x in reads if x in done]
-            )
-            end = start + cand.seconds
-            lane_free[lane] = end
+            outer = {x for n in cand.nodes for x in p.inputs.get(n, ()) if x not in inner}
+            # its copies queue as their data gets ready, as the executor queues them
+            first = sorted((x for x in outer if x in done), key=lambda x: (done[x], p.position[x]))
+            reads = [ready(x, lane, cand.accelerator) for x in first]
+            end = lanes.book([lane], max([0.0, *reads]), cand.seconds) + cand.seconds
             for n in cand.nodes:
                 done[n] = end
                 made_on[n] = lane
-        finish = [0.0, *lane_free.values()]
+        finish = [lanes.end]
         for node in p.outputs:
             if node in done:
                 finish.append(ready(node, HOST, HOST))
@@ -370,13 +361,13 @@ def solve(problem: Problem, configured: Sequence[str] = ()) -> Solution:
     accels = problem.accelerators
     starts: dict[str, Assignment] = {}
     if configured:
-        starts[_order_name(configured)] = greedy(problem, configured)
+        starts[order_name(configured)] = greedy(problem, configured)
     orders = itertools.permutations(accels) if len(accels) <= MAX_PERMUTED else [accels]
     for order in orders:
-        starts.setdefault(_order_name(order), greedy(problem, order))
+        starts.setdefault(order_name(order), greedy(problem, order))
     for accel in accels:
-        starts.setdefault(f"{accel} alone", greedy(problem, [accel]))
-    starts.setdefault("host alone", greedy(problem, []))
+        starts.setdefault(alone_name(accel), greedy(problem, [accel]))
+    starts.setdefault(order_name(()), greedy(problem, []))
     baselines = {name: a.estimate() for name, a in starts.items()}
     ranked = sorted(starts, key=lambda n: baselines[n])  # stable: the configured order first
     finalists = [(baselines[n], 0, starts[n]) for n in ranked]
@@ -389,7 +380,3 @@ def solve(problem: Problem, configured: Sequence[str] = ()) -> Solution:
             finalists.append((searched.estimate(), rank + 1, searched))
     best = min(finalists, key=lambda f: (f[0], f[1]))
     return Solution(best[2], best[0], baselines, starts, moves)
-
-
-def _order_name(order: Sequence[str]) -> str:
-    return "priority " + " > ".join(order) if order else "host alone"

@@ -29,16 +29,21 @@ def summary_line(auto: Mapping[str, Any]) -> str:
     )
 
 
+def _finalist(name: str) -> str:
+    """A finalist as the text names it: placement by cost's own choice is "auto" in the data."""
+    return "the choice" if name == "auto" else name
+
+
 def _finalists(auto: Mapping[str, Any]) -> list[str]:
     measured = auto.get("finalists") or {}
     if "skipped" in measured:
         return [f"  not measured against the other starting points: {measured['skipped']}"]
     if "kept" not in measured:
         return []
-    kept = "the choice" if measured["kept"] == "auto" else measured["kept"]
+    kept = _finalist(measured["kept"])
     cached = " (the verdict of an earlier compile)" if measured.get("cached") else ""
     times = ", ".join(
-        f"{'the choice' if name == 'auto' else name} {ms:.3f} ms"
+        f"{_finalist(name)} {ms:.3f} ms"
         for name, ms in sorted(measured["measured_ms"].items(), key=lambda kv: kv[1])
     )
     tie = (

@@ -14,10 +14,12 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from umahub.report.lanes import device_of, is_dma
 from umahub.report.picture.layout import LABEL_W, LANE, M
 from umahub.report.picture.svg import (
     CHAR,
     HOST_COLOUR,
+    copy_dash,
     esc,
     fmt_bytes,
     fmt_time,
@@ -102,9 +104,9 @@ def draw_timeline(
             t += step
     for k, lane in enumerate(lanes):
         ly = y0 + k * LANE
-        device = lane.removesuffix(" DMA")
+        device = device_of(lane)
         share = f"{busy[lane] / total:.0%}" if total > 0 else "0%"
-        dma = lane.endswith(" DMA")
+        dma = is_dma(lane)
         out += [
             f'<g class="lane" data-lane="{esc(lane)}" data-busy="{busy[lane]!r}">',
             f'<rect x="{M}" y="{ly:.1f}" width="{width - 2 * M:.1f}" '
@@ -229,7 +231,7 @@ def draw_legend(
         w = 38 + len(label) * 10.5 * CHAR
         if x + w > width - M:
             x, y = M, y + 18
-        dash = ' stroke-dasharray="5 3"' if kind == "async" else ""
+        dash = copy_dash(kind)
         out.append(
             f'<rect x="{x:.1f}" y="{y:.1f}" width="12" height="12" fill="url(#{kind})" '
             'stroke="#666" stroke-width="0.8"/>'

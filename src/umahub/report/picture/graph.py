@@ -36,7 +36,16 @@ from umahub.report.picture.layout import (
     place,
     ticks_per_row,
 )
-from umahub.report.picture.svg import CHAR, HOST_COLOUR, esc, fit, fmt_bytes, ink, text
+from umahub.report.picture.svg import (
+    CHAR,
+    HOST_COLOUR,
+    copy_dash,
+    esc,
+    fit,
+    fmt_bytes,
+    ink,
+    text,
+)
 
 if TYPE_CHECKING:
     from umahub.plugin.context import Copy, Operator
@@ -68,7 +77,7 @@ def _copy_markers(
             if c.constant
             else f'fill="{colour}"'
         )
-        dash = ' stroke-dasharray="5 3"' if c.kind == "async" else ""
+        dash = copy_dash(c.kind)
         out.append(
             f'<g class="copy" data-tensor="{esc(c.tensor)}" data-src="{esc(c.src)}" '
             f'data-dst="{esc(c.dst)}" data-bytes="{c.bytes}" data-kind="{esc(c.kind)}">'

@@ -107,7 +107,7 @@ def _index(gs: list[Group]) -> dict[str, int]:
 def attribute(gs: list[Group], copies: Sequence[Copy]) -> list[tuple[Copy, int | None, int | None]]:
     """(copy, producer group, consumer group) per copy; None: model input/constant, output."""
     by_name = _index(gs)
-    edges = any(op.inputs for g in gs for op in g.ops)
+    edges = has_edges([op for g in gs for op in g.ops])
     links: list[tuple[Copy, int | None, int | None]] = []
     pointer = 0
     for c in copies:

@@ -15,7 +15,7 @@ import hashlib
 import html
 from collections.abc import Sequence
 
-from umahub.config import HOST
+from umahub.config import HOST, accelerator_of
 from umahub.sizes import human_size
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "DEFS",
     "FONT",
     "HOST_COLOUR",
+    "copy_dash",
     "device_colour",
     "device_colours",
     "esc",
@@ -170,7 +171,7 @@ def device_colour(device: str) -> str:
     """
     if device == HOST:
         return HOST_COLOUR
-    return _shade(_PALETTE[_slot(device.split(":")[0])], device)
+    return _shade(_PALETTE[_slot(accelerator_of(device))], device)
 
 
 def device_colours(devices: Sequence[str]) -> dict[str, str]:
@@ -181,7 +182,7 @@ def device_colours(devices: Sequence[str]) -> dict[str, str]:
     two accelerators alike and the choice depends on the names alone.
     """
     hues: dict[str, int] = {}
-    for name in sorted({d.split(":")[0] for d in devices if d != HOST}):
+    for name in sorted({accelerator_of(d) for d in devices if d != HOST}):
         slot = _slot(name)
         used = set(hues.values())
         if len(used) < len(_PALETTE):
@@ -189,7 +190,8 @@ def device_colours(devices: Sequence[str]) -> dict[str, str]:
                 slot = (slot + 1) % len(_PALETTE)
         hues[name] = slot
     return {
-        d: HOST_COLOUR if d == HOST else _shade(_PALETTE[hues[d.split(":")[0]]], d) for d in devices
+        d: HOST_COLOUR if d == HOST else _shade(_PALETTE[hues[accelerator_of(d)]], d)
+        for d in devices
     }
 
 
@@ -197,6 +199,11 @@ def ink(colour: str) -> str:
     """Dark or white text, whichever reads on ``colour``."""
     r, g, b = (int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5))
     return "#1f1f1f" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "#ffffff"
+
+
+def copy_dash(kind: str) -> str:
+    """The dash of a copy's line, in the graph and the legend: async dashed, sync solid."""
+    return ' stroke-dasharray="5 3"' if kind == "async" else ""
 
 
 #: The ``<defs>`` the drawing refers to: arrow and dot markers, the sync and

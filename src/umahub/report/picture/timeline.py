@@ -9,8 +9,12 @@ The estimate is made to compare placements, not to predict milliseconds:
   :data:`ACCELERATOR_FLOPS` for every accelerator, unless ``throughput`` names
   the device (``"npu:0"``), the accelerator (``"npu"``) or ``"host"``.
 * a copy takes ``bytes / bandwidth`` (:data:`BANDWIDTH`).
-* a sync copy is done by a processor: it occupies both its source and its
-  destination lane, and (in a sequential program) it is a step of the program.
+* lanes, and the lane an async copy takes, are those of the lane model,
+  :mod:`umahub.report.lanes`, which placement by cost's search schedules on too.
+* a sync copy is done by a processor: here it occupies both its source and its
+  destination lane (the lane model, like the concurrent executor, takes its
+  accelerator end's lane only), and (in a sequential program) it is a step of
+  the program.
 * an async copy runs on the DMA lane of its accelerator end as soon as its data
   is ready (a constant, i.e. weights, at time 0) and the engine is free;
   compute goes on meanwhile, and the receiving operator waits for it.
@@ -39,7 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from umahub.config import HOST
+from umahub.config import HOST, accelerator_of
+from umahub.report.lanes import Lanes, copy_lane, device_of, dma_lane, is_dma
 from umahub.report.picture.groups import groups, has_edges, split
 
 if TYPE_CHECKING:
@@ -125,7 +130,7 @@ def estimate_flops(op: Operator) -> float:
 
 def _throughput(device: str, throughput: Mapping[str, float] | None) -> float:
     given = throughput or {}
-    for key in (device, device.split(":")[0]):
+    for key in (device, accelerator_of(device)):
         if key in given:
             return float(given[key])
     if device == HOST:
@@ -144,7 +149,7 @@ def schedule(
     gs = groups(report.placement)
     sequential = not has_edges(report.placement)
     incoming, outputs = split(gs, report.copies)
-    free: dict[str, float] = defaultdict(float)
+    booked = Lanes()
     end_of: dict[str, float] = {}
     group_end: dict[int, float] = {}
     items: list[Item] = []
@@ -158,20 +163,17 @@ def schedule(
             f"{c.bytes} bytes, {c.kind}"
         )
         if c.kind == "async":
-            lane = f"{c.dst if c.dst != HOST else c.src} DMA"
-            start = max(ready, free[lane])
-            free[lane] = start + duration
-            kind, ends = "async", (lane,)
+            kind, ends = "async", (copy_lane(c.src, c.dst, c.kind),)
         else:
-            start = max(ready, free[c.src], free[c.dst], not_before)
-            free[c.src] = free[c.dst] = start + duration
+            # the picture's cost model blocks both ends of a sync copy, where the
+            # executor (and copy_lane) takes the lane of its accelerator end only
             kind, ends = "sync", tuple(dict.fromkeys((c.src, c.dst)))
+            ready = max(ready, not_before)
+        start = booked.book(ends, ready, duration)
+        end, label = start + duration, _copy_label(c)
         for lane in ends:
-            device = lane.removesuffix(" DMA")
-            items.append(
-                Item(lane, start, start + duration, _copy_label(c), kind, device, detail, c.bytes)
-            )
-        return start + duration
+            items.append(Item(lane, start, end, label, kind, device_of(lane), detail, c.bytes))
+        return end
 
     for g in gs:
         arrived = 0.0
@@ -186,10 +188,10 @@ def schedule(
         for op in g.ops:
             if not sequential:  # with data edges an operator waits only for its own copies
                 arrived = max(arrived_for[""], arrived_for[op.name], arrived_for[op.partition])
-            start = max(free[g.device], arrived, pc, *(end_of[i] for i in op.inputs if i in end_of))
-            end = start + estimate_flops(op) / rate
-            free[g.device] = end
-            end_of[op.name] = end
+            seconds = estimate_flops(op) / rate
+            ready = max([arrived, pc, *(end_of[i] for i in op.inputs if i in end_of)])
+            start = booked.book([g.device], ready, seconds)
+            end = end_of[op.name] = start + seconds
             if sequential:
                 pc = end
             detail = f"{op.name}: {op.op} on {g.device}, {estimate_flops(op) / 1e6:.3g} MFLOP"
@@ -237,12 +239,12 @@ def lanes(report: Report, items: Sequence[Item]) -> list[str]:
         for p in (report.memory.pools if report.memory else ())
         if p.copy == "async" and p.device in devices
     }
-    dma |= {i.lane.removesuffix(" DMA") for i in items if i.lane.endswith(" DMA")}
+    dma |= {device_of(i.lane) for i in items if is_dma(i.lane)}
     out: list[str] = []
     for d in devices:
         out.append(d)
         if d in dma:
-            out.append(f"{d} DMA")
+            out.append(dma_lane(d))
     out += [i.lane for i in items if i.lane not in out]
     return list(dict.fromkeys(out))
 
@@ -254,16 +256,14 @@ def measured(report: Report) -> list[Item]:
     the same devices.
     """
     spans = (getattr(report, "measured", None) or {}).get("spans", [])
-    sizes = {f"copy {c.tensor} {c.src}->{c.dst}": c.bytes for c in report.copies}
+    sizes = {_copy_label(c): c.bytes for c in report.copies}
     items = []
     for s in spans:
         lane, label, kind = s["lane"], s["label"], s["kind"]
         took = f"{(s['end'] - s['start']) * 1e3:.3g} ms"
         detail = f"{label} on {lane}, measured: {took}"
-        device = lane.removesuffix(" DMA")
-        items.append(
-            Item(lane, s["start"], s["end"], label, kind, device, detail, sizes.get(label, 0))
-        )
+        device, size = device_of(lane), sizes.get(label, 0)
+        items.append(Item(lane, s["start"], s["end"], label, kind, device, detail, size))
     return items
 
 
