@@ -88,15 +88,15 @@ def test_timeline_sequential_program_exact_numbers():
     assert by["host", "conv"][1:3] == pytest.approx((0.0, 10 * MS))
     assert by["npu:0 DMA", "copy conv host->npu:0"][1:3] == pytest.approx((10 * MS, 10.1 * MS))
     assert by["npu:0", "mm"][1:3] == pytest.approx((10.1 * MS, 10.3 * MS))
-    # a sync copy occupies both ends at the same time
-    assert by["npu:0", "copy lv1 npu:0->dsp:0"][1:3] == pytest.approx((10.3 * MS, 10.31 * MS))
+    # a sync copy takes the lane of its accelerator end (between two accelerators,
+    # the one it goes to), as the concurrent executor runs it
     assert by["dsp:0", "copy lv1 npu:0->dsp:0"][1:3] == pytest.approx((10.3 * MS, 10.31 * MS))
     assert by["dsp:0", "act"][1:3] == pytest.approx((10.31 * MS, 10.311 * MS))
-    # the output copy goes back to the host after the last operator
-    assert by["host", "copy act dsp:0->host"][1:3] == pytest.approx(
+    # the output copy goes back to the host after the last operator, done by the DSP
+    assert by["dsp:0", "copy act dsp:0->host"][1:3] == pytest.approx(
         (10.311 * MS, 10.311 * MS + 400 / BANDWIDTH)
     )
-    assert len(spans) == 9
+    assert len(spans) == 7
     assert max(s.end for s in spans) == pytest.approx(10.311 * MS + 4e-8)
 
 
@@ -110,10 +110,10 @@ def test_async_copy_overlaps_compute_and_its_consumer_waits():
     assert mm.start >= max(s.end for s in spans if s.lane == "npu:0 DMA" and s.end <= mm.start)
 
 
-def test_sync_copy_blocks_both_ends_and_the_program():
+def test_a_sync_copy_takes_its_accelerator_ends_lane_and_blocks_the_program():
     spans = timeline(small_report())
     copy = spans_of(spans, "copy lv1 npu:0->dsp:0")
-    assert {s.lane for s in copy} == {"npu:0", "dsp:0"}
+    assert {s.lane for s in copy} == {"dsp:0"}
     act = spans_of(spans, "act")[0]
     assert act.start == pytest.approx(copy[0].end)
 

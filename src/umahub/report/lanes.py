@@ -19,8 +19,7 @@ by cost (:mod:`umahub.auto.search`).
   worker. So it takes that device's lane, and only that one: the other end (the
   host, or the accelerator it comes from) goes on with its own work. This is
   what the measured timeline shows and what an estimate must follow, since the
-  executor is what runs. (The picture's timeline differs here, and says so: it
-  blocks both ends of a sync copy.)
+  executor is what runs.
 
 :class:`Lanes` books a task on its lanes: it starts once its inputs are ready
 and every lane it takes is free, and holds them until it ends.

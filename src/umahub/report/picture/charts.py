@@ -49,7 +49,7 @@ def cost_text(throughput: Mapping[str, float] | None, bandwidth: float, edges: b
         f"cost model: compute = FLOPs / throughput (GFLOP/s: host {HOST_FLOPS / 1e9:g}, "
         f"accelerators {ACCELERATOR_FLOPS / 1e9:g}{given}; FLOPs per op from the report, "
         f"else a default by op kind); copy = bytes / {bandwidth / 1e9:g} GB/s; sync copies "
-        f"block both ends, async copies run on the DMA lane; {order}"
+        f"take their accelerator's lane, async copies its DMA lane; {order}"
     )
 
 
@@ -225,7 +225,7 @@ def draw_legend(
         out.append(text(x + 17, y + 10, label, size=10.5))
         x += w
     for kind, label in (
-        ("sync", "sync copy (blocks both ends)"),
+        ("sync", "sync copy (by the accelerator's processor)"),
         ("async", "async copy (DMA, overlaps compute)"),
     ):
         w = 38 + len(label) * 10.5 * CHAR

@@ -138,8 +138,8 @@ def render_html(report: Report, *, title: str = "", **options: Any) -> str:
         for d in devices
     )
     legend += (
-        '<li><span class="swatch sync"></span>sync copy: done by a processor, '
-        "blocks both ends</li>"
+        '<li><span class="swatch sync"></span>sync copy: done by the processor of '
+        "its accelerator end, on that device's lane</li>"
         '<li><span class="swatch async"></span>async copy: done by DMA, overlaps '
         "compute</li>"
     )

@@ -9,12 +9,11 @@ The estimate is made to compare placements, not to predict milliseconds:
   :data:`ACCELERATOR_FLOPS` for every accelerator, unless ``throughput`` names
   the device (``"npu:0"``), the accelerator (``"npu"``) or ``"host"``.
 * a copy takes ``bytes / bandwidth`` (:data:`BANDWIDTH`).
-* lanes, and the lane an async copy takes, are those of the lane model,
+* lanes, and the lane a copy takes, are those of the lane model,
   :mod:`umahub.report.lanes`, which placement by cost's search schedules on too.
-* a sync copy is done by a processor: here it occupies both its source and its
-  destination lane (the lane model, like the concurrent executor, takes its
-  accelerator end's lane only), and (in a sequential program) it is a step of
-  the program.
+* a sync copy is done by a processor, the one of its accelerator end: it
+  occupies that device's lane, as the concurrent executor runs it, and (in a
+  sequential program) it is a step of the program.
 * an async copy runs on the DMA lane of its accelerator end as soon as its data
   is ready (a constant, i.e. weights, at time 0) and the engine is free;
   compute goes on meanwhile, and the receiving operator waits for it.
@@ -162,17 +161,12 @@ def schedule(
             f"{'constant ' if c.constant else ''}{c.tensor}: {c.src} -> {c.dst}, "
             f"{c.bytes} bytes, {c.kind}"
         )
-        if c.kind == "async":
-            kind, ends = "async", (copy_lane(c.src, c.dst, c.kind),)
-        else:
-            # the picture's cost model blocks both ends of a sync copy, where the
-            # executor (and copy_lane) takes the lane of its accelerator end only
-            kind, ends = "sync", tuple(dict.fromkeys((c.src, c.dst)))
+        kind, lane = c.kind, copy_lane(c.src, c.dst, c.kind)
+        if kind != "async":
             ready = max(ready, not_before)
-        start = booked.book(ends, ready, duration)
+        start = booked.book([lane], ready, duration)
         end, label = start + duration, _copy_label(c)
-        for lane in ends:
-            items.append(Item(lane, start, end, label, kind, device_of(lane), detail, c.bytes))
+        items.append(Item(lane, start, end, label, kind, device_of(lane), detail, c.bytes))
         return end
 
     for g in gs:
@@ -219,8 +213,9 @@ def timeline(
     Returns:
         Spans in the order they were scheduled (seconds from the start of the
         inference): one per operator, labelled with its node name, on its
-        device's lane; one per async copy on the DMA lane (``"npu:0 DMA"``);
-        and one per sync copy on each of its two ends. Copies are labelled
+        device's lane; one per copy, on the lane it takes (an async copy on
+        the DMA lane, ``"npu:0 DMA"``; a sync copy on its accelerator end's
+        lane: :func:`umahub.report.lanes.copy_lane`). Copies are labelled
         ``"copy <tensor> <src>-><dst>"``.
     """
     return [Span(i.lane, i.start, i.end, i.label) for i in schedule(report, throughput, bandwidth)]
