@@ -9,13 +9,14 @@ from __future__ import annotations
 import difflib
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 __all__ = [
     "CompileError",
     "ConfigError",
     "HookTimeoutError",
     "MemoryPoolError",
+    "PatternCheckFailure",
     "PlacementError",
     "PluginConflictError",
     "PluginFailure",
@@ -173,6 +174,25 @@ class PluginFailure(CompileError):
         the stage asked.
         """
         return exc if isinstance(exc, PluginFailure) else cls(plugin, hook, exc)
+
+
+class PatternCheckFailure(PluginFailure):
+    """The check of a pattern (from ``umahub_patterns``) raised on a match.
+
+    Recorded, not raised: the match is refused and its operators go on to the
+    next claimant or the host (see :class:`umahub.compiler.placement.CheckFailures`).
+
+    Attributes:
+        pattern: the pattern's name.
+        nodes: the node names of the operators in the match.
+    """
+
+    def __init__(
+        self, plugin: str, pattern: str, nodes: Sequence[str], cause: BaseException
+    ) -> None:
+        self.pattern = pattern
+        self.nodes = tuple(nodes)
+        super().__init__(plugin, "umahub_patterns", cause)
 
 
 class HookTimeoutError(CompileError):
