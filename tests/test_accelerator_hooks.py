@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import umahub
-from umahub.errors import PluginLoadError
+from umahub.errors import CompileError, PluginFailure, PluginLoadError
 from umahub.hub.tracing import recording
 
 TWO_ACCELERATORS = """
@@ -125,6 +125,33 @@ def test_the_traced_hook_logs_the_calls_made_not_those_skipped(two):
         ("two", "umahub_patterns", True),
         ("old", "umahub_patterns", False),  # an old-style check is a call that returns None
     ]
+
+
+def test_a_traced_implementation_that_raises_is_a_plugin_failure_caused_by_the_original():
+    error = ValueError("no such unit")
+
+    class Raising:
+        @umahub.hookimpl
+        def umahub_accelerators(self):
+            return [umahub.Accelerator("r1")]
+
+        @umahub.hookimpl(accelerator="r1")
+        def umahub_patterns(self):
+            raise error
+
+    hub = umahub.Hub(autoload=False, plugins=[Raising()], strict=True)
+    acc = hub.accelerator("r1")
+    with pytest.raises(PluginFailure) as traced:
+        hub.traced_hook.umahub_patterns(accelerator=acc)
+    failure = traced.value
+    assert (failure.plugin, failure.hook, failure.partition) == ("Raising", "umahub_patterns", None)
+    assert failure.cause is error and failure.__cause__ is error
+    assert isinstance(failure, CompileError)
+    assert str(failure) == "plugin 'Raising' failed in umahub_patterns: ValueError: no such unit"
+    assert PluginFailure.of(failure, "other", "umahub_schedule") is failure  # its blame stands
+    with pytest.raises(ValueError) as untraced:  # hub.hook is plain pluggy: the original
+        hub.hook.umahub_patterns(accelerator=acc)
+    assert untraced.value is error
 
 
 def test_an_old_style_plugin_works_unchanged_next_to_marked_ones(two):

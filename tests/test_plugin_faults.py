@@ -18,7 +18,9 @@ from graphs import chain, inputs_for, reference
 from tvm import te
 
 import umahub
-from umahub.errors import CompileError, HookTimeoutError, VerificationError
+from umahub.compiler.placement import CheckFailures, Pins, PlannedPattern
+from umahub.compiler.stages.partition import partition
+from umahub.errors import CompileError, HookTimeoutError, PatternCheckFailure, VerificationError
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 SYMBOL = "faulty_0_relu"
@@ -193,6 +195,28 @@ def test_garbage_from_a_hook_stops_the_compile_with_on_error_error(model, fault)
     with pytest.raises(CompileError) as info:
         _hub(fault, **{"on-error": "error"}).compile(mod)
     assert str(info.value) == GARBAGE[fault]
+
+
+def test_a_check_that_raises_is_recorded_as_a_plugin_failure(model):
+    from tvm.relax.dpl import is_op, wildcard
+
+    mod, _, _ = model
+    acc = umahub.Accelerator("faulty")
+    relu = is_op("relax.nn.relu")(wildcard())
+    planned = [PlannedPattern(acc, "faulty.relu", relu, {}, lambda ctx: 1 / 0, True)]
+    failures = CheckFailures(lambda accelerator: f"owner of {accelerator}")
+    part = partition(mod, planned, Pins([]), {"faulty": acc}, failures)
+    assert part.partitions == ()  # the match was refused
+    (failure,) = failures.failures
+    assert isinstance(failure, PatternCheckFailure)
+    assert (failure.plugin, failure.hook, failure.partition) == (
+        "owner of faulty",
+        "umahub_patterns",
+        None,
+    )
+    assert (failure.pattern, failure.nodes) == ("faulty.relu", ("n0",))
+    assert isinstance(failure.cause, ZeroDivisionError) and failure.__cause__ is failure.cause
+    assert failures.by_pattern() == {"faulty.relu": [failure]}
 
 
 # ------------------------------------------------------------------ wrong but valid kernels

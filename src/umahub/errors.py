@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import FrameType
 
 __all__ = [
@@ -17,8 +17,10 @@ __all__ = [
     "ConfigError",
     "HookTimeoutError",
     "MemoryPoolError",
+    "PatternCheckFailure",
     "PlacementError",
     "PluginConflictError",
+    "PluginFailure",
     "PluginLoadError",
     "PluginOutputError",
     "UmahubError",
@@ -125,8 +127,81 @@ class PluginOutputError(CompileError):
     """
 
 
+class PluginFailure(CompileError):
+    """A plugin's code failed: which plugin, in which hook, on which partition.
+
+    Raised where umahub knows whose code failed: the traced call of a hook
+    implementation (:mod:`umahub.hub.tracing`), the contract check of what a
+    hook returned, a time limit that expired while a hook ran. The original
+    exception is ``cause``, also chained as ``__cause__``. Like pluggy's
+    ``PluginValidationError`` and its ``plugin``, the blame is a field of this
+    exception, never set on another one. The stages catch it to name the
+    plugin in their messages, and give ``cause`` as the cause of their own error.
+
+    It wraps the original rather than being attached to it: the original may
+    be TVM's or a plugin's own type, possibly re-raised by TVM's FFI (which
+    keeps no attributes set on an exception), and one ``except PluginFailure``
+    finds the culprit wherever the failure came from. It is a
+    :class:`CompileError`, so ``except CompileError`` (and ``except
+    UmahubError``) still catch a plugin's failure; the type that says what went
+    wrong (:class:`PluginOutputError`, :class:`HookTimeoutError`, a plugin's
+    ``ValueError``) is the type of ``cause``.
+
+    Attributes:
+        plugin: the name of the plugin at fault.
+        hook: the hook whose implementation failed (or returned what failed its check).
+        partition: the symbol of the partition the hook was called for; None
+            where that is not known.
+        cause: the original exception.
+    """
+
+    def __init__(
+        self, plugin: str, hook: str, cause: BaseException, partition: str | None = None
+    ) -> None:
+        self.plugin = plugin
+        self.hook = hook
+        self.partition = partition
+        self.cause = cause
+        self.__cause__ = cause  # also when recorded rather than raised ``from`` it
+        on = f" for partition {partition}" if partition else ""
+        super().__init__(f"plugin '{plugin}' failed in {hook}{on}: {type(cause).__name__}: {cause}")
+
+    @classmethod
+    def of(cls, exc: BaseException, plugin: str, hook: str) -> PluginFailure:
+        """``exc`` as a plugin failure: itself if it is one (its blame stands), else
+        a failure of ``plugin``'s ``hook`` caused by ``exc``.
+
+        For a stage that calls one hook: an exception that the traced call did
+        not blame (umahub's own code around the call) is blamed on the plugin
+        the stage asked.
+        """
+        return exc if isinstance(exc, PluginFailure) else cls(plugin, hook, exc)
+
+
+class PatternCheckFailure(PluginFailure):
+    """The check of a pattern (from ``umahub_patterns``) raised on a match.
+
+    Recorded, not raised: the match is refused and its operators go on to the
+    next claimant or the host (see :class:`umahub.compiler.placement.CheckFailures`).
+
+    Attributes:
+        pattern: the pattern's name.
+        nodes: the node names of the operators in the match.
+    """
+
+    def __init__(
+        self, plugin: str, pattern: str, nodes: Sequence[str], cause: BaseException
+    ) -> None:
+        self.pattern = pattern
+        self.nodes = tuple(nodes)
+        super().__init__(plugin, "umahub_patterns", cause)
+
+
 class HookTimeoutError(CompileError):
-    """A plugin's hooks took longer than ``hook-timeout`` for one partition or accelerator."""
+    """A plugin's hooks took longer than ``hook-timeout`` for one partition or accelerator.
+
+    When a traced hook was running, it is the cause of a :class:`PluginFailure` naming it.
+    """
 
 
 class VerificationError(CompileError):

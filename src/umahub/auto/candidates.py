@@ -22,7 +22,7 @@ from tvm import relax
 
 from umahub._tvm import Constant, ret_type, structural_hash, type_of
 from umahub.auto.cache import digest
-from umahub.compiler.placement import Pins, PlannedPattern
+from umahub.compiler.placement import CheckFailures, Pins, PlannedPattern
 from umahub.ir import is_partition
 from umahub.plugin.accelerator import Accelerator
 from umahub.plugin.context import Operator
@@ -94,18 +94,18 @@ def find_groups(
     planned: Sequence[PlannedPattern],
     pins: Pins,
     position: Mapping[str, int],
-) -> tuple[list[Group], list]:
+    failures: CheckFailures | None = None,
+) -> list[Group]:
     """The candidate groups of ``accelerator``: its patterns alone, no merging.
 
     ``planned`` are the accelerator's patterns, ``position`` every node's place
-    in model order. Returns the groups and the pattern checks that raised
-    (``(pattern, nodes, exception)``, as partitioning records them).
+    in model order. The pattern checks that raise are recorded in
+    ``failures``, as partitioning records them.
     """
     from umahub.compiler.stages.partition import partition
 
     alone = dataclasses.replace(accelerator, merge=False)
     own = [dataclasses.replace(p, accelerator=alone, claims=True) for p in planned]
-    failures: list = []
     part = partition(mod, own, pins, {accelerator.name: alone}, failures)
     calls: dict[str, tuple[relax.Function, list[Any]]] = {}
     for block in part.mod["main"].body.blocks:
@@ -141,4 +141,4 @@ def find_groups(
                 _is_static(composite),
             )
         )
-    return groups, failures
+    return groups

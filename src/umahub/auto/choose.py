@@ -141,7 +141,7 @@ def run(comp: Any, build: Any) -> None:
     groups: list[Group] = []
     for acc in hub.accelerators:
         if acc.name in planned:
-            found, _ = find_groups(comp.mod, acc, planned[acc.name], comp.pins, position)
+            found = find_groups(comp.mod, acc, planned[acc.name], comp.pins, position)
             groups.extend(found)
     clock["costs"] = time.perf_counter()
     costs = Costs(comp, build)

@@ -48,7 +48,7 @@ import numpy as np
 from umahub.auto.cache import CostCache, code_fingerprint, digest
 from umahub.auto.candidates import Group
 from umahub.config import HOST
-from umahub.errors import CompileError, last_line
+from umahub.errors import CompileError, PluginFailure, last_line
 from umahub.hub.timelimit import within
 from umahub.hub.tracing import recording, returned_by
 from umahub.plugin.context import CostContext, Operator
@@ -233,8 +233,10 @@ class Costs:
         try:
             value, giver = within(comp.config.hook_timeout, ask, f"cost of {group.nodes[0]}")
         except Exception as exc:
-            plugin, _ = getattr(exc, "umahub_culprit", (hub.owner(acc.name), "umahub_cost"))
-            self._plugin_failed(plugin, group, f"{type(exc).__name__}: {last_line(exc)}", exc)
+            failure = PluginFailure.of(exc, hub.owner(acc.name), "umahub_cost")
+            cause = failure.cause
+            what = f"{type(cause).__name__}: {last_line(cause)}"
+            self._plugin_failed(failure.plugin, group, what, cause)
             return None
         if value is None:
             return None

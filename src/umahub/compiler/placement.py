@@ -15,6 +15,10 @@ first written wins. Pins come from ``[tool.umahub.placement]``, from the
 model (the ``main`` function's attribute ``"umahub.compiler.placement"``, see
 :func:`annotate`) and from ``hub.compile(mod, placement=...)``, the latter
 overriding the former.
+
+Why this module is long: the pins, the guard that enforces them on every
+match, and what the guard records (accepted matches, refusals, checks that
+raised) are one mechanism; apart, each would reach into the others.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from tvm import relax
 
 from umahub._tvm import name_of
 from umahub.config import HOST, Pin, parse_pin
+from umahub.errors import PatternCheckFailure
 from umahub.ir import span_name
 from umahub.plugin.accelerator import Accelerator
 from umahub.plugin.patterns import refusal_reason
 
 __all__ = [
     "MODEL_PLACEMENT_ATTR",
+    "CheckFailures",
     "Matches",
     "Pins",
     "PlannedPattern",
@@ -137,7 +143,7 @@ class PlannedPattern:
         self,
         pins: Pins,
         accepted: list | None = None,
-        failures: list | None = None,
+        failures: CheckFailures | None = None,
         refusals: Refusals | None = None,
     ) -> relax.transform.FusionPattern:
         """The FusionPattern with a check that also enforces the pins.
@@ -145,7 +151,7 @@ class PlannedPattern:
         Every accepted match is appended to ``accepted`` as
         ``(pattern name, [(node, op), ...])``. A plugin check that raises
         refuses the match (its operators go on to the next claimant or the
-        host) and appends ``(pattern name, nodes, exception)`` to ``failures``.
+        host) and is recorded in ``failures``.
         A refused match that holds an operator pinned to this accelerator is
         recorded in ``refusals``, with why (see :class:`Refusals`).
         """
@@ -253,7 +259,7 @@ def _guard(
     planned: PlannedPattern,
     pins: Pins,
     accepted: list | None,
-    failures: list | None,
+    failures: CheckFailures | None,
     refusals: Refusals | None = None,
 ) -> Callable[[Any], bool]:
     def guarded(ctx: Any) -> bool:
@@ -263,7 +269,7 @@ def _guard(
                 why = _refused(planned, pins, ctx)
             except Exception as exc:  # a plugin's check: never let it through TVM's pass
                 if failures is not None:
-                    failures.append((planned.name, [n for n, _ in matched_operators(ctx)], exc))
+                    failures.add(planned, [n for n, _ in matched_operators(ctx)], exc)
                 return False
         if why is not None:
             if refusals is not None and pins and _wanted(planned, pins, ctx):
@@ -364,6 +370,36 @@ class Refusals(dict):
     def of(self, node: str, accelerator: str) -> list[tuple[str, str]]:
         """The refusals of ``accelerator``'s patterns of matches holding ``node``."""
         return [(p, r) for p, r in self.get(node, ()) if p.split(".", 1)[0] == accelerator]
+
+
+class CheckFailures:
+    """The pattern checks that raised while partitioning, as :class:`PatternCheckFailure`.
+
+    A check that raises refuses its match rather than stopping the compile
+    (an exception must not go through TVM's pass): it is recorded here, and
+    the partition stage reports it, once per pattern, when partitioning is done.
+    """
+
+    def __init__(self, owner: Callable[[str], str]) -> None:
+        #: accelerator name -> the plugin blamed for its patterns' checks.
+        self.owner = owner
+        self.failures: list[PatternCheckFailure] = []
+
+    def add(self, planned: PlannedPattern, nodes: Sequence[str], cause: Exception) -> None:
+        """Record that ``planned``'s check raised ``cause`` on a match over ``nodes``."""
+        plugin = self.owner(planned.accelerator.name)
+        self.failures.append(PatternCheckFailure(plugin, planned.name, nodes, cause))
+
+    def clear(self) -> None:
+        """Forget every failure (the checks run again)."""
+        self.failures.clear()
+
+    def by_pattern(self) -> dict[str, list[PatternCheckFailure]]:
+        """The failures by pattern name, patterns in the order they first failed."""
+        found: dict[str, list[PatternCheckFailure]] = {}
+        for failure in self.failures:
+            found.setdefault(failure.pattern, []).append(failure)
+        return found
 
 
 def normalise_pattern(accelerator: Accelerator, item: Any) -> tuple[str, Any, dict, Any]:

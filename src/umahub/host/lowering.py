@@ -19,7 +19,7 @@ from typing import Any
 import tvm
 from tvm import relax, s_tir, tirx
 
-from umahub.errors import warn
+from umahub.errors import PluginFailure, warn
 from umahub.host.schedules import default_schedule
 from umahub.hub.tracing import last_returned, recording
 from umahub.targets import host_target
@@ -211,10 +211,11 @@ def _by_plugin(hub: Any, func: tirx.PrimFunc, target: Any, name: str) -> tuple[A
     try:
         said = hub.traced_hook.umahub_host_schedule(schedule=sch, target=target)
     except Exception as exc:
-        plugin, _ = getattr(exc, "umahub_culprit", ("?", "umahub_host_schedule"))
+        failure = PluginFailure.of(exc, "?", "umahub_host_schedule")
+        cause = failure.cause
         warn(
-            f"plugin '{plugin}' failed in umahub_host_schedule for the host function "
-            f"'{name}': {type(exc).__name__}: {exc}; umahub's own schedule is used instead"
+            f"plugin '{failure.plugin}' failed in umahub_host_schedule for the host function "
+            f"'{name}': {type(cause).__name__}: {cause}; umahub's own schedule is used instead"
         )
         return None
     if said is None:

@@ -10,8 +10,9 @@ In the traced manager the pipeline uses, each implementation is wrapped so
 that, while a compile records, every call is logged with its plugin, hook,
 duration and whether it returned something (:mod:`umahub.hub.tracing`): that is
 what the report shows per partition. An exception leaving an implementation
-gets ``exc.umahub_culprit = (plugin, hook)``, so that errors name the plugin at
-fault. ``hub.hook`` is untraced: plain pluggy dispatch, nothing added per call.
+leaves it as a :class:`umahub.errors.PluginFailure` (plugin, hook, the original
+as its cause), so that errors name the plugin at fault. ``hub.hook`` is
+untraced: plain pluggy dispatch, nothing added per call.
 
 An implementation marked ``@umahub.hookimpl(accelerator=...)`` (see
 :class:`umahub.plugin.markers.HookimplMarker`) is registered behind a *router*: a

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from umahub.errors import HookTimeoutError
+from umahub.errors import HookTimeoutError, PluginFailure
 from umahub.hub.tracing import running_on
 
 __all__ = ["within"]
@@ -33,8 +33,9 @@ def within(seconds: float, work: Callable[[], T], what: str) -> T:
     caller's context variables (the hook log of the report, the size bounds).
 
     Raises:
-        HookTimeoutError: the time ran out; ``umahub_culprit`` names the plugin
-            and hook that were running, when a traced hook was.
+        PluginFailure: the time ran out while a traced hook was running: the
+            failure names its plugin and hook, its cause is the HookTimeoutError.
+        HookTimeoutError: the time ran out, and no traced hook was running.
         Exception: whatever ``work`` raised.
     """
     if seconds <= 0:
@@ -58,7 +59,8 @@ def within(seconds: float, work: Callable[[], T], what: str) -> T:
             "stopped safely and is left running in the background"
         )
         if culprit is not None:
-            error.umahub_culprit = culprit  # type: ignore[attr-defined]
+            plugin, hook = culprit
+            raise PluginFailure(plugin, hook, error) from error
         raise error
     if "error" in box:
         raise box["error"]  # type: ignore[misc]

@@ -3,9 +3,14 @@
 The traced manager of :mod:`umahub.hub.dispatch` wraps every implementation with
 :func:`traced`: while a compile records (:func:`recording`), each call is
 logged as a :class:`HookCall` (the report's hooks per partition, the hook
-times); an exception leaving an implementation gets ``exc.umahub_culprit =
-(plugin, hook)``; and the implementation running on each thread is known
+times); an exception leaving an implementation leaves it as a
+:class:`~umahub.errors.PluginFailure` naming the plugin and the hook, caused
+by the original; and the implementation running on each thread is known
 (:func:`running_on`), so that an expired time limit can name it.
+
+A plugin's hook wrapper (``wrapper=True``) around traced implementations
+therefore sees their exceptions as a ``PluginFailure`` (the original is its
+``cause``); with ``hub.hook``, which is not traced, it sees the original.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from umahub.errors import PluginFailure
 
 __all__ = [
     "HookCall",
@@ -82,7 +89,12 @@ def running_on(thread_id: int | None) -> tuple[str, str] | None:
 
 
 def traced(plugin: str, hook: str, func: Any) -> Any:
-    """``func`` (``plugin``'s implementation of ``hook``) logged, timed and blamed."""
+    """``func`` (``plugin``'s implementation of ``hook``) logged, timed and blamed.
+
+    Raises:
+        PluginFailure: ``func`` raised; the failure names ``plugin`` and
+            ``hook`` (or, raised by a traced call inside ``func``, that one's).
+    """
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -95,10 +107,10 @@ def traced(plugin: str, hook: str, func: Any) -> Any:
                 return func(*args, **kwargs)
             start = time.perf_counter()
             result = func(*args, **kwargs)
+        except PluginFailure:
+            raise  # blamed by the traced call it left first, the innermost
         except Exception as exc:
-            if not hasattr(exc, "umahub_culprit"):
-                exc.umahub_culprit = (plugin, hook)  # type: ignore[attr-defined]
-            raise
+            raise PluginFailure(plugin, hook, exc) from exc
         finally:
             if outer is None:
                 _RUNNING.pop(me, None)

@@ -9,9 +9,10 @@ reused by every later consumer on that device). The module carries the
 ``vdevice`` list; ``RealizeVDevice`` and the VM, made with the device list, do
 the rest.
 
-Why this module is long: :func:`place_on_devices` rebuilds ``main`` binding by
-binding, and its closures (fetch a value onto a device, record the copy) share
-that walk's state; split up, they would pass half a dozen maps to each other.
+Why this module is long: placing the partitions (:class:`DevicePlacer`) is one
+walk over ``main`` whose steps (emit a binding, fetch a value onto a device,
+record the copy) share its state: where each value lives, the copies made, who
+made each value. It is most of the stage; the rest builds on its result.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from umahub.plugin.memory import tensor_bytes
 from umahub.runtime.compiled import Compiled, signature_of
 from umahub.runtime.step_functions import with_steps
 
-__all__ = ["count_copies", "load", "place_on_devices", "prepare", "run"]
+__all__ = ["DevicePlacer", "count_copies", "load", "place_on_devices", "prepare", "run"]
 
 
 @relax.expr_functor.mutator
@@ -128,119 +129,201 @@ def place_on_devices(
         The module, the copies (in the order they happen), and the runtime
         device index of each weight parameter.
     """
-    vdevices = [VDevice("llvm", i, "global") for i in range(len(devices))]
-    index = {name: i for i, name in enumerate(devices)}
-    main = mod["main"]
-    others = {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}
-    bb = relax.BlockBuilder(tvm.IRModule(others, attrs=mod.attrs))
-    params = [relax.Var(name_of(p), _on(type_of(p), vdevices[0])) for p in main.params]
-    first_reader = _device_weights(mod, device_of) if lift_weights else {}
-    weights = list(first_reader)
-    weight_params = [
-        relax.Var(f"umahub_w{i}", _on(type_of(c), vdevices[index[d]]))
-        for i, (c, d) in enumerate(weights)
-    ]
-    remap: dict = dict(zip(main.params, params))
-    where: dict = {w: d for w, (_, d) in zip(weight_params, weights)}
-    fetched: dict = {}
-    copies: list[Copy] = []
-    made_by: dict = {}  # variable -> the operator (node) or partition (symbol) that made it
-    reader = [""]  # the operator or partition being emitted: the consumer of its copies
-    for (constant, device), param in zip(weights, weight_params):
-        fetched[(constant, device)] = param
-        copies.append(
-            Copy(
-                "weight",
-                HOST,
-                device,
-                tensor_bytes(type_of(constant)),
-                copy_kind.get(device, "sync"),
-                constant=True,
-                when="load",
-                consumer=first_reader[(constant, device)],
-            )
-        )
+    return DevicePlacer(mod, device_of, devices, copy_kind, lift_weights).place(realize)
 
-    def fetch(expr: relax.Expr, device: str) -> relax.Expr:
-        if (expr, device) in fetched:  # a copy made before, or a weight parameter
-            return fetched[(expr, device)]
-        source = where.get(expr, HOST)
-        if source == device:
-            return expr
-        key = (expr, device)
-        if isinstance(type_of(expr), TupleType):  # a multi-output partition: field by field
-            fields = []
-            for i in range(len(type_of(expr).fields)):
-                item = bb.emit(relax.TupleGetItem(expr, i))
-                where[item] = source
-                made_by[item] = made_by.get(expr, "")
-                fields.append(fetch(item, device))
-            fetched[key] = bb.emit(relax.Tuple(fields))
-            return fetched[key]
-        if not isinstance(type_of(expr), TensorType):
-            return expr
-        if key not in fetched:
-            fetched[key] = bb.emit(relax.op.to_vdevice(expr, vdevices[index[device]]))
-            accelerator_end = device if device != HOST else source
-            copies.append(
+
+class DevicePlacer:
+    """One walk over ``main`` that rebuilds it with every partition on its device.
+
+    See :func:`place_on_devices`, its entry point, for the arguments. A
+    placer places once: its fields are the walk's state, which each binding
+    emitted reads and extends (where every value lives, the copies made so
+    far, who made each value).
+    """
+
+    def __init__(
+        self,
+        mod: tvm.IRModule,
+        device_of: Mapping[str, str],
+        devices: Sequence[str],
+        copy_kind: Mapping[str, str],
+        lift_weights: bool = True,
+    ) -> None:
+        self.mod = mod
+        self.device_of = device_of
+        self.copy_kind = copy_kind
+        self.vdevices = [VDevice("llvm", i, "global") for i in range(len(devices))]
+        #: virtual device name -> runtime device index
+        self.index = {name: i for i, name in enumerate(devices)}
+        self.main = mod["main"]
+        others = {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}
+        self.bb = relax.BlockBuilder(tvm.IRModule(others, attrs=mod.attrs))
+        self.params = [
+            relax.Var(name_of(p), _on(type_of(p), self.vdevices[0])) for p in self.main.params
+        ]
+        #: (constant, device) -> the first partition reading it; its keys are the weights
+        self.first_reader = _device_weights(mod, device_of) if lift_weights else {}
+        self.weights = list(self.first_reader)
+        self.weight_params = [
+            relax.Var(f"umahub_w{i}", _on(type_of(c), self.vdevices[self.index[d]]))
+            for i, (c, d) in enumerate(self.weights)
+        ]
+        #: variable of the input module -> its variable in the placed one
+        self.remap: dict = dict(zip(self.main.params, self.params))
+        #: value -> the device it lives on; absent: the host
+        self.where: dict = {w: d for w, (_, d) in zip(self.weight_params, self.weights)}
+        #: (value, device) -> that value on that device: a copy made before, or a weight parameter
+        self.fetched: dict = {}
+        #: the copies, in the order they happen
+        self.copies: list[Copy] = []
+        #: variable -> the operator (node) or partition (symbol) that made it
+        self.made_by: dict = {}
+        #: the operator or partition being emitted: the consumer of its copies
+        self.reader = ""
+
+    def place(self, realize: bool = True) -> tuple[tvm.IRModule, list[Copy], list[int]]:
+        """The placed module, its copies and each weight parameter's device index."""
+        self._lift_weights()
+        self._emit_main()
+        if self.weights:
+            with self.bb.function("umahub_weights", []):
+                self.bb.emit_func_output(relax.Tuple([c for c, _ in self.weights]))
+        placed = self.bb.get()
+        for key, value in (self.mod.global_infos or {}).items():
+            if key != "vdevice":
+                placed.update_global_info(key, value)
+        placed.update_global_info("vdevice", self.vdevices)
+        if realize:
+            placed = relax.transform.RealizeVDevice()(placed)
+        return placed, self.copies, [self.index[d] for _, d in self.weights]
+
+    def _lift_weights(self) -> None:
+        """Each weight is its parameter on its device, copied once, when the model is loaded."""
+        for (constant, device), param in zip(self.weights, self.weight_params):
+            self.fetched[(constant, device)] = param
+            self.copies.append(
                 Copy(
-                    tensor=name_of(expr) if isinstance(expr, relax.Var) else "constant",
-                    src=source,
-                    dst=device,
-                    bytes=tensor_bytes(type_of(expr)),
-                    kind=copy_kind.get(accelerator_end, "sync"),
-                    constant=isinstance(expr, Constant),
-                    producer=made_by.get(expr, ""),
-                    consumer=reader[0],
+                    "weight",
+                    HOST,
+                    device,
+                    tensor_bytes(type_of(constant)),
+                    self.copy_kind.get(device, "sync"),
+                    constant=True,
+                    when="load",
+                    consumer=self.first_reader[(constant, device)],
                 )
             )
-        return fetched[key]
 
-    def host_arg(arg: relax.Expr) -> relax.Expr | None:
+    def _emit_main(self) -> None:
+        """The new ``main``: every binding emitted in order, its result on the host."""
+        main = self.main
+        attrs = {str(k): v for k, v in main.attrs.items()} if main.attrs else None
+        bb = self.bb
+        with bb.function("main", self.params + self.weight_params, attrs=attrs, pure=main.is_pure):
+            for block in main.body.blocks:
+                if isinstance(block, relax.DataflowBlock):
+                    with bb.dataflow():
+                        for binding in block.bindings:
+                            self._emit(binding, dataflow=True)
+                else:  # a plain block (control flow, impure calls): everything on the host
+                    for binding in block.bindings:
+                        self._emit(binding, dataflow=False)
+            bb.emit_func_output(_Substitute(self.remap).visit_expr(main.body.body))
+
+    def fetch(self, expr: relax.Expr, device: str) -> relax.Expr:
+        """``expr`` on ``device``: itself where it lives there, else its copy (made once)."""
+        if (expr, device) in self.fetched:  # a copy made before, or a weight parameter
+            return self.fetched[(expr, device)]
+        source = self.where.get(expr, HOST)
+        if source == device:
+            return expr
+        if isinstance(type_of(expr), TupleType):  # a multi-output partition: field by field
+            return self._fetch_fields(expr, source, device)
+        if not isinstance(type_of(expr), TensorType):
+            return expr
+        return self._copy(expr, source, device)
+
+    def _fetch_fields(self, expr: relax.Expr, source: str, device: str) -> relax.Expr:
+        """A tuple from ``source`` on ``device``: each field fetched, then the tuple again."""
+        fields = []
+        for i in range(len(type_of(expr).fields)):
+            item = self.bb.emit(relax.TupleGetItem(expr, i))
+            self.where[item] = source
+            self.made_by[item] = self.made_by.get(expr, "")
+            fields.append(self.fetch(item, device))
+        self.fetched[(expr, device)] = self.bb.emit(relax.Tuple(fields))
+        return self.fetched[(expr, device)]
+
+    def _copy(self, expr: relax.Expr, source: str, device: str) -> relax.Expr:
+        """A tensor's copy from ``source`` to ``device``, emitted and recorded."""
+        key = (expr, device)
+        self.fetched[key] = self.bb.emit(
+            relax.op.to_vdevice(expr, self.vdevices[self.index[device]])
+        )
+        accelerator_end = device if device != HOST else source
+        self.copies.append(
+            Copy(
+                tensor=name_of(expr) if isinstance(expr, relax.Var) else "constant",
+                src=source,
+                dst=device,
+                bytes=tensor_bytes(type_of(expr)),
+                kind=self.copy_kind.get(accelerator_end, "sync"),
+                constant=isinstance(expr, Constant),
+                producer=self.made_by.get(expr, ""),
+                consumer=self.reader,
+            )
+        )
+        return self.fetched[key]
+
+    def _host_arg(self, arg: relax.Expr) -> relax.Expr | None:
+        """An argument of a host call, fetched to the host; None when it nests expressions."""
         if isinstance(arg, relax.Var):
-            return fetch(remap.get(arg, arg), HOST)
+            return self.fetch(self.remap.get(arg, arg), HOST)
         if isinstance(arg, relax.Call | relax.Tuple | relax.TupleGetItem):
             return None  # nested: left to the general substitution below
         return arg  # constants, shapes, prim values
 
-    def host_value(value: relax.Expr) -> relax.Expr:
+    def _host_value(self, value: relax.Expr) -> relax.Expr:
+        """``value`` computed on the host: every variable it reads fetched there."""
         if isinstance(value, relax.Call):  # the common case, without a mutator
-            args = [host_arg(a) for a in value.args]
+            args = [self._host_arg(a) for a in value.args]
             if all(a is not None for a in args):
                 return relax.Call(value.op, args, value.attrs, type_args(value), value.span)
         used = relax.analysis.free_vars(value)
-        mapping = {v: fetch(remap.get(v, v), HOST) for v in used}
+        mapping = {v: self.fetch(self.remap.get(v, v), HOST) for v in used}
         return _Substitute(mapping).visit_expr(value) if mapping else value
 
-    attrs = {str(k): v for k, v in main.attrs.items()} if main.attrs else None
-
-    def emit(binding: relax.Binding, dataflow: bool) -> None:
+    def _emit(self, binding: relax.Binding, dataflow: bool) -> None:
+        """One binding of ``main``, on the device of its partition, else on the host."""
+        bb, where = self.bb, self.where
         value = binding.value
         name = name_of(binding.var)
-        call = partition_call(mod, value)
-        placed_call = call is not None and call[0] in device_of
-        reader[0] = call[0] if placed_call else node_name(binding)
+        call = partition_call(self.mod, value)
+        placed_call = call is not None and call[0] in self.device_of
+        self.reader = call[0] if placed_call else node_name(binding)
         if isinstance(binding, relax.MatchCast):  # defines symbolic sizes: kept, on the host
             var = type(binding.var)(name, type_of(binding.var))
-            bb.emit_normalized(relax.MatchCast(var, bb.normalize(host_value(value)), type_of(var)))
-            remap[binding.var] = var
+            bb.emit_normalized(
+                relax.MatchCast(var, bb.normalize(self._host_value(value)), type_of(var))
+            )
+            self.remap[binding.var] = var
             return
         tuple_value = (
-            remap.get(value.tuple_value, value.tuple_value)
+            self.remap.get(value.tuple_value, value.tuple_value)
             if isinstance(value, relax.TupleGetItem)
             else None
         )
         if placed_call:
             symbol, call_args = call
-            device = device_of[symbol]
-            args = [fetch(remap.get(a, a), device) for a in call_args]
-            out_ty = _dps_outputs(_on(type_of(value), vdevices[index[device]]))
+            device = self.device_of[symbol]
+            args = [self.fetch(self.remap.get(a, a), device) for a in call_args]
+            out_ty = _dps_outputs(_on(type_of(value), self.vdevices[self.index[device]]))
             new = call_dps_packed(relax.ExternFunc(symbol), relax.Tuple(args), out_ty)
         elif tuple_value is not None and where.get(tuple_value, HOST) != HOST:
             # an output of a multi-output partition stays on its device until read
             device, new = where[tuple_value], relax.TupleGetItem(tuple_value, value.index)
         else:
-            device, new = HOST, host_value(value)
+            device, new = HOST, self._host_value(value)
         if not dataflow or isinstance(binding.var, relax.DataflowVar):
             var = bb.emit(new, name)
             if device != HOST:
@@ -249,34 +332,12 @@ def place_on_devices(
             if device != HOST:
                 on_device = bb.emit(new, name)
                 where[on_device] = device
-                made_by[on_device], reader[0] = reader[0], ""  # read by the model's caller
-                new = fetch(on_device, HOST)
-                reader[0] = made_by[on_device]
+                self.made_by[on_device], self.reader = self.reader, ""  # read by the model's caller
+                new = self.fetch(on_device, HOST)
+                self.reader = self.made_by[on_device]
             var = bb.emit_output(new, name)
-        remap[binding.var] = var
-        made_by[var] = reader[0]
-
-    with bb.function("main", params + weight_params, attrs=attrs, pure=main.is_pure):
-        for block in main.body.blocks:
-            if isinstance(block, relax.DataflowBlock):
-                with bb.dataflow():
-                    for binding in block.bindings:
-                        emit(binding, dataflow=True)
-            else:  # a plain block (control flow, impure calls): everything on the host
-                for binding in block.bindings:
-                    emit(binding, dataflow=False)
-        bb.emit_func_output(_Substitute(remap).visit_expr(main.body.body))
-    if weights:
-        with bb.function("umahub_weights", []):
-            bb.emit_func_output(relax.Tuple([c for c, _ in weights]))
-    placed = bb.get()
-    for key, value in (mod.global_infos or {}).items():
-        if key != "vdevice":
-            placed.update_global_info(key, value)
-    placed.update_global_info("vdevice", vdevices)
-    if realize:
-        placed = relax.transform.RealizeVDevice()(placed)
-    return placed, copies, [index[d] for _, d in weights]
+        self.remap[binding.var] = var
+        self.made_by[var] = self.reader
 
 
 def _virtual_devices(hub: Any, reports: Any, devices: list[str]) -> None:

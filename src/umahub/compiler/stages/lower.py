@@ -26,7 +26,7 @@ from umahub.compiler import codegen
 from umahub.compiler.compilation import Compilation, Partition
 from umahub.compiler.lowering import default_relax_to_tir
 from umahub.compiler.tir_phases import PHASES, use_phase_passes
-from umahub.errors import CompileError, PluginOutputError, last_line
+from umahub.errors import CompileError, PluginFailure, PluginOutputError, last_line
 from umahub.host import prepack
 from umahub.host.prepack import Packing
 from umahub.hub.contract import (
@@ -58,7 +58,7 @@ def _lower_one(
     if tir_mod is None:
         tir_mod = default = default_relax_to_tir(func, ctx.symbol, acc.name)
     else:
-        _blame("umahub_relax_to_tir", checked_relax_to_tir, tir_mod, ctx.symbol, func)
+        _blame(ctx, "umahub_relax_to_tir", checked_relax_to_tir, tir_mod, ctx.symbol, func)
     schedule = tvm.s_tir.Schedule(tir_mod)
     schedule.work_on(ctx.symbol)
     said = [
@@ -67,15 +67,15 @@ def _lower_one(
         if isinstance(s, str)
     ]
     scheduled, packings = _blame(
-        "umahub_schedule", prepack.split, schedule.mod, ctx.symbol, func, ctx.weights
+        ctx, "umahub_schedule", prepack.split, schedule.mod, ctx.symbol, func, ctx.weights
     )
     phase_passes: dict[int, list[Any]] = {}
-    failed: list[str] = []  # the plugin whose pass raised: TVM's FFI drops exception attributes
+    failed: list[str] = []  # the plugin whose pass raised: no blame crosses TVM's FFI with it
     for phase in PHASES:
         results = hub.traced_hook.umahub_tir_passes(accelerator=acc, phase=phase, context=ctx)
         phase_passes[phase] = []
         for plugin, result in zip(returned_by("umahub_tir_passes", len(results)), results):
-            passes = _blame("umahub_tir_passes", checked_passes, result, phase)
+            passes = _blame(ctx, "umahub_tir_passes", checked_passes, result, phase)
             phase_passes[phase] += [_attributed(p, plugin, failed) for p in passes]
     with use_phase_passes(phase_passes) as pipeline:
         ctx = replace(ctx, tir_pipeline=pipeline)
@@ -84,12 +84,15 @@ def _lower_one(
             if module is None:  # valid C already (see codegen.prepend_c)
                 module = codegen.build_default(acc, scheduled, ctx.symbol, pipeline, ctx.target)
             else:
-                _blame("umahub_codegen", checked_codegen, module, ctx.symbol, codegen.module_kind)
+                _blame(
+                    ctx, "umahub_codegen", checked_codegen, module, ctx.symbol, codegen.module_kind
+                )
                 if codegen.module_kind(module) == "c":  # a plugin's C: made valid the same way
                     module = codegen.prepend_c(module, "", ctx.symbol)
         except Exception as exc:
-            if failed:
-                exc.umahub_culprit = (failed[0], "umahub_tir_passes")  # type: ignore[attr-defined]
+            if failed:  # a pass raised, maybe inside a plugin's codegen: the pass is at fault
+                cause = exc.cause if isinstance(exc, PluginFailure) else exc
+                raise PluginFailure(failed[0], "umahub_tir_passes", cause, ctx.symbol) from cause
             raise
     if codegen.module_kind(module) == "c":  # compiled now, so that a failure can fall back
         try:
@@ -101,15 +104,14 @@ def _lower_one(
                     f"the default C codegen of '{acc.name}' failed for partition {ctx.symbol} "
                     f"on {ctx.device}: {exc}"
                 ) from exc
-            exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
-            raise
+            raise PluginFailure(plugin, "umahub_codegen", exc, ctx.symbol) from exc
     if ctx.target is not None and codegen.module_kind(module) == "llvm":
         try:
             codegen.check_llvm_target(module, ctx.target)
         except CompileError as exc:
             plugin = last_returned("umahub_codegen")
             if plugin is not None:
-                exc.umahub_culprit = (plugin, "umahub_codegen")  # type: ignore[attr-defined]
+                raise PluginFailure(plugin, "umahub_codegen", exc, ctx.symbol) from exc
             raise
     return module, said, default, packings
 
@@ -128,23 +130,30 @@ def _attributed(tir_pass: Any, plugin: str, failed: list[str]) -> Any:
     return run
 
 
-def _blame(hook: str, check: Callable[..., Any], *args: Any) -> Any:
-    """Run a contract check on what ``hook`` returned; a failure names the plugin that gave it."""
+def _blame(ctx: CompileContext, hook: str, check: Callable[..., Any], *args: Any) -> Any:
+    """Run a contract check on what ``hook`` returned for ``ctx``'s partition.
+
+    Raises:
+        PluginFailure: the check failed, and the plugin that gave the result is known.
+        PluginOutputError: the check failed; no plugin's result is known to be at fault.
+    """
     try:
         return check(*args)
     except PluginOutputError as exc:
         plugin = last_returned(hook)
         if plugin is not None:
-            exc.umahub_culprit = (plugin, hook)  # type: ignore[attr-defined]
+            raise PluginFailure(plugin, hook, exc, ctx.symbol) from exc
         raise
 
 
 def _lowering_failure(exc: Exception, p: Partition, acc: Any) -> tuple[str, type, Exception]:
     """The message, error type and cause for a partition whose lowering failed."""
-    plugin, hook = getattr(exc, "umahub_culprit", (None, None))
-    if isinstance(exc, CompileError) and not plugin:  # umahub's message names the culprit
+    if isinstance(exc, PluginFailure):
+        who, exc = f"plugin '{exc.plugin}' failed in {exc.hook}", exc.cause
+    elif isinstance(exc, CompileError):  # umahub's message names the culprit
         return str(exc), type(exc), exc
-    who = f"plugin '{plugin}' failed in {hook}" if plugin else f"lowering of '{acc.name}' failed"
+    else:
+        who = f"lowering of '{acc.name}' failed"
     detail = last_line(exc)
     return (
         f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on {p.device}: "

@@ -36,7 +36,14 @@ from umahub.compiler.composites import (
     untag,
 )
 from umahub.compiler.operators import Row, flops, producers, walk
-from umahub.compiler.placement import Matches, Pins, PlannedPattern, Refusals, producers_of
+from umahub.compiler.placement import (
+    CheckFailures,
+    Matches,
+    Pins,
+    PlannedPattern,
+    Refusals,
+    producers_of,
+)
 from umahub.config import HOST
 from umahub.errors import CompileError, PlacementError, did_you_mean
 from umahub.ir import node_name, op_calls
@@ -60,7 +67,7 @@ def _fuse(
     mod: tvm.IRModule,
     planned: Sequence[PlannedPattern],
     pins: Pins,
-    failures: list | None,
+    failures: CheckFailures | None,
     refusals: Refusals | None = None,
 ) -> tuple[Matches, tvm.IRModule]:
     """FuseOpsByPattern with the planned patterns: (the accepted matches, the module).
@@ -89,15 +96,14 @@ def partition(
     planned: Sequence[PlannedPattern],
     pins: Pins,
     accelerators: Mapping[str, Accelerator],
-    failures: list | None = None,
+    failures: CheckFailures | None = None,
     refusals: Refusals | None = None,
 ) -> Partitioned:
     """Partition ``mod`` by the planned patterns; place every partition on an instance.
 
-    A pattern check that raises refuses its match; ``(pattern, nodes,
-    exception)`` is appended to ``failures``; why matches holding pinned
-    operators were refused goes to ``refusals`` (see
-    :meth:`PlannedPattern.fusion_pattern`).
+    A pattern check that raises refuses its match and is recorded in
+    ``failures``; why matches holding pinned operators were refused goes to
+    ``refusals`` (see :meth:`PlannedPattern.fusion_pattern`).
     """
     mod = name_nodes(relax.transform.ConvertToDataflow()(mod))
     if planned:
@@ -271,17 +277,14 @@ def _check_pins(
         comp.fail(message, PlacementError)
 
 
-def _check_failures(comp: Compilation, failures: list) -> None:
+def _check_failures(comp: Compilation, failures: CheckFailures) -> None:
     """Pattern checks that raised: their matches were refused; say so, once per pattern."""
-    seen: dict[str, int] = {}
-    for pattern, _, _ in failures:
-        seen[pattern] = seen.get(pattern, 0) + 1
-    for pattern, count in seen.items():
-        _, nodes, exc = next(f for f in failures if f[0] == pattern)
-        accelerator = pattern.split(".", 1)[0]
+    for pattern, failed in failures.by_pattern().items():
+        first, count = failed[0], len(failed)
+        exc = first.cause
         message = (
-            f"plugin '{comp.hub.owner(accelerator)}' failed in the check of pattern '{pattern}' "
-            f"(from umahub_patterns) on {', '.join(nodes) or 'a match'}"
+            f"plugin '{first.plugin}' failed in the check of pattern '{pattern}' "
+            f"(from umahub_patterns) on {', '.join(first.nodes) or 'a match'}"
             f"{f' and {count - 1} more match(es)' if count > 1 else ''}: "
             f"{type(exc).__name__}: {exc}"
         )
@@ -294,7 +297,7 @@ def run(comp: Compilation) -> None:
     """Stage 2: partition ``comp.mod`` by ``comp.planned``; one report per partition."""
     accelerators = {a.name: a for a in comp.hub.accelerators}
     accelerators.update({p.accelerator.name: p.accelerator for p in comp.planned})
-    failures: list = []
+    failures = CheckFailures(comp.hub.owner)
     refusals = Refusals()
     part = partition(comp.mod, comp.planned, comp.pins, accelerators, failures, refusals)
     _check_failures(comp, failures)

@@ -20,7 +20,14 @@ from umahub._tvm import type_of
 from umahub.compiler.compilation import Compilation
 from umahub.compiler.placement import Pins, PlannedPattern, model_pins, pinned_accelerators
 from umahub.config import HOST, glob_problem, parse_pin
-from umahub.errors import CompileError, ConfigError, PluginOutputError, did_you_mean, warn
+from umahub.errors import (
+    CompileError,
+    ConfigError,
+    PluginFailure,
+    PluginOutputError,
+    did_you_mean,
+    warn,
+)
 from umahub.hub.contract import checked_patterns
 from umahub.hub.timelimit import within
 from umahub.hub.tracing import recording, returned_by
@@ -67,21 +74,21 @@ def _patterns_getter(comp: Compilation) -> Callable[[Any], list[Any]]:
             try:
                 patterns += checked_patterns(acc, result)
             except PluginOutputError as exc:
-                exc.umahub_culprit = (plugin, "umahub_patterns")  # type: ignore[attr-defined]
-                raise
+                raise PluginFailure(plugin, "umahub_patterns", exc) from exc
         return patterns
 
     def patterns_of(acc: Any) -> list[Any]:
         try:
             return within(hub.config.hook_timeout, lambda: ask(acc), f"patterns of {acc.name}")
         except Exception as exc:
-            plugin, hook = getattr(exc, "umahub_culprit", (hub.owner(acc.name), "umahub_patterns"))
+            failure = PluginFailure.of(exc, hub.owner(acc.name), "umahub_patterns")
+            cause = failure.cause
             message = (
-                f"plugin '{plugin}' failed in {hook} for accelerator '{acc.name}': "
-                f"{type(exc).__name__}: {exc}"
+                f"plugin '{failure.plugin}' failed in {failure.hook} for accelerator "
+                f"'{acc.name}': {type(cause).__name__}: {cause}"
             )
             comp.fail(
-                message, CompileError, exc, then=f"'{acc.name}' claims nothing in this compile"
+                message, CompileError, cause, then=f"'{acc.name}' claims nothing in this compile"
             )
             return []
 
