@@ -154,7 +154,8 @@ def run(comp: Any, build: Any) -> None:
     clock["search"] = time.perf_counter()
     known = [a.seconds is not None and h.seconds is not None for a, h in zip(on_accel, on_host)]
     host = _host_seconds(
-        operators, [(g, h.seconds) for g, h, k in zip(groups, on_host, known) if k]
+        operators,
+        [(g, h.seconds) for g, h, k in zip(groups, on_host, known) if k and h.seconds is not None],
     )
     copy_model = costs.copy_model(hub.accelerators)
     configured = [a.name for a in hub.claimants if a.name in planned]

@@ -18,7 +18,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import tvm
 from tvm import relax
@@ -36,7 +36,23 @@ if TYPE_CHECKING:
     from umahub.runtime.compiled import Compiled
     from umahub.targets import BuildTarget
 
-__all__ = ["Clock", "Compilation", "Partition", "Partitioned", "Progress"]
+__all__ = ["Clock", "Compilation", "Partition", "Partitioned", "Progress", "written"]
+
+_T = TypeVar("_T")
+
+
+def written(value: _T | None, name: str) -> _T:
+    """``value``, a field of the compilation named ``name`` that an earlier stage writes.
+
+    A stage reads what the stages before it wrote; a field still unset means the
+    stages ran out of order, a bug in umahub, not the user's.
+    """
+    if value is None:
+        raise CompileError(
+            f"the compilation's {name} is read before a stage wrote it: a bug in umahub"
+        )
+    return value
+
 
 Progress = Callable[[str, str], None]
 

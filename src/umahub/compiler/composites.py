@@ -17,7 +17,7 @@ import tvm
 from tvm import relax
 
 from umahub._tvm import name_of, rebind, ret_type, type_args, type_of
-from umahub.compiler.placement import Pins
+from umahub.compiler.placement import Pin, Pins
 from umahub.compiler.vdevice import VirtualDevice
 from umahub.errors import PlacementError
 from umahub.ir import is_composite, name_span, node_name, op_calls
@@ -82,11 +82,13 @@ def _pinned_device(func: relax.Function, pattern: str, pins: Pins, accel: str) -
     pattern_pin = pins.for_pattern(pattern)
     if pattern_pin is not None:
         constraints.append((pattern, pattern_pin))
-    joined, first = VirtualDevice(), None
+    joined = VirtualDevice()
+    first: tuple[str, Pin] | None = None  # the pin that set the instance, for the message
     for selector, pin in constraints:
         device = VirtualDevice("cpu", pin.instance, None, None)
         merged = joined.join(device)
         if merged is None:
+            assert first is not None  # the first constraint always joins the empty device
             raise PlacementError(
                 f"one match of pattern '{pattern}' holds operators pinned to two instances: "
                 f"{first[0]!r} -> '{first[1]}' and {selector!r} -> '{pin}' "

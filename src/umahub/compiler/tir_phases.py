@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import tvm
@@ -128,7 +128,7 @@ def _stretches(config: Any) -> list[list[Any]]:
     ]
 
 
-def phased_pipeline(phase_passes: dict[int, Sequence[Any]]) -> tvm.transform.Pass:
+def phased_pipeline(phase_passes: Mapping[int, Sequence[Any]]) -> tvm.transform.Pass:
     """The s_tir pipeline with ``phase_passes[N]`` run before stretch N."""
 
     @tvm.transform.module_pass(opt_level=0, name="umahub.PhasedTIRPipeline")
@@ -153,7 +153,7 @@ tvm.tirx.compilation_pipeline.register_tir_pipeline(PIPELINE_NAME, _factory)
 
 
 @contextlib.contextmanager
-def use_phase_passes(phase_passes: dict[int, Sequence[Any]]) -> Iterator[str]:
+def use_phase_passes(phase_passes: Mapping[int, Sequence[Any]]) -> Iterator[str]:
     """Within the block, ``tvm.tirx.build(..., pipeline="umahub")`` runs these phase passes.
 
     Yields the pipeline name to pass to ``tvm.tirx.build``.

@@ -133,7 +133,8 @@ class VirtualDevice:
             vid = other.virtual_device_id
         target = self.target
         if target is None and other.target is not None:
-            if _canonical_target(other.target)[1] == dtype:
+            canonical = _canonical_target(other.target)
+            if canonical is not None and canonical[1] == dtype:
                 target = other.target
         scope = self.memory_scope if self.memory_scope is not None else other.memory_scope
         return _make(dtype, vid, target, scope)

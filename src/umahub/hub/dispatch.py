@@ -206,8 +206,8 @@ class PluginManager(pluggy.PluginManager):
                     f"{hook}({', '.join(wanted)}) takes {', '.join(repr(n) for n in extra)}, "
                     f"which umahub does not pass to {hook}; it passes: {', '.join(spec_args)}"
                 )
-            opts = dict(opts)
-            names = opts.pop(ACCELERATOR_OPTION, None)
+            options: dict[str, Any] = dict(opts)
+            names = options.pop(ACCELERATOR_OPTION, None)
             if names is not None and "accelerator" not in spec_args:
                 per_accelerator = [
                     h for h in HOOK_NAMES if "accelerator" in getattr(self.hook, h).spec.argnames
@@ -217,7 +217,7 @@ class PluginManager(pluggy.PluginManager):
                     f"{hook} is not called per accelerator; the hooks that are: "
                     f"{', '.join(per_accelerator)}"
                 )
-            groups.setdefault(hook, []).append(_Impl(attr, function, opts, tuple(wanted), names))
+            groups.setdefault(hook, []).append(_Impl(attr, function, options, tuple(wanted), names))
         found: dict[str, tuple[Any, dict[str, Any]]] = {}
         for hook, group in groups.items():
             if len(group) == 1 and group[0].accelerators is None:
@@ -227,9 +227,9 @@ class PluginManager(pluggy.PluginManager):
         marked = [
             (impl, name) for g in groups.values() for impl in g for name in impl.accelerators or ()
         ]
-        if marked:
-            declared = self._declared(found)
-            for impl, name in marked if declared is not None else ():
+        declared = self._declared(found) if marked else None
+        if declared is not None:
+            for impl, name in marked:
                 if name not in declared:
                     raise ValueError(
                         f"hook implementation '{impl.attr}' is marked accelerator='{name}', "
@@ -304,7 +304,8 @@ class PluginManager(pluggy.PluginManager):
         if not isinstance(result, (list, tuple)):
             return None  # the hub reports what is wrong with it
         names = [getattr(a, "name", None) for a in result]
-        return names if all(isinstance(n, str) for n in names) else None
+        strings = [n for n in names if isinstance(n, str)]
+        return strings if len(strings) == len(names) else None
 
     def register_ordered(
         self,

@@ -70,7 +70,7 @@ class Hub:
         cfg.check_plugin_names(
             [c.name for c in found],
             HOOK_NAMES,
-            (c.distribution for c in found if c.dist is not None),
+            (c.dist.name for c in found if c.dist is not None),
         )
         self._pm = PluginManager()
         infos: list[PluginInfo] = []

@@ -193,6 +193,11 @@ def _object_name(obj: Any) -> str:
     return name or type(obj).__name__
 
 
+def _given(obj: Any) -> Any:
+    """A plugin object given in code: loading it is having it."""
+    return obj
+
+
 def find(autoload: bool = True, objects: Sequence[Any] = ()) -> list[Candidate]:
     """Find every plugin candidate (see module docs), entry points sorted by name.
 
@@ -213,11 +218,16 @@ def find(autoload: bool = True, objects: Sequence[Any] = ()) -> list[Candidate]:
         else:
             candidates.append(
                 Candidate(
-                    name, "UMAHUB_PLUGINS", lambda n=name: importlib.import_module(n), target=name
+                    name,
+                    "UMAHUB_PLUGINS",
+                    functools.partial(importlib.import_module, name),
+                    target=name,
                 )
             )
     for obj in objects:
-        candidates.append(Candidate(_object_name(obj), "Hub(plugins=...)", lambda o=obj: o))
+        candidates.append(
+            Candidate(_object_name(obj), "Hub(plugins=...)", functools.partial(_given, obj))
+        )
     return candidates
 
 

@@ -88,7 +88,7 @@ class Runner:
     """Relax VMs over one loaded library, with numpy in and out; one VM per thread.
 
     Weights that partitions read on accelerators are extra parameters of
-    ``main`` (see :func:`umahub.build.place_on_devices`): they are copied to
+    ``main`` (see :func:`umahub.compiler.stages.build.place_on_devices`): they are copied to
     their devices once, here, not at every inference, and shared by all VMs.
     """
 

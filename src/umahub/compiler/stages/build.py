@@ -299,8 +299,8 @@ class DevicePlacer:
         value = binding.value
         name = name_of(binding.var)
         call = partition_call(self.mod, value)
-        placed_call = call is not None and call[0] in self.device_of
-        self.reader = call[0] if placed_call else node_name(binding)
+        placed_call = call if call is not None and call[0] in self.device_of else None
+        self.reader = placed_call[0] if placed_call is not None else node_name(binding)
         if isinstance(binding, relax.MatchCast):  # defines symbolic sizes: kept, on the host
             var = type(binding.var)(name, type_of(binding.var))
             bb.emit_normalized(
@@ -313,8 +313,8 @@ class DevicePlacer:
             if isinstance(value, relax.TupleGetItem)
             else None
         )
-        if placed_call:
-            symbol, call_args = call
+        if placed_call is not None:
+            symbol, call_args = placed_call
             device = self.device_of[symbol]
             args = [self.fetch(self.remap.get(a, a), device) for a in call_args]
             out_ty = _dps_outputs(_on(type_of(value), self.vdevices[self.index[device]]))

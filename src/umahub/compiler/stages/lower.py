@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 
 from umahub.compiler import codegen
-from umahub.compiler.compilation import Compilation, Partition
+from umahub.compiler.compilation import Compilation, Partition, written
 from umahub.compiler.lowering import default_relax_to_tir
 from umahub.compiler.tir_phases import PHASES, use_phase_passes
 from umahub.errors import CompileError, PluginFailure, PluginOutputError, last_line
@@ -98,20 +98,20 @@ def _lower_one(
         try:
             codegen.check_c(module, acc, cc)
         except CompileError as exc:
-            plugin = last_returned("umahub_codegen")
-            if plugin is None:
+            culprit = last_returned("umahub_codegen")
+            if culprit is None:
                 raise CompileError(
                     f"the default C codegen of '{acc.name}' failed for partition {ctx.symbol} "
                     f"on {ctx.device}: {exc}"
                 ) from exc
-            raise PluginFailure(plugin, "umahub_codegen", exc, ctx.symbol) from exc
+            raise PluginFailure(culprit, "umahub_codegen", exc, ctx.symbol) from exc
     if ctx.target is not None and codegen.module_kind(module) == "llvm":
         try:
             codegen.check_llvm_target(module, ctx.target)
         except CompileError as exc:
-            plugin = last_returned("umahub_codegen")
-            if plugin is not None:
-                raise PluginFailure(plugin, "umahub_codegen", exc, ctx.symbol) from exc
+            culprit = last_returned("umahub_codegen")
+            if culprit is not None:
+                raise PluginFailure(culprit, "umahub_codegen", exc, ctx.symbol) from exc
             raise
     return module, said, default, packings
 
@@ -146,7 +146,9 @@ def _blame(ctx: CompileContext, hook: str, check: Callable[..., Any], *args: Any
         raise
 
 
-def _lowering_failure(exc: Exception, p: Partition, acc: Any) -> tuple[str, type, Exception]:
+def _lowering_failure(
+    exc: BaseException, p: Partition, acc: Any
+) -> tuple[str, type, BaseException]:
     """The message, error type and cause for a partition whose lowering failed."""
     if isinstance(exc, PluginFailure):
         who, exc = f"plugin '{exc.plugin}' failed in {exc.hook}", exc.cause
@@ -165,9 +167,9 @@ def _lowering_failure(exc: Exception, p: Partition, acc: Any) -> tuple[str, type
 
 def run(comp: Compilation) -> None:
     """Stage 4: lower every partition that fits its pool; fill ``comp.modules``."""
-    hub, part = comp.hub, comp.partitioned
+    hub, part = comp.hub, written(comp.partitioned, "partitioned")
     functions = comp.functions()
-    plan = comp.plan
+    plan = written(comp.plan, "plan")
     lowered = MemoryPlan(
         pools=tuple(PoolUse(p.device, p.scope, p.size_bytes, p.copy) for p in plan.pools),
         host_bytes=plan.host_bytes,

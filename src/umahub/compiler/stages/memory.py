@@ -14,7 +14,7 @@ from typing import Any
 from tvm import relax
 
 from umahub._tvm import Constant, ret_type, type_of
-from umahub.compiler.compilation import Compilation, Partition, Partitioned
+from umahub.compiler.compilation import Compilation, Partition, Partitioned, written
 from umahub.config import HOST
 from umahub.errors import MemoryPoolError
 from umahub.ir import bindings, partition_calls
@@ -93,7 +93,7 @@ def run(comp: Compilation) -> None:
     ``comp.needs``; a partition that does not fit its pool goes back to the
     host (or stops the compile) with a :class:`MemoryPoolError`.
     """
-    hub, part, notes = comp.hub, comp.partitioned, comp.notes
+    hub, part, notes = comp.hub, written(comp.partitioned, "partitioned"), comp.notes
     order = comp.order = _lowering_order(hub, part)
     pools = []
     for acc in hub.accelerators:
@@ -121,7 +121,7 @@ def run(comp: Compilation) -> None:
                     "static shape only (bound the sizes with main's tir_var_upper_bound "
                     "attribute to check the worst case)"
                 )
-            use = plan.pool(p.device, pool.scope)
+            use = written(plan.pool(p.device, pool.scope), f"pool {pool.scope} of {p.device}")
             if not use.fits(need):
                 comp.fall_back(
                     p.symbol,

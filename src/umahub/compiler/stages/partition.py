@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 
 from umahub._tvm import name_of, type_of, well_formed
-from umahub.compiler.compilation import Compilation, Partition, Partitioned
+from umahub.compiler.compilation import Compilation, Partition, Partitioned, written
 from umahub.compiler.composites import (
     TAG,
     codegen_of,
@@ -238,7 +238,7 @@ def _check_pins(
     The message says why: the reasons the pinned accelerator's pattern checks
     gave (``refusals``), or that none of its patterns matches the operator.
     """
-    pins = comp.pins
+    pins = written(comp.pins, "pins")
     selected = {selector: False for selector, _ in pins.ordered}
     misplaced: list = []
     honoured_nodes: set[tuple[str, str]] = set()  # (selector, node) with an operator in place
@@ -299,7 +299,8 @@ def run(comp: Compilation) -> None:
     accelerators.update({p.accelerator.name: p.accelerator for p in comp.planned})
     failures = CheckFailures(comp.hub.owner)
     refusals = Refusals()
-    part = partition(comp.mod, comp.planned, comp.pins, accelerators, failures, refusals)
+    pins = written(comp.pins, "pins")
+    part = partition(comp.mod, comp.planned, pins, accelerators, failures, refusals)
     _check_failures(comp, failures)
     names: dict[str, list[str]] = {}
     for p in comp.planned:

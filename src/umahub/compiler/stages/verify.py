@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from umahub.compiler.compilation import Compilation
+from umahub.compiler.compilation import Compilation, written
 from umahub.compiler.lowering import default_relax_to_tir
 from umahub.errors import VerificationError, last_line
 from umahub.runtime.compiled import example_inputs
@@ -217,7 +217,7 @@ def run(comp: Compilation) -> set[str]:
 
     The caller builds again when some did (see :func:`umahub.compiler.pipeline.compile`).
     """
-    hub, reports, compiled = comp.hub, comp.reports, comp.compiled
+    hub, reports, compiled = comp.hub, comp.reports, written(comp.compiled, "compiled")
     functions = {
         s: f for s, f in comp.functions().items() if s in comp.modules and not reports[s].fallback
     }
