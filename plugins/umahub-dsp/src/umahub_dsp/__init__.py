@@ -23,6 +23,7 @@ from umahub.plugin import (
     hookimpl,
     human_size,
     match_bytes,
+    op,
 )
 
 UMAHUB_API = 1
@@ -81,16 +82,8 @@ def fits_tcm(ctx) -> bool | Refusal:
 
 @hookimpl(accelerator=NAME)
 def umahub_patterns():
-    """One pattern per elementwise operator."""
-    from tvm.relax.dpl import is_op, wildcard
-
-    patterns = []
-    for what, op in ELEMENTWISE.items():
-        # clip(x, min, max) carries its bounds as arguments
-        arity = {"add": 2, "subtract": 2, "multiply": 2, "clip": 3}.get(what, 1)
-        pattern = is_op(op)(*[wildcard() for _ in range(arity)])
-        patterns.append((f"{NAME}.{what}", pattern, {}, fits_tcm))
-    return patterns
+    """One pattern per elementwise operator (a clip with its bounds as arguments)."""
+    return [(f"{NAME}.{what}", op(name), {}, fits_tcm) for what, name in ELEMENTWISE.items()]
 
 
 @hookimpl(accelerator=NAME)
