@@ -407,8 +407,28 @@ def _documented_by_identity(env: Any) -> dict[int, str]:
     return cache
 
 
+def _by_last_name(env: Any, name: str, kinds: list[str]) -> str | None:
+    """The one documented umahub object of one of ``kinds`` whose name ends with
+    ``.name``, or None."""
+    found = [
+        full
+        for full, entry in env.get_domain("py").objects.items()
+        if full.startswith("umahub.")
+        and full.endswith("." + name)
+        and "._" not in full
+        and entry.objtype in kinds
+    ]
+    return found[0] if len(found) == 1 else None
+
+
 def resolve_other_name(app: Sphinx, env: Any, node: Any, contnode: Any) -> Any:
-    """Link ``umahub.X`` to the place the same object is documented under another name."""
+    """Link a reference to the place its object is documented under another name.
+
+    ``umahub.X`` that is the very object documented as ``umahub.plugin.X``
+    links there; a name that is no object (``umahub.LoadedModel``, or a bare
+    ``HookimplMarker`` in a docstring of another module) links to the one
+    documented umahub object of that last name, if there is exactly one.
+    """
     if node.get("refdomain") != "py":
         return None
     target = node.get("reftarget", "")
@@ -417,13 +437,16 @@ def resolve_other_name(app: Sphinx, env: Any, node: Any, contnode: Any) -> Any:
         target = f"{module}.{target}"
     if not target.startswith("umahub."):
         return None
+    domain = env.get_domain("py")
+    kinds = domain.objtypes_for_role(node["reftype"]) or []
     value = _object(target)
-    if value is None:
-        return None
-    documented = _documented_by_identity(env).get(id(value))
+    documented = _documented_by_identity(env).get(id(value)) if value is not None else None
+    if documented is None:  # no such object, or a number (no identity to go by)
+        documented = _by_last_name(env, node.get("reftarget", "").rpartition(".")[2], kinds)
     if documented is None or documented == target:
         return None
-    domain = env.get_domain("py")
+    if domain.objects[documented].objtype not in kinds:
+        return None  # a :mod: role must not land on an attribute of the same name
     return domain.resolve_xref(
         env, node["refdoc"], app.builder, node["reftype"], documented, node, contnode
     )
