@@ -609,10 +609,13 @@ TITLES = {
 
 
 def _script_docstring(script: Path) -> str:
+    """The script's docstring, less the note for code readers on why it is long."""
     try:
-        return ast.get_docstring(ast.parse(script.read_text())) or ""
+        doc = ast.get_docstring(ast.parse(script.read_text())) or ""
     except (OSError, SyntaxError):
         return ""
+    paragraphs = doc.split("\n\n")
+    return "\n\n".join(p for p in paragraphs if not p.startswith("Why this module is long:"))
 
 
 def result_files() -> list[Path]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import io
+import os
 import re
 import textwrap
 from contextlib import redirect_stdout
@@ -216,23 +217,35 @@ class CliHelp(SphinxDirective):
             if isinstance(action, argparse._SubParsersAction):
                 sections += [(f"umahub {n}", p) for n, p in action.choices.items()]
         lines: list[str] = []
-        for title, parser in sections:
-            parser.prog = title
-            buffer = io.StringIO()
-            with redirect_stdout(buffer):
-                parser.print_help()
-            lines += [
-                f".. _cli-{title.replace(' ', '-')}:",
-                "",
-                f"``{title}``",
-                "-" * (len(title) + 4),
-                "",
-                ".. code-block:: text",
-                "",
-                *["   " + line if line else "" for line in buffer.getvalue().splitlines()],
-                "",
-            ]
+        columns = os.environ.get("COLUMNS")
+        os.environ["COLUMNS"] = "82"  # argparse wraps to the terminal: the page is one width
+        try:
+            for title, parser in sections:
+                parser.prog = title
+                buffer = io.StringIO()
+                with redirect_stdout(buffer):
+                    parser.print_help()
+                lines += self._section(title, buffer.getvalue())
+        finally:
+            if columns is None:
+                del os.environ["COLUMNS"]
+            else:
+                os.environ["COLUMNS"] = columns
         return self.parse_text_to_nodes("\n".join(lines), allow_section_headings=True)
+
+    @staticmethod
+    def _section(title: str, help_text: str) -> list[str]:
+        return [
+            f".. _cli-{title.replace(' ', '-')}:",
+            "",
+            f"``{title}``",
+            "-" * (len(title) + 4),
+            "",
+            ".. code-block:: text",
+            "",
+            *["   " + line if line else "" for line in help_text.splitlines()],
+            "",
+        ]
 
 
 # ------------------------------------------------------------------ the source tree
