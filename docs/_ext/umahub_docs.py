@@ -405,19 +405,25 @@ def _object(dotted: str) -> Any:
     return None
 
 
+#: ``id(object) -> documented name``, made once per build (ids belong to this process, so
+#: it is never kept in the environment that Sphinx pickles between builds).
+_BY_IDENTITY: dict[int, str] = {}
+
+
 def _documented_by_identity(env: Any) -> dict[int, str]:
-    """``id(object) -> documented name`` for every documented umahub object (built once)."""
-    cache = getattr(env, "_umahub_by_identity", None)
-    if cache is None:
-        cache = {}
+    """``id(object) -> documented name`` for every documented umahub object."""
+    if not _BY_IDENTITY:
         domain = env.get_domain("py")
         for name, obj in sorted(domain.objects.items()):
             if name.startswith("umahub.") and obj.objtype != "module":
                 value = _object(name)
                 if value is not None and not isinstance(value, (int, float, str, bool)):
-                    cache.setdefault(id(value), name)
-        env._umahub_by_identity = cache
-    return cache
+                    _BY_IDENTITY.setdefault(id(value), name)
+    return _BY_IDENTITY
+
+
+def _forget_identities(app: Sphinx, *args: Any) -> None:
+    _BY_IDENTITY.clear()
 
 
 def _by_last_name(env: Any, name: str, kinds: list[str]) -> str | None:
@@ -536,6 +542,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("umahub-benchmarks", Benchmarks)
     app.add_directive("umahub-source-tree", SourceTree)
     app.add_directive("umahub-layers", Layers)
+    app.connect("env-updated", _forget_identities)  # the documented objects may have changed
     app.connect("missing-reference", resolve_other_name)
     app.connect("env-check-consistency", check_plugin_api)
     app.connect("autodoc-process-docstring", process_docstring)
