@@ -19,54 +19,51 @@ rename keeps working.
 What moved (each verified on the three wheels, not only read in their
 documentation):
 
-+----------------------------+------------------------------+--------------------------------------+
-| what                       | 0.27                         | 0.25, 0.26                           |
-+============================+==============================+======================================+
-| S-TIR block, its realize   | ``tvm.s_tir.SBlock``,        | ``tvm.tirx.SBlock``,                 |
-| (:data:`SBlock`,           | ``tvm.s_tir.SBlockRealize``  | ``tvm.tirx.SBlockRealize``           |
-| :data:`SBlockRealize`)     |                              |                                      |
-+----------------------------+------------------------------+--------------------------------------+
-| buffer load (:data:`Load`) | ``tvm.ir.expr.TensorLoad``,  | ``tirx.BufferLoad``, its buffer in   |
-|                            | its buffer in ``.source``    | ``.buffer``                          |
-|                            | (``tirx.BufferLoad`` is a    |                                      |
-|                            | function that makes one)     |                                      |
-+----------------------------+------------------------------+--------------------------------------+
-| read/write region          | ``tvm.ir.expr.TensorRegion`` | ``tirx.BufferRegion`` with           |
-| (:data:`Region`)           | with ``.source``             | ``.buffer``                          |
-+----------------------------+------------------------------+--------------------------------------+
-| buffer store               | ``tirx.BufferStore``,        | the same                             |
-|                            | ``.buffer``                  |                                      |
-+----------------------------+------------------------------+--------------------------------------+
-| call, e.g.                 | ``tvm.ir.expr.Call``         | the same in 0.26; ``tirx.Call`` in   |
-| ``if_then_else``           |                              | 0.25                                 |
-| (:data:`Call`)             |                              |                                      |
-+----------------------------+------------------------------+--------------------------------------+
-| a buffer                   | a ``Var``                    | the same in 0.26; a ``tirx.Buffer``  |
-| (:func:`is_buffer`)        | (``tirx.is_buffer_var``)     | in 0.25                              |
-+----------------------------+------------------------------+--------------------------------------+
-| PrimFunc parameters        | the buffers themselves       | the same in 0.26; handles and a      |
-| (:func:`param_buffers`)    |                              | ``buffer_map`` in 0.25               |
-+----------------------------+------------------------------+--------------------------------------+
-| a buffer's data pointer    | ``buf.data``, an expression  | the same in 0.26; in 0.25 a handle   |
-| (:func:`data_pointer`)     | of the element pointer type  | ``Var`` that C declares ``void*``    |
-+----------------------------+------------------------------+--------------------------------------+
-| walk an expression         | ``tvm_ffi.structural_walk``  | the same in 0.26 (it comes with      |
-| (:func:`vars_in`)          |                              | apache-tvm-ffi 0.1.15); 0.25         |
-|                            |                              | (tvm-ffi 0.1.12):                    |
-|                            |                              | ``post_order_visit`` of              |
-|                            |                              | ``tirx.stmt_functor``                |
-+----------------------------+------------------------------+--------------------------------------+
-| :data:`Analyzer`,          | ``tvm.sym``,                 | ``tvm.arith``, ``tvm.arith.pattern`` |
-| ``detect_linear_equation`` | ``tvm.sym.pattern``          |                                      |
-+----------------------------+------------------------------+--------------------------------------+
-| Relax tensor/tuple type    | ``relax.TensorType``,        | the same in 0.26;                    |
-| (:data:`TensorType`,       | ``relax.TupleType``;         | ``relax.TensorStructInfo``,          |
-| :data:`TupleType`,         | ``expr.ty``,                 | ``expr.struct_info``,                |
-| :func:`type_of`,           | ``func.ret_ty``,             | ``func.ret_struct_info``,            |
-| :func:`ret_type`,          | ``call.ty_args``             | ``call.sinfo_args`` in 0.25 (its     |
-| :func:`type_args`)         |                              | ``relax.TensorType`` is an older,    |
-|                            |                              | shape-less class)                    |
-+----------------------------+------------------------------+--------------------------------------+
+.. list-table::
+   :header-rows: 1
+
+   * - what
+     - 0.27
+     - 0.25, 0.26
+   * - S-TIR block, its realize (:data:`SBlock`, :data:`SBlockRealize`)
+     - ``tvm.s_tir.SBlock``, ``tvm.s_tir.SBlockRealize``
+     - ``tvm.tirx.SBlock``, ``tvm.tirx.SBlockRealize``
+   * - buffer load (:data:`Load`)
+     - ``tvm.ir.expr.TensorLoad``, its buffer in ``.source`` (``tirx.BufferLoad`` is a
+       function that makes one)
+     - ``tirx.BufferLoad``, its buffer in ``.buffer``
+   * - read/write region (:data:`Region`)
+     - ``tvm.ir.expr.TensorRegion``, ``.source``
+     - ``tirx.BufferRegion``, ``.buffer``
+   * - buffer store
+     - ``tirx.BufferStore``, ``.buffer``
+     - the same
+   * - call, e.g. ``if_then_else`` (:data:`Call`)
+     - ``tvm.ir.expr.Call``
+     - the same in 0.26; ``tirx.Call`` in 0.25
+   * - a buffer (:func:`is_buffer`)
+     - a ``Var`` (``tirx.is_buffer_var``)
+     - the same in 0.26; a ``tirx.Buffer`` in 0.25
+   * - PrimFunc parameters (:func:`param_buffers`)
+     - the buffers themselves
+     - the same in 0.26; handles and a ``buffer_map`` in 0.25
+   * - a buffer's data pointer (:func:`data_pointer`)
+     - ``buf.data``, an expression of the element pointer type
+     - the same in 0.26; in 0.25 a handle ``Var`` that C declares ``void*``
+   * - walk an expression (:func:`vars_in`)
+     - ``tvm_ffi.structural_walk``
+     - the same in 0.26 (it comes with apache-tvm-ffi 0.1.15); 0.25 (tvm-ffi 0.1.12):
+       ``tirx.stmt_functor.post_order_visit``
+   * - ``detect_linear_equation``, :data:`Analyzer`
+     - ``tvm.sym.pattern``, ``tvm.sym``
+     - ``tvm.arith.pattern``, ``tvm.arith``
+   * - Relax tensor/tuple type (:data:`TensorType`, :data:`TupleType`, :func:`type_of`,
+       :func:`ret_type`, :func:`type_args`)
+     - ``relax.TensorType``, ``relax.TupleType``; ``expr.ty``, ``func.ret_ty``,
+       ``call.ty_args``
+     - the same in 0.26; ``relax.TensorStructInfo``, ``expr.struct_info``,
+       ``func.ret_struct_info``, ``call.sinfo_args`` in 0.25 (its ``relax.TensorType``
+       is an older, shape-less class)
 
 :func:`buffer_of` answers the one question whose answer moved between
 attributes: no TIR node of any of the three versions has both ``.buffer`` and
