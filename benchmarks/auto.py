@@ -25,7 +25,7 @@ other placement (placement by cost promises <= 1.0, up to the noise of the
 machine; see :func:`compare`; five rounds or more are needed to call auto
 worse), and each estimate next to its measurement.
 ``--summarize`` recomputes the comparison of ``results/auto.json`` without
-running anything, and prints the README's table.
+running anything, and prints the table of the results (the benchmarks page has it too).
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def _short(key: str) -> str:
 
 
 def markdown(models: dict[str, dict]) -> str:
-    """The README's table of ``results/auto.json``'s models, one row each."""
+    """The table of ``results/auto.json``'s models, one row each."""
     lines = [
         "| model | auto | best of the 6 orders and 3 alone | auto / best | worst by rounds"
         " (against) | chance | noise | verdict | auto kept | auto's estimate |"

@@ -263,7 +263,7 @@ TREE_ORDER = (
     "host",
     "auto",
     "runtime",
-    "remote",
+    "boards",
     "report",
     "frontends",
     "models",

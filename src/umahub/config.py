@@ -114,7 +114,7 @@ class Config:
         strict: a plugin that fails to load stops the hub instead of being skipped.
         verify: after the build, run every partition on the model's own values
             and compare it with the host's lowering of the same operators; a
-            partition that differs is a plugin failure (see :mod:`umahub.verify`).
+            partition that differs is a plugin failure (see :mod:`umahub.compiler.stages.verify`).
         verify_tolerance: the largest error ``verify`` accepts, relative to the
             largest magnitude of the host's output (at least 1).
         hook_timeout: seconds the hooks of one partition (or one accelerator's

@@ -21,7 +21,7 @@ The estimate of an assignment is the latency of the executor that runs it:
 ``executor = "auto"`` runs whichever is faster, so the estimate is the lower of
 the two.
 
-The search (defended in the README's "Placement by cost"): choosing
+The search (defended in the user guide's "Placement" page, docs/guide/placement.md): choosing
 non-overlapping groups with copy costs between them is a labelling problem on a
 DAG, NP-hard in general (it contains multiway cut); a dynamic program over the
 model order is exact only for chains, where the copies to a skip connection's

@@ -17,7 +17,7 @@ wrong number:
 * ``umahub_codegen``: a TVM runtime module that defines the partition's symbol.
 
 A pattern ``check`` that raises is handled where checks run
-(:mod:`umahub.compiler.placement`); wrong numbers are :mod:`umahub.verify`'s job.
+(:mod:`umahub.compiler.placement`); wrong numbers are :mod:`umahub.compiler.stages.verify`'s job.
 """
 
 from __future__ import annotations

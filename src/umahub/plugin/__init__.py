@@ -4,7 +4,7 @@ A plugin imports this package and nothing else of umahub::
 
     import umahub.plugin as up
 
-    UMAHUB_API = up.API_VERSION
+    UMAHUB_API = 1  # the contract the plugin was written for
 
     @up.hookimpl
     def umahub_accelerators():

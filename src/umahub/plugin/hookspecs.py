@@ -72,7 +72,7 @@ same message. A plugin failure is any of:
   stopped and is left running in the background);
 * with ``verify = true``, the partition's outputs differ from the host's
   lowering of the same operators on the model's own values (a
-  :class:`~umahub.errors.VerificationError`, see :mod:`umahub.verify`).
+  :class:`~umahub.errors.VerificationError`, see :mod:`umahub.compiler.stages.verify`).
 
 A hook never has to catch its own errors to protect the compile; it should
 raise with a message a user can act on.
