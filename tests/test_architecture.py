@@ -119,6 +119,7 @@ FOUNDATION = {
     "umahub.config_files",
     "umahub.errors",
     "umahub.ir",
+    "umahub.lanes",
     "umahub.sizes",
     "umahub.targets",
 }

@@ -16,7 +16,7 @@ The estimate of an assignment is the latency of the executor that runs it:
 * **concurrent** (:mod:`umahub.runtime.executor`): the same tasks list-scheduled in
   model order, one lane per device instance, a sync copy on the lane of its
   accelerator end's instance, an async copy on that instance's DMA lane, where it
-  overlaps compute: the lane model of :mod:`umahub.report.lanes`.
+  overlaps compute: the lane model of :mod:`umahub.lanes`.
 
 ``executor = "auto"`` runs whichever is faster, so the estimate is the lower of
 the two.
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 from umahub.auto.starts import alone_name, order_name
 from umahub.config import HOST
-from umahub.report.lanes import Lanes, accelerator_end, copy_lane
+from umahub.lanes import Lanes, accelerator_end, copy_lane
 
 __all__ = ["MAX_PERMUTED", "Assignment", "Candidate", "Problem", "Solution", "solve"]
 

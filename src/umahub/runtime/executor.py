@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from umahub.errors import UmahubError, last_line
+from umahub.lanes import dma_lane, is_dma
 from umahub.runtime.steps import Step, StepGraph
 
 __all__ = ["ExecutionError", "Executor", "Inference", "Measured"]
@@ -94,7 +95,7 @@ def plan_cores(lanes: Sequence[str], host: str, cores: Sequence[int]) -> dict[st
     core is where TVM pins the threads it starts), when there are enough; the
     host and DMA lanes, and every lane when cores are too few, get them all.
     """
-    accelerators = [lane for lane in lanes if lane != host and not lane.endswith(" DMA")]
+    accelerators = [lane for lane in lanes if lane != host and not is_dma(lane)]
     every = set(cores)
     plan = {lane: every for lane in lanes}
     if accelerators and len(accelerators) <= len(cores):
@@ -331,7 +332,7 @@ class Executor:
     def lane_of(self, step: Step) -> str:
         """The lane that runs ``step``."""
         if step.kind == "copy" and step.mode == "async":
-            return f"{step.device} DMA"
+            return dma_lane(step.device)
         return step.device
 
     def dispatch(self, inference: Inference, index: int) -> None:

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from umahub.errors import last_line
+from umahub.lanes import accelerator_end, copy_label
 from umahub.runtime.steps import GRAPH_FUNCTION, Step, StepGraph
 
 __all__ = ["add_step_functions", "cut", "with_steps"]
@@ -192,7 +193,7 @@ def _cut(main: Any, devices: tuple[str, ...], copy_kind: dict[str, str]):
             draft.dataflow, draft.block, draft.extra = dataflow, block_index, extra
             if kind == "copy":
                 extra["src"] = where[reads[0]]
-                end = device if device != devices[0] else extra["src"]
+                end = accelerator_end(extra["src"], device)
                 extra["mode"] = copy_kind.get(end, "sync")
                 draft.device = end
             index = open_step(draft, reads)
@@ -265,7 +266,7 @@ def _finish(drafts, names, ids, where, devices, copy_kind, output, params):
         elif d.kind == "copy":
             v = d.defined[0]
             dst = where[v]
-            label = f"copy {names[d.inputs[0]]} {d.extra['src']}->{dst}"
+            label = copy_label(names[d.inputs[0]], d.extra["src"], dst)
             steps.append(
                 Step("copy", d.device, tuple(d.inputs), (v,), label=label, mode=d.extra["mode"],
                      src=d.extra["src"], dst=dst, dst_index=devices.index(dst))

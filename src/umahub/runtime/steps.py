@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from umahub.lanes import dma_lane
+
 __all__ = ["FORMAT", "GRAPH_FUNCTION", "Step", "StepGraph", "read_graph"]
 
 #: The version of the JSON in ``umahub_steps``; a library with another one runs on the VM.
@@ -112,7 +114,7 @@ class StepGraph:
     def lanes(self) -> list[str]:
         """The workers this graph needs: its devices, then a DMA lane per async copier."""
         used = list(dict.fromkeys(s.device for s in self.steps if s.kind != "alias"))
-        dma = [f"{s.device} DMA" for s in self.steps if s.kind == "copy" and s.mode == "async"]
+        dma = [dma_lane(s.device) for s in self.steps if s.kind == "copy" and s.mode == "async"]
         return [d for d in self.devices if d in used] + list(dict.fromkeys(dma))
 
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from umahub.report.lanes import device_of, is_dma
+from umahub.lanes import device_of, is_dma
 from umahub.report.picture.layout import LABEL_W, LANE, M
 from umahub.report.picture.svg import (
     CHAR,

@@ -10,7 +10,7 @@ The estimate is made to compare placements, not to predict milliseconds:
   the device (``"npu:0"``), the accelerator (``"npu"``) or ``"host"``.
 * a copy takes ``bytes / bandwidth`` (:data:`BANDWIDTH`).
 * lanes, and the lane a copy takes, are those of the lane model,
-  :mod:`umahub.report.lanes`, which placement by cost's search schedules on too.
+  :mod:`umahub.lanes`, which placement by cost's search schedules on too.
 * a sync copy is done by a processor, the one of its accelerator end: it
   occupies that device's lane, as the concurrent executor runs it, and (in a
   sequential program) it is a step of the program.
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from umahub.config import HOST, accelerator_of
-from umahub.report.lanes import Lanes, copy_lane, device_of, dma_lane, is_dma
+from umahub.lanes import Lanes, copy_label, copy_lane, device_of, dma_lane, is_dma
 from umahub.report.picture.groups import groups, has_edges, split
 
 if TYPE_CHECKING:
@@ -137,10 +137,6 @@ def _throughput(device: str, throughput: Mapping[str, float] | None) -> float:
     return float(given.get("accelerator", ACCELERATOR_FLOPS))
 
 
-def _copy_label(c: Copy) -> str:
-    return f"copy {c.tensor} {c.src}->{c.dst}"
-
-
 def schedule(
     report: Report, throughput: Mapping[str, float] | None = None, bandwidth: float = BANDWIDTH
 ) -> list[Item]:
@@ -165,7 +161,7 @@ def schedule(
         if kind != "async":
             ready = max(ready, not_before)
         start = booked.book([lane], ready, duration)
-        end, label = start + duration, _copy_label(c)
+        end, label = start + duration, copy_label(c.tensor, c.src, c.dst)
         items.append(Item(lane, start, end, label, kind, device_of(lane), detail, c.bytes))
         return end
 
@@ -215,7 +211,7 @@ def timeline(
         inference): one per operator, labelled with its node name, on its
         device's lane; one per copy, on the lane it takes (an async copy on
         the DMA lane, ``"npu:0 DMA"``; a sync copy on its accelerator end's
-        lane: :func:`umahub.report.lanes.copy_lane`). Copies are labelled
+        lane: :func:`umahub.lanes.copy_lane`). Copies are labelled
         ``"copy <tensor> <src>-><dst>"``.
     """
     return [Span(i.lane, i.start, i.end, i.label) for i in schedule(report, throughput, bandwidth)]
@@ -251,7 +247,7 @@ def measured(report: Report) -> list[Item]:
     the same devices.
     """
     spans = (getattr(report, "measured", None) or {}).get("spans", [])
-    sizes = {_copy_label(c): c.bytes for c in report.copies}
+    sizes = {copy_label(c.tensor, c.src, c.dst): c.bytes for c in report.copies}
     items = []
     for s in spans:
         lane, label, kind = s["lane"], s["label"], s["kind"]

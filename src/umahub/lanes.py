@@ -3,10 +3,12 @@
 A lane does one thing at a time. The concurrent executor
 (:mod:`umahub.runtime.executor`) has a worker per lane: one per device
 (``"host"``, ``"npu:0"``) and one DMA lane per device whose pool is filled by
-DMA (``"npu:0 DMA"``). Two estimates schedule one inference on those lanes with
-this module, so that they model the same run: the timeline of the report's
-picture (:mod:`umahub.report.picture.timeline`) and the search of placement
-by cost (:mod:`umahub.auto.search`).
+DMA (``"npu:0 DMA"``). It names its lanes and its copies, and puts each copy
+on its lane, with this module; two estimates schedule one inference on the
+same lanes with it, so that the three model one run: the timeline of the
+report's picture (:mod:`umahub.report.picture.timeline`) and the search of
+placement by cost (:mod:`umahub.auto.search`). A foundation module, so that
+the runtime may use it as well as the compiler and the report.
 
 * A copy's *accelerator end* (:func:`accelerator_end`) is its destination, or
   its source when it goes to the host: a copy between two accelerators belongs
@@ -32,7 +34,16 @@ from collections.abc import Iterable
 
 from umahub.config import HOST
 
-__all__ = ["DMA", "Lanes", "accelerator_end", "copy_lane", "device_of", "dma_lane", "is_dma"]
+__all__ = [
+    "DMA",
+    "Lanes",
+    "accelerator_end",
+    "copy_label",
+    "copy_lane",
+    "device_of",
+    "dma_lane",
+    "is_dma",
+]
 
 #: What a DMA lane's name adds to its device's: ``"npu:0 DMA"``.
 DMA = " DMA"
@@ -63,6 +74,12 @@ def copy_lane(src: str, dst: str, kind: str) -> str:
     end when ``kind`` is ``"async"``, else (``"sync"``) that end's own lane."""
     end = accelerator_end(src, dst)
     return dma_lane(end) if kind == "async" else end
+
+
+def copy_label(tensor: str, src: str, dst: str) -> str:
+    """A copy's label on its lane, the same in the estimates and in a measured run:
+    ``"copy lv1 npu:0->dsp:0"``."""
+    return f"copy {tensor} {src}->{dst}"
 
 
 class Lanes:
