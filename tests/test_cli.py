@@ -67,3 +67,12 @@ def test_plugins_lists_tvm_backends_entry_points_too():
     assert {"name": "umahub", "value": "umahub.compiler.tvm_backend:register"}.items() <= next(
         b for b in data["tvm_backends"] if b["name"] == "umahub"
     ).items()
+
+
+def test_plugins_shows_each_accelerators_description():
+    dsp = "two-core DSP, elementwise operators, 64 KiB TCM per core"
+    lines = run("plugins").stdout.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("  dsp_cpu "))
+    assert lines[row + 1] == f"      {dsp}"
+    data = json.loads(run("plugins", "--json").stdout)
+    assert {a["name"]: a["description"] for a in data["accelerators"]}["dsp_cpu"] == dsp

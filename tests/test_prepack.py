@@ -105,7 +105,7 @@ def test_a_packing_that_cannot_be_split_off_blames_the_schedule():
         "meta_schedule.layout_rewrite_preproc in mx_0_matmul cannot be split off the kernel "
         "(InternalError: Check failed: (op->reads.size() == 1) is false: There should be only "
         "one read buffer in the layout rewrite): such a block must be at the root and copy one "
-        "parameter into a new layout (see umahub.host.prepack.pack_weight); its partition runs on "
+        "parameter into a new layout (see umahub.plugin.pack_weight); its partition runs on "
         "the host"
     )
     assert part.fallback.startswith("plugin 'Misplaced' failed in umahub_schedule")

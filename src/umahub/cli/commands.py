@@ -69,6 +69,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                     "codegen": a.codegen,
                     "instances": a.instances,
                     "memory": [vars(p) for p in a.memory],
+                    "description": a.description,
                 }
                 for a in hub.accelerators
             ],
@@ -101,6 +102,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         for a in hub.accelerators:
             note = "" if a.name in claimants else "  (not in priority: claims nothing)"
             print(f"  {a.name:<16} {a.codegen:<5} x{a.instances}  from {hub.owner(a.name)}{note}")
+            if a.description:
+                print(f"      {a.description}")
     backends = _tvm_backends()
     if backends:
         print("TVM backends (group tvm.backends, called by TVM itself at 'import tvm'):")

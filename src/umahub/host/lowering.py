@@ -137,7 +137,7 @@ def max_pool2d(bb: Any, call: Any) -> Any:
     instead of 9, and each input row read once, in order (scheduled by
     :func:`umahub.host.schedules.schedule_pooling`). NCHW, dilation 1; others:
     TVM's legalization. Public for plugins: a legalization for
-    :func:`umahub.compiler.lowering.default_relax_to_tir`."""
+    :func:`umahub.plugin.default_relax_to_tir`."""
     from tvm import te
 
     from umahub.plugin.patterns import shape_of

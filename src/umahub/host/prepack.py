@@ -134,7 +134,7 @@ def split(
         raise PluginOutputError(
             f"the blocks annotated {ANNOTATION} in {symbol} cannot be split off the kernel "
             f"({type(exc).__name__}: {said[0] if said else ''}): such a block must be at the "
-            "root and copy one parameter into a new layout (see umahub.host.prepack.pack_weight)"
+            "root and copy one parameter into a new layout (see umahub.plugin.pack_weight)"
         ) from exc
     if not packings or not set(packings) <= weights:
         return mod, {}

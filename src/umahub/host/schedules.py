@@ -386,7 +386,7 @@ def _pool_by_rows(sch: s_tir.Schedule) -> bool:
 def schedule_pooling(sch: s_tir.Schedule) -> bool:
     """Schedule a pooling computed as two 1-D ones in place; whether it was one.
 
-    That is :func:`umahub.host.lowering.max_pool2d`'s max pooling: each
+    That is :func:`umahub.plugin.max_pool2d`'s max pooling: each
     window's rows reduced into a row of column maxima, then that row's windows.
     Output rows run in parallel, and the row of column maxima of each is
     computed under it, while in cache; an elementwise producer the pooling

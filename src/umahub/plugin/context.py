@@ -99,7 +99,7 @@ class CompileContext:
             native builds; only cross builds need it.
         weights: indices of the partition's inputs that the model passes as
             constants (its weights): a schedule may pack these at compile time
-            (:func:`umahub.host.prepack.pack_weight`). Added to contract 1.
+            (:func:`umahub.plugin.pack_weight`). Added to contract 1.
     """
 
     config: Config

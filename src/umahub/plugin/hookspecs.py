@@ -1,16 +1,17 @@
 """The hook specifications: the contract between umahub and an accelerator plugin.
 
 A plugin is a module (or an object) whose functions are marked with
-``@umahub.hookimpl`` and named after the hooks below. pluggy passes arguments by
-name, so an implementation takes only the arguments it needs, in any order::
+``@hookimpl`` (of :mod:`umahub.plugin`, the one package a plugin imports) and
+named after the hooks below. pluggy passes arguments by name, so an
+implementation takes only the arguments it needs, in any order::
 
-    import umahub
+    from umahub.plugin import Accelerator, hookimpl
 
     UMAHUB_API = 1  # the contract this plugin was written for
 
-    @umahub.hookimpl
+    @hookimpl
     def umahub_accelerators():
-        return [umahub.Accelerator("my_accel", codegen="c")]
+        return [Accelerator("my_accel", codegen="c")]
 
 The hooks are called in the order of the compile pipeline, which is also the
 order of this file: discovery, partition (with placement by cost, the costs of
@@ -22,9 +23,9 @@ implementation with the accelerator(s) it is for, and umahub calls it for
 those only (for any other, the call is skipped as if it had returned
 ``None``); it then takes ``accelerator`` only if it needs it::
 
-    @umahub.hookimpl(accelerator="my_accel")
+    @hookimpl(accelerator="my_accel")
     def umahub_patterns():
-        return [("my_accel.relu", is_op("relax.nn.relu")(wildcard()))]
+        return [("my_accel.relu", op("relax.nn.relu"))]
 
 ``accelerator=`` takes a name or a list of names, each declared by the same
 plugin's ``umahub_accelerators`` (another name is a load error that names
@@ -145,7 +146,7 @@ def umahub_accelerators() -> list[Accelerator]:
     it as failed, naming the other; ``disable`` in ``[tool.umahub]`` chooses
     between the two).
 
-    :return: a list of :class:`umahub.Accelerator`; an empty list (or
+    :return: a list of :class:`~umahub.plugin.Accelerator`; an empty list (or
         ``None``) for a plugin that only adds passes or schedules to other
         plugins' accelerators. A hook that raises or returns anything else
         makes the plugin fail to load: it is skipped with a warning, or stops
@@ -154,11 +155,11 @@ def umahub_accelerators() -> list[Accelerator]:
 
     Example::
 
-        @umahub.hookimpl
+        @hookimpl
         def umahub_accelerators():
-            return [umahub.Accelerator(
+            return [Accelerator(
                 "dsp_cpu", codegen="c", instances=2,
-                memory=[umahub.MemoryPool("dsp.tcm", 64 * 1024, copy="sync")],
+                memory=[MemoryPool("dsp.tcm", 64 * 1024, copy="sync")],
             )]
     """
 
@@ -191,7 +192,7 @@ def umahub_patterns(accelerator: Accelerator) -> list[Any] | None:
         the match, or False to reject a match it cannot handle (a shape too
         big for its memory, a stride it does not support): the operator then
         stays with the next claimant or the host, never a crash. To say why,
-        it returns ``umahub.Refusal("reason")`` instead of False (it is
+        it returns ``Refusal("reason")`` instead of False (it is
         false as well): when a user pinned the operator to this accelerator,
         the warning that the pin cannot be honoured quotes the reason.
 
@@ -200,20 +201,17 @@ def umahub_patterns(accelerator: Accelerator) -> list[Any] | None:
 
     Example::
 
-        from tvm.relax.dpl import is_op, wildcard
-
-        from umahub.plugin.patterns import match_bytes
-        from umahub.sizes import human_size
+        from umahub.plugin import Refusal, hookimpl, human_size, match_bytes, op
 
         def fits(ctx):
             need = match_bytes(ctx)
             if need > 16 * 1024:
-                return umahub.Refusal(f"its tensors take {human_size(need)}, over 16 KiB")
+                return Refusal(f"its tensors take {human_size(need)}, over 16 KiB")
             return True
 
-        @umahub.hookimpl(accelerator="dsp_cpu")
+        @hookimpl(accelerator="dsp_cpu")
         def umahub_patterns():
-            return [("dsp_cpu.relu", is_op("relax.nn.relu")(wildcard()), {}, fits)]
+            return [("dsp_cpu.relu", op("relax.nn.relu"), {}, fits)]
     """
 
 
@@ -253,7 +251,7 @@ def umahub_cost(
 
     Example::
 
-        @umahub.hookimpl(accelerator="npu")
+        @hookimpl(accelerator="npu")
         def umahub_cost(context):
             return context.flops / 2e12  # 2 TFLOP/s, whatever the shape
     """
@@ -289,7 +287,7 @@ def umahub_relax_to_tir(
 
     Example::
 
-        @umahub.hookimpl(accelerator="my_accel")
+        @hookimpl(accelerator="my_accel")
         def umahub_relax_to_tir(function, context):
             return tvm.IRModule({context.symbol: my_kernel_primfunc(function)})
     """
@@ -323,7 +321,7 @@ def umahub_schedule(
     another layout than the model's (panels, channel blocks) should not pack
     it at every inference. For a parameter in ``context.weights``, make the
     packing a block at the root annotated ``meta_schedule.layout_rewrite_preproc``
-    (TVM's convention; :func:`umahub.host.prepack.pack_weight` does it): umahub then
+    (TVM's convention; :func:`umahub.plugin.pack_weight` does it): umahub then
     runs that block once at compile time, and the built model holds the
     packed weight, which the kernel receives as that parameter. The report
     lists it under the partition (``packed at compile time: weight 1 (64x32
@@ -332,7 +330,7 @@ def umahub_schedule(
 
     Example::
 
-        @umahub.hookimpl(accelerator="dsp_cpu")
+        @hookimpl(accelerator="dsp_cpu")
         def umahub_schedule(schedule):
             for block in schedule.get_child_blocks(schedule.get_sblock("root")):
                 *_, inner = schedule.get_loops(block)
@@ -368,7 +366,7 @@ def umahub_tir_passes(
 
     Example::
 
-        @umahub.hookimpl(accelerator="vanilla_accel")
+        @hookimpl(accelerator="vanilla_accel")
         def umahub_tir_passes(phase):
             return [conv2d_to_extern()] if phase == 0 else None
     """
@@ -409,7 +407,7 @@ def umahub_codegen(
 
     Example::
 
-        @umahub.hookimpl(accelerator="my_accel")
+        @hookimpl(accelerator="my_accel")
         def umahub_codegen(module, context):
             target = context.target or tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})
             return tvm.tirx.build(module, target=target, pipeline=context.tir_pipeline)

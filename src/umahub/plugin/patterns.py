@@ -51,7 +51,7 @@ class Refusal:
     ``reason`` is one phrase that completes "the check refused it: ..." (no
     final period), naming what the hardware cannot take and the numbers that
     decided it, e.g. ``"a tensor of 24 KiB, more than a quarter of the 64 KiB
-    TCM"``. Sizes go through :func:`umahub.sizes.human_size`.
+    TCM"``. Sizes go through :func:`umahub.plugin.human_size`.
     """
 
     __slots__ = ("reason",)
