@@ -427,6 +427,10 @@ def load(comp: Compilation, executable: Any) -> Compiled:
     placed = comp.placed()
     used = [comp.hub.accelerator(p.accelerator) for p in placed.partitions]
     kinds_built = {codegen.module_kind(comp.modules[p.symbol]) for p in placed.partitions}
+    # C partitions are compiled, and a plugin's kernel library (c_sources) linked, only by
+    # an export: an LLVM partition that calls into such a library runs from memory in no
+    # process (the JIT finds no symbol of it, and the first call crashes the process)
+    linked = "c" in kinds_built or any(acc.c_sources for acc in used)
     return Compiled(
         executable,
         comp.devices,
@@ -434,7 +438,7 @@ def load(comp: Compilation, executable: Any) -> Compiled:
         codegen.export_options(used),
         None,
         comp.weight_devices,
-        needs_export="c" in kinds_built,
+        needs_export=linked,
         target=comp.target,
     )
 
