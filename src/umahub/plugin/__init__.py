@@ -48,7 +48,7 @@ Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
     (:func:`pack_weight`, :data:`PREPACK_ANNOTATION`); the machine
     (:func:`host_target`, :func:`vector_lanes`); TIR helpers that read and
     rewrite a PrimFunc the same way on every supported TVM
-    (:mod:`~umahub.plugin.tir`: :func:`root_block`, :func:`with_root_body`,
+    (:mod:`~umahub.plugin.tir`: :func:`root_block` and its :class:`Root`, :func:`with_root_body`,
     :func:`perfect_nest`, :func:`full_region`, :func:`extern_block`,
     :func:`rewrite`, :func:`blocks`, :func:`static_int`, :func:`static_ints`, :func:`loop_extents`).
 
@@ -71,6 +71,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from umahub.plugin import compat, tir  # neither imports TVM: their names resolve when used
 from umahub.plugin.accelerator import CODEGENS, COPY_KINDS, Accelerator, MemoryPool
 from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
 from umahub.plugin.patterns import (
@@ -103,7 +104,7 @@ if TYPE_CHECKING:
         schedule_elementwise,
         schedule_pooling,
     )
-    from umahub.plugin import compat, hookspecs, tir
+    from umahub.plugin import hookspecs
     from umahub.plugin.compat import (
         Analyzer,
         Call,
@@ -128,6 +129,7 @@ if TYPE_CHECKING:
     from umahub.plugin.context import CompileContext, Copy, CostContext, Operator
     from umahub.plugin.memory import UNBOUNDED, element_bytes, tensor_bytes
     from umahub.plugin.tir import (
+        Root,
         blocks,
         extern_block,
         full_region,
@@ -144,48 +146,11 @@ if TYPE_CHECKING:
 #: Where each lazily resolved name lives: ``name -> module`` (the name in that
 #: module is the same, except where ``module:attribute`` says otherwise).
 _LAZY = {
-    **dict.fromkeys(("compat", "hookspecs", "tir"), "umahub.plugin"),
+    "hookspecs": "umahub.plugin",
     **dict.fromkeys(("CompileContext", "CostContext", "Copy", "Operator"), "umahub.plugin.context"),
     **dict.fromkeys(("UNBOUNDED", "element_bytes", "tensor_bytes"), "umahub.plugin.memory"),
-    **dict.fromkeys(
-        (
-            "blocks",
-            "extern_block",
-            "full_region",
-            "loop_extents",
-            "perfect_nest",
-            "rewrite",
-            "root_block",
-            "static_int",
-            "static_ints",
-            "with_root_body",
-        ),
-        "umahub.plugin.tir",
-    ),
-    **dict.fromkeys(
-        (
-            "Analyzer",
-            "Call",
-            "Load",
-            "Region",
-            "SBlock",
-            "SBlockRealize",
-            "TensorType",
-            "TupleType",
-            "buffer_of",
-            "data_pointer",
-            "detect_linear_equation",
-            "is_buffer",
-            "name_of",
-            "nodes_in",
-            "param_buffers",
-            "ret_type",
-            "type_args",
-            "type_of",
-            "vars_in",
-        ),
-        "umahub.plugin.compat",
-    ),
+    **dict.fromkeys(tir.__all__, "umahub.plugin.tir"),
+    **dict.fromkeys(compat.__all__, "umahub.plugin.compat"),
     **dict.fromkeys(("default_relax_to_tir", "single_primfunc"), "umahub.compiler.lowering"),
     "max_pool2d": "umahub.host.lowering",
     **dict.fromkeys(
@@ -217,6 +182,7 @@ __all__ = [
     "Operator",
     "Refusal",
     "Region",
+    "Root",
     "SBlock",
     "SBlockRealize",
     "TensorType",

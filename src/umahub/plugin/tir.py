@@ -39,6 +39,7 @@ __all__ = [
     "rewrite",
     "root_block",
     "static_int",
+    "static_ints",
     "with_root_body",
 ]
 
