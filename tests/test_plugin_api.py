@@ -126,6 +126,21 @@ def test_a_convolution_and_its_epilogue_are_one_match(epilogue, claimed):
     assert _claimed(_conv(epilogue), patterns) == [claimed]
 
 
+def _silu(bb, y):
+    from tvm import relax
+
+    return bb.emit(relax.op.multiply(y, bb.emit(relax.op.sigmoid(y))))
+
+
+def test_silu_is_an_activation_unless_it_is_left_out():
+    with_silu = up.epilogues("my", "conv2d", up.conv2d())
+    assert _claimed(_conv(_silu), with_silu) == ["my.conv2d_bias_act"]
+    relu_only = up.epilogues(
+        "my", "conv2d", up.conv2d(), activations=("relax.nn.relu",), silu=False
+    )
+    assert _claimed(_conv(_silu), relu_only) == ["my.conv2d_bias"]
+
+
 def test_op_gives_each_operator_its_arguments():
     from tvm.relax.dpl import CallPattern
 

@@ -260,6 +260,7 @@ def epilogues(
     producer: Any,
     check: Any = None,
     activations: tuple[str, ...] = ACTIVATIONS,
+    silu: bool = True,
 ) -> list[tuple[str, Any, dict, Any]]:
     """``producer`` (a matmul, a convolution) with every epilogue a kernel computes per tile,
     as named patterns, largest match first (the order in which partitioning tries them).
@@ -270,7 +271,9 @@ def epilogues(
     tensor computed at run time, a residual block's sum), ``_bias_act``,
     ``_bias``, ``_act``, and the producer alone. Hardswish comes before the
     bias patterns, which would take its ``+ 3`` for a bias, and before
-    hardsigmoid, which is part of it. Each pattern has ``check``.
+    hardsigmoid, which is part of it. Each pattern has ``check``. The
+    activations of the ``_act`` patterns are ``activations`` and, with
+    ``silu``, SiLU (see :func:`activated`).
     """
     from tvm.relax.dpl import is_const, is_op
 
@@ -284,10 +287,10 @@ def epilogues(
         (f"{name}_hswish", hardswish(producer), {}, check),
         (f"{name}_bias_hsigmoid", hardsigmoid(bias), {}, check),
         (f"{name}_hsigmoid", hardsigmoid(producer), {}, check),
-        (f"{name}_bias_residual_act", activated(residual, activations), {}, check),
+        (f"{name}_bias_residual_act", activated(residual, activations, silu), {}, check),
         (f"{name}_bias_residual", residual, {}, check),
-        (f"{name}_bias_act", activated(bias, activations), {}, check),
+        (f"{name}_bias_act", activated(bias, activations, silu), {}, check),
         (f"{name}_bias", bias, {}, check),
-        (f"{name}_act", activated(producer, activations), {}, check),
+        (f"{name}_act", activated(producer, activations, silu), {}, check),
         (name, producer, {}, check),
     ]
