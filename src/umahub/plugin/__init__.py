@@ -48,9 +48,10 @@ Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
     (:func:`pack_weight`, :data:`PREPACK_ANNOTATION`); the machine
     (:func:`host_target`, :func:`vector_lanes`); TIR helpers that read and
     rewrite a PrimFunc the same way on every supported TVM
-    (:mod:`~umahub.plugin.tir`: :func:`root_block` and its :class:`Root`, :func:`with_root_body`,
-    :func:`perfect_nest`, :func:`full_region`, :func:`extern_block`,
-    :func:`rewrite`, :func:`blocks`, :func:`static_int`, :func:`static_ints`, :func:`loop_extents`).
+    (:mod:`~umahub.plugin.tir`: :func:`root_block` and its :class:`Root`,
+    :func:`with_root_body`, :func:`perfect_nest`, :func:`full_region`,
+    :func:`extern_block`, :func:`rewrite`, :func:`blocks`, :func:`static_int`,
+    :func:`static_ints`, :func:`loop_extents`).
 
 TVM's names that moved between apache-tvm 0.25, 0.26 and 0.27
     :mod:`~umahub.plugin.compat`, re-exported here: :data:`SBlock`,
