@@ -363,30 +363,24 @@ def _scaling(data: dict[str, Any]) -> list[str]:
         return [[f"{r['operators']:,}", _s(r.get("seconds")), *extra(r)] for r in rows]
 
     stages = ("plan", "partition", "memory", "copies")
-    lines = _table(
-        ["operators", "explain", "per operator", "partitions", *stages],
-        rows_of(
-            data.get("rows", []),
-            lambda r: [
-                f"{r.get('per_operator_us', 0):.0f} us",
-                r.get("partitions"),
-                *[_s(r.get("stages_s", {}).get(s)) for s in stages],
-            ],
-        ),
-        "One match per partition",
-    )
-    lines += _table(
-        ["operators", "explain", "per operator", "partitions", *stages],
-        rows_of(
-            data.get("merged_rows", []),
-            lambda r: [
-                f"{r.get('per_operator_us', 0):.0f} us",
-                r.get("partitions"),
-                *[_s(r.get("stages_s", {}).get(s)) for s in stages],
-            ],
-        ),
-        "Neighbouring matches merged (MergeCompositeFunctions)",
-    )
+
+    def per_stage(r: dict) -> list[Any]:
+        return [
+            f"{r.get('per_operator_us', 0):.0f} us",
+            r.get("partitions"),
+            *[_s(r.get("stages_s", {}).get(s)) for s in stages],
+        ]
+
+    lines: list[str] = []
+    for key, title in (
+        ("rows", "One match per partition"),
+        ("merged_rows", "Neighbouring matches merged (MergeCompositeFunctions)"),
+    ):
+        lines += _table(
+            ["operators", "explain", "per operator", "partitions", *stages],
+            rows_of(data.get(key, []), per_stage),
+            title,
+        )
     lines += _table(
         [
             "operators",
