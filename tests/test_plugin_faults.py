@@ -88,6 +88,12 @@ class Faulty:
     def umahub_schedule(self, accelerator, schedule):
         if self.fault == "schedule-hangs":
             time.sleep(20)
+        if self.fault == "schedule-number":
+            return 42
+        if self.fault == "schedule-on-a-copy":
+            copy = tvm.s_tir.Schedule(schedule.mod)
+            return copy.mod
+        return None
 
     @umahub.hookimpl
     def umahub_tir_passes(self, accelerator, phase):
@@ -165,6 +171,17 @@ GARBAGE = {
         f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: PluginOutputError: "
         f"umahub_relax_to_tir: parameter 0 of PrimFunc '{SYMBOL}' (input) is (8) float32, but "
         "the partition's input is (4, 16) float32"
+    ),
+    "schedule-number": (
+        f"plugin 'Faulty' failed in umahub_schedule {WHERE}: PluginOutputError: "
+        "umahub_schedule returned int 42: expected None or a short description of what it "
+        "did (a str)"
+    ),
+    "schedule-on-a-copy": (
+        f"plugin 'Faulty' failed in umahub_schedule {WHERE}: PluginOutputError: "
+        "umahub_schedule returned a tvm IRModule: a schedule hook changes the schedule it is "
+        "given, in place (what it returns is not used, so work done on a copy is lost); "
+        "return None or a short description of what it did"
     ),
     "codegen-garbage": (
         f"plugin 'Faulty' failed in umahub_codegen {WHERE}: PluginOutputError: umahub_codegen "

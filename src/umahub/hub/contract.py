@@ -28,7 +28,13 @@ from typing import Any
 
 from umahub.errors import PluginOutputError
 
-__all__ = ["checked_codegen", "checked_passes", "checked_patterns", "checked_relax_to_tir"]
+__all__ = [
+    "checked_codegen",
+    "checked_passes",
+    "checked_patterns",
+    "checked_relax_to_tir",
+    "checked_schedule",
+]
 
 
 def _what(value: Any) -> str:
@@ -162,6 +168,30 @@ def _shape_text(shape_dtype: tuple[Any, str]) -> str:
     shape, dtype = shape_dtype
     dims = "?" if shape is None else ", ".join("?" if d is None else str(d) for d in shape)
     return f"({dims}) {dtype}"
+
+
+def checked_schedule(result: Any) -> str | None:
+    """What a ``umahub_schedule`` implementation says it did: None, or a short description.
+
+    Raises:
+        PluginOutputError: anything else. A module or a schedule returned is the
+            sign of work done on a copy, which umahub never sees: the hook
+            changes the schedule it is given, in place.
+    """
+    import tvm
+
+    if result is None or isinstance(result, str):
+        return result
+    if isinstance(result, (tvm.IRModule, tvm.s_tir.Schedule)):
+        raise PluginOutputError(
+            f"umahub_schedule returned a tvm {type(result).__name__}: a schedule hook changes the "
+            "schedule it is given, in place (what it returns is not used, so work done on a "
+            "copy is lost); return None or a short description of what it did"
+        )
+    raise PluginOutputError(
+        f"umahub_schedule returned {_what(result)}: expected None or a short description of "
+        "what it did (a str)"
+    )
 
 
 def checked_passes(result: Any, phase: int) -> list[Any]:

@@ -312,7 +312,10 @@ def umahub_schedule(
         the accelerator's memory pool is left for tiles, ``context.weights``
         which parameters the model passes as constants.
     :return: ``None``, or a short description of what was done (``"tiled
-        64x64, vectorized x16"``), shown in the report.
+        64x64, vectorized x16"``), shown in the report. Anything else is a
+        failure of the plugin's (its partition goes to the host): a returned
+        ``IRModule`` or ``Schedule`` in particular, the sign of work done on a
+        copy, which umahub never sees.
 
     Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
     on those accelerators only.

@@ -33,6 +33,7 @@ from umahub.hub.contract import (
     checked_codegen,
     checked_passes,
     checked_relax_to_tir,
+    checked_schedule,
 )
 from umahub.hub.timelimit import within
 from umahub.hub.tracing import last_returned, recording, returned_by
@@ -61,10 +62,11 @@ def _lower_one(
         _blame(ctx, "umahub_relax_to_tir", checked_relax_to_tir, tir_mod, ctx.symbol, func)
     schedule = tvm.s_tir.Schedule(tir_mod)
     schedule.work_on(ctx.symbol)
+    results = hub.traced_hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
     said = [
         s
-        for s in hub.traced_hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
-        if isinstance(s, str)
+        for _, s in _checked_each(ctx, "umahub_schedule", checked_schedule, results)
+        if s is not None
     ]
     scheduled, packings = _blame(
         ctx, "umahub_schedule", prepack.split, schedule.mod, ctx.symbol, func, ctx.weights
@@ -73,10 +75,13 @@ def _lower_one(
     failed: list[str] = []  # the plugin whose pass raised: no blame crosses TVM's FFI with it
     for phase in PHASES:
         results = hub.traced_hook.umahub_tir_passes(accelerator=acc, phase=phase, context=ctx)
-        phase_passes[phase] = []
-        for plugin, result in zip(returned_by("umahub_tir_passes", len(results)), results):
-            passes = _blame(ctx, "umahub_tir_passes", checked_passes, result, phase)
-            phase_passes[phase] += [_attributed(p, plugin, failed) for p in passes]
+        phase_passes[phase] = [
+            _attributed(p, plugin, failed)
+            for plugin, passes in _checked_each(
+                ctx, "umahub_tir_passes", checked_passes, results, phase
+            )
+            for p in passes
+        ]
     with use_phase_passes(phase_passes) as pipeline:
         ctx = replace(ctx, tir_pipeline=pipeline)
         try:
@@ -128,6 +133,24 @@ def _attributed(tir_pass: Any, plugin: str, failed: list[str]) -> Any:
             raise
 
     return run
+
+
+def _checked_each(
+    ctx: CompileContext, hook: str, check: Callable[..., Any], results: list[Any], *args: Any
+) -> list[tuple[str, Any]]:
+    """``(plugin, check(result, *args))`` for each result of a hook that every plugin
+    answers (pluggy's list), each blamed on the plugin that gave it.
+
+    Raises:
+        PluginFailure: a result failed its check.
+    """
+    checked = []
+    for plugin, result in zip(returned_by(hook, len(results)), results):
+        try:
+            checked.append((plugin, check(result, *args)))
+        except PluginOutputError as exc:
+            raise PluginFailure(plugin, hook, exc, ctx.symbol) from exc
+    return checked
 
 
 def _blame(ctx: CompileContext, hook: str, check: Callable[..., Any], *args: Any) -> Any:
