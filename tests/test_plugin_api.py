@@ -267,3 +267,12 @@ def test_the_boards_server_still_starts_under_its_old_name():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage: python -m umahub.boards.board")
+
+
+def test_the_base_error_is_at_the_top_level_as_the_warning_is():
+    from umahub.errors import CompileError, PluginFailure, UmahubError
+
+    assert umahub.UmahubError is UmahubError
+    assert issubclass(CompileError, umahub.UmahubError)
+    assert issubclass(PluginFailure, umahub.UmahubError)
+    assert "UmahubError" in umahub.__all__

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from umahub import _moved, errors
-from umahub.errors import UmahubWarning
+from umahub.errors import UmahubError, UmahubWarning
 from umahub.hub import Hub
 from umahub.plugin.accelerator import Accelerator, MemoryPool
 from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
@@ -55,6 +55,7 @@ __all__ = [
     "Hub",
     "MemoryPool",
     "Refusal",
+    "UmahubError",
     "UmahubWarning",
     "VirtualDevice",
     "__version__",
