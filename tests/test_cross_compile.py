@@ -118,9 +118,9 @@ class _FakeSession:
         self.uploaded: dict[str, bytes] = {}
 
     def get_function(self, name: str):
-        if name == "umahub.boards.board.info":
+        if name == "umahub.board.info":
             return lambda: json.dumps({"machine": self.machine})
-        assert name == "umahub.boards.board.load"
+        assert name == "umahub.board.load"
         return lambda library, devices, weights: ("loaded", library, devices, weights)
 
     def upload(self, blob, name: str) -> None:

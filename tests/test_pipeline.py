@@ -148,6 +148,13 @@ def test_pins_by_op_glob_and_pattern(model):
     ]
 
 
+def test_pins_written_into_a_model_keep_their_attribute_name(model):
+    """Models annotated by any umahub version carry their pins in this attribute."""
+    mod, _, _ = model
+    annotated = umahub.annotate(mod, {"n0": "host"})
+    assert dict(annotated["main"].attrs["umahub.placement"]) == {"n0": "host"}
+
+
 def test_api_pins_override_config_pins_override_model_pins(model):
     mod, _, _ = model
     annotated = umahub.annotate(mod, {"n0": "host", "n2": "host"})

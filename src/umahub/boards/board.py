@@ -4,14 +4,14 @@ A board runs TVM's own RPC server (``tvm.rpc.Server``: TVM's transport, its
 tracker protocol, its upload and its session per client), started by
 ``python -m umahub.boards.board`` so that two functions are registered in it:
 
-``umahub.boards.board.load(name, devices, weights)``
+``umahub.board.load(name, devices, weights)``
     loads an uploaded library (``name`` in the session's work directory) on a
     Relax VM over ``devices`` CPU devices (host = 0, then each accelerator
     instance), copies the weights that go to accelerators to their devices
     once (``weights``: JSON, the device index of each, as the library's
     trailer lists them) and returns a function that runs ``main`` on inputs
     uploaded to the board and returns its outputs.
-``umahub.boards.board.info()``
+``umahub.board.info()``
     the board's machine and versions, as JSON.
 
 Why not TVM's plain server: its VM takes inputs over RPC through
@@ -35,10 +35,12 @@ from typing import Any
 
 __all__ = ["INFO", "LAST_SECONDS", "LOAD", "main", "register"]
 
-#: The registered functions' names.
-LOAD = "umahub.boards.board.load"
-INFO = "umahub.boards.board.info"
-LAST_SECONDS = "umahub.boards.board.last_seconds"
+#: The registered functions' names: what a client asks a board's server for over the
+#: wire, kept as they were when the module was ``umahub.board`` so that boards and
+#: clients of different umahub versions still understand each other.
+LOAD = "umahub.board.load"
+INFO = "umahub.board.info"
+LAST_SECONDS = "umahub.board.last_seconds"
 
 _last = [0.0]  # seconds of the last run's main on the board (this session's process)
 

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from umahub.boards.board import INFO, LAST_SECONDS, LOAD
 from umahub.errors import UmahubError, last_line
 from umahub.targets import elf_machine, machine_of, triple_of
 
@@ -143,9 +144,7 @@ class Board:
         self._loaded: list[str] = []
         self.info: dict[str, Any] = {}
         try:
-            loader = self._call(
-                lambda: session.get_function("umahub.boards.board.info"), "connecting"
-            )
+            loader = self._call(lambda: session.get_function(INFO), "connecting")
         except RemoteError:
             loader = None
         if loader is None:
@@ -211,7 +210,7 @@ class Board:
         with open(path, "rb") as f:
             blob = bytearray(f.read())
         self._call(lambda: session.upload(blob, name), f"uploading {path}")
-        load = self._call(lambda: session.get_function("umahub.boards.board.load"), "loading")
+        load = self._call(lambda: session.get_function(LOAD), "loading")
         weights = json.dumps(meta.get("weights", []))
         devices = len(meta["devices"])
         try:
@@ -282,7 +281,7 @@ class RemoteModel:
         session = self.board._session
         return float(
             self.board._call(
-                lambda: session.get_function("umahub.boards.board.last_seconds")(),
+                lambda: session.get_function(LAST_SECONDS)(),
                 "reading its clock",
             )
         )

@@ -12,7 +12,7 @@ A pin selector matches an operator by its node name (``"lv3"``), its op name
 the name of the pattern that claims it (``"npu.matmul"``); globs
 (``"conv*"``) are allowed. Exact selectors win over globs; among equals, the
 first written wins. Pins come from ``[tool.umahub.placement]``, from the
-model (the ``main`` function's attribute ``"umahub.compiler.placement"``, see
+model (the ``main`` function's attribute ``"umahub.placement"``, see
 :func:`annotate`) and from ``hub.compile(mod, placement=...)``, the latter
 overriding the former.
 
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 #: The ``main`` attribute that carries pins written into the model.
-MODEL_PLACEMENT_ATTR = "umahub.compiler.placement"
+MODEL_PLACEMENT_ATTR = "umahub.placement"  # stored in models: its name stays
 
 
 def annotate(mod: tvm.IRModule, placement: Mapping[str, str]) -> tvm.IRModule:
