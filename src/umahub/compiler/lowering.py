@@ -2,7 +2,9 @@
 
 A partition may hold several composites (kernels). The default lowering
 legalizes every operator to TIR and then fuses *all* of them into one PrimFunc
-named by the partition's symbol: the partition's function is marked
+named by the partition's symbol (a quantized operator computed in integers
+first, :mod:`umahub.host.quantized`, so that every device gives the host's
+integers): the partition's function is marked
 ``Primitive`` and ``FuseTIR`` concatenates its kernels, intermediates becoming
 buffers local to the PrimFunc. The PrimFunc takes the partition's inputs and
 then its output(s), in destination-passing style, which is how the host calls
@@ -18,6 +20,7 @@ from tvm import relax
 
 from umahub._tvm import name_of, type_of
 from umahub.errors import UnsupportedOperatorError
+from umahub.host.quantized import quantized_in_integers
 from umahub.ir import node_name
 
 __all__ = ["default_relax_to_tir", "single_primfunc"]
@@ -29,6 +32,7 @@ def _prepare(legalize: Mapping[str, Callable] | None) -> tvm.transform.Pass:
             relax.transform.LambdaLift(),  # composites are local functions: lift, then inline
             relax.transform.InlinePrivateFunctions(),
             relax.transform.ConvertToDataflow(),
+            quantized_in_integers(),
             relax.transform.LegalizeOps(dict(legalize) if legalize else None),
             relax.transform.DeadCodeElimination(),
         ]

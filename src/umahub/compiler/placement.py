@@ -178,8 +178,16 @@ class Matches(list):
     its convolution, which its pattern never described.
     """
 
-    def __init__(self, inner_outputs: bool = True, producers: dict | None = None) -> None:
+    def __init__(
+        self,
+        inner_outputs: bool = True,
+        producers: dict | None = None,
+        quantized: dict | None = None,
+    ) -> None:
         super().__init__()
+        #: bound variable -> the quantized operator it is part of (its final
+        #: quantize's variable), from :func:`quantized_parts`.
+        self.quantized = quantized or {}
         #: binding -> the pattern of the accepted match that holds it.
         self.taken: dict = {}
         #: Whether a match may hold, other than as its result, a value that its
@@ -188,6 +196,54 @@ class Matches(list):
         #: bound variable -> (its position in the function, the variables it
         #: reads): :func:`producers_of`, to refuse a match that would be a cycle.
         self.producers = producers or {}
+
+
+def quantized_parts(func: Any) -> dict:
+    """Each variable ``func`` binds inside a quantized operator (its float
+    convolution or matmul, bias add and activation) -> the variable of the
+    operator's final quantize (:func:`umahub.plugin.describe_quantized`)."""
+    from umahub.plugin.quantized import describe_quantized
+
+    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    parts: dict = {}
+    for var, value in bound.items():
+        if not (
+            isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.quantize"
+        ):
+            continue
+        try:
+            describe_quantized(value, bound.get)
+        except ValueError:
+            continue
+        inner = value.args[0]
+        while isinstance(inner, relax.Var) and inner in bound and inner not in parts:
+            parts[inner] = var
+            step = bound[inner]
+            if not isinstance(step, relax.Call) or step.op.name in (
+                "relax.nn.conv2d",
+                "relax.matmul",
+            ):
+                break
+            # an activation or the bias add: on to the convolution or matmul
+            inner = next(
+                (
+                    a
+                    for a in step.args
+                    if isinstance(a, relax.Var) and a in bound and _float_op(bound[a])
+                ),
+                None,
+            )
+    return parts
+
+
+def _float_op(value: Any) -> bool:
+    return isinstance(value, relax.Call) and getattr(value.op, "name", "") in (
+        "relax.nn.conv2d",
+        "relax.matmul",
+        "relax.add",
+        "relax.nn.relu",
+        "relax.clip",
+    )
 
 
 def producers_of(func: Any) -> dict:
@@ -292,6 +348,12 @@ def _taken(accepted: list | None, ctx: Any) -> str | None:
         owner = next((taken[v] for v in ctx.matched_bindings.keys() if v in taken), None)
         if owner is not None:  # first claimant wins
             return f"part of the match is already taken by a match of pattern '{owner}'"
+    split = _splits_quantized(getattr(accepted, "quantized", {}), ctx)
+    if split is not None:
+        return (
+            f"it holds part of the quantized operator ending at '{split}' and not the rest: "
+            "a quantized operator is claimed whole (umahub.plugin.quantized)"
+        )
     if _through_outside(getattr(accepted, "producers", {}), ctx):
         return (
             "a value outside the match is computed from it and read by it: "
@@ -302,6 +364,18 @@ def _taken(accepted: list | None, ctx: Any) -> str | None:
             "the match holds a value the model also uses outside it, "
             "which this TVM's FuseOpsByPattern cannot keep"
         )
+    return None
+
+
+def _splits_quantized(parts: dict, ctx: Any) -> str | None:
+    """The name of a quantized operator the match holds part of but not its end, or None."""
+    if not parts:
+        return None
+    held = set(ctx.matched_bindings.keys())
+    for var in held:
+        root = parts.get(var)
+        if root is not None and root not in held:
+            return name_of(root)
     return None
 
 

@@ -231,12 +231,18 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with what depends on weights alone computed once, at compile time
     (see the module's docs). A module that cannot be folded is kept as it is
     (only slower, never different)."""
+    from umahub.host.quantized import canonicalize_quantized, keep_quantized_weights
+
     try:
+        moved = canonicalize_quantized(mod)
+        mod = moved if well_formed(moved) else mod
         layout, _ = fold_layout_of_constants(mod)
         layout = layout if well_formed(layout) else mod
         normed, _ = fold_batch_norms(layout)
         layout = normed if well_formed(normed) else layout
-        folded = relax.transform.FoldConstant()(layout)
+        # a quantized weight stays integers under its dequantize (umahub.host.quantized)
+        hidden = keep_quantized_weights(layout, hide=True)
+        folded = keep_quantized_weights(relax.transform.FoldConstant()(hidden), hide=False)
     except Exception:  # an optimisation: the module stays correct without it
         return mod
     # FoldConstant (TVM 0.27) can fold a call whose PrimFunc it then drops while

@@ -5,7 +5,8 @@ Relax pipeline neither fuses nor schedules for a CPU: every operator would be
 a loop nest of its own, on one thread, without vectors. So the build stage
 first lowers the host's part here, as TVM's CPU pipeline does
 (``LegalizeOps``, ``AnnotateTIROpPattern``, ``FoldConstant``, ``FuseOps``,
-``FuseTIR``), then schedules each resulting PrimFunc: through the hook
+``FuseTIR``), its quantized operators first computed in integers
+(:mod:`umahub.host.quantized`), then schedules each resulting PrimFunc: through the hook
 ``umahub_host_schedule`` (a plugin may take any function), else with
 :func:`umahub.host.schedules.default_schedule`. The partitions are already
 calls of their runtime modules by then; only host code is touched.
@@ -20,6 +21,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 
 from umahub.errors import PluginFailure, warn
+from umahub.host.quantized import quantized_in_integers
 from umahub.host.schedules import default_schedule
 from umahub.hub.tracing import last_returned, recording
 from umahub.targets import host_target
@@ -197,6 +199,7 @@ LEGALIZE = {
 }
 
 _FUSION = (
+    quantized_in_integers,
     lambda: relax.transform.LegalizeOps(LEGALIZE),
     relax.transform.AnnotateTIROpPattern,
     relax.transform.FoldConstant,

@@ -27,7 +27,10 @@ Declaring the plugin
 Claiming operators (``umahub_patterns``)
     Pattern factories: :func:`op`, :func:`matmul`, :func:`conv2d`,
     :func:`bias_add`, :func:`activated`, :func:`relu6`, :func:`hardsigmoid`,
-    :func:`hardswish`, :func:`epilogues`, :data:`ACTIVATIONS`. For the
+    :func:`hardswish`, :func:`epilogues`, :data:`ACTIVATIONS`; quantized
+    operators (:mod:`~umahub.plugin.quantized`): :func:`quantized`,
+    :func:`dequantized`, and for their checks :func:`quantized_operator`
+    (:class:`QuantizedOperator`, :class:`QuantParams`). For the
     checks: :class:`Refusal`, :func:`refusal_reason`, :func:`calls`,
     :func:`shape_of`, :func:`dtype_of`, :func:`match_bytes`,
     :func:`human_size`, :data:`UNBOUNDED`, :func:`element_bytes`,
@@ -39,7 +42,9 @@ What the hooks are given
 
 Lowering (``umahub_relax_to_tir``)
     :func:`default_relax_to_tir`, :func:`single_primfunc`, and the host's
-    lowering of a max pooling, :func:`max_pool2d`.
+    lowering of a max pooling, :func:`max_pool2d`. A quantized operator's
+    integers (:func:`describe_quantized`, :func:`requantization`,
+    :func:`requantize`: the arithmetic every device must give bit for bit).
 
 Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
     The host's schedules a plugin may reuse (:func:`schedule_elementwise`,
@@ -92,6 +97,16 @@ from umahub.plugin.patterns import (
     refusal_reason,
     relu6,
     shape_of,
+)
+from umahub.plugin.quantized import (
+    QuantizedOperator,
+    QuantParams,
+    dequantized,
+    describe_quantized,
+    quantized,
+    quantized_operator,
+    requantization,
+    requantize,
 )
 from umahub.sizes import human_size
 
@@ -181,6 +196,8 @@ __all__ = [
     "Load",
     "MemoryPool",
     "Operator",
+    "QuantParams",
+    "QuantizedOperator",
     "Refusal",
     "Region",
     "Root",
@@ -197,6 +214,8 @@ __all__ = [
     "conv2d",
     "data_pointer",
     "default_relax_to_tir",
+    "dequantized",
+    "describe_quantized",
     "detect_linear_equation",
     "dtype_of",
     "element_bytes",
@@ -221,8 +240,12 @@ __all__ = [
     "pack_weight",
     "param_buffers",
     "perfect_nest",
+    "quantized",
+    "quantized_operator",
     "refusal_reason",
     "relu6",
+    "requantization",
+    "requantize",
     "ret_type",
     "rewrite",
     "root_block",

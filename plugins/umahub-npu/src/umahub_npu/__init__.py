@@ -4,7 +4,10 @@ Accelerator ``npu``: one instance, LLVM codegen for this host's CPU, two pools:
 ``npu.dram`` where its partitions' tensors live, and ``npu.sram``, the
 scratchpad that tiles are brought into by DMA (asynchronous copies).
 
-* patterns: matmul / dense and conv2d (depthwise included) with an optional
+* patterns: quantized convolutions and matmuls (``dequantize -> op (+ bias)
+  (+ ReLU/clip) -> quantize``, 8-bit, symmetric weights), computed in integers
+  as umahub defines them (:mod:`umahub.plugin.quantized`), bit for bit the
+  host's; float32 matmul / dense and conv2d (depthwise included) with an optional
   epilogue: a bias add (or, for conv2d, an inference batch norm), a residual
   add (a tensor computed at run time: a residual block's input), and an
   activation (relu, gelu, clip, SiLU, hardswish, hardsigmoid); batched matmul (attention).
@@ -193,6 +196,27 @@ def max_pool_ok(ctx) -> bool | Refusal:
     return True
 
 
+def quantized_ok(ctx) -> bool | Refusal:
+    """8-bit operands, symmetric weights (zero point 0), dilation 1, a convolution
+    dense or depthwise: its integer datapath (umahub computes the arithmetic)."""
+    from umahub.plugin import quantized_operator, shape_of
+
+    op = quantized_operator(ctx)
+    for role, params in (("input", op.data), ("weight", op.weight), ("output", op.output)):
+        if params.dtype not in ("int8", "uint8"):
+            return Refusal(f"a {params.dtype} {role}; the npu's integer datapath is 8-bit")
+    if not op.weight.symmetric:
+        return Refusal("weights with a nonzero zero point; the npu takes symmetric weights")
+    if op.kind == "conv2d":
+        attrs = op.call.attrs
+        if any(int(d) != 1 for d in attrs.dilation):
+            return Refusal("a dilated convolution; the npu takes dilation 1 only")
+        groups = int(attrs.groups)
+        if groups != 1 and groups != (shape_of(op.call.args[0]) or (0, 0))[1]:
+            return Refusal(f"a grouped convolution ({groups} groups) that is not depthwise")
+    return True
+
+
 #: The most tensors a concatenation on the npu joins (DenseNet's have more).
 CONCAT_MAX = 8
 
@@ -208,7 +232,7 @@ def umahub_patterns():
     """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
     from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
 
-    from umahub.plugin import conv2d, epilogues, matmul
+    from umahub.plugin import conv2d, epilogues, matmul, quantized
 
     conv = conv2d()
     # an inference batch norm after the convolution is part of its epilogue
@@ -244,8 +268,11 @@ def umahub_patterns():
         )
         for n in range(CONCAT_MAX, 1, -1)
     ]
+    # quantized operators first: claimed whole, in integers (umahub.plugin.quantized)
     return (
-        epilogues(NAME, "matmul", matmul(), matmul_ok)
+        quantized(NAME, "conv2d", quantized_ok)
+        + quantized(NAME, "matmul", quantized_ok)
+        + epilogues(NAME, "matmul", matmul(), matmul_ok)
         + normalised
         + epilogues(NAME, "conv2d_scaled", scaled, scaled_conv2d_ok)
         + epilogues(NAME, "conv2d", conv, conv2d_ok)

@@ -43,6 +43,7 @@ from umahub.compiler.placement import (
     PlannedPattern,
     Refusals,
     producers_of,
+    quantized_parts,
 )
 from umahub.config import HOST
 from umahub.errors import CompileError, PlacementError, did_you_mean
@@ -77,8 +78,9 @@ def _fuse(
     gives is not well formed. Then the fusion runs again without such matches.
     """
     producers = producers_of(mod["main"])
+    parts = quantized_parts(mod["main"])
     for inner_outputs in (True, False):
-        accepted = Matches(inner_outputs, producers)
+        accepted = Matches(inner_outputs, producers, parts)
         patterns = [p.fusion_pattern(pins, accepted, failures, refusals) for p in planned]
         fused = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=False

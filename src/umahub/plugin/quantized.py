@@ -1,0 +1,467 @@
+"""Quantized operators: the patterns that claim them and what a check reads of them.
+
+A quantized model reaches umahub as ``R.quantize`` / ``R.dequantize`` around
+float operators (ONNX's QDQ form, PyTorch's PT2E; see the guide's page on
+quantized models). A convolution or a matrix product between them,
+
+.. code-block:: text
+
+    dequantize(x) , dequantize(w)  ->  conv2d / matmul  (+ bias)  (+ ReLU / clip)  ->  quantize
+
+is *one quantized operator*: its inputs and its output are integers, and
+umahub computes it in integers, exactly (:func:`requantization`). A plugin
+claims it in one line::
+
+    @up.hookimpl(accelerator="my_npu")
+    def umahub_patterns():
+        return up.quantized("my_npu", "conv2d", check=conv_ok) + up.quantized("my_npu", "matmul")
+
+and a check reads its scales and zero points with :func:`quantized_operator`::
+
+    def conv_ok(ctx):
+        op = up.quantized_operator(ctx)
+        if op.weight.per_channel:
+            return up.Refusal("per-channel weight scales; the array takes one scale per tensor")
+        return True
+
+A quantized operator is claimed whole or not at all: umahub refuses any other
+pattern's match that holds part of one (a float ``conv2d`` pattern would
+otherwise take the convolution out of its integer operator and compute it in
+float32). What no accelerator claims, the host computes with the same integer
+arithmetic, so every path gives the same integers, bit for bit.
+
+The arithmetic, defined once (the host's lowering, the kit's reference and a
+plugin's kernels all follow it):
+
+1. ``acc = sum((x - x_zp) * (w - w_zp))`` in int32, over the reduction of the
+   convolution or product; a convolution's padding is ``x_zp`` (a float 0).
+2. ``acc += bias_q``: an int32 bias whose scale is ``x_scale * w_scale`` (as
+   float32, the scale ONNX Runtime's quantizer gives it) and zero point 0 is
+   added as it is; any other bias (a float one, as PT2E leaves it) is first
+   rounded to those units, ``nearbyint(f64(b) / (f64(x_scale) * f64(w_scale)))``.
+3. ``M = f64(x_scale) * f64(w_scale) / f64(y_scale)`` (per output channel),
+   as a fixed-point ``m * 2**-k`` (:func:`requantization`): ``m`` is the top 31
+   bits of M's significand, truncated.
+4. ``y = round_half_to_even(acc * m / 2**k) + y_zp``, in int64, then clamped
+   to the activation's bounds (ReLU: ``y_zp``; clip: its bounds quantized as
+   ``QuantizeLinear`` does it) and saturated to the output type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# TVM is imported inside the functions (see umahub.plugin.patterns).
+
+__all__ = [
+    "KINDS",
+    "QuantParams",
+    "QuantizedOperator",
+    "dequantized",
+    "describe_quantized",
+    "quantized",
+    "quantized_operator",
+    "requantization",
+    "requantize",
+]
+
+#: The operators :func:`quantized` makes patterns for.
+KINDS = ("conv2d", "matmul")
+
+#: The activations a quantized operator takes: both are a clamp of its integers.
+QUANTIZED_ACTIVATIONS = ("relax.nn.relu", "relax.clip")
+
+
+# ------------------------------------------------------------------ the arithmetic
+
+
+def requantization(multiplier: Any) -> tuple[Any, Any]:
+    """``(m, k)`` int64 arrays with ``multiplier ~= m * 2**-k`` (step 3 of the module's docs).
+
+    ``m`` is the top 31 bits of each float64 multiplier's significand
+    (``2**30 <= m < 2**31``), truncated. A multiplier below ``2**-32`` gives
+    ``m = 0, k = 62`` (every int32 product of it rounds to 0); one of ``2**30``
+    or more cannot be represented and raises ValueError.
+    """
+    import numpy as np
+
+    value = np.ascontiguousarray(np.asarray(multiplier, dtype=np.float64))
+    if np.any(~np.isfinite(value)) or np.any(value < 0) or np.any(value >= 2.0**30):
+        raise ValueError(f"a requantization multiplier out of range: {value.ravel()[:4]}")
+    bits = value.view(np.int64)
+    exponent = (bits >> 52) & 0x7FF
+    m = ((bits & ((1 << 52) - 1)) | (1 << 52)) >> 22
+    k = 1053 - exponent
+    tiny = k > 62
+    return np.where(tiny, 0, m).astype(np.int64), np.where(tiny, 62, k).astype(np.int64)
+
+
+def requantize(acc: Any, multiplier: Any, zero_point: int, low: int, high: int, dtype: str) -> Any:
+    """Step 4 in numpy: the int32 accumulators ``acc`` as integers of ``dtype``.
+
+    ``multiplier`` broadcasts against ``acc`` (per output channel: shaped to
+    its axis); ``low``/``high`` are the activation's bounds. The reference a
+    kernel is checked against.
+    """
+    import numpy as np
+
+    m, k = requantization(multiplier)
+    p = np.asarray(acc, dtype=np.int64) * m
+    rounded = (p + (np.int64(1) << (k - 1)) - 1 + ((p >> k) & 1)) >> k
+    info = np.iinfo(dtype)
+    low, high = max(low, int(info.min)), min(high, int(info.max))
+    return np.clip(rounded + zero_point, low, high).astype(dtype)
+
+
+# ------------------------------------------------------------------ the patterns
+
+
+def dequantized(data: Any = None) -> Any:
+    """``dequantize(data, scale, zero_point)`` with constant scale and zero point;
+    ``data`` any tensor unless given (``is_const()`` for a weight)."""
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    return is_op("relax.dequantize")(
+        data if data is not None else wildcard(), is_const(), is_const()
+    )
+
+
+def _producer(kind: str) -> Any:
+    from tvm.relax.dpl import is_const, is_op
+
+    if kind == "conv2d":
+        return is_op("relax.nn.conv2d")(dequantized(), dequantized(is_const()))
+    if kind == "matmul":
+        return is_op("relax.matmul")(dequantized(), dequantized())
+    raise ValueError(f"no quantized pattern for {kind!r}; the kinds are {', '.join(KINDS)}")
+
+
+def quantized(accelerator: str, kind: str, check: Any = None) -> list[tuple[str, Any, dict, Any]]:
+    """The quantized ``kind`` (``"conv2d"`` or ``"matmul"``) with its epilogues, as
+    named patterns, largest match first (see the module's docs for the form).
+
+    Names: ``"<accelerator>.q<kind>"`` plus ``_bias_act``, ``_bias``, ``_act``
+    or nothing. A convolution's weight is a constant (a matmul's second
+    operand may be computed: attention). The bias is a constant, int32 under a
+    dequantize or float; the activation ReLU or a clip. Each pattern has
+    ``check``: umahub's own conditions (:func:`describe_quantized`: one scale
+    for the input, per-tensor or per-output-channel for the weight and the
+    output...) are checked before it.
+    """
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    producer = _producer(kind)
+    bias_value = dequantized(is_const()) | is_const()
+    biased = is_op("relax.add")(producer, bias_value) | is_op("relax.add")(bias_value, producer)
+
+    def activated(x: Any) -> Any:
+        return is_op("relax.nn.relu")(x) | is_op("relax.clip")(x, wildcard(), wildcard())
+
+    def out(x: Any) -> Any:
+        return is_op("relax.quantize")(x, is_const(), is_const())
+
+    name = f"{accelerator}.q{kind}"
+    checked = _exact_first(check)
+    return [
+        (f"{name}_bias_act", out(activated(biased)), {}, checked),
+        (f"{name}_bias", out(biased), {}, checked),
+        (f"{name}_act", out(activated(producer)), {}, checked),
+        (name, out(producer), {}, checked),
+    ]
+
+
+def _exact_first(check: Any) -> Any:
+    """``check`` behind umahub's own: a match umahub cannot compute exactly is refused first."""
+    from umahub.plugin.patterns import Refusal
+
+    def checked(ctx: Any) -> Any:
+        try:
+            quantized_operator(ctx)
+        except ValueError as exc:
+            return Refusal(str(exc))
+        return True if check is None else check(ctx)
+
+    checked.__doc__ = getattr(check, "__doc__", None)
+    checked.__name__ = getattr(check, "__name__", "quantized_ok")
+    return checked
+
+
+# ------------------------------------------------------------------ what a check reads
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """How one tensor of a quantized operator is quantized.
+
+    Attributes:
+        dtype: the integer type (``"int8"``, ``"uint8"``...).
+        scale: float32 numpy array: one value, or one per channel of ``axis``
+            (None where it is not a constant: a partition's parameter, when
+            its function is lowered).
+        zero_point: int numpy array shaped like ``scale`` (None likewise).
+        axis: the tensor's axis that ``scale`` runs along (None: one scale).
+    """
+
+    dtype: str
+    scale: Any
+    zero_point: Any
+    axis: int | None
+
+    @property
+    def per_channel(self) -> bool:
+        """Whether there is a scale per channel (not one for the tensor)."""
+        return self.axis is not None
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether every zero point is 0 (False where they are not known)."""
+        return self.zero_point is not None and not bool(self.zero_point.any())
+
+
+@dataclass(frozen=True)
+class QuantizedOperator:
+    """A quantized operator as a check (or a lowering) reads it.
+
+    Attributes:
+        kind: ``"conv2d"`` or ``"matmul"``.
+        call: the float ``relax.nn.conv2d`` / ``relax.matmul`` call (its attributes).
+        data: the first operand's quantization (one scale).
+        weight: the second operand's (per-tensor or per output channel).
+        output: the result's (one scale).
+        weight_constant: whether the second operand is a constant.
+        has_bias: whether a bias is added.
+        bias_exact: whether the bias is known to be int32 in the units of
+            ``data.scale * weight.scale`` (added as it is); else it is rounded
+            to them (a kernel decides per channel where the scales are not
+            constants).
+        activation: None, ``"relu"`` or ``("clip", low, high)`` (float bounds).
+        exprs: the Relax expressions of the operands, by role: ``data``,
+            ``data_scale``, ``data_zp``, ``weight``, ``weight_scale``,
+            ``weight_zp``, ``bias`` (with ``bias_scale``, ``bias_zp`` when it is
+            dequantized), ``output_scale``, ``output_zp``.
+    """
+
+    kind: str
+    call: Any
+    data: QuantParams
+    weight: QuantParams
+    output: QuantParams
+    weight_constant: bool
+    has_bias: bool
+    bias_exact: bool
+    activation: Any
+    exprs: dict
+
+    @property
+    def multiplier(self) -> Any:
+        """``data.scale * weight.scale / output.scale`` in float64 (step 3), per output channel."""
+        import numpy as np
+
+        return (
+            np.float64(self.data.scale.reshape(()))
+            * self.weight.scale.astype(np.float64)
+            / np.float64(self.output.scale.reshape(()))
+        )
+
+
+def _constant(expr: Any, lookup: Any) -> Any:
+    """The numpy value of ``expr`` if it is a constant (through variable bindings), else None."""
+    from umahub._tvm import Constant, constant_value
+
+    expr = _resolve(expr, lookup)
+    return constant_value(expr).numpy() if isinstance(expr, Constant) else None
+
+
+def _resolve(expr: Any, lookup: Any) -> Any:
+    from tvm import relax
+
+    seen = 0
+    while isinstance(expr, relax.Var) and seen < 64:
+        bound = lookup(expr)
+        if bound is None:
+            break
+        expr, seen = bound, seen + 1
+    return expr
+
+
+def _call(expr: Any, lookup: Any, *names: str) -> Any:
+    import tvm
+    from tvm import relax
+
+    value = _resolve(expr, lookup)
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in names:
+        return value
+    return None
+
+
+def _params(call: Any, lookup: Any, role: str, rank: int) -> QuantParams:
+    """The QuantParams of a quantize or dequantize ``call`` on a tensor of ``rank`` dimensions.
+
+    Scale and zero point that are not constants here (a partition's parameters,
+    when its function is lowered) give ``scale = zero_point = None``; the rest
+    comes from their types.
+    """
+    import numpy as np
+
+    from umahub.plugin.patterns import dtype_of, shape_of
+
+    scale, zero = _constant(call.args[1], lookup), _constant(call.args[2], lookup)
+    integer = dtype_of(call.args[0]) if call.op.name == "relax.dequantize" else dtype_of(call)
+    if not integer.startswith(("int", "uint")):
+        raise ValueError(f"the {role} is {integer}, not an integer type")
+    if scale is None or zero is None:
+        size = int(np.prod(shape_of(call.args[1]) or (1,)))
+        axis = int(call.attrs.axis) % max(rank, 1) if size > 1 else None
+        return QuantParams(integer, None, None, axis)
+    scale = np.asarray(scale, dtype=np.float32).reshape(-1)
+    zero = np.asarray(zero).astype(np.int64).reshape(-1)
+    if zero.size not in (1, scale.size):
+        raise ValueError(f"the {role} has {scale.size} scales and {zero.size} zero points")
+    if scale.size == 1 and zero.size == 1:
+        return QuantParams(integer, scale.reshape(()), zero.reshape(()), None)
+    axis = int(call.attrs.axis) % max(rank, 1)
+    return QuantParams(integer, scale, np.broadcast_to(zero, scale.shape).copy(), axis)
+
+
+def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
+    """The quantized operator whose final ``relax.quantize`` call is ``root``.
+
+    ``lookup(var)`` gives the value bound to a Relax variable (None for a
+    parameter). Raises ValueError, with a reason that completes "umahub cannot
+    compute it in integers: ...", when ``root`` ends no quantized operator
+    umahub computes exactly (a per-channel scale on the input, a weight scale
+    along another axis than the output channels, a layout other than
+    NCHW/OIHW...).
+    """
+    import numpy as np
+
+    from umahub.plugin.patterns import dtype_of, shape_of
+
+    quantize = _call(root, lookup, "relax.quantize")
+    if quantize is None:
+        raise ValueError("it does not end in a quantize")
+    value, activation = quantize.args[0], None
+    act = _call(value, lookup, "relax.nn.relu", "relax.clip")
+    if act is not None:
+        if act.op.name == "relax.nn.relu":
+            activation = "relu"
+        else:
+            bounds = [_resolve(a, lookup) for a in act.args[1:]]
+            try:
+                activation = ("clip", *(float(b.value.value) for b in bounds))
+            except AttributeError:
+                raise ValueError("a clip whose bounds are not constants") from None
+        value = act.args[0]
+    bias_expr, bias_dq = None, None
+    add = _call(value, lookup, "relax.add")
+    if add is not None:
+        for i in (0, 1):
+            if _call(add.args[i], lookup, "relax.nn.conv2d", "relax.matmul") is not None:
+                value, bias_expr = add.args[i], add.args[1 - i]
+                break
+        else:
+            raise ValueError("an add that is not a bias of a convolution or matmul")
+        bias_dq = _call(bias_expr, lookup, "relax.dequantize")
+        if _constant(bias_dq.args[0] if bias_dq is not None else bias_expr, lookup) is None:
+            raise ValueError("a bias that is not a constant")
+    producer = _call(value, lookup, "relax.nn.conv2d", "relax.matmul")
+    if producer is None:
+        raise ValueError("no convolution or matmul before the quantize")
+    kind = "conv2d" if producer.op.name == "relax.nn.conv2d" else "matmul"
+    operands = [_call(a, lookup, "relax.dequantize") for a in producer.args]
+    if any(o is None for o in operands):
+        raise ValueError(f"a {kind} operand that is not dequantized")
+    dq_x, dq_w = operands
+    shape_x, shape_w, shape_y = shape_of(dq_x), shape_of(dq_w), shape_of(quantize)
+    if shape_x is None or shape_w is None or shape_y is None:
+        raise ValueError("a tensor whose shape is known only at run time")
+    if any(dtype_of(e) != "float32" for e in (dq_x, dq_w, quantize.args[0])):
+        raise ValueError("a dequantized tensor that is not float32")
+    data = _params(dq_x, lookup, "input", len(shape_x))
+    weight = _params(dq_w, lookup, "weight", len(shape_w))
+    output = _params(quantize, lookup, "output", len(shape_y))
+    if data.per_channel:
+        raise ValueError("a scale per channel on the input (one for the tensor is needed)")
+    if output.per_channel:
+        raise ValueError("a scale per channel on the output (one for the tensor is needed)")
+    if kind == "conv2d":
+        attrs = producer.attrs
+        layouts = (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+        if layouts[:2] != ("NCHW", "OIHW") or layouts[2] not in ("NCHW", ""):
+            raise ValueError(f"layout {'/'.join(layouts[:2])} (NCHW/OIHW is computed)")
+        channel_axis, channels = 0, shape_w[0]
+    else:
+        if len(shape_w) < 2 or len(shape_x) < 2:
+            raise ValueError("a matrix-vector product (1-D operand)")
+        channel_axis, channels = len(shape_w) - 1, shape_w[-1]
+    if weight.per_channel and weight.axis != channel_axis:
+        raise ValueError(
+            f"weight scales along axis {weight.axis}, not along the output channels "
+            f"(axis {channel_axis})"
+        )
+    known = all(p.scale is not None for p in (data, weight, output))
+    if known and not all(np.all(p.scale > 0) for p in (data, weight, output)):
+        raise ValueError("a scale that is not positive")
+    exprs = {
+        "data": dq_x.args[0],
+        "data_scale": dq_x.args[1],
+        "data_zp": dq_x.args[2],
+        "weight": dq_w.args[0],
+        "weight_scale": dq_w.args[1],
+        "weight_zp": dq_w.args[2],
+        "output_scale": quantize.args[1],
+        "output_zp": quantize.args[2],
+    }
+    bias_exact = False
+    if bias_expr is not None:
+        if bias_dq is not None:
+            exprs.update(bias=bias_dq.args[0], bias_scale=bias_dq.args[1], bias_zp=bias_dq.args[2])
+            bias = _params(bias_dq, lookup, "bias", len(shape_of(bias_dq) or ()))
+            if known and bias.scale is not None:
+                units = np.float32(data.scale.reshape(())) * weight.scale.astype(np.float32)
+                bias_exact = (
+                    bias.dtype == "int32"
+                    and bias.symmetric
+                    and np.array_equal(np.broadcast_to(bias.scale, units.shape), units)
+                )
+        else:
+            exprs["bias"] = bias_expr
+        if int(np.prod(shape_of(exprs["bias"]) or (1,))) not in (1, channels):
+            raise ValueError("a bias that is not one value per output channel")
+    if known:
+        multiplier = (
+            np.float64(data.scale) * weight.scale.astype(np.float64) / np.float64(output.scale)
+        )
+        if np.any(multiplier >= 2.0**30):
+            raise ValueError("a requantization multiplier of 2**30 or more")
+    return QuantizedOperator(
+        kind=kind,
+        call=producer,
+        data=data,
+        weight=weight,
+        output=output,
+        weight_constant=_constant(dq_w.args[0], lookup) is not None,
+        has_bias=bias_expr is not None,
+        bias_exact=bool(bias_exact),
+        activation=activation,
+        exprs=exprs,
+    )
+
+
+def quantized_operator(ctx: Any) -> QuantizedOperator:
+    """The quantized operator a pattern of :func:`quantized` matched, from its check's
+    ``ctx`` (a ``PatternCheckContext``). Raises ValueError when umahub cannot
+    compute it exactly (umahub's check refuses such a match before the plugin's)."""
+    bound = dict(ctx.matched_bindings.items())
+    by_value = {}
+    try:
+        by_value = {v: k for k, v in ctx.value_to_bound_var.items()}
+    except AttributeError:
+        pass
+
+    def lookup(var: Any) -> Any:
+        value = bound.get(var)
+        return value if value is not None else by_value.get(var)
+
+    return describe_quantized(ctx.matched_expr, lookup)
