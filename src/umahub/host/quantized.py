@@ -379,7 +379,7 @@ class _Keep(relax.PyExprMutator):
         if self.hide and isinstance(op, tvm.ir.Op) and op.name == "relax.dequantize":
             if isinstance(call.args[0], Constant):
                 name = f"{_KEPT}:{int(call.attrs.axis)}:{call.attrs.out_dtype}"
-                return relax.Call(relax.ExternFunc(name), call.args, sinfo_args=[type_of(call)])
+                return relax.Call(relax.ExternFunc(name), call.args, None, [type_of(call)])
         if (
             not self.hide
             and isinstance(op, relax.ExternFunc)

@@ -285,6 +285,13 @@ def _resolve(expr: Any, lookup: Any) -> Any:
     return expr
 
 
+def _bound(expr: Any) -> float | None:
+    """A clip bound's value: a PrimValue or an immediate (they differ by TVM version)."""
+    value = getattr(expr, "value", None)
+    value = getattr(value, "value", value)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def _call(expr: Any, lookup: Any, *names: str) -> Any:
     import tvm
     from tvm import relax
@@ -347,11 +354,10 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
         if act.op.name == "relax.nn.relu":
             activation = "relu"
         else:
-            bounds = [_resolve(a, lookup) for a in act.args[1:]]
-            try:
-                activation = ("clip", *(float(b.value.value) for b in bounds))
-            except AttributeError:
-                raise ValueError("a clip whose bounds are not constants") from None
+            bounds = [_bound(_resolve(a, lookup)) for a in act.args[1:]]
+            if None in bounds:
+                raise ValueError("a clip whose bounds are not constants")
+            activation = ("clip", *bounds)
         value = act.args[0]
     bias_expr, bias_dq = None, None
     add = _call(value, lookup, "relax.add")
