@@ -324,6 +324,8 @@ def test_the_npu_claims_a_quantized_convolution_whole_and_gives_the_hosts_intege
         ("relax.nn.relu", "npu:0", "npu.qconv2d_bias_act"),
         ("relax.quantize", "npu:0", "npu.qconv2d_bias_act"),
     ]
+    assert on_npu.report.quantized[0]["device"] == "npu:0"
+    assert "quantized operators: 1, in integers (npu:0 1)" in str(on_npu.report)
     expected = reference(x, parts)
     np.testing.assert_array_equal(on_npu.run(x), expected)
     np.testing.assert_array_equal(on_host.run(x), expected)
@@ -346,6 +348,22 @@ def test_asymmetric_weights_stay_on_the_host_in_integers_with_the_npus_reason(np
     compiled = npu_hub.compile(mod)
     # the npu's float conv2d patterns may not take the convolution out of it either
     assert {d for _, d in _placed(compiled)} == {"host"}
+    assert compiled.report.quantized == [
+        {
+            "node": "gv",
+            "kind": "conv2d",
+            "device": "host",
+            "pattern": "",
+            "why": "npu.qconv2d_bias_act refused it: weights with a nonzero zero point; "
+            "the npu takes symmetric weights",
+        }
+    ]
+    text = str(compiled.report).splitlines()
+    at = text.index("quantized operators: 1, in integers (host 1)")
+    assert text[at + 1] == (
+        "  gv (qconv2d) on host: npu.qconv2d_bias_act refused it: "
+        "weights with a nonzero zero point; the npu takes symmetric weights"
+    )
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 

@@ -106,6 +106,9 @@ class Partitioned:
     mod: tvm.IRModule
     partitions: tuple[Partition, ...]
     operators: tuple[Operator, ...]
+    #: each quantized operator as (its final quantize's node, its kind, why no
+    #: accelerator took it: "" when one did)
+    quantized: tuple[tuple[str, str, str], ...] = ()
 
     def to_host(self, symbols: set[str]) -> Partitioned:
         """The same, with the partitions named by ``symbols`` sent back to the host."""
@@ -122,7 +125,27 @@ class Partitioned:
             for o in self.operators
         )
         partitions = tuple(p for p in self.partitions if p.symbol not in symbols)
-        return Partitioned(mod, partitions, operators)
+        return Partitioned(mod, partitions, operators, self.quantized)
+
+
+def _quantized_rows(placed: Partitioned) -> list[dict[str, str]]:
+    """The report's quantized operators: where each runs and, on the host, why."""
+    where = {o.name: o for o in placed.operators if o.op == "relax.quantize"}
+    rows = []
+    for node, kind, why in placed.quantized:
+        op = where.get(node)
+        device = op.device if op is not None else "host"
+        pattern = op.pattern if op is not None else ""
+        rows.append(
+            {
+                "node": node,
+                "kind": kind,
+                "device": device,
+                "pattern": pattern,
+                "why": why if device == "host" else "",
+            }
+        )
+    return rows
 
 
 @dataclass
@@ -262,6 +285,7 @@ class Compilation:
             built=built,
             host_schedules=self.host_schedules,
             auto=self.auto.to_dict() if self.auto is not None else None,
+            quantized=_quantized_rows(placed),
         )
 
     @property

@@ -328,7 +328,9 @@ def _guard(
                     failures.add(planned, [n for n, _ in matched_operators(ctx)], exc)
                 return False
         if why is not None:
-            if refusals is not None and pins and _wanted(planned, pins, ctx):
+            if refusals is not None and (
+                (pins and _wanted(planned, pins, ctx)) or _ends_quantized(accepted, ctx)
+            ):
                 refusals.add(planned.name, [n for n, _ in matched_operators(ctx)], why)
             return False
         if accepted is not None:
@@ -365,6 +367,13 @@ def _taken(accepted: list | None, ctx: Any) -> str | None:
             "which this TVM's FuseOpsByPattern cannot keep"
         )
     return None
+
+
+def _ends_quantized(accepted: Any, ctx: Any) -> bool:
+    """Whether the match holds a quantized operator's end: why it was refused is reported
+    whether or not the operator is pinned (it runs on the host, in integers)."""
+    roots = set(getattr(accepted, "quantized", {}).values())
+    return bool(roots) and any(v in roots for v in ctx.matched_bindings.keys())
 
 
 def _splits_quantized(parts: dict, ctx: Any) -> str | None:

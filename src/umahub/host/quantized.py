@@ -377,7 +377,11 @@ class _Keep(relax.PyExprMutator):
         call = super().visit_call_(call)
         op = call.op
         if self.hide and isinstance(op, tvm.ir.Op) and op.name == "relax.dequantize":
-            if isinstance(call.args[0], Constant):
+            data = call.args[0]
+            if isinstance(data, relax.Var) and isinstance(self.lookup_binding(data), Constant):
+                data = self.lookup_binding(data)  # a weight whose layout was folded
+                call = relax.Call(op, [data, *call.args[1:]], call.attrs)
+            if isinstance(data, Constant):
                 name = f"{_KEPT}:{int(call.attrs.axis)}:{call.attrs.out_dtype}"
                 return relax.Call(relax.ExternFunc(name), call.args, None, [type_of(call)])
         if (

@@ -68,6 +68,9 @@ class ReportData:
     model: str = ""  # the model's name, for the picture's title ("" when not given)
     host_schedules: dict[str, int] = field(default_factory=dict)  # how -> host functions
     auto: dict[str, Any] | None = None  # placement by cost: umahub.auto.AutoChoice.to_dict()
+    #: each quantized operator: node (its final quantize), kind, device, pattern,
+    #: and why no accelerator took it ("" where one did); computed in integers either way
+    quantized: list[dict[str, str]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ summaries
 
@@ -111,6 +114,7 @@ class ReportData:
             "model": self.model,
             "host_schedules": self.host_schedules,
             "auto": self.auto,
+            "quantized": self.quantized,
         }
 
     def to_json(self, indent: int = 2) -> str:

@@ -102,6 +102,21 @@ def describe(auto: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _quantized(rows: list[dict[str, str]]) -> list[str]:
+    """Where the quantized operators run; why those on the host are there."""
+    if not rows:
+        return []
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["device"]] = counts.get(row["device"], 0) + 1
+    where = ", ".join(f"{d} {n}" for d, n in sorted(counts.items()))
+    lines = [f"quantized operators: {len(rows)}, in integers ({where})"]
+    for row in rows:
+        if row["device"] == "host":
+            lines.append(f"  {row['node']} (q{row['kind']}) on host: {row['why']}")
+    return lines
+
+
 def render(report: ReportData) -> str:
     """The report as the text a person reads: ``str(report)``."""
     lines = ["placement:"]
@@ -159,6 +174,7 @@ def render(report: ReportData) -> str:
                 f"{human_size(pool.size_bytes)} used ({human_size(pool.resident)} "
                 f"resident), {human_size(pool.free)} free"
             )
+    lines += _quantized(report.quantized)
     if report.host_schedules:
         parts = ", ".join(f"{how} {n}" for how, n in report.host_schedules.items())
         lines.append(f"host functions: {sum(report.host_schedules.values())} ({parts})")

@@ -70,6 +70,7 @@ def _fuse(
     pins: Pins,
     failures: CheckFailures | None,
     refusals: Refusals | None = None,
+    parts: dict | None = None,
 ) -> tuple[Matches, tvm.IRModule]:
     """FuseOpsByPattern with the planned patterns: (the accepted matches, the module).
 
@@ -78,7 +79,6 @@ def _fuse(
     gives is not well formed. Then the fusion runs again without such matches.
     """
     producers = producers_of(mod["main"])
-    parts = quantized_parts(mod["main"])
     for inner_outputs in (True, False):
         accepted = Matches(inner_outputs, producers, parts)
         patterns = [p.fusion_pattern(pins, accepted, failures, refusals) for p in planned]
@@ -108,9 +108,12 @@ def partition(
     ``refusals`` (see :meth:`PlannedPattern.fusion_pattern`).
     """
     mod = name_nodes(relax.transform.ConvertToDataflow()(mod))
+    parts = quantized_parts(mod["main"])
+    refusals = refusals if refusals is not None else Refusals()
+    quantized = _quantized_roots(mod["main"], parts)
     if planned:
         position = {node: i for i, (node, _) in enumerate(op_calls(mod["main"]))}
-        accepted, fused = _fuse(mod, planned, pins, failures, refusals)
+        accepted, fused = _fuse(mod, planned, pins, failures, refusals, parts)
         merged = None
         if not composites(fused):
             pass  # nothing matched: the module goes on as it was
@@ -194,7 +197,40 @@ def partition(
     funcs = dict(mod.functions)
     funcs.update(renamed)
     mod = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
-    return Partitioned(mod, tuple(placed.values()), tuple(operators))
+    quantized_ops = tuple(
+        (node, kind, _why_on_host(refusals.get(node, []))) for node, kind in quantized
+    )
+    return Partitioned(mod, tuple(placed.values()), tuple(operators), quantized_ops)
+
+
+def _quantized_roots(main: relax.Function, parts: dict) -> list[tuple[str, str]]:
+    """(node, kind) of each quantized operator's final quantize, in model order."""
+    roots = set(parts.values())
+    bound = {b.var: b.value for block in main.body.blocks for b in block.bindings}
+    found = []
+    for block in main.body.blocks:
+        for binding in block.bindings:
+            if binding.var in roots:
+                kind = next(
+                    bound[v].op.name.rsplit(".", 1)[-1]
+                    for v, r in parts.items()
+                    if r.same_as(binding.var) and bound[v].op.name in _PRODUCERS
+                )
+                found.append((node_name(binding), kind))
+    return found
+
+
+_PRODUCERS = ("relax.nn.conv2d", "relax.matmul")
+
+
+def _why_on_host(refused: list[tuple[str, str]]) -> str:
+    """Why a quantized operator runs on the host, from its refused matches."""
+    if not refused:
+        return "no accelerator's pattern matched it"
+    return "; ".join(
+        f"{pattern} refused it: {reason or 'its check gives no reason'}"
+        for pattern, reason in refused
+    )
 
 
 def _not_taken(op: Operator, pin: Any, names: list[str], refusals: Refusals) -> str:
