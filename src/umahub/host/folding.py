@@ -231,7 +231,7 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with what depends on weights alone computed once, at compile time
     (see the module's docs). A module that cannot be folded is kept as it is
     (only slower, never different)."""
-    from umahub.host.quantized import canonicalize_quantized, keep_quantized_weights
+    from umahub.host.quantized_form import canonicalize_quantized, keep_quantized_weights
 
     try:
         moved = canonicalize_quantized(mod)
