@@ -45,6 +45,10 @@ plugin's kernels all follow it):
 4. ``y = round_half_to_even(acc * m / 2**k) + y_zp``, in int64, then clamped
    to the activation's bounds (ReLU: ``y_zp``; clip: its bounds quantized as
    ``QuantizeLinear`` does it) and saturated to the output type.
+
+Why this module is long: the arithmetic, the patterns and the reading of a
+match (:func:`describe_quantized`) are one definition of what a quantized
+operator is; apart, a form one of them accepts could be missed by another.
 """
 
 from __future__ import annotations
