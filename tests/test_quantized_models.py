@@ -71,7 +71,14 @@ def quantized_model(request, tmp_path_factory):
     model, path = _qdq(tmp_path_factory, request.param)
     x = np.random.default_rng(2).standard_normal(SHAPE).astype("float32")
     hub = umahub.Hub()
-    return request.param, model, path, x, hub.compile(model), hub.compile(model, placement={"*": "host"})
+    return (
+        request.param,
+        model,
+        path,
+        x,
+        hub.compile(model),
+        hub.compile(model, placement={"*": "host"}),
+    )
 
 
 def test_every_quantized_operator_is_on_the_npu(quantized_model):

@@ -27,6 +27,7 @@ __all__ = [
     "TupleType",
     "VDevice",
     "call_dps_packed",
+    "call_pure_packed",
     "constant_value",
     "name_of",
     "param_buffers",
@@ -97,6 +98,15 @@ def call_dps_packed(func: Any, args: Any, out: Any) -> Any:
     """``relax.op.call_dps_packed`` with the output type ``out`` (the keyword is
     ``out_ty`` in 0.26/0.27 and ``out_sinfo`` in 0.25, the position is the same)."""
     return relax.op.call_dps_packed(func, args, out)
+
+
+def call_pure_packed(name: str, args: Any, out: Any) -> Any:
+    """``relax.op.call_pure_packed(name, *args)`` returning ``out`` (the keyword is
+    ``ty_args`` in 0.26/0.27 and ``sinfo_args`` in 0.25)."""
+    try:
+        return relax.op.call_pure_packed(name, *args, ty_args=out)
+    except TypeError:
+        return relax.op.call_pure_packed(name, *args, sinfo_args=out)
 
 
 def type_args(call: Any) -> Any:

@@ -95,16 +95,23 @@ def canonicalize_quantized(mod: tvm.IRModule) -> tvm.IRModule:
 _KEPT = "umahub.kept_dequantize"
 
 
+_CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
+
+
 @relax.expr_functor.mutator
 class _Keep(relax.PyExprMutator):
-    """Hides ``dequantize(constant)`` from FoldConstant (``hide``), or shows it again."""
+    """Hides ``dequantize(constant)`` from FoldConstant (``hide``), or shows it again.
+
+    Hidden, it is a ``call_pure_packed`` of a function FoldConstant cannot run,
+    its attributes in the function's name.
+    """
 
     def __init__(self, mod: tvm.IRModule, hide: bool):
         super().__init__(mod)
         self.hide = hide
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
-        from umahub._tvm import Constant, type_of
+        from umahub._tvm import Constant, call_pure_packed, type_of
 
         call = super().visit_call_(call)
         op = call.op
@@ -112,17 +119,15 @@ class _Keep(relax.PyExprMutator):
             data = call.args[0]
             if isinstance(data, relax.Var) and isinstance(self.lookup_binding(data), Constant):
                 data = self.lookup_binding(data)  # a weight whose layout was folded
-                call = relax.Call(op, [data, *call.args[1:]], call.attrs)
             if isinstance(data, Constant):
                 name = f"{_KEPT}:{int(call.attrs.axis)}:{call.attrs.out_dtype}"
-                return relax.Call(relax.ExternFunc(name), call.args, None, [type_of(call)])
-        if (
-            not self.hide
-            and isinstance(op, relax.ExternFunc)
-            and op.global_symbol.startswith(_KEPT)
-        ):
-            _, axis, dtype = str(op.global_symbol).split(":")
-            return relax.op.dequantize(*call.args, axis=int(axis), out_dtype=dtype)
+                return call_pure_packed(name, [data, *call.args[1:]], type_of(call))
+        if not self.hide and op.same_as(_CALL_PURE_PACKED):
+            callee = call.args[0]
+            symbol = str(getattr(callee, "global_symbol", ""))
+            if symbol.startswith(_KEPT):
+                _, axis, dtype = symbol.split(":")
+                return relax.op.dequantize(*call.args[1:], axis=int(axis), out_dtype=dtype)
         return call
 
 
