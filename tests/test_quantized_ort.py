@@ -101,3 +101,50 @@ def test_folding_keeps_the_weights_int8_under_their_dequantize(kind):
     types = sorted(dtype_of(d.args[0]) for d in kept)
     assert types == ["int32", "int8", "uint8"]
     assert "R.permute_dims" not in folded.script()
+
+
+def _with(model: onnx.ModelProto, name: str, value: np.ndarray) -> onnx.ModelProto:
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    for i, init in enumerate(broken.graph.initializer):
+        if init.name == name:
+            broken.graph.initializer[i].CopyFrom(numpy_helper.from_array(value, name))
+    return broken
+
+
+BROKEN = {
+    "a zero scale": (
+        "y_scale",
+        np.array(0.0, np.float32),
+        "node 'yq' (quantize): scale 0 is not a positive finite number",
+    ),
+    "a negative weight scale": (
+        "w_scale",
+        -np.ones(32, np.float32),
+        "node 'wd' (dequantize): scale -1 is not a positive finite number",
+    ),
+}
+
+
+def err_value(message: str) -> str:
+    return (
+        f"{message}; the model's quantization parameters are malformed: quantize it again "
+        "(a scale is a positive number, a zero point a value of the integer type)"
+    )
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_malformed_quantization_parameters_are_one_line_naming_the_node(case, capsys):
+    from umahub import cli
+
+    name, value, message = BROKEN[case]
+    model = _with(_qdq_model("conv"), name, value)
+    with pytest.raises(umahub.errors.QuantizationError) as raised:
+        umahub.Hub(config={"plugins": ["npu"]}).compile(model)
+    assert str(raised.value) == err_value(message)
+    onnx.save(model, "broken.onnx")
+    assert cli.main(["compile", "-q", "broken.onnx"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    # the one error line (the test environment's broken plugins warn before it)
+    assert err[-1] == f"umahub: error: {err_value(message)}"
+    assert not any("Traceback" in line for line in err)

@@ -23,6 +23,7 @@ __all__ = [
     "PluginFailure",
     "PluginLoadError",
     "PluginOutputError",
+    "QuantizationError",
     "UmahubError",
     "UmahubWarning",
     "UnknownModelError",
@@ -114,6 +115,11 @@ class PlacementError(CompileError):
 
 class MemoryPoolError(CompileError):
     """A partition does not fit the memory pool of the accelerator it was placed on."""
+
+
+class QuantizationError(CompileError):
+    """A model's quantization parameters are malformed (a scale that is not a positive
+    number, a zero point outside its type); the message names the node."""
 
 
 class UnknownModelError(UmahubError, LookupError):

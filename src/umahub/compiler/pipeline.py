@@ -25,6 +25,7 @@ import tvm
 
 from umahub._tvm import name_of
 from umahub.compiler.compilation import Clock, Compilation, Progress
+from umahub.compiler.quantization_check import check_quantization
 from umahub.compiler.stages import build, lower, memory, partition, plan
 from umahub.compiler.stages import verify as verification
 from umahub.errors import CompileError, warn
@@ -99,6 +100,7 @@ def _start(
     comp = Compilation(hub, mod, placement, verify, Clock(progress), target, board=board, only=only)
     with _gc_paused():
         with comp.clock.stage("plan"):
+            check_quantization(comp.mod)
             comp.mod = fold_constants(comp.mod)
             plan.run(comp)
     if comp.placing_by_cost:
