@@ -39,7 +39,12 @@ from umahub.frontends.qparams import RANGES, SCALE_FIX, refuse, scale_problem, z
 __all__ = ["check_program", "converters"]
 
 NAMESPACE = "quantized_decomposed"
-OPS = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel", "dequantize_per_channel")
+OPS = (
+    "quantize_per_tensor",
+    "dequantize_per_tensor",
+    "quantize_per_channel",
+    "dequantize_per_channel",
+)
 OVERLOADS = ("default", "tensor", "tensor2")
 
 
@@ -189,9 +194,7 @@ def converters(program: Any) -> dict[str, Callable]:
             return importer.block_builder.emit(
                 relax.op.dequantize(x, scale, zp, axis=axis, out_dtype=out)
             )
-        q = importer.block_builder.emit(
-            relax.op.quantize(x, scale, zp, axis=axis, out_dtype=dtype)
-        )
+        q = importer.block_builder.emit(relax.op.quantize(x, scale, zp, axis=axis, out_dtype=dtype))
         qmin, qmax = args.get("quant_min"), args.get("quant_max")
         lo, hi = RANGES.get(dtype, (qmin, qmax))
         if isinstance(qmin, int) and isinstance(qmax, int) and (qmin, qmax) != (lo, hi):
