@@ -114,8 +114,9 @@ def _attrs(node: Any) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _input(node: Any, i: int) -> str:
-    return node.input[i] if 0 <= i < len(node.input) else ""
+def _input(node: Any, i: int | None) -> str:
+    """The name of input ``i`` ("" when absent, or when ``i`` is None)."""
+    return node.input[i] if i is not None and 0 <= i < len(node.input) else ""
 
 
 # ---------------------------------------------------------------------------- the graph
@@ -182,7 +183,7 @@ class _Graph:
         if callable(params):
             params = params(node)
         if params and params[-1].tensor == -1:  # its output's type is its zero point's
-            zp = _input(node, params[-1].zero_point or -1)
+            zp = _input(node, params[-1].zero_point)
             attrs = _attrs(node)
             if attrs.get("output_dtype"):
                 self.types[out] = int(attrs["output_dtype"])
@@ -231,7 +232,7 @@ def _check_param(g: _Graph, node: Any, p: _Param) -> None:
 
     name, op = _node_name(node), node.op_type
     tensor = node.output[0] if p.tensor == -1 else _input(node, p.tensor)
-    scale_in, zp_in = _input(node, p.scale or -1), _input(node, p.zero_point or -1)
+    scale_in, zp_in = _input(node, p.scale), _input(node, p.zero_point)
     role_t, role_s, role_z = p.names
     if p.tensor == -1:
         role_t = "the output"

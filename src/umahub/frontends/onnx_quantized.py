@@ -80,7 +80,7 @@ class _Rewriter:
         self.nodes: list[Any] = []
         self.initializers: list[Any] = []
 
-    def input(self, i: int) -> str:
+    def input(self, i: int | None) -> str:
         return _input(self.node, i)
 
     def add(self, op: str, inputs: list[str], suffix: str, output: str = "", **attrs: Any) -> str:
@@ -118,8 +118,8 @@ class _Rewriter:
 
     def dequantize(self, p: _Param, axis: int | None = None) -> str:
         """DequantizeLinear of the node's quantized input ``p``; its float output."""
-        scale = self.float_scale(self.input(p.scale or -1))
-        inputs = [self.input(p.tensor), scale, self.input(p.zero_point or -1)]
+        scale = self.float_scale(self.input(p.scale))
+        inputs = [self.input(p.tensor), scale, self.input(p.zero_point)]
         return self._dq(inputs, f".dequantize_{p.names[0]}", scale, axis)
 
     def _dq(self, inputs: list[str], suffix: str, scale: str, axis: int | None) -> str:
@@ -143,8 +143,8 @@ class _Rewriter:
         """QuantizeLinear of ``y`` into the node's output (no zero point: ``like``'s type)."""
         import numpy as np
 
-        scale = self.float_scale(self.input(p.scale or -1))
-        zp = self.input(p.zero_point or -1)
+        scale = self.float_scale(self.input(p.scale))
+        zp = self.input(p.zero_point)
         if not zp:
             dtype = self.g.type_name(like) or "uint8"
             zp = self.constant(".zero_point", np.zeros((), dtype=dtype))
