@@ -40,7 +40,12 @@ from, so that pins and the report speak the model's language (on apache-tvm
   from the second call of that function in that module: ``layer1.0.add``,
   ``layer1.0.add_1``; at the top, just ``flatten``. (Taken from the FX node's
   ``meta["nn_module_stack"]`` and ``meta["torch_fn"]``; a node without them
-  keeps its FX name.)
+  keeps its FX name.) PT2E's quantize and dequantize calls keep their FX names
+  (``quantize_per_tensor_1``, ``dequantize_per_channel``).
+* ONNX nodes rewritten into QDQ form (``QLinearConv``, ...: see
+  :mod:`umahub.frontends.onnx_quantized`): the float operator has the node's
+  name, the quantize and dequantize around it ``<node>.quantize``,
+  ``<node>.dequantize_<input>``.
 
 When the importer turns one node into several Relax operators (ONNX's
 ``Gemm`` into ``permute_dims``, ``matmul``, ``add``; a convolution with bias

@@ -1,4 +1,8 @@
-"""ONNX models through TVM's ``from_onnx``, operators named after the ONNX nodes."""
+"""ONNX models through TVM's ``from_onnx``, operators named after the ONNX nodes.
+
+A quantized model's parameters are checked and its quantized operator nodes
+rewritten into QDQ form first (:mod:`umahub.frontends.onnx_quantized`).
+"""
 
 from __future__ import annotations
 
@@ -48,10 +52,20 @@ def _onnx_importer() -> Any:
 def from_onnx(model: Any) -> Any:
     """Import an ``onnx.ModelProto`` into Relax, weights as constants, operators named.
 
+    Quantization parameters are checked, and QLinearConv, QLinearMatMul,
+    ConvInteger and ONNX Runtime's QLinear operators rewritten into
+    DequantizeLinear -> float operator -> QuantizeLinear, before TVM's
+    importer sees the graph (:mod:`umahub.frontends.onnx_quantized`).
+
     Raises:
-        UmahubError: TVM's ONNX frontend failed (an unsupported operator, an
-            invalid graph); the message says which.
+        UmahubError: a malformed quantization parameter (the message names the
+            node and the initializer), or TVM's ONNX frontend failed (an
+            unsupported operator, an invalid graph); the message says which.
     """
+    from umahub.frontends.onnx_quantized import check_quantization, to_qdq
+
+    check_quantization(model)
+    model = to_qdq(model)
     importer = _onnx_importer()
     try:
         if importer is not None:

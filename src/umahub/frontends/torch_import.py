@@ -23,6 +23,8 @@ def _torch_namer() -> Any:
     calls: dict[tuple[str, str], str] = {}
 
     def name(node: Any) -> str:
+        if str(getattr(node, "target", "")).startswith("quantized_decomposed."):
+            return node.name  # PT2E's Q/DQ belong to no layer: their FX names, as errors say
         meta = getattr(node, "meta", {})
         stack = meta.get("nn_module_stack")
         if not stack:
@@ -123,29 +125,41 @@ def quiet_logger(name: str) -> Iterator[None]:
 def from_exported_program(program: Any) -> Any:
     """Import a ``torch.export.ExportedProgram`` into Relax, weights as constants, named.
 
-    A model with one output gives a ``main`` that returns it as a tensor.
+    A model with one output gives a ``main`` that returns it as a tensor. A
+    model quantized by PT2E has its ``quantized_decomposed`` operators imported
+    as Relax ``quantize`` / ``dequantize``, its parameters checked first
+    (:mod:`umahub.frontends.torch_quantized`).
 
     Raises:
-        UmahubError: TVM's PyTorch frontend failed (an unsupported operator);
-            the message says which.
+        UmahubError: a malformed quantization parameter (the message names the
+            FX node), or TVM's PyTorch frontend failed (an unsupported
+            operator); the message says which.
     """
+    from umahub.frontends.torch_quantized import check_program, converters
+
     try:
         with quiet_torch():
             importer = _torch_importer()
             if importer is not None:
                 program = program.run_decompositions()
+            check_program(program)
+            custom = converters(program)
+            if importer is not None:
                 mod = importer().from_exported_program(
                     program,
                     keep_params_as_input=False,
                     unwrap_unit_return_tuple=True,
                     no_bind_return_tuple=False,
-                    custom_convert_map=None,
+                    custom_convert_map=custom,
                 )
                 return name_variables(mod)
             from tvm.relax.frontend.torch import from_exported_program as tvm_from_program
 
             return tvm_from_program(
-                program, keep_params_as_input=False, unwrap_unit_return_tuple=True
+                program,
+                keep_params_as_input=False,
+                unwrap_unit_return_tuple=True,
+                custom_convert_map=custom,
             )
     except UmahubError:
         raise

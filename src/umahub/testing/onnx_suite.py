@@ -10,7 +10,10 @@ each one in up to three configurations:
     ``tvm.relax.frontend.onnx.from_onnx`` then ``tvm.compile(target="llvm")`` on
     ``relax.VirtualMachine``: what TVM does without umahub.
 ``umahub``
-    the same imported module through ``umahub.Hub(config={...},
+    the model imported by umahub's ``umahub.frontends.from_onnx`` (TVM's
+    importer, with the operators named and the quantized operator forms
+    rewritten into QDQ, so it imports QLinearConv, QLinearMatMul and
+    ConvInteger where TVM alone does not), compiled by ``umahub.Hub(config={...},
     project_config=False)`` with the installed plugins (by default only the
     bundled ``npu``, ``vanilla`` and ``dsp``) and the default configuration.
 ``pins``
@@ -107,7 +110,9 @@ CONFIGS: tuple[str, ...] = ("plain", "umahub", "pins")
 
 #: What a case can come to in one configuration.
 #: ``import-error`` is plain TVM's ``from_onnx`` failing; the umahub
-#: configurations of such a case are ``not-importable`` (umahub is not at fault).
+#: configurations of such a case are ``not-importable`` when umahub's import
+#: fails too (umahub is not at fault), and an umahub import that fails where
+#: TVM's succeeds is an ``error``.
 OUTCOMES: tuple[str, ...] = (
     "ok",
     "wrong",
@@ -399,6 +404,20 @@ def _import(case: Case) -> Any:
     return from_onnx(case.model, opset=case.opset, keep_params_in_input=False)
 
 
+def _import_umahub(case: Case) -> Any:
+    """The case's model through umahub's ONNX import (TVM's, for an umahub without one).
+
+    umahub's import is TVM's with the operators named and the quantized
+    operator forms rewritten (QLinearConv, ...), so a case plain TVM cannot
+    import may still run through umahub.
+    """
+    try:
+        from umahub.frontends import from_onnx
+    except ImportError:
+        return _import(case)
+    return from_onnx(case.model)
+
+
 def _node_name(binding: Any) -> str:
     """The name pins match for the operator a binding computes.
 
@@ -477,9 +496,9 @@ def run_case(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            mod = _import(case)
+            mod = _import(case) if config == "plain" else _import_umahub(case)
         except Exception as exc:
-            outcome = "import-error" if config == "plain" else "not-importable"
+            outcome = "import-error" if config == "plain" else _umahub_import_failure(case)
             return Result(outcome, _error(exc), seconds=time.perf_counter() - start)
         try:
             if config == "plain":
@@ -503,6 +522,15 @@ def run_case(
     result.seconds = time.perf_counter() - start
     result.pins = pins
     return result
+
+
+def _umahub_import_failure(case: Case) -> str:
+    """``not-importable`` when plain TVM cannot import the case either, else ``error``."""
+    try:
+        _import(case)
+    except Exception:
+        return "not-importable"
+    return "error"
 
 
 def is_regression(plain: Result | str | None, other: Result | str | None) -> bool:
