@@ -120,6 +120,7 @@ FOUNDATION = {
     "umahub.errors",
     "umahub.ir",
     "umahub.lanes",
+    "umahub.qparams",
     "umahub.sizes",
     "umahub.targets",
 }

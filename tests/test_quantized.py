@@ -80,12 +80,13 @@ def qconv_graph(
     dilation=(1, 1),
     per_channel=True,
     x_per_channel=False,
+    y_scale=0.2,
     seed=0,
 ):
     """A quantized convolution as ONNX Runtime's QDQ form has it, and its parts."""
     rng = np.random.default_rng(seed)
     cin, cout = channels
-    x_scale, y_scale, y_zp = np.float32(0.05), np.float32(0.2), 3
+    x_scale, y_scale, y_zp = np.float32(0.05), np.float32(y_scale), 3
     w = rng.integers(-127, 128, size=(cout, cin // groups, 3, 3)).astype("int8")
     w_scale = (
         rng.uniform(0.002, 0.02, cout).astype("float32")
@@ -379,3 +380,21 @@ def test_a_float_pattern_may_not_split_a_quantized_operator():
         "relax.nn.relu",
     ]
     assert {bound[r].op.name for r in parts.values()} == {"relax.quantize"}
+
+
+@pytest.mark.parametrize(
+    "scale, problem",
+    [
+        (0.0, "is 0, not positive"),
+        (float("nan"), "is nan, not finite"),
+        (-0.5, "is -0.5, not positive"),
+    ],
+)
+def test_a_malformed_scale_in_any_model_is_one_line_naming_the_node(npu_hub, scale, problem):
+    mod, _ = qconv_graph(y_scale=scale)
+    with pytest.raises(umahub.errors.QuantizationError) as raised:
+        npu_hub.compile(mod)
+    assert str(raised.value) == (
+        f"node 'lv6' (quantize): scale {problem}; a scale must be positive and finite: "
+        "quantize the model again, or correct the value"
+    )

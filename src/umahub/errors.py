@@ -117,7 +117,7 @@ class MemoryPoolError(CompileError):
     """A partition does not fit the memory pool of the accelerator it was placed on."""
 
 
-class QuantizationError(CompileError):
+class QuantizationError(UmahubError):
     """A model's quantization parameters are malformed (a scale that is not a positive
     number, a zero point outside its type); the message names the node."""
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import tvm
 from tvm import relax
 
 from umahub._tvm import Constant, constant_value
-from umahub.errors import QuantizationError
 from umahub.ir import bindings, node_name
 from umahub.plugin.patterns import dtype_of
+from umahub.qparams import SCALE_FIX, refuse, scale_problem, zero_point_problem
 
 __all__ = ["check_quantization"]
 
@@ -33,21 +32,19 @@ def _problem(call: relax.Call) -> str | None:
     )
     integer = dtype_of(call.args[0]) if call.op.name == "relax.dequantize" else dtype_of(call)
     if scale is not None:
-        bad = scale[~(np.isfinite(scale) & (scale > 0))]
-        if bad.size:
-            return f"scale {bad.ravel()[0]:g} is not a positive finite number"
-    if zero is not None and integer.startswith(("int", "uint")):
-        info = np.iinfo(integer)
-        values = zero.astype(np.float64)
-        outside = values[(values < info.min) | (values > info.max) | (values != np.rint(values))]
-        if outside.size:
-            return f"zero point {outside.ravel()[0]:g} is outside {integer}'s range"
+        problem = scale_problem(scale)
+        if problem is not None:
+            return f"scale {problem}; {SCALE_FIX}"
+    if zero is not None:
+        problem = zero_point_problem(zero, integer)
+        if problem is not None:
+            return f"zero point {problem}; correct the value"
     return None
 
 
 def check_quantization(mod: tvm.IRModule) -> None:
-    """Raise :class:`QuantizationError` for the first ``quantize`` / ``dequantize`` of
-    ``mod["main"]`` whose constant parameters are malformed (see the module's docs)."""
+    """Raise :class:`~umahub.errors.QuantizationError` for the first quantize or
+    dequantize of ``mod["main"]`` whose constant parameters are malformed."""
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         return
     main = mod["main"]
@@ -63,8 +60,4 @@ def check_quantization(mod: tvm.IRModule) -> None:
             continue
         problem = _problem(value)
         if problem is not None:
-            raise QuantizationError(
-                f"node '{node_name(binding)}' ({value.op.name.split('.')[-1]}): {problem}; "
-                "the model's quantization parameters are malformed: quantize it again "
-                "(a scale is a positive number, a zero point a value of the integer type)"
-            )
+            raise refuse(node_name(binding), value.op.name.split(".")[-1], problem)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from umahub.frontends.qparams import SCALE_FIX, refuse, scale_problem, zero_point_problem
+from umahub.qparams import SCALE_FIX, refuse, scale_problem, zero_point_problem
 
 __all__ = ["PARAMS", "check_quantization"]
 

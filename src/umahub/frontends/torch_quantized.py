@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from umahub.errors import UmahubError
-from umahub.frontends.qparams import RANGES, SCALE_FIX, refuse, scale_problem, zero_point_problem
+from umahub.qparams import RANGES, SCALE_FIX, refuse, scale_problem, zero_point_problem
 
 __all__ = ["check_program", "converters"]
 

@@ -1,4 +1,7 @@
-"""Checks of quantization parameters (scales, zero points), shared by the ONNX and PyTorch imports.
+"""What a valid quantization parameter (a scale, a zero point) is, defined once.
+
+The ONNX and PyTorch imports check what they read with it, and the compile
+checks any model with it (:mod:`umahub.compiler.quantization_check`).
 
 A quantized model carries its scales and zero points as data; a wrong one
 (a scale of 0 from a calibration that saw a constant tensor, a zero point of
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from umahub.errors import UmahubError
+from umahub.errors import QuantizationError
 
 __all__ = ["RANGES", "SCALE_FIX", "refuse", "scale_problem", "zero_point_problem"]
 
@@ -30,14 +33,10 @@ RANGES: dict[str, tuple[int, int]] = {
 SCALE_FIX = "a scale must be positive and finite: quantize the model again, or correct the value"
 
 
-def refuse(node: str, op: str, problem: str) -> UmahubError:
-    """The error for ``problem`` (one line, ending with what to do) at ``node``.
-
-    A plain :class:`~umahub.errors.UmahubError`, as every refusal of a
-    frontend (``load_model`` prefixes it with the file's path): ``umahub
-    compile`` prints it as one line and exits with status 2.
-    """
-    return UmahubError(f"node '{node}' ({op}): {problem}")
+def refuse(node: str, op: str, problem: str) -> QuantizationError:
+    """The error for ``problem`` (one line, ending with what to do) at ``node``:
+    ``umahub compile`` prints it as one line and exits with status 2."""
+    return QuantizationError(f"node '{node}' ({op}): {problem}")
 
 
 def _value(x: Any) -> str:
