@@ -4,11 +4,13 @@
 ``bert_int8`` and ``bert2_int8`` are made the same way:
 
 1. the float model ``<name>`` with its weights (same seed, same values);
-2. a calibration set of its own (:func:`calibration_set`): ``samples`` inputs
-   drawn from one generator seeded with :data:`CALIBRATION_SEED`, shaped and
-   distributed as :func:`umahub.models.inputs` draws them (standard normal;
-   BERT's hidden states standard normal with the same padding mask), and
-   independent of the inputs ``inputs(name, seed)`` gives for any small seed;
+2. a calibration set of its own (:func:`calibration_set`): 32 inputs for
+   ``mlp`` and ``cnn``, 8 for the others (a run of the float model on the
+   host takes seconds), drawn from one generator seeded with
+   :data:`CALIBRATION_SEED`, shaped and distributed as
+   :func:`umahub.models.inputs` draws them (standard normal; BERT's hidden
+   states standard normal with the same padding mask), and independent of
+   the inputs ``inputs(name, seed)`` gives for any small seed;
 3. :func:`umahub.models.quantize.quantize_static` with its defaults:
    activations ``uint8`` asymmetric, weights int8 symmetric per output channel,
    biases int32 at ``x_scale * w_scale``, QDQ where ONNX Runtime's QDQ
