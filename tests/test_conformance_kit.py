@@ -341,3 +341,117 @@ def test_suite_without_an_accelerator_is_a_collection_error(pytester):
     result.stdout.fnmatch_lines(
         ["*no accelerator to check: run pytest with --umahub-conformance=NAME*"]
     )
+
+
+#: An accelerator that takes the dequantize of a (1, 10) uint8 tensor (the int8 mlp's
+#: output) and computes it {off} quantization step(s) high at element (0, 3).
+DEQUANTIZE_PLUGIN = """
+    import umahub
+
+    UMAHUB_API = 1
+
+
+    @umahub.hookimpl
+    def umahub_accelerators():
+        return [umahub.Accelerator("{name}", codegen="llvm")]
+
+
+    @umahub.hookimpl
+    def umahub_patterns(accelerator):
+        if accelerator.name != "{name}":
+            return None
+        from tvm.relax.dpl import is_op, wildcard
+
+        dq = is_op("relax.dequantize")(wildcard().has_dtype("uint8"), wildcard(), wildcard())
+        return [("{name}.dequantize", dq.has_shape([1, 10]))]
+
+
+    @umahub.hookimpl
+    def umahub_relax_to_tir(accelerator, function, context):
+        if accelerator.name != "{name}":
+            return None
+        import tvm
+        from tvm import te
+
+        x = te.placeholder((1, 10), "uint8", "x")
+        scale = te.placeholder((), "float32", "scale")
+        zero = te.placeholder((), "uint8", "zero")
+        y = te.compute(
+            (1, 10),
+            lambda i, j: (
+                x[i, j].astype("int32") - zero[()].astype("int32")
+                + te.if_then_else(j == 3, {off}, 0)
+            ).astype("float32") * scale[()],
+            "y",
+        )
+        prim = te.create_prim_func([x, scale, zero, y]).with_attr("global_symbol", context.symbol)
+        return tvm.IRModule({{context.symbol: prim}})
+"""
+
+
+def _dequantize_plugin(pytester, monkeypatch, name: str, off: int) -> None:
+    pytester.makepyfile(
+        **{f"{name}_plugin": textwrap.dedent(DEQUANTIZE_PLUGIN.format(name=name, off=off))}
+    )
+    pytester.syspathinsert()
+    monkeypatch.setenv("UMAHUB_PLUGINS", f"{name}_plugin")
+
+
+def test_a_quantizing_accelerator_is_checked_on_int8_models_in_units(pytester, monkeypatch):
+    """Its patterns take R.dequantize: mlp_int8 joins mlp; one element one step off fails."""
+    import numpy as np
+
+    import umahub.models as zoo
+    from umahub.testing import output_steps
+    from umahub.testing._session import host_outputs
+
+    _dequantize_plugin(pytester, monkeypatch, "off_accel", 1)
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--umahub-conformance=off_accel",
+        "--umahub-conformance-models=mlp",
+        "-k",
+        "matches_host",
+        "-v",
+    )
+    result.assert_outcomes(passed=1, failed=1, deselected=9)
+    result.stdout.fnmatch_lines(
+        [
+            "umahub-conformance::TestConformance::test_matches_host[[]off_accel-mlp[]] PASSED*",
+            "umahub-conformance::TestConformance::test_matches_host[[]off_accel-mlp_int8[]] "
+            "FAILED*",
+            "  mlp_int8         took ?/? ops, largest error * (1 unit), FAILED: matches_host: *",
+        ]
+    )
+    reference = host_outputs(zoo.get("mlp_int8"), zoo.inputs("mlp_int8"))
+    step = np.float32(output_steps(zoo.get("mlp_int8"))[0])
+    host = reference[0, 3]
+    got = np.float32(np.rint(host / step) + 1) * step
+    report = json.loads((pytester.path / "umahub-conformance.json").read_text())
+    assert report["steps"]["units"] == 0
+    entry = report["accelerators"]["off_accel"]["models"]["mlp_int8"]
+    assert entry["largest_units"] == 1
+    assert entry["failures"] == [
+        "matches_host: output: 1 element differs by 1 unit of its quantization step from "
+        f"the host (0 units allowed); the largest at (0, 3): got {got:.6g}, host {host:.6g}"
+    ]
+    assert "largest_units" not in report["accelerators"]["off_accel"]["models"]["mlp"]
+
+
+def test_an_exact_quantized_kernel_passes_in_units(pytester, monkeypatch):
+    """The same accelerator computing the dequantize exactly: 0 units, every check passes."""
+    _dequantize_plugin(pytester, monkeypatch, "exact_accel", 0)
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--umahub-conformance=exact_accel",
+        "--umahub-conformance-models=mlp",
+        "-k",
+        "int8",
+    )
+    # partition, compile, matches_host, export_and_reload, pin_instance:0 on mlp_int8.
+    result.assert_outcomes(passed=5, deselected=6)
+    report = json.loads((pytester.path / "umahub-conformance.json").read_text())
+    entry = report["accelerators"]["exact_accel"]["models"]["mlp_int8"]
+    assert (entry["operators_taken"], entry["largest_units"], entry["passed"]) == (1, 0, True)

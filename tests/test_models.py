@@ -65,7 +65,8 @@ REFERENCES = {"mlp": _mlp_reference, "cnn": _cnn_reference}
 
 
 def test_names_lists_the_zoo_smallest_first():
-    assert zoo.names() == ["mlp", "cnn", "resnet18", "mobilenetv2", "bert", "bert2"]
+    floats = ["mlp", "cnn", "resnet18", "mobilenetv2", "bert", "bert2"]
+    assert zoo.names() == floats + [f"{n}_int8" for n in floats]
 
 
 def test_unknown_model_error_suggests_the_closest_name_and_lists_the_known():
@@ -73,7 +74,8 @@ def test_unknown_model_error_suggests_the_closest_name_and_lists_the_known():
         zoo.get("resnet")
     assert str(info.value) == (
         "unknown model 'resnet' (did you mean 'resnet18'?); "
-        "known: bert, bert2, cnn, mlp, mobilenetv2, resnet18"
+        "known: bert, bert2, bert2_int8, bert_int8, cnn, cnn_int8, mlp, mlp_int8, mobilenetv2, "
+        "mobilenetv2_int8, resnet18, resnet18_int8"
     )
 
 

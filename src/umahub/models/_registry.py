@@ -8,24 +8,34 @@ import numpy as np
 import tvm
 
 from ..errors import UnknownModelError, did_you_mean
-from . import bert, cnn, mlp, mobilenet, resnet
+from . import bert, cnn, int8, mlp, mobilenet, resnet
 from ._spec import ModelInfo, ModelSpec, Weights
 
+_FLOAT = (
+    mlp.SPEC,
+    cnn.SPEC,
+    resnet.SPEC,
+    mobilenet.SPEC,
+    bert.spec("bert", layers=1),
+    bert.spec("bert2", layers=2),
+)
+#: Calibration samples of each int8 variant: more where a run of the float model is cheap.
+_CALIBRATION_SAMPLES = {
+    "mlp": 32,
+    "cnn": 32,
+    "resnet18": 8,
+    "mobilenetv2": 8,
+    "bert": 8,
+    "bert2": 8,
+}
+
 _SPECS: dict[str, ModelSpec] = {
-    s.name: s
-    for s in (
-        mlp.SPEC,
-        cnn.SPEC,
-        resnet.SPEC,
-        mobilenet.SPEC,
-        bert.spec("bert", layers=1),
-        bert.spec("bert2", layers=2),
-    )
+    s.name: s for s in (*_FLOAT, *(int8.spec(f, _CALIBRATION_SAMPLES[f.name]) for f in _FLOAT))
 }
 
 
 def names() -> list[str]:
-    """The names of the zoo's models, smallest first."""
+    """The names of the zoo's models: the float models smallest first, then their int8 variants."""
     return list(_SPECS)
 
 
@@ -48,7 +58,8 @@ def weights(name: str) -> Weights:
 
     Keys and layouts are PyTorch's (``fc.weight`` is (out, in), convs OIHW), as
     the models of :mod:`umahub.models.torch_zoo` name their parameters; batch
-    norm is already folded into conv weight and bias.
+    norm is already folded into conv weight and bias. An int8 model's are the
+    float weights it was quantized from (its module binds them quantized).
     """
     s = spec(name)
     return s.make_weights(np.random.default_rng(s.weight_seed))

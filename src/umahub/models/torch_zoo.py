@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import tvm
 
+from ..errors import UnknownModelError
 from ._registry import inputs, spec, weights
+from .int8 import SUFFIX
 
 if TYPE_CHECKING:
     import torch
@@ -40,9 +42,16 @@ def torch_module(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch
     """Model ``name`` in PyTorch, in eval mode, with the zoo's weights, and example inputs.
 
     The inputs are ``umahub.models.inputs(name, seed)`` as CPU tensors.
-    Raises ``ImportError`` when PyTorch is not installed.
+    Raises ``ImportError`` when PyTorch is not installed, and
+    :class:`~umahub.errors.UnknownModelError` for an int8 model (it has no
+    PyTorch twin; its float model has).
     """
     spec(name)
+    if name.endswith(SUFFIX):
+        raise UnknownModelError(
+            f"{name} is quantized and has no PyTorch twin: use its float model "
+            f"{name.removesuffix(SUFFIX)!r}"
+        )
     torch = _torch()
     from . import _torch_nets
 

@@ -20,7 +20,9 @@ Run it on the command line
     ``.../umahub/testing/conformance.py::TestConformance::test_<check>[<accel>-<model>]``.
 ``--umahub-conformance-models=LIST``
     comma-separated zoo models, or ``all`` (default ``mlp,cnn``: resnet18 and
-    bert take much longer to compile).
+    bert take much longer to compile). An accelerator whose patterns mention
+    ``R.quantize`` or ``R.dequantize`` (it claims quantized operators) is also
+    checked on the int8 variant of each model (``mlp_int8``, ``cnn_int8``, ...).
 ``--umahub-conformance-report=PATH``
     the JSON report (default ``umahub-conformance.json`` in the rootdir).
 ``--umahub-conformance-examples=N``
@@ -39,7 +41,12 @@ The checks, for each accelerator (and each model where it applies):
 ``compile``
     every partition compiles, with ``on-error = "error"``, where the plan put it.
 ``matches_host``
-    the outputs match plain ``tvm.compile(target="llvm")`` within :data:`TOLERANCE`.
+    the outputs match plain ``tvm.compile(target="llvm")`` within :data:`TOLERANCE`;
+    a quantized output (it comes out of ``R.dequantize``, or is an integer
+    tensor) within :data:`STEPS`: in units of its quantization step
+    (``|a - r| / scale``), 0 units by default, bit for bit. A failure says how
+    many elements differ by how many units (``1 element differs by 1 unit of
+    its quantization step from the host (0 units allowed); ...``).
 ``export_and_reload``
     ``export_library`` then :func:`umahub.load` gives the same outputs.
 ``pin_instance:<i>``
@@ -77,7 +84,8 @@ its plugin (in the cross check: the named accelerators, from a hub of their
 plugins); the project's ``[tool.umahub]`` cannot change what is checked. The
 JSON report gives, per accelerator and model, the operators it took of the
 total, its partitions, the largest absolute error, whether it passed and the
-message of each failed check; plus the random graphs' summary, the cross
+message of each failed check (for a quantized model also the largest
+difference in units, ``largest_units``); plus the random graphs' summary, the cross
 check's (``"cross"``: examples, operators taken, pins and how many could not
 be honoured, largest error), the tolerance and the umahub, TVM, hypothesis and
 Python versions.
@@ -121,12 +129,22 @@ The marker ``umahub_conformance(accelerator, models=None, examples=None)``
 names an accelerator or a plugin; ``models`` and ``examples`` default to the
 options'. ``--umahub-conformance-report=PATH`` writes the report also when the
 suite runs only through a vendor's subclass. :func:`assert_matches_host` and
-:func:`compare` apply :data:`TOLERANCE` to outputs of your own.
+:func:`compare` apply :data:`TOLERANCE` to outputs of your own, and
+:data:`STEPS` to those whose steps :func:`output_steps` finds.
 """
 
 from __future__ import annotations
 
-from umahub.testing._compare import TOLERANCE, Tolerance, assert_matches_host, compare
+from umahub.testing._compare import (
+    STEPS,
+    TOLERANCE,
+    StepTolerance,
+    Tolerance,
+    assert_matches_host,
+    compare,
+    output_steps,
+    steps_apart,
+)
 from umahub.testing._cross import CrossConformanceSuite
 from umahub.testing._plugin import (
     pytest_addoption,
@@ -144,12 +162,15 @@ from umahub.testing._plugin import (
 from umahub.testing._suite import ConformanceSuite
 
 __all__ = [
+    "STEPS",
     "TOLERANCE",
     "ConformanceSuite",
     "CrossConformanceSuite",
+    "StepTolerance",
     "Tolerance",
     "assert_matches_host",
     "compare",
+    "output_steps",
     "pytest_addoption",
     "pytest_collection_modifyitems",
     "pytest_configure",
@@ -157,6 +178,7 @@ __all__ = [
     "pytest_runtest_makereport",
     "pytest_sessionfinish",
     "pytest_terminal_summary",
+    "steps_apart",
     "umahub_conformance_accelerator",
     "umahub_conformance_hub",
     "umahub_conformance_report",

@@ -35,6 +35,7 @@ __all__ = [
     "GENERATORS",
     "GraphSpec",
     "Step",
+    "accelerator_ops",
     "build",
     "graph_inputs",
     "graphs",
@@ -63,6 +64,18 @@ GENERATORS: dict[str, tuple[int, ...]] = {
     "relax.matmul": (2,),
     "relax.nn.conv2d": (4,),
 }
+
+
+def accelerator_ops(hub: Any, accelerator: str) -> set[str]:
+    """The operators the patterns of ``accelerator`` (in ``hub``) mention."""
+    from umahub.compiler.placement import normalise_pattern
+
+    acc = hub.accelerator(accelerator)
+    return pattern_ops(
+        normalise_pattern(acc, p)[1]
+        for result in hub.hook.umahub_patterns(accelerator=acc)
+        for p in (result or [])
+    )
 
 
 def pattern_ops(patterns: Iterable[Any]) -> set[str]:

@@ -66,7 +66,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--umahub-conformance-models",
         metavar="LIST",
         default=",".join(DEFAULT_MODELS),
-        help="zoo models to check, comma-separated, or 'all' (default: %(default)s)",
+        help="zoo models to check, comma-separated, or 'all' (default: %(default)s; an "
+        "accelerator whose patterns take R.quantize or R.dequantize also gets their _int8 "
+        "variants)",
     )
     group.addoption(
         "--umahub-conformance-report",
@@ -232,11 +234,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = session.config.stash.get(SESSION_KEY, None)
     if state is None or state.report_path is None or not state.recorder:
         return
-    from umahub.testing._compare import TOLERANCE
+    from umahub.testing._compare import STEPS, TOLERANCE
 
     state.recorder.write(
         state.report_path,
         TOLERANCE.to_dict(),
+        steps=STEPS.to_dict(),
         options={
             "conformance": list(state.names),
             "models": list(state.requested_models),
@@ -244,6 +247,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             **({"cross": True} if state.cross else {}),
         },
     )
+
+
+def _units_word(count: int) -> str:
+    return "unit" if count == 1 else "units"
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -265,10 +272,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             taken = entry.get("operators_taken")
             total = entry.get("operators_total")
             error = entry["largest_error"]
+            units = entry.get("largest_units")
             terminalreporter.write_line(
-                f"  {model:<14} took {'?' if taken is None else taken}/"
+                f"  {model:<16} took {'?' if taken is None else taken}/"
                 f"{'?' if total is None else total} ops, largest error "
-                f"{'-' if error is None else f'{error:.2g}'}, "
+                f"{'-' if error is None else f'{error:.2g}'}"
+                f"{'' if units is None else f' ({units} {_units_word(units)})'}, "
                 f"{'passed' if entry['passed'] else 'FAILED: ' + '; '.join(entry['failures'])}"
             )
     for name, entry in data.get("cross", {}).items():

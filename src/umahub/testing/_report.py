@@ -38,7 +38,10 @@ accelerators together.
 
 ``largest_error`` is the largest absolute difference from the host's output
 over every run of that model (compiled, reloaded, pinned to each instance);
-``null`` when nothing ran.
+``null`` when nothing ran. A model with quantized outputs (an int8 model of
+the zoo) also has ``largest_units``: the largest difference in units of the
+output's quantization step, which :data:`~umahub.testing.STEPS` bounds (0 by
+default); ``"steps"`` at the top gives that rule.
 """
 
 from __future__ import annotations
@@ -125,6 +128,12 @@ class Recorder:
         entry.largest_error = (
             value if entry.largest_error is None else max(entry.largest_error, value)
         )
+
+    def units(self, accelerator: str, model: str, value: int) -> None:
+        """Record a difference in quantization steps; the report keeps the largest
+        (``largest_units``, only for a model with quantized outputs)."""
+        numbers = self._entry(accelerator, model).numbers
+        numbers["largest_units"] = max(value, numbers.get("largest_units", value))
 
     def outcome(
         self, accelerator: str, model: str | None, check: str, outcome: str, message: str = ""

@@ -15,10 +15,20 @@ from typing import Any
 
 from umahub.testing._report import Recorder
 
-__all__ = ["DEFAULT_EXAMPLES", "DEFAULT_MODELS", "ConformanceSession", "Target", "UsageProblem"]
+__all__ = [
+    "DEFAULT_EXAMPLES",
+    "DEFAULT_MODELS",
+    "QUANTIZED_OPS",
+    "ConformanceSession",
+    "Target",
+    "UsageProblem",
+]
 
-#: Models checked when ``--umahub-conformance-models`` is not given.
+#: Models checked when ``--umahub-conformance-models`` is not given (and, for an
+#: accelerator that claims quantized operators, their int8 variants).
 DEFAULT_MODELS = ("mlp", "cnn")
+#: Operators whose mention in an accelerator's patterns means it claims quantized operators.
+QUANTIZED_OPS = frozenset({"relax.quantize", "relax.dequantize"})
 #: Random graphs per accelerator when ``--umahub-conformance-examples`` is not given.
 DEFAULT_EXAMPLES = 8
 
@@ -97,6 +107,8 @@ class ConformanceSession:
         self._compiled: dict[tuple[str, str, int | None], Any] = {}
         self._explained: dict[tuple[str, str], Any] = {}
         self._references: dict[str, Any] = {}
+        self._steps: dict[str, Any] = {}
+        self._quantizes: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ names
 
@@ -194,6 +206,30 @@ class ConformanceSession:
                     f"the zoo has: {', '.join(known)} (or 'all')"
                 )
         return list(dict.fromkeys(wanted))
+
+    def models_for(self, accelerator: str, models: Sequence[str]) -> list[str]:
+        """``models``, each followed by its int8 variant when ``accelerator`` claims quantized
+        operators (its patterns mention ``R.quantize`` or ``R.dequantize``)."""
+        if not self.claims_quantized(accelerator):
+            return list(models)
+        import umahub.models as zoo
+        from umahub.models.int8 import SUFFIX
+
+        known = zoo.names()
+        pairs = [(m, f"{m}{SUFFIX}") for m in models]
+        return list(dict.fromkeys(n for pair in pairs for n in pair if n in known))
+
+    def claims_quantized(self, accelerator: str) -> bool:
+        """Whether the accelerator's patterns mention an operator of :data:`QUANTIZED_OPS`."""
+        if accelerator not in self._quantizes:
+            from umahub.testing._graphs import accelerator_ops
+
+            try:
+                ops = accelerator_ops(self.hub(accelerator), accelerator)
+            except Exception:  # the partition check reports a hook that fails
+                ops = set()
+            self._quantizes[accelerator] = bool(ops & QUANTIZED_OPS)
+        return self._quantizes[accelerator]
 
     # ------------------------------------------------------------------ hubs and caches
 
@@ -320,6 +356,15 @@ class ConformanceSession:
 
             self._references[model] = host_outputs(zoo.get(model), zoo.inputs(model))
         return self._references[model]
+
+    def steps(self, model: str) -> list[Any]:
+        """The quantization step of each output of a zoo model, None for a float one (cached)."""
+        if model not in self._steps:
+            import umahub.models as zoo
+            from umahub.testing._compare import output_steps
+
+            self._steps[model] = output_steps(zoo.get(model))
+        return self._steps[model]
 
 
 def host_outputs(mod: Any, inputs: Sequence[Any]) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from umahub.errors import last_line
-from umahub.testing._compare import compare
+from umahub.testing._compare import compare, steps_apart
 from umahub.testing._options import session_of, suite_options
 from umahub.testing._session import ConformanceSession, UsageProblem
 
@@ -37,6 +37,20 @@ def _compiled_or_skip(session: ConformanceSession, accelerator: str, model: str)
             f"{model} did not compile for {accelerator} (the compile check fails): "
             f"{type(exc).__name__}: {last_line(exc)}"
         )
+
+
+def _compare_and_record(
+    session: ConformanceSession, accelerator: str, model: str, outputs: Any, what: str = "output"
+) -> str:
+    """Compare a zoo model's outputs with the host's (quantized outputs in steps), record the
+    largest error (and difference in steps); the problem, "" if none."""
+    reference, steps = session.reference(model), session.steps(model)
+    largest, problem = compare(outputs, reference, what, steps)
+    session.recorder.error(accelerator, model, largest)
+    units = steps_apart(outputs, reference, steps)
+    if units is not None:
+        session.recorder.units(accelerator, model, units)
+    return problem
 
 
 def _fail_if(problem: Any) -> None:
@@ -66,12 +80,13 @@ class ConformanceSuite:
         except UsageProblem as exc:
             pytest.fail(str(exc), pytrace=False)
         names = [n for n in ("accelerator", "model", "instance") if n in metafunc.fixturenames]
+        session = session_of(metafunc.config)
         values: list[tuple[Any, ...]] = []
         for t in targets:
             if "model" not in names:
                 values.append((t.accelerator,))
                 continue
-            for m in models:
+            for m in session.models_for(t.accelerator, models):
                 if "instance" in names:
                     values += [(t.accelerator, m, i) for i in range(t.instances)]
                 else:
@@ -138,15 +153,14 @@ class ConformanceSuite:
     def test_matches_host(
         self, request: pytest.FixtureRequest, accelerator: str, model: str
     ) -> None:
-        """Its outputs match plain TVM on the host within the kit's tolerance."""
+        """Its outputs match plain TVM on the host within the kit's tolerance (a quantized
+        output: within :data:`~umahub.testing.STEPS` units of its step, 0 by default)."""
         import umahub.models as zoo
 
         session = session_of(request.config)
         compiled = _compiled_or_skip(session, accelerator, model)
         outputs = session.run(compiled, zoo.inputs(model))
-        largest, problem = compare(outputs, session.reference(model))
-        session.recorder.error(accelerator, model, largest)
-        _fail_if(problem)
+        _fail_if(_compare_and_record(session, accelerator, model, outputs))
 
     def test_export_and_reload(
         self, request: pytest.FixtureRequest, accelerator: str, model: str, tmp_path: Any
@@ -163,13 +177,8 @@ class ConformanceSuite:
             list(loaded.devices) != list(compiled.devices)
             and f"reloaded devices {loaded.devices}, compiled {compiled.devices}"
         )
-        largest, problem = compare(
-            session.run_library(path, zoo.inputs(model)),
-            session.reference(model),
-            "reloaded output",
-        )
-        session.recorder.error(accelerator, model, largest)
-        _fail_if(problem)
+        outputs = session.run_library(path, zoo.inputs(model))
+        _fail_if(_compare_and_record(session, accelerator, model, outputs, "reloaded output"))
 
     def test_pin_instance(
         self, request: pytest.FixtureRequest, accelerator: str, model: str, instance: int
@@ -197,13 +206,10 @@ class ConformanceSuite:
             device not in compiled.devices
             and f"{device} is not among the devices {compiled.devices}"
         )
-        largest, problem = compare(
-            session.run(compiled, zoo.inputs(model)),
-            session.reference(model),
-            f"output pinned to {device}",
+        outputs = session.run(compiled, zoo.inputs(model))
+        _fail_if(
+            _compare_and_record(session, accelerator, model, outputs, f"output pinned to {device}")
         )
-        session.recorder.error(accelerator, model, largest)
-        _fail_if(problem)
 
     # ------------------------------------------------------------------ random graphs
 
@@ -219,13 +225,12 @@ class ConformanceSuite:
         )
         from hypothesis import given
 
-        from umahub.compiler.placement import normalise_pattern
         from umahub.testing._graphs import (
+            accelerator_ops,
             build,
             graph_inputs,
             graphs,
             kit_settings,
-            pattern_ops,
             vocabulary,
         )
         from umahub.testing._session import host_outputs
@@ -233,13 +238,7 @@ class ConformanceSuite:
         session = session_of(request.config)
         _, _, examples = suite_options(request.node, request.config)
         hub = session.hub(accelerator)
-        acc = hub.accelerator(accelerator)
-        patterns = [
-            normalise_pattern(acc, p)[1]
-            for result in hub.hook.umahub_patterns(accelerator=acc)
-            for p in (result or [])
-        ]
-        mentioned = pattern_ops(patterns)
+        mentioned = accelerator_ops(hub, accelerator)
         ops = vocabulary(mentioned)
         record = session.recorder
         record.numbers(
