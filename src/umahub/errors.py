@@ -117,9 +117,10 @@ class MemoryPoolError(CompileError):
     """A partition does not fit the memory pool of the accelerator it was placed on."""
 
 
-class QuantizationError(UmahubError):
-    """A model's quantization parameters are malformed (a scale that is not a positive
-    number, a zero point outside its type); the message names the node."""
+class QuantizationError(UmahubError, ValueError):
+    """A model's quantization is malformed (a scale that is not a positive number, a zero
+    point outside its type: the message names the node), or a model or calibration set
+    that :func:`umahub.models.quantize.quantize_static` cannot quantize (it says why)."""
 
 
 class UnknownModelError(UmahubError, LookupError):

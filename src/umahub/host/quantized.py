@@ -215,8 +215,8 @@ def _matmul_acc(op, a, a_zero, b, zb, out_shape, channels):
 
     def acc(*i: Any) -> Any:
         row, col = i[-2], i[-1]
-        left = a[(*operand_index(a, i[:-2]), row, rk)].astype("int32") - a_zero
-        right = b[(*operand_index(b, i[:-2]), rk, col)].astype("int32") - _read(
+        left = a[tuple([*operand_index(a, i[:-2]), row, rk])].astype("int32") - a_zero
+        right = b[tuple([*operand_index(b, i[:-2]), rk, col])].astype("int32") - _read(
             zb, col, channels
         ).astype("int32")
         return te.sum(left * right, axis=[rk])

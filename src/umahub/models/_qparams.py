@@ -6,17 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UmahubError
+from ..errors import QuantizationError
 
 ACTIVATION_DTYPES = ("uint8", "int8")
 
 _QRANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 WEIGHT_QMAX = 127  # int8 symmetric weights use -127..127, as ONNX Runtime does
 TINY = float(np.finfo(np.float32).tiny)
-
-
-class QuantizationError(UmahubError, ValueError):
-    """A model or calibration set that :func:`quantize_static` cannot quantize; says why."""
 
 
 @dataclass(frozen=True)

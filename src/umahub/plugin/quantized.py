@@ -352,7 +352,7 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
     quantize = _call(root, lookup, "relax.quantize")
     if quantize is None:
         raise ValueError("it does not end in a quantize")
-    value, activation = quantize.args[0], None
+    value, activation = quantize.args[0], None  # type: Any, Any
     act = _call(value, lookup, "relax.nn.relu", "relax.clip")
     if act is not None:
         if act.op.name == "relax.nn.relu":
