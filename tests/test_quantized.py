@@ -398,3 +398,18 @@ def test_a_malformed_scale_in_any_model_is_one_line_naming_the_node(npu_hub, sca
         f"node 'lv6' (quantize): scale {problem}; a scale must be positive and finite: "
         "quantize the model again, or correct the value"
     )
+
+
+def test_a_reshape_after_a_one_scale_dequantize_moves_under_it_whatever_its_axis():
+    from umahub.host.quantized_form import canonicalize_quantized
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 4, 2, 2), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            d = bb.emit(relax.op.dequantize(x, _const(0.1, "float32"), _const(0, "int8"), axis=3))
+            out = bb.emit_output(bb.emit(relax.op.reshape(d, (1, 16))))
+        bb.emit_func_output(out)
+    moved = canonicalize_quantized(bb.get())["main"]
+    calls = [b.value.op.name for block in moved.body.blocks for b in block.bindings]
+    assert calls == ["relax.reshape", "relax.dequantize"]

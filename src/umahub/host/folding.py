@@ -236,6 +236,9 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     try:
         moved = canonicalize_quantized(mod)
         mod = moved if well_formed(moved) else mod
+    except Exception:  # only the quantized operators' patterns miss what it would show
+        pass
+    try:
         layout, _ = fold_layout_of_constants(mod)
         layout = layout if well_formed(layout) else mod
         normed, _ = fold_batch_norms(layout)

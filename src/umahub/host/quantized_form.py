@@ -60,9 +60,9 @@ class _LayoutUnder(relax.PyExprMutator):
         if before is None or after is None:
             return call
         per_channel = shape_of(dq.args[1]) not in ((), (1,), None)
-        axis = int(dq.attrs.axis) % max(len(before), 1)
+        axis = -1  # one scale: any axis of the new shape will do
         if per_channel:
-            axis = _moved_axis(call, before, after, axis)
+            axis = _moved_axis(call, before, after, int(dq.attrs.axis) % max(len(before), 1))
             if axis is None:
                 return call
         moved = self.builder_.emit(relax.Call(call.op, [dq.args[0], *call.args[1:]], call.attrs))
