@@ -78,8 +78,8 @@ def test_unknown_model_is_one_clear_line(project):
     assert result.returncode == 2
     assert result.stderr.strip().endswith(
         "umahub: error: unknown model 'resnet' (did you mean 'resnet18'?); known: bert, bert2, "
-        "cnn, mlp, mobilenetv2, resnet18; or give a .py (TVMScript), .onnx or .pt2 (torch.export) "
-        "file"
+        "bert2_int8, bert_int8, cnn, cnn_int8, mlp, mlp_int8, mobilenetv2, mobilenetv2_int8, "
+        "resnet18, resnet18_int8; or give a .py (TVMScript), .onnx or .pt2 (torch.export) file"
     )
 
 
