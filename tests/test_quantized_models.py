@@ -117,3 +117,40 @@ def _output_scale(model: onnx.ModelProto) -> float:
     out = model.graph.output[0].name
     node = next(n for n in model.graph.node if out in n.output)
     return float(inits[node.input[1]])
+
+
+def test_a_pt2e_model_places_its_quantized_operators_on_the_npu_bit_for_bit_the_hosts():
+    """PyTorch's own quantization (PT2E, X86InductorQuantizer: u8 activations, s8
+    weights per channel, float biases) of a torchvision architecture, through umahub."""
+    pytest.importorskip("torchao")
+    import warnings
+
+    from test_quantized_torch import _mobilenet_v2
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    shape = (1, 3, 64, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        captured = torch.export.export(_mobilenet_v2(), (torch.randn(shape),)).module()
+        quantizer = X86InductorQuantizer()
+        quantizer.set_global(get_default_x86_inductor_quantization_config())
+        prepared = prepare_pt2e(captured, quantizer)
+        calibration = torch.Generator().manual_seed(1)
+        for _ in range(8):
+            prepared(torch.randn(shape, generator=calibration))
+        converted = convert_pt2e(prepared)
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+        program = torch.export.export(converted, (x,))
+        expected = converted(x).detach().numpy()
+    hub = umahub.Hub()
+    compiled = hub.compile(program)
+    rows = compiled.report.quantized
+    assert len(rows) == 53  # mobilenet_v2's 52 convolutions and its classifier
+    assert {(r["device"], r["why"]) for r in rows} == {("npu:0", "")}
+    got = compiled.run(x.numpy())
+    np.testing.assert_array_equal(got, hub.compile(program, placement={"*": "host"}).run(x.numpy()))
+    assert np.argmax(got) == np.argmax(expected)
