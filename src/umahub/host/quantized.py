@@ -257,6 +257,10 @@ def quantized_kernel(
         sy, zy = rest[-2:]
         x_zero = _read(zx, 0, 1).astype("int32")
 
+        # the per-channel stages first: a schedule computes the output per tile
+        # of the accumulator, after everything else it reads
+        m, k = _requantizer(op, sx, sw, sy, channels)
+        bias_q = _bias(op, bias, sx, sw, channels) if bias else None
         if prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
             at = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
         elif conv:
@@ -265,8 +269,6 @@ def quantized_kernel(
         else:
             acc = _matmul_acc(op, x, x_zero, w, zw, out_shape, channels)
             at = acc.__getitem__
-        m, k = _requantizer(op, sx, sw, sy, channels)
-        bias_q = _bias(op, bias, sx, sw, channels) if bias else None
         low, high = _bounds(op, sy, zy, out_dtype)
         zero = _read(zy, 0, 1).astype("int64")
 
@@ -319,6 +321,7 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
         xp = te.compute(
             (n, cb, h + top + bottom, wd + left + right, BLOCK_K), padded, name="pad_zero_point"
         )
+        sums = None if _weight_zero_known(op) else _window_sum_conv(xp, c, (kh, kw), op)
         rc = te.reduce_axis((0, cb), "rc")
         ry = te.reduce_axis((0, kh), "ry")
         rx = te.reduce_axis((0, kw), "rx")
@@ -338,18 +341,6 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
         def dot_at(i):
             return dot[i[0], i[1] // BLOCK_O, i[2], i[3], i[1] % BLOCK_O]
 
-        def window_sum():
-            sc = te.reduce_axis((0, c), "sc")
-            sy = te.reduce_axis((0, kh), "sy")
-            sx = te.reduce_axis((0, kw), "sx")
-
-            def value(b, y, xx):
-                at = xp[b, sc // BLOCK_K, y * sh + sy * dh, xx * sw_ + sx * dw, sc % BLOCK_K]
-                return te.sum(at.astype("int32"), axis=[sc, sy, sx])
-
-            s = te.compute((n, out_shape[2], out_shape[3]), value, name="window_sum")
-            return lambda i: s[i[0], i[2], i[3]]
-
     else:
         kdim = int(x.shape[-1])
         kb = int(wp.shape[1])
@@ -360,6 +351,16 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
             return tirx.if_then_else(kk < kdim, as_u8(x[(*i[:-2], kk)]), fill)
 
         xp = te.compute((*lead, kb, BLOCK_K), padded, name="pad_zero_point")
+        batch = len(out_shape) - 1 - len(lead)
+        sums = None
+        if not _weight_zero_known(op):
+            sk = te.reduce_axis((0, kdim), "sk")
+            total = te.compute(
+                tuple(lead),
+                lambda *i: te.sum(xp[(*i, sk // BLOCK_K, sk % BLOCK_K)].astype("int32"), axis=sk),
+                name="window_sum",
+            )
+            sums = lambda i: total[i[batch:-1]]  # noqa: E731
         rk = te.reduce_axis((0, kb), "rk")
         ri = te.reduce_axis((0, BLOCK_K), "ri")
         blocks = _ceil(channels, BLOCK_O)
@@ -370,22 +371,10 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
 
         dot = te.compute((*lead, blocks, BLOCK_O), dot_value, name="dot")
         reduction = kdim
-        batch = len(out_shape) - 1 - len(lead)
 
         def dot_at(i):
             row = i[batch:-1]  # x's leading index (numpy broadcasting: x has no fewer dims)
             return dot[(*row, i[-1] // BLOCK_O, i[-1] % BLOCK_O)]
-
-        def window_sum():
-            sk = te.reduce_axis((0, kdim), "sk")
-            s = te.compute(
-                tuple(lead),
-                lambda *i: te.sum(xp[(*i, sk // BLOCK_K, sk % BLOCK_K)].astype("int32"), axis=sk),
-                name="window_sum",
-            )
-            return lambda i: s[i[batch:-1]]
-
-    sums = None if _weight_zero_known(op) else window_sum()
 
     def at(i):
         o = i[1] if conv else i[-1]
@@ -396,6 +385,27 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
         return value
 
     return at
+
+
+def _window_sum_conv(xp, c, kernel, op):
+    """Per output position, ``sum(x')`` over its window (the real channels)."""
+    attrs = op.call.attrs
+    sh, sw_ = (int(s) for s in attrs.strides)
+    dh, dw = (int(d) for d in attrs.dilation)
+    kh, kw = kernel
+    n, _, hp, wp_, _ = (int(d) for d in xp.shape)
+    oh = (hp - dh * (kh - 1) - 1) // sh + 1
+    ow = (wp_ - dw * (kw - 1) - 1) // sw_ + 1
+    sc = te.reduce_axis((0, c), "sc")
+    sy = te.reduce_axis((0, kh), "sy")
+    sx = te.reduce_axis((0, kw), "sx")
+
+    def value(b, y, xx):
+        at = xp[b, sc // BLOCK_K, y * sh + sy * dh, xx * sw_ + sx * dw, sc % BLOCK_K]
+        return te.sum(at.astype("int32"), axis=[sc, sy, sx])
+
+    total = te.compute((n, oh, ow), value, name="window_sum")
+    return lambda i: total[i[0], i[2], i[3]]
 
 
 def _conv_acc(op, x, x_zero, w, zw, out_shape, channels):
