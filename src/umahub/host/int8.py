@@ -76,10 +76,24 @@ def int8_kernel(sch: s_tir.Schedule) -> str | None:
     return "conv2d" if len(sch.get(dot).iter_vars) == 9 else "matmul"
 
 
+def _func(sch: s_tir.Schedule) -> Any:
+    """The one PrimFunc of ``sch`` (worked on from now on)."""
+    from tvm import tirx
+
+    gv = sch.func_working_on
+    if gv is None:
+        names = [g.name_hint for g, f in sch.mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+        if len(names) != 1:
+            raise ValueError(f"expected one PrimFunc, found {names}")
+        sch.work_on(names[0])
+        return sch.mod[names[0]]
+    return sch.mod[gv]
+
+
 def _block_names(sch: s_tir.Schedule) -> list[str]:
     from umahub.plugin.compat import SBlock, nodes_in
 
-    return [b.name_hint for b in nodes_in(sch.mod["main"].body, SBlock)]
+    return [b.name_hint for b in nodes_in(_func(sch).body, SBlock)]
 
 
 def _divisor_at_most(n: int, limit: int) -> int:
@@ -93,6 +107,10 @@ def _extents(sch: s_tir.Schedule, loops: list) -> list[int]:
 def _parallel_outer(sch: s_tir.Schedule, block: Any, keep: int = 1) -> None:
     """``block``'s loops but the last ``keep`` fused and parallel (a stage at the root)."""
     loops = sch.get_loops(block)
+    axes = sch.get(block).iter_vars
+    spatial = next((i for i, iv in enumerate(axes) if iv.iter_type != 0), len(axes))
+    if spatial < len(axes):  # a reduction: its spatial loops only, the last one kept
+        keep = len(loops) - max(1, spatial - 1)
     if len(loops) <= keep:
         return
     outer = loops[:-keep]
@@ -103,14 +121,12 @@ def _parallel_outer(sch: s_tir.Schedule, block: Any, keep: int = 1) -> None:
 
 def _param_index(sch: s_tir.Schedule, block: Any) -> int | None:
     """The index of the parameter ``block`` reads (one buffer), or None."""
-    from umahub.plugin.compat import buffer_of
+    from umahub.plugin.compat import buffer_of, param_buffers
 
-    func = sch.mod["main"]
     reads = [buffer_of(r) for r in sch.get(block).reads]
     if len(reads) != 1:
         return None
-    for i, param in enumerate(func.params):
-        buffer = func.buffer_map.get(param)
+    for i, buffer in enumerate(param_buffers(_func(sch))):
         if buffer is not None and buffer.same_as(reads[0]):
             return i
     return None
@@ -328,7 +344,10 @@ def schedule_int8(
         weights packed at compile time"``), or None (``sch`` unchanged) when
         the function is no such kernel or a primitive refused.
     """
-    kind = int8_kernel(sch)
+    try:
+        kind = int8_kernel(sch)
+    except ValueError:  # not one PrimFunc
+        return None
     if kind is None:
         return None
     vnni = has_vnni(target)

@@ -285,6 +285,15 @@ def _resolve(expr: Any, lookup: Any) -> Any:
     return expr
 
 
+def _parameter(expr: Any, lookup: Any) -> bool:
+    """Whether ``expr`` is a function's parameter (bound to nothing): a partition's
+    constant, when its function is lowered."""
+    from tvm import relax
+
+    expr = _resolve(expr, lookup)
+    return isinstance(expr, relax.Var) and lookup(expr) is None
+
+
 def _bound(expr: Any) -> float | None:
     """A clip bound's value: a PrimValue or an immediate (they differ by TVM version)."""
     value = getattr(expr, "value", None)
@@ -369,7 +378,8 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
         else:
             raise ValueError("an add that is not a bias of a convolution or matmul")
         bias_dq = _call(bias_expr, lookup, "relax.dequantize")
-        if _constant(bias_dq.args[0] if bias_dq is not None else bias_expr, lookup) is None:
+        raw = bias_dq.args[0] if bias_dq is not None else bias_expr
+        if _constant(raw, lookup) is None and not _parameter(raw, lookup):
             raise ValueError("a bias that is not a constant")
     producer = _call(value, lookup, "relax.nn.conv2d", "relax.matmul")
     if producer is None:
