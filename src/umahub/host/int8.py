@@ -169,9 +169,8 @@ def _inner(sch: s_tir.Schedule, dot: Any, lanes_loop: Any, vnni: bool) -> None:
         sch.annotate(sch.blockize(lanes_loop), VNNI_ANNOTATION, 1)
         return
     lane, group = sch.get_loops(dot)[-2:]
-    sch.reorder(group, lane)
+    sch.reorder(group, lane)  # the 16 lanes innermost and contiguous: LLVM's vector
     sch.unroll(group)
-    sch.vectorize(lane)
 
 
 def _llvm_major() -> int:
@@ -246,9 +245,7 @@ def vnni_dot_pass() -> Any:
 
         def post(node: Any) -> Any:
             if VNNI_ANNOTATION in node.annotations:
-                annotations = {
-                    k: v for k, v in node.annotations.items() if k != VNNI_ANNOTATION
-                }
+                annotations = {k: v for k, v in node.annotations.items() if k != VNNI_ANNOTATION}
                 return SBlock(
                     node.iter_vars,
                     node.reads,

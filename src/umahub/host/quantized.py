@@ -333,9 +333,7 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
             weight = wp[ob, rc, ry, rx, oi, ri].astype("int32")
             return te.sum(data * weight, axis=[rc, ry, rx, ri])
 
-        dot = te.compute(
-            (n, blocks, out_shape[2], out_shape[3], BLOCK_O), dot_value, name="dot"
-        )
+        dot = te.compute((n, blocks, out_shape[2], out_shape[3], BLOCK_O), dot_value, name="dot")
         reduction = c * kh * kw
 
         def dot_at(i):
