@@ -237,7 +237,6 @@ def vnni_dot_pass() -> Any:
     apache-tvm 0.27). Runs on S-TIR, before blocks are lowered (umahub's TIR
     pipeline runs it first); a function without such blocks is left as it is."""
     import tvm
-    from tvm import tirx
 
     def rewrite(func: Any, _mod: Any, _ctx: Any) -> Any:
         from umahub.plugin.compat import SBlock

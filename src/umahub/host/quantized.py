@@ -13,6 +13,12 @@ it before TVM's legalization (:mod:`umahub.host.lowering`), and so does every
 partition that :func:`umahub.plugin.default_relax_to_tir` lowers: the npu, a
 plugin's C kernels and the host give the same integers.
 
+Why this module is long: it holds the one kernel every path computes (both of
+its forms, the plain sum and the packed form the int8 schedules take, with
+the weight's packing), its Relax lowering, and the two rewrites before
+partitioning that keep the quantized operators whole; split, the forms would
+drift apart.
+
 The kernel reads scales and zero points as tensors, so the same code serves
 the host (where they are constants) and a partition (where they are its
 parameters): the fixed-point multiplier, the bias in accumulator units and the
@@ -183,9 +189,17 @@ def pack_weight_kernel(op: QuantizedOperator, w_shape: tuple[int, ...]):
         zero = tirx.const(0, "int8")
         if conv:
             o, c, kh, kw = (int(d) for d in w.shape)
-            shape = (_ceil(o, BLOCK_O), _ceil(c, BLOCK_K), kh, kw, BLOCK_O, BLOCK_K)
+            shape: tuple[int, ...] = (
+                _ceil(o, BLOCK_O),
+                _ceil(c, BLOCK_K),
+                kh,
+                kw,
+                BLOCK_O,
+                BLOCK_K,
+            )
 
-            def value(ob, cb, y, x, oi, ci):
+            def value(*i: Any) -> Any:
+                ob, cb, y, x, oi, ci = i
                 oo, cc = ob * BLOCK_O + oi, cb * BLOCK_K + ci
                 return tirx.if_then_else(tirx.all(oo < o, cc < c), w[oo, cc, y, x], zero)
 
@@ -193,7 +207,8 @@ def pack_weight_kernel(op: QuantizedOperator, w_shape: tuple[int, ...]):
             k, n = (int(d) for d in w.shape)
             shape = (_ceil(n, BLOCK_O), _ceil(k, BLOCK_K), BLOCK_O, BLOCK_K)
 
-            def value(nb, kb, ni, ki):
+            def value(*i: Any) -> Any:
+                nb, kb, ni, ki = i
                 nn, kk = nb * BLOCK_O + ni, kb * BLOCK_K + ki
                 return tirx.if_then_else(tirx.all(nn < n, kk < k), w[kk, nn], zero)
 
@@ -313,7 +328,8 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
         n, c, h, wd = (int(d) for d in x.shape)
         _, cb, kh, kw, _, _ = (int(d) for d in wp.shape)
 
-        def padded(b, cc, i, j, ci):
+        def padded(*at: Any) -> Any:
+            b, cc, i, j, ci = at
             ch = cc * BLOCK_K + ci
             inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left, ch < c)
             return tirx.if_then_else(inside, as_u8(x[b, ch, i - top, j - left]), fill)
@@ -328,7 +344,8 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
         ri = te.reduce_axis((0, BLOCK_K), "ri")
         blocks = _ceil(channels, BLOCK_O)
 
-        def dot_value(b, ob, y, xx, oi):
+        def dot_value(*at: Any) -> Any:
+            b, ob, y, xx, oi = at
             data = xp[b, rc, y * sh + ry * dh, xx * sw_ + rx * dw, ri].astype("int32")
             weight = wp[ob, rc, ry, rx, oi, ri].astype("int32")
             return te.sum(data * weight, axis=[rc, ry, rx, ri])
@@ -336,7 +353,7 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
         dot = te.compute((n, blocks, out_shape[2], out_shape[3], BLOCK_O), dot_value, name="dot")
         reduction = c * kh * kw
 
-        def dot_at(i):
+        def dot_at(i: Any) -> Any:
             return dot[i[0], i[1] // BLOCK_O, i[2], i[3], i[1] % BLOCK_O]
 
     else:
@@ -344,35 +361,39 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
         kb = int(wp.shape[1])
         lead = [int(d) for d in x.shape[:-1]]
 
-        def padded(*i):
+        def padded(*i: Any) -> Any:
             kk = i[-2] * BLOCK_K + i[-1]
-            return tirx.if_then_else(kk < kdim, as_u8(x[(*i[:-2], kk)]), fill)
+            index = (*i[:-2], kk)
+            return tirx.if_then_else(kk < kdim, as_u8(x[index]), fill)
 
         xp = te.compute((*lead, kb, BLOCK_K), padded, name="pad_zero_point")
         batch = len(out_shape) - 1 - len(lead)
         sums = None
         if not _weight_zero_known(op):
             sk = te.reduce_axis((0, kdim), "sk")
-            total = te.compute(
-                tuple(lead),
-                lambda *i: te.sum(xp[(*i, sk // BLOCK_K, sk % BLOCK_K)].astype("int32"), axis=sk),
-                name="window_sum",
-            )
+
+            def summed(*i: Any) -> Any:
+                index = (*i, sk // BLOCK_K, sk % BLOCK_K)
+                return te.sum(xp[index].astype("int32"), axis=sk)
+
+            total = te.compute(tuple(lead), summed, name="window_sum")
             sums = lambda i: total[i[batch:-1]]  # noqa: E731
         rk = te.reduce_axis((0, kb), "rk")
         ri = te.reduce_axis((0, BLOCK_K), "ri")
         blocks = _ceil(channels, BLOCK_O)
 
-        def dot_value(*i):
-            data = xp[(*i[:-2], rk, ri)].astype("int32")
+        def dot_value(*i: Any) -> Any:
+            index = (*i[:-2], rk, ri)
+            data = xp[index].astype("int32")
             return te.sum(data * wp[i[-2], rk, i[-1], ri].astype("int32"), axis=[rk, ri])
 
         dot = te.compute((*lead, blocks, BLOCK_O), dot_value, name="dot")
         reduction = kdim
 
-        def dot_at(i):
+        def dot_at(i: Any) -> Any:
             row = i[batch:-1]  # x's leading index (numpy broadcasting: x has no fewer dims)
-            return dot[(*row, i[-1] // BLOCK_O, i[-1] % BLOCK_O)]
+            index = (*row, i[-1] // BLOCK_O, i[-1] % BLOCK_O)
+            return dot[index]
 
     def at(i):
         o = i[1] if conv else i[-1]
@@ -447,10 +468,10 @@ def _matmul_acc(op, a, a_zero, b, zb, out_shape, channels):
 
     def acc(*i: Any) -> Any:
         row, col = i[-2], i[-1]
-        left = a[(*operand_index(a, i[:-2]), row, rk)].astype("int32") - a_zero
-        right = b[(*operand_index(b, i[:-2]), rk, col)].astype("int32") - _read(
-            zb, col, channels
-        ).astype("int32")
+        at_a = (*operand_index(a, i[:-2]), row, rk)
+        at_b = (*operand_index(b, i[:-2]), rk, col)
+        left = a[at_a].astype("int32") - a_zero
+        right = b[at_b].astype("int32") - _read(zb, col, channels).astype("int32")
         return te.sum(left * right, axis=[rk])
 
     return te.compute(out_shape, acc, name="acc")

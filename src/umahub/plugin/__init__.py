@@ -48,8 +48,8 @@ Lowering (``umahub_relax_to_tir``)
 
 Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
     The host's schedules a plugin may reuse (:func:`schedule_elementwise`,
-    :func:`schedule_pooling`, :func:`schedule_int8` for the quantized kernels, with :data:`PARALLEL_MIN` and
-    :data:`WINDOW_MAX`); weights packed at compile time
+    :func:`schedule_pooling`, :func:`schedule_int8` for the quantized kernels,
+    with :data:`PARALLEL_MIN` and :data:`WINDOW_MAX`); weights packed at compile time
     (:func:`pack_weight`, :data:`PREPACK_ANNOTATION`); the machine
     (:func:`host_target`, :func:`vector_lanes`); TIR helpers that read and
     rewrite a PrimFunc the same way on every supported TVM
@@ -112,8 +112,8 @@ from umahub.sizes import human_size
 
 if TYPE_CHECKING:
     from umahub.compiler.lowering import default_relax_to_tir, single_primfunc
-    from umahub.host.lowering import max_pool2d
     from umahub.host.int8 import schedule_int8
+    from umahub.host.lowering import max_pool2d
     from umahub.host.prepack import pack_weight
     from umahub.host.schedules import (
         PARALLEL_MIN,

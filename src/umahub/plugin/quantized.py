@@ -45,6 +45,9 @@ plugin's kernels all follow it):
 4. ``y = round_half_to_even(acc * m / 2**k) + y_zp``, in int64, then clamped
    to the activation's bounds (ReLU: ``y_zp``; clip: its bounds quantized as
    ``QuantizeLinear`` does it) and saturated to the output type.
+
+Why this module is long: the arithmetic, the patterns and what a check reads of
+a match are one definition, which plugins, the host and the kit share.
 """
 
 from __future__ import annotations
@@ -357,7 +360,8 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
     quantize = _call(root, lookup, "relax.quantize")
     if quantize is None:
         raise ValueError("it does not end in a quantize")
-    value, activation = quantize.args[0], None
+    value = quantize.args[0]
+    activation: Any = None
     act = _call(value, lookup, "relax.nn.relu", "relax.clip")
     if act is not None:
         if act.op.name == "relax.nn.relu":

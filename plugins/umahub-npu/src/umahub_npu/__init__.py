@@ -297,9 +297,8 @@ def umahub_relax_to_tir(function, context):
 @hookimpl(accelerator=NAME)
 def umahub_schedule(accelerator, schedule, context):
     """Tile to the scratchpad, vectorize, parallelize (see umahub_npu.schedules)."""
-    from umahub_npu.schedules import schedule as npu_schedule
-
     from umahub.plugin import schedule_int8
+    from umahub_npu.schedules import schedule as npu_schedule
 
     # a quantized operator: umahub's int8 schedule (vpdpbusd where the target has VNNI)
     said = schedule_int8(schedule, target=context.target, weights=context.weights)
