@@ -186,7 +186,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             results[name] = measure(name, args.repeat, Path(tmp))
-    path = write(args.results, {"threads": THREADS, "repeat": args.repeat, "models": results})
+    import tvm
+
+    cpu = str(tvm.target.codegen.llvm_get_system_cpu())  # /proc/cpuinfo may not name it
+    path = write(
+        args.results,
+        {"llvm_cpu": cpu, "threads": THREADS, "repeat": args.repeat, "models": results},
+    )
     print(path)
 
 
