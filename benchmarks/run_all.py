@@ -14,6 +14,7 @@ BENCHMARKS = (
     "scaling.py",
     "npu_kernels.py",
     "zoo.py",
+    "quantized.py",
 )
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from typing import Any
 import tvm
 from tvm import s_tir, tirx
 
+from umahub.host.int8 import vnni_dot_pass
 from umahub.host.scratch import scratch_on_stack
 
 __all__ = ["PHASES", "PIPELINE_NAME", "phased_pipeline", "use_phase_passes"]
@@ -66,6 +67,7 @@ def _stretches(config: Any) -> list[list[Any]]:
     """The default s_tir passes, cut at the phase points (one list per phase)."""
     flag = lambda key: bool(config.get(key, False))  # noqa: E731
     lower_blocks = [
+        vnni_dot_pass(),  # umahub's: the int8 schedules' vpdpbusd steps (before any lowering)
         _p("CanonicalizeLoop"),
         _p("LowerCrossThreadReduction"),
         _p("LowerInitBlock"),

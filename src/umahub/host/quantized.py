@@ -13,6 +13,12 @@ it before TVM's legalization (:mod:`umahub.host.lowering`), and so does every
 partition that :func:`umahub.plugin.default_relax_to_tir` lowers: the npu, a
 plugin's C kernels and the host give the same integers.
 
+Why this module is long: it holds the one kernel every path computes (both of
+its forms, the plain sum and the packed form the int8 schedules take, with
+the weight's packing), its Relax lowering, and the two rewrites before
+partitioning that keep the quantized operators whole; split, the forms would
+drift apart.
+
 The kernel reads scales and zero points as tensors, so the same code serves
 the host (where they are constants) and a partition (where they are its
 parameters): the fixed-point multiplier, the bias in accumulator units and the
@@ -27,14 +33,20 @@ from typing import Any
 import tvm
 from tvm import relax, te, tirx
 
+from umahub._tvm import Constant
 from umahub.plugin.patterns import dtype_of, shape_of
 from umahub.plugin.quantized import QuantizedOperator, describe_quantized
 
 __all__ = [
+    "BLOCK_K",
+    "BLOCK_O",
     "lower_quantized",
     "operands",
+    "pack_weight_kernel",
+    "packed_form",
     "quantized_in_integers",
     "quantized_kernel",
+    "weight_sum_kernel",
 ]
 
 _INT32_MAX = 2**31 - 1
@@ -136,34 +148,146 @@ def _bounds(op: QuantizedOperator, sy: Any, zy: Any, dtype: str) -> tuple[Any, A
     return low, high
 
 
-def quantized_kernel(op: QuantizedOperator, out_shape: tuple[int, ...], out_dtype: str):
+#: Output channels of one packed weight block (a 512-bit vector of int32).
+BLOCK_O = 16
+#: Reduction elements one ``vpdpbusd`` lane sums (four bytes of a 32-bit lane).
+BLOCK_K = 4
+
+
+def packed_form(op: QuantizedOperator, w_shape: tuple[int, ...], x_dtype: str) -> bool:
+    """Whether ``op`` is computed in the packed form (see :func:`quantized_kernel`).
+
+    An int8 weight of an ungrouped convolution or a 2-D matrix, an 8-bit input:
+    the sum splits into an unsigned-by-signed byte dot product (the form x86's
+    ``vpdpbusd`` computes) and per-channel, per-position corrections.
+    """
+    if op.weight.dtype != "int8" or x_dtype not in ("uint8", "int8"):
+        return False
+    if op.kind == "conv2d":
+        return int(op.call.attrs.groups) == 1
+    return len(w_shape) == 2
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pack_weight_kernel(op: QuantizedOperator, w_shape: tuple[int, ...]):
+    """The TE function packing an int8 weight for the packed form.
+
+    A convolution's ``[O, C, KH, KW]`` becomes ``[O/16, C/4, KH, KW, 16, 4]``, a
+    matrix ``[K, N]`` becomes ``[N/16, K/4, 16, 4]`` (rounded up, the new rows
+    zeros, which add nothing): the four bytes one lane of ``vpdpbusd`` sums are
+    contiguous, and so are the sixteen output channels of one vector. A copy of
+    one parameter, so the compiler can run it once on a constant weight.
+    """
+    conv = op.kind == "conv2d"
+
+    def pack(w: te.Tensor) -> te.Tensor:
+        zero = tirx.const(0, "int8")
+        if conv:
+            o, c, kh, kw = (int(d) for d in w.shape)
+            shape: tuple[int, ...] = (
+                _ceil(o, BLOCK_O),
+                _ceil(c, BLOCK_K),
+                kh,
+                kw,
+                BLOCK_O,
+                BLOCK_K,
+            )
+
+            def value(*i: Any) -> Any:
+                ob, cb, y, x, oi, ci = i
+                oo, cc = ob * BLOCK_O + oi, cb * BLOCK_K + ci
+                return tirx.if_then_else(tirx.all(oo < o, cc < c), w[oo, cc, y, x], zero)
+
+        else:
+            k, n = (int(d) for d in w.shape)
+            shape = (_ceil(n, BLOCK_O), _ceil(k, BLOCK_K), BLOCK_O, BLOCK_K)
+
+            def value(*i: Any) -> Any:
+                nb, kb, ni, ki = i
+                nn, kk = nb * BLOCK_O + ni, kb * BLOCK_K + ki
+                return tirx.if_then_else(tirx.all(nn < n, kk < k), w[kk, nn], zero)
+
+        return te.compute(shape, value, name="weight_packed")
+
+    return pack
+
+
+def weight_sum_kernel():
+    """The TE function summing a packed weight per output channel (int32)."""
+
+    def total(wp: te.Tensor) -> te.Tensor:
+        dims = [int(d) for d in wp.shape]
+        blocks, rest = dims[0], dims[1:-2]
+        axes = [te.reduce_axis((0, d), f"r{i}") for i, d in enumerate(rest)]
+        rk = te.reduce_axis((0, dims[-1]), "rk")
+
+        def value(o):
+            index = (o // BLOCK_O, *axes, o % BLOCK_O, rk)
+            return te.sum(wp[index].astype("int32"), axis=[*axes, rk])
+
+        return te.compute((blocks * BLOCK_O,), value, name="weight_sum")
+
+    return total
+
+
+def quantized_kernel(
+    op: QuantizedOperator, out_shape: tuple[int, ...], out_dtype: str, prepacked: bool = False
+):
     """The TE function computing ``op`` exactly, for ``BlockBuilder.call_te``.
 
     Its arguments, in order: the input, its scale and zero point; the weight,
     its scale and zero point; the bias (and, dequantized, its scale and zero
     point) if there is one; the output's scale and zero point (see
-    :func:`operands`).
+    :func:`operands`). With ``prepacked``, the weight is already packed
+    (:func:`pack_weight_kernel`) and its per-channel sum
+    (:func:`weight_sum_kernel`) follows it.
+
+    In the packed form (:func:`packed_form`) the accumulator is computed as
+    ``sum(x' * w) - x_zp' * sum(w) - w_zp * (sum(x') - K * x_zp')`` with
+    ``x' = x`` (uint8) or ``x + 128`` (int8, ``x_zp' = x_zp + 128``): equal
+    to ``sum((x - x_zp) * (w - w_zp))`` in int32, and its first term a
+    uint8-by-int8 dot product over 4-byte groups. The input is copied once into
+    ``[N, C/4, H, W, 4]`` (padding: ``x_zp'``), the weight packed
+    ``[O/16, C/4, KH, KW, 16, 4]``, the dot product ``dot`` written
+    ``[N, O/16, OH, OW, 16]`` (a matmul's: ``[.., M, N/16, 16]``); the
+    ``sum(x')`` term (``window_sum``) exists only where the weight's zero
+    points are not known to be 0. Otherwise (grouped convolutions, other
+    types) the plain sum, ``acc``.
     """
     conv = op.kind == "conv2d"
     channels = out_shape[1] if conv else out_shape[-1]
 
-    def kernel(x: te.Tensor, sx: Any, zx: Any, w: te.Tensor, sw: Any, zw: Any, *rest: Any):
+    def kernel(x: te.Tensor, sx: Any, zx: Any, w: te.Tensor, *rest: Any):
+        wsum = None
+        if prepacked:
+            wsum, sw, zw, *rest = rest  # type: ignore[assignment]
+        else:
+            sw, zw, *rest = rest  # type: ignore[assignment]
         bias = list(rest[:-2])
         sy, zy = rest[-2:]
         x_zero = _read(zx, 0, 1).astype("int32")
 
-        if conv:
-            acc = _conv_acc(op, x, x_zero, w, zw, out_shape, channels)
-        else:
-            acc = _matmul_acc(op, x, x_zero, w, zw, out_shape, channels)
+        # the per-channel stages first: a schedule computes the output per tile
+        # of the accumulator, after everything else it reads
         m, k = _requantizer(op, sx, sw, sy, channels)
         bias_q = _bias(op, bias, sx, sw, channels) if bias else None
+        if prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
+            at = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
+        elif conv:
+            acc = _conv_acc(op, x, x_zero, w, zw, out_shape, channels)
+            at = acc.__getitem__
+        else:
+            acc = _matmul_acc(op, x, x_zero, w, zw, out_shape, channels)
+            at = acc.__getitem__
         low, high = _bounds(op, sy, zy, out_dtype)
         zero = _read(zy, 0, 1).astype("int64")
 
         def out(*i: Any) -> Any:
             o = i[1] if conv else i[-1]
-            a = acc[i] if bias_q is None else acc[i] + bias_q[o]
+            a = at(i) if bias_q is None else at(i) + bias_q[o]
             p = a.astype("int64") * m[o]
             one = _int64(1)
             rounded = (p + (one << (k[o] - one)) - one + ((p >> k[o]) & one)) >> k[o]
@@ -172,6 +296,133 @@ def quantized_kernel(op: QuantizedOperator, out_shape: tuple[int, ...], out_dtyp
         return te.compute(out_shape, out, name="requantized")
 
     return kernel
+
+
+def _weight_zero_known(op: QuantizedOperator) -> bool:
+    return op.weight.zero_point is not None and not bool(op.weight.zero_point.any())
+
+
+def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
+    """The packed form's accumulator (see :func:`quantized_kernel`), as a function
+    of the output index."""
+    conv = op.kind == "conv2d"
+    shift = 128 if str(x.dtype) == "int8" else 0
+    zero = x_zero + shift  # x_zp', an int32 expression
+
+    def as_u8(value: Any) -> Any:
+        if shift:
+            return (value.astype("int32") + shift).astype("uint8")
+        return value
+
+    wp = w if prepacked else pack_weight_kernel(op, tuple(int(d) for d in w.shape))(w)
+    if wsum is None:
+        wsum = weight_sum_kernel()(wp)
+    fill = zero.astype("uint8")
+    if conv:
+        attrs = op.call.attrs
+        sh, sw_ = (int(s) for s in attrs.strides)
+        dh, dw = (int(d) for d in attrs.dilation)
+        top, left, bottom, right = (int(p) for p in attrs.padding)
+        n, c, h, wd = (int(d) for d in x.shape)
+        _, cb, kh, kw, _, _ = (int(d) for d in wp.shape)
+
+        def padded(*at: Any) -> Any:
+            b, cc, i, j, ci = at
+            ch = cc * BLOCK_K + ci
+            inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left, ch < c)
+            return tirx.if_then_else(inside, as_u8(x[b, ch, i - top, j - left]), fill)
+
+        xp = te.compute(
+            (n, cb, h + top + bottom, wd + left + right, BLOCK_K), padded, name="pad_zero_point"
+        )
+        sums = None if _weight_zero_known(op) else _window_sum_conv(xp, c, (kh, kw), op)
+        rc = te.reduce_axis((0, cb), "rc")
+        ry = te.reduce_axis((0, kh), "ry")
+        rx = te.reduce_axis((0, kw), "rx")
+        ri = te.reduce_axis((0, BLOCK_K), "ri")
+        blocks = _ceil(channels, BLOCK_O)
+
+        def dot_value(*at: Any) -> Any:
+            b, ob, y, xx, oi = at
+            data = xp[b, rc, y * sh + ry * dh, xx * sw_ + rx * dw, ri].astype("int32")
+            weight = wp[ob, rc, ry, rx, oi, ri].astype("int32")
+            return te.sum(data * weight, axis=[rc, ry, rx, ri])
+
+        dot = te.compute((n, blocks, out_shape[2], out_shape[3], BLOCK_O), dot_value, name="dot")
+        reduction = c * kh * kw
+
+        def dot_at(i: Any) -> Any:
+            return dot[i[0], i[1] // BLOCK_O, i[2], i[3], i[1] % BLOCK_O]
+
+    else:
+        kdim = int(x.shape[-1])
+        kb = int(wp.shape[1])
+        lead = [int(d) for d in x.shape[:-1]]
+
+        def padded(*i: Any) -> Any:
+            kk = i[-2] * BLOCK_K + i[-1]
+            index = (*i[:-2], kk)
+            return tirx.if_then_else(kk < kdim, as_u8(x[index]), fill)
+
+        xp = te.compute((*lead, kb, BLOCK_K), padded, name="pad_zero_point")
+        batch = len(out_shape) - 1 - len(lead)
+        sums = None
+        if not _weight_zero_known(op):
+            sk = te.reduce_axis((0, kdim), "sk")
+
+            def summed(*i: Any) -> Any:
+                index = (*i, sk // BLOCK_K, sk % BLOCK_K)
+                return te.sum(xp[index].astype("int32"), axis=sk)
+
+            total = te.compute(tuple(lead), summed, name="window_sum")
+            sums = lambda i: total[i[batch:-1]]  # noqa: E731
+        rk = te.reduce_axis((0, kb), "rk")
+        ri = te.reduce_axis((0, BLOCK_K), "ri")
+        blocks = _ceil(channels, BLOCK_O)
+
+        def dot_value(*i: Any) -> Any:
+            index = (*i[:-2], rk, ri)
+            data = xp[index].astype("int32")
+            return te.sum(data * wp[i[-2], rk, i[-1], ri].astype("int32"), axis=[rk, ri])
+
+        dot = te.compute((*lead, blocks, BLOCK_O), dot_value, name="dot")
+        reduction = kdim
+
+        def dot_at(i: Any) -> Any:
+            row = i[batch:-1]  # x's leading index (numpy broadcasting: x has no fewer dims)
+            index = (*row, i[-1] // BLOCK_O, i[-1] % BLOCK_O)
+            return dot[index]
+
+    def at(i):
+        o = i[1] if conv else i[-1]
+        value = dot_at(i) - zero * wsum[o]
+        if sums is not None:
+            w_zero = _read(zw, o, channels).astype("int32")
+            value = value - w_zero * (sums(i) - zero * reduction)
+        return value
+
+    return at
+
+
+def _window_sum_conv(xp, c, kernel, op):
+    """Per output position, ``sum(x')`` over its window (the real channels)."""
+    attrs = op.call.attrs
+    sh, sw_ = (int(s) for s in attrs.strides)
+    dh, dw = (int(d) for d in attrs.dilation)
+    kh, kw = kernel
+    n, _, hp, wp_, _ = (int(d) for d in xp.shape)
+    oh = (hp - dh * (kh - 1) - 1) // sh + 1
+    ow = (wp_ - dw * (kw - 1) - 1) // sw_ + 1
+    sc = te.reduce_axis((0, c), "sc")
+    sy = te.reduce_axis((0, kh), "sy")
+    sx = te.reduce_axis((0, kw), "sx")
+
+    def value(b, y, xx):
+        at = xp[b, sc // BLOCK_K, y * sh + sy * dh, xx * sw_ + sx * dw, sc % BLOCK_K]
+        return te.sum(at.astype("int32"), axis=[sc, sy, sx])
+
+    total = te.compute((n, oh, ow), value, name="window_sum")
+    return lambda i: total[i[0], i[2], i[3]]
 
 
 def _conv_acc(op, x, x_zero, w, zw, out_shape, channels):
@@ -215,10 +466,10 @@ def _matmul_acc(op, a, a_zero, b, zb, out_shape, channels):
 
     def acc(*i: Any) -> Any:
         row, col = i[-2], i[-1]
-        left = a[tuple([*operand_index(a, i[:-2]), row, rk])].astype("int32") - a_zero
-        right = b[tuple([*operand_index(b, i[:-2]), rk, col])].astype("int32") - _read(
-            zb, col, channels
-        ).astype("int32")
+        at_a = (*operand_index(a, i[:-2]), row, rk)
+        at_b = (*operand_index(b, i[:-2]), rk, col)
+        left = a[at_a].astype("int32") - a_zero
+        right = b[at_b].astype("int32") - _read(zb, col, channels).astype("int32")
         return te.sum(left * right, axis=[rk])
 
     return te.compute(out_shape, acc, name="acc")
@@ -251,9 +502,34 @@ class _Lowerer(relax.PyExprMutator):
             return call  # not one umahub computes in integers: TVM's legalization
         out_shape = shape_of(call)
         assert out_shape is not None  # describe_quantized refuses dynamic shapes
-        kernel = quantized_kernel(op, out_shape, dtype_of(call))
+        args = operands(op)
+        w_shape = shape_of(args[3])
+        packed = (
+            w_shape is not None
+            and packed_form(op, tuple(w_shape), dtype_of(args[0]))
+            and isinstance(_constant_of(args[3], self.lookup_binding), Constant)
+        )
         self.count += 1
-        return self.builder_.call_te(kernel, *operands(op), primfunc_name_hint=f"q{op.kind}")
+        if packed:  # a constant weight: packed by its own function, which FoldConstant runs
+            assert w_shape is not None
+            pack = pack_weight_kernel(op, tuple(w_shape))
+            bb = self.builder_
+            wp = bb.emit(bb.call_te(pack, args[3], primfunc_name_hint="pack_weight"))
+            ws = bb.emit(bb.call_te(weight_sum_kernel(), wp, primfunc_name_hint="weight_sum"))
+            args = [*args[:3], wp, ws, *args[4:]]
+        kernel = quantized_kernel(op, out_shape, dtype_of(call), prepacked=packed)
+        return self.builder_.call_te(kernel, *args, primfunc_name_hint=f"q{op.kind}")
+
+
+def _constant_of(expr: Any, lookup: Any) -> Any:
+    """``expr`` through variable bindings: a Constant where it is one."""
+    seen = 0
+    while isinstance(expr, relax.Var) and seen < 64:
+        bound = lookup(expr)
+        if bound is None:
+            break
+        expr, seen = bound, seen + 1
+    return expr
 
 
 def lower_quantized(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:

@@ -45,6 +45,7 @@ from typing import Any
 from tvm import s_tir, tirx
 
 from umahub.host.conv import schedule_conv2d
+from umahub.host.int8 import schedule_int8
 from umahub.host.matmul import schedule_matmul
 from umahub.plugin.tir import loop_extents, static_int, static_ints
 from umahub.targets import vector_lanes
@@ -433,9 +434,16 @@ def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     return (sch.mod["main"], "parallel") if changed else None
 
 
+def _int8(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str] | None:
+    sch = s_tir.Schedule(func)
+    said = schedule_int8(sch, target)
+    return (sch.mod["main"], said) if said is not None else None
+
+
 def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str]:
     """``func`` scheduled by the first rule that takes it, and that rule's name."""
     for rule in (
+        lambda f: _int8(f, target),
         # first: dlight's rules take no function without a reduction, and
         # inline every block before they look (see _inline_chain)
         _elementwise,

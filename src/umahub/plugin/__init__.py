@@ -48,8 +48,8 @@ Lowering (``umahub_relax_to_tir``)
 
 Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
     The host's schedules a plugin may reuse (:func:`schedule_elementwise`,
-    :func:`schedule_pooling`, with :data:`PARALLEL_MIN` and
-    :data:`WINDOW_MAX`); weights packed at compile time
+    :func:`schedule_pooling`, :func:`schedule_int8` for the quantized kernels,
+    with :data:`PARALLEL_MIN` and :data:`WINDOW_MAX`); weights packed at compile time
     (:func:`pack_weight`, :data:`PREPACK_ANNOTATION`); the machine
     (:func:`host_target`, :func:`vector_lanes`); TIR helpers that read and
     rewrite a PrimFunc the same way on every supported TVM
@@ -112,6 +112,7 @@ from umahub.sizes import human_size
 
 if TYPE_CHECKING:
     from umahub.compiler.lowering import default_relax_to_tir, single_primfunc
+    from umahub.host.int8 import schedule_int8
     from umahub.host.lowering import max_pool2d
     from umahub.host.prepack import pack_weight
     from umahub.host.schedules import (
@@ -174,6 +175,7 @@ _LAZY = {
         "umahub.host.schedules",
     ),
     "pack_weight": "umahub.host.prepack",
+    "schedule_int8": "umahub.host.int8",
     "PREPACK_ANNOTATION": "umahub.host.prepack:ANNOTATION",
     **dict.fromkeys(("host_target", "vector_lanes"), "umahub.targets"),
 }
@@ -250,6 +252,7 @@ __all__ = [
     "rewrite",
     "root_block",
     "schedule_elementwise",
+    "schedule_int8",
     "schedule_pooling",
     "shape_of",
     "single_primfunc",

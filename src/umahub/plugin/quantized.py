@@ -46,9 +46,8 @@ plugin's kernels all follow it):
    to the activation's bounds (ReLU: ``y_zp``; clip: its bounds quantized as
    ``QuantizeLinear`` does it) and saturated to the output type.
 
-Why this module is long: the arithmetic, the patterns and the reading of a
-match (:func:`describe_quantized`) are one definition of what a quantized
-operator is; apart, a form one of them accepts could be missed by another.
+Why this module is long: the arithmetic, the patterns and what a check reads of
+a match are one definition, which plugins, the host and the kit share.
 """
 
 from __future__ import annotations
@@ -289,6 +288,15 @@ def _resolve(expr: Any, lookup: Any) -> Any:
     return expr
 
 
+def _parameter(expr: Any, lookup: Any) -> bool:
+    """Whether ``expr`` is a function's parameter (bound to nothing): a partition's
+    constant, when its function is lowered."""
+    from tvm import relax
+
+    expr = _resolve(expr, lookup)
+    return isinstance(expr, relax.Var) and lookup(expr) is None
+
+
 def _bound(expr: Any) -> float | None:
     """A clip bound's value: a PrimValue or an immediate (they differ by TVM version)."""
     value = getattr(expr, "value", None)
@@ -352,7 +360,8 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
     quantize = _call(root, lookup, "relax.quantize")
     if quantize is None:
         raise ValueError("it does not end in a quantize")
-    value, activation = quantize.args[0], None  # type: Any, Any
+    value = quantize.args[0]
+    activation: Any = None
     act = _call(value, lookup, "relax.nn.relu", "relax.clip")
     if act is not None:
         if act.op.name == "relax.nn.relu":
@@ -373,7 +382,8 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
         else:
             raise ValueError("an add that is not a bias of a convolution or matmul")
         bias_dq = _call(bias_expr, lookup, "relax.dequantize")
-        if _constant(bias_dq.args[0] if bias_dq is not None else bias_expr, lookup) is None:
+        raw = bias_dq.args[0] if bias_dq is not None else bias_expr
+        if _constant(raw, lookup) is None and not _parameter(raw, lookup):
             raise ValueError("a bias that is not a constant")
     producer = _call(value, lookup, "relax.nn.conv2d", "relax.matmul")
     if producer is None:

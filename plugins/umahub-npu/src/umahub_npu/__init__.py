@@ -297,8 +297,13 @@ def umahub_relax_to_tir(function, context):
 @hookimpl(accelerator=NAME)
 def umahub_schedule(accelerator, schedule, context):
     """Tile to the scratchpad, vectorize, parallelize (see umahub_npu.schedules)."""
+    from umahub.plugin import schedule_int8
     from umahub_npu.schedules import schedule as npu_schedule
 
+    # a quantized operator: umahub's int8 schedule (vpdpbusd where the target has VNNI)
+    said = schedule_int8(schedule, target=context.target, weights=context.weights)
+    if said is not None:
+        return said
     sram = next(p.size_bytes for p in accelerator.memory if p.scope == "npu.sram")
     lanes = None
     if context.target is not None:  # a cross build: the vector width of the target's CPU

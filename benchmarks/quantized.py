@@ -1,0 +1,200 @@
+"""Quantized models: ONNX Runtime int8 vs umahub int8 vs umahub float32, one run.
+
+For each model (the zoo's resnet18, mobilenetv2 and bert, exported from their
+PyTorch twins, and torchvision's resnet50 and efficientnet_b0 with random
+weights): the float ONNX model, and its QDQ form from ONNX Runtime's
+``quantize_static`` (a fixed, seeded calibration set of 8 inputs, per-channel,
+QUInt8 activations, QInt8 weights). Each engine runs in a process of its own
+with 2 threads (``TVM_NUM_THREADS``, ORT's intra-op threads), numpy in and
+out, median of repeated runs after warm-up:
+
+* ``ort_int8``: ONNX Runtime on the QDQ model (all graph optimizations);
+* ``umahub_int8``: umahub, the bundled plugins, default placement, on the QDQ model;
+* ``umahub_fp32``: umahub, the bundled plugins, on the float model.
+
+Agreement: umahub's int8 output against ORT's in output quantization units
+(the final DequantizeLinear's scale): how many elements differ by 1, by more;
+and each int8 output's relative error against umahub's float32 one. Results:
+``results/quantized.json``.
+
+    python benchmarks/quantized.py [MODEL ...] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from _common import run_worker, worker_env, write
+
+MODELS = ("resnet18", "mobilenetv2", "bert", "resnet50", "efficientnet_b0")
+TORCHVISION = ("resnet50", "efficientnet_b0", "mobilenet_v3_large")
+THREADS = 2
+
+
+def _torch_model(name: str):
+    import torch
+
+    if name in TORCHVISION:
+        import torchvision
+
+        torch.manual_seed(0)
+        module = getattr(torchvision.models, name)(weights=None).eval()
+        return module, (torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)),)
+    from umahub.models.torch_zoo import torch_module
+
+    return torch_module(name)
+
+
+def _inputs(example, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in example:
+        a = t.numpy()
+        if a.ndim == 4 and a.shape[1] == 1 and a.shape[2] == 1:  # an attention mask: kept
+            out.append(a.copy())
+        else:
+            out.append(rng.standard_normal(a.shape).astype(a.dtype))
+    return out
+
+
+def prepare(name: str, folder: Path) -> dict:
+    """The float and QDQ ONNX files of ``name``, its inputs, the output's scale."""
+    import onnx
+    import torch
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    module, example = _torch_model(name)
+    fp32, int8 = folder / f"{name}.onnx", folder / f"{name}.int8.onnx"
+    names = [f"input{i}" for i in range(len(example))]
+    torch.onnx.export(module, example, str(fp32), input_names=names, opset_version=17, dynamo=False)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter(
+                [dict(zip(names, _inputs(example, seed), strict=True)) for seed in range(8)]
+            )
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(
+        str(fp32), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
+    model = onnx.load(str(int8))
+    out = model.graph.output[0].name
+    producer = next(n for n in model.graph.node if out in n.output)
+    scale = None
+    if producer.op_type == "DequantizeLinear":
+        inits = {i.name: i for i in model.graph.initializer}
+        scale = float(onnx.numpy_helper.to_array(inits[producer.input[1]]).reshape(-1)[0])
+    xs = _inputs(example, 100)
+    np.savez(folder / f"{name}.inputs.npz", *xs)
+    return {"fp32": str(fp32), "int8": str(int8), "names": names, "scale": scale}
+
+
+WORKER = r"""
+import json, sys, time, statistics, numpy as np
+engine, path, names, inputs, out_path, repeat = sys.argv[1:7]
+names, repeat = json.loads(names), int(repeat)
+data = np.load(inputs)
+xs = [data[f"arr_{i}"] for i in range(len(names))]
+start = time.perf_counter()
+if engine == "ort":
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    feed = dict(zip(names, xs))
+    run = lambda: sess.run(None, feed)[0]
+else:
+    import umahub
+    hub = umahub.Hub()
+    import onnx
+    compiled = hub.compile(onnx.load(path))
+    run = lambda: compiled.run(*xs)
+compile_s = time.perf_counter() - start
+out = np.asarray(run())
+for _ in range(3):
+    run()
+times = []
+for _ in range(repeat):
+    t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
+np.save(out_path, out)
+extra = {}
+if engine != "ort":
+    extra["host_schedules"] = compiled.report.host_schedules
+    extra["partition_schedules"] = sorted(
+        {s for p in compiled.report.partitions for s in p.schedule}
+    )
+print(json.dumps({"ms": statistics.median(times) * 1e3, "compile_s": compile_s, **extra}))
+"""
+
+
+def measure(name: str, repeat: int, folder: Path) -> dict:
+    files = prepare(name, folder)
+    inputs = str(folder / f"{name}.inputs.npz")
+    env = worker_env(THREADS)
+    result: dict = {"output_scale": files["scale"]}
+    outs = {}
+    for engine, kind, path in (
+        ("ort_int8", "ort", files["int8"]),
+        ("umahub_int8", "umahub", files["int8"]),
+        ("umahub_fp32", "umahub", files["fp32"]),
+    ):
+        out_path = str(folder / f"{name}.{engine}.npy")
+        args = [kind, path, json.dumps(files["names"]), inputs, out_path, str(repeat)]
+        result[engine] = run_worker(WORKER, args, env)
+        print(name, engine, result[engine], flush=True)
+        if "error" not in result[engine]:
+            outs[engine] = np.load(out_path)
+    if "ort_int8" in outs and "umahub_int8" in outs and files["scale"]:
+        steps = np.rint((outs["umahub_int8"] - outs["ort_int8"]) / files["scale"]).astype(int)
+        result["int8_agreement"] = {
+            "elements": int(steps.size),
+            "equal": int((steps == 0).sum()),
+            "differ_by_1": int((np.abs(steps) == 1).sum()),
+            "differ_by_more": int((np.abs(steps) > 1).sum()),
+        }
+    if "umahub_fp32" in outs:
+        ref = outs["umahub_fp32"]
+        for engine in ("ort_int8", "umahub_int8"):
+            if engine in outs:
+                err = np.linalg.norm(outs[engine] - ref) / max(np.linalg.norm(ref), 1e-12)
+                result[engine]["rel_error_vs_fp32"] = float(err)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=list(MODELS))
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--results", default="quantized", help="results/<name>.json")
+    args = parser.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            results[name] = measure(name, args.repeat, Path(tmp))
+    import tvm
+
+    cpu = str(tvm.target.codegen.llvm_get_system_cpu())  # /proc/cpuinfo may not name it
+    path = write(
+        args.results,
+        {"llvm_cpu": cpu, "threads": THREADS, "repeat": args.repeat, "models": results},
+    )
+    print(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

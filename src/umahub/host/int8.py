@@ -1,0 +1,368 @@
+"""Schedules of the quantized kernels in their packed form: a byte dot product per vector.
+
+:func:`umahub.host.quantized.quantized_kernel` computes an ungrouped 8-bit
+convolution or a matmul by a weight as ``dot = sum(x' * w)`` over groups of
+four bytes, with the input copied to ``[N, C/4, H, W, 4]`` and the weight
+packed ``[O/16, C/4, KH, KW, 16, 4]`` (``[N/16, K/4, 16, 4]``). One step of
+that sum, 16 output channels by 4 bytes, is exactly x86's ``vpdpbusd``
+(AVX-512 VNNI): 64 multiply-adds of an unsigned byte by a signed byte into 16
+int32 lanes, without the int16 saturation of ``vpmaddubsw``.
+:func:`schedule_int8` tiles ``dot``:
+
+* a register tile of ``xi`` output positions (a divisor of the output row,
+  at most 16) by ``bi`` blocks of 16 channels (``xi * bi <= 24`` accumulators
+  of the 32 vector registers);
+* the tiles (batch, channel blocks, rows, row blocks) fused into one
+  parallel loop;
+* the reduction (4-byte groups, kernel rows and columns) outside the
+  register tile, so each weight vector is loaded once for ``xi`` positions;
+* the 16x4 step tensorized with TVM's ``dot_16x4_vnni`` where the target
+  has AVX-512 VNNI (:func:`has_vnni`); elsewhere the same loops with the 16
+  channels as one int32 vector, which LLVM builds from exact widening
+  multiplies (never the saturating ``vpmaddubsw``);
+* the requantization (``requantized``, which reads ``dot``) computed per
+  tile, while the tile is in cache; the input's copy and the per-position
+  sums (``window_sum``) are parallel stages of their own; the per-channel
+  stages (multiplier, bias, weight sums) are ``O(channels)``.
+
+A weight packed inside the kernel (a partition, whose weight is a
+parameter) has its packing block annotated for packing at compile time
+(:data:`umahub.plugin.PREPACK_ANNOTATION`) when the parameter is a constant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tvm import s_tir
+
+__all__ = ["VNNI_ANNOTATION", "has_vnni", "int8_kernel", "schedule_int8", "vnni_dot_pass"]
+
+#: The block annotation marking a 16x4 step for ``vpdpbusd`` (:func:`vnni_dot_pass`).
+VNNI_ANNOTATION = "umahub.vpdpbusd"
+
+#: Accumulator vectors of a register tile (of AVX-512's 32 registers).
+ACCUMULATORS = 24
+
+_PREPACK = "meta_schedule.layout_rewrite_preproc"
+
+
+def has_vnni(target: Any = None) -> bool:
+    """Whether ``target`` (a ``tvm.target.Target``, a dict or a string; None: this
+    machine's CPU, as umahub builds for it) has AVX-512 VNNI."""
+    import tvm
+
+    from umahub.targets import host_target
+
+    if target is None:
+        target = host_target()
+    if not isinstance(target, tvm.target.Target):
+        target = tvm.target.Target(target)
+    if str(target.kind.name) != "llvm":
+        return False
+    try:
+        return bool(tvm.target.codegen.target_has_features("avx512vnni", target))
+    except Exception:  # an LLVM that cannot say
+        return False
+
+
+def int8_kernel(sch: s_tir.Schedule) -> str | None:
+    """``"conv2d"`` or ``"matmul"`` when ``sch``'s function is a packed-form quantized
+    kernel (its blocks ``dot`` and ``requantized``), else None."""
+    names = _block_names(sch)
+    if "dot" not in names or "requantized" not in names:
+        return None
+    dot = sch.get_sblock("dot")
+    return "conv2d" if len(sch.get(dot).iter_vars) == 9 else "matmul"
+
+
+def _func(sch: s_tir.Schedule) -> Any:
+    """The one PrimFunc of ``sch`` (worked on from now on)."""
+    from tvm import tirx
+
+    gv = sch.func_working_on
+    if gv is None:
+        names = [g.name_hint for g, f in sch.mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+        if len(names) != 1:
+            raise ValueError(f"expected one PrimFunc, found {names}")
+        sch.work_on(names[0])
+        return sch.mod[names[0]]
+    return sch.mod[gv]
+
+
+def _block_names(sch: s_tir.Schedule) -> list[str]:
+    from umahub.plugin.compat import SBlock, nodes_in
+
+    return [b.name_hint for b in nodes_in(_func(sch).body, SBlock)]
+
+
+def _divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def _extents(sch: s_tir.Schedule, loops: list) -> list[int]:
+    return [int(sch.get(loop).extent) for loop in loops]
+
+
+def _parallel_outer(sch: s_tir.Schedule, block: Any, keep: int = 1) -> None:
+    """``block``'s loops but the last ``keep`` fused and parallel (a stage at the root)."""
+    loops = sch.get_loops(block)
+    axes = sch.get(block).iter_vars
+    spatial = next((i for i, iv in enumerate(axes) if iv.iter_type != 0), len(axes))
+    if spatial < len(axes):  # a reduction: its spatial loops only, the last one kept
+        keep = len(loops) - max(1, spatial - 1)
+    if len(loops) <= keep:
+        return
+    outer = loops[:-keep]
+    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    if int(sch.get(fused).extent) > 1:
+        sch.parallel(fused)
+
+
+def _param_index(sch: s_tir.Schedule, block: Any) -> int | None:
+    """The index of the parameter ``block`` reads (one buffer), or None."""
+    from umahub.plugin.compat import buffer_of, param_buffers
+
+    reads = [buffer_of(r) for r in sch.get(block).reads]
+    if len(reads) != 1:
+        return None
+    for i, buffer in enumerate(param_buffers(_func(sch))):
+        if buffer is not None and buffer.same_as(reads[0]):
+            return i
+    return None
+
+
+def _side_stages(sch: s_tir.Schedule, weights: frozenset[int]) -> bool:
+    """The stages around ``dot``: the input's copy and the window sums in parallel,
+    the weight's packing for compile time (a constant) or in parallel. Whether the
+    weight is packed at compile time."""
+    names = set(_block_names(sch))
+    for name in ("pad_zero_point", "window_sum"):
+        if name in names:
+            _parallel_outer(sch, sch.get_sblock(name))
+    prepacked = False
+    if "weight_packed" in names:
+        block = sch.get_sblock("weight_packed")
+        index = _param_index(sch, block)
+        if index is not None and index in weights:
+            sch.annotate(block, _PREPACK, True)
+            prepacked = True
+        else:
+            _parallel_outer(sch, block, keep=2)
+    return prepacked
+
+
+def _tail(sch: s_tir.Schedule) -> None:
+    """Elementwise blocks after ``requantized`` (a fused consumer) inlined into it,
+    or left at the root in parallel."""
+    for block in sch.get_consumers(sch.get_sblock("requantized")):
+        try:
+            sch.reverse_compute_inline(block)
+        except Exception:  # not a one-to-one consumer: a stage of its own
+            _parallel_outer(sch, block)
+
+
+def _inner(sch: s_tir.Schedule, dot: Any, lanes_loop: Any, vnni: bool) -> None:
+    """The 16x4 step: one ``vpdpbusd`` (a block marked for :func:`vnni_dot_pass`), or
+    a 16-lane int32 vector (the fallback)."""
+    if vnni:
+        sch.annotate(sch.blockize(lanes_loop), VNNI_ANNOTATION, 1)
+        return
+    lane, group = sch.get_loops(dot)[-2:]
+    sch.reorder(group, lane)  # the 16 lanes innermost and contiguous: LLVM's vector
+    sch.unroll(group)
+
+
+def _llvm_major() -> int:
+    try:
+        import tvm
+
+        return int(tvm.target.codegen.llvm_version_major())
+    except Exception:
+        return 0
+
+
+_BYTE_OPERANDS = _llvm_major() >= 21
+
+
+def _substitute(expr: Any, pairs: list[tuple[Any, Any]]) -> Any:
+    from tvm import tirx
+
+    from umahub.plugin.tir import rewrite
+
+    def replace(v: Any) -> Any:
+        return next((new for old, new in pairs if old.same_as(v)), v)
+
+    return rewrite(expr, tirx.Var, replace)
+
+
+def _vnni_body(block: Any) -> Any:
+    """The body of a marked block: ``c[16] = vpdpbusd(c[16], bcast(a[4]), b[16, 4])``."""
+    from tvm import tirx
+
+    from umahub.plugin.compat import SBlockRealize, buffer_of, nodes_in
+
+    (inner,) = [r for r in nodes_in(block.body, SBlockRealize)]
+    loops = [f.loop_var for f in nodes_in(block.body, tirx.For)]
+    at_zero = [(v, tirx.const(0, "int64")) for v in loops]
+    bound = [
+        (iv.var, _substitute(value, at_zero))
+        for iv, value in zip(inner.block.iter_vars, inner.iter_values)
+    ]
+    store = inner.block.body
+    product = store.value.b
+    a_load, b_load = product.a.value, product.b.value
+
+    def base(load: Any) -> list[Any]:
+        return [_substitute(i, bound) for i in load.indices]
+
+    c_base = [_substitute(i, bound) for i in store.indices]
+    c_index = [*c_base[:-1], tirx.Ramp(c_base[-1], tirx.const(1, "int64"), 16)]
+    c_now = tirx.BufferLoad(buffer_of(store), c_index)
+    four = tirx.reinterpret("int32", buffer_of(a_load).vload(base(a_load), "uint8x4"))
+    panel = buffer_of(b_load).vload(base(b_load), "int8x64")
+    if _BYTE_OPERANDS:  # LLVM 21 types vpdpbusd's operands as bytes, earlier ones as int32
+        bytes4 = tirx.reinterpret("int8x64", tirx.Broadcast(four, 16))
+    else:
+        bytes4, panel = tirx.Broadcast(four, 16), tirx.reinterpret("int32x16", panel)
+    value = tirx.call_llvm_pure_intrin(
+        "int32x16", "llvm.x86.avx512.vpdpbusd.512", c_now, bytes4, panel
+    )
+    return tirx.BufferStore(buffer_of(store), value, c_index)
+
+
+def vnni_dot_pass() -> Any:
+    """A TIR pass: each block :func:`schedule_int8` marked with :data:`VNNI_ANNOTATION`
+    computed by one ``vpdpbusd`` (TVM's ``tensorize`` of the same step crashes
+    apache-tvm 0.27). Runs on S-TIR, before blocks are lowered (umahub's TIR
+    pipeline runs it first); a function without such blocks is left as it is."""
+    import tvm
+
+    def rewrite(func: Any, _mod: Any, _ctx: Any) -> Any:
+        from umahub.plugin.compat import SBlock
+        from umahub.plugin.tir import rewrite
+
+        def post(node: Any) -> Any:
+            if VNNI_ANNOTATION in node.annotations:
+                annotations = {k: v for k, v in node.annotations.items() if k != VNNI_ANNOTATION}
+                return SBlock(
+                    node.iter_vars,
+                    node.reads,
+                    node.writes,
+                    node.name_hint,
+                    _vnni_body(node),
+                    node.init,
+                    node.alloc_buffers,
+                    node.match_buffers,
+                    annotations,
+                )
+            return node
+
+        return func.with_body(rewrite(func.body, SBlock, post))
+
+    return tvm.tirx.transform.prim_func_pass(rewrite, opt_level=0, name="umahub.VnniDot")
+
+
+def _blocks_per_tile(blocks: int, channels: int, positions: int) -> int:
+    """Channel blocks of one register tile: all of them when the channels are no
+    whole number of blocks (the output's channel loop is then not split)."""
+    if channels % 16:
+        return blocks
+    return _divisor_at_most(blocks, max(1, ACCUMULATORS // positions))
+
+
+def _conv(sch: s_tir.Schedule, vnni: bool) -> None:
+    dot = sch.get_sblock("dot")
+    _, blocks, _, width, _ = _extents(sch, sch.get_loops(dot)[:5])
+    out = sch.get_sblock("requantized")
+    n, o, y, x = sch.get_loops(out)
+    channels = int(sch.get(o).extent)
+    xi = _divisor_at_most(width, 16)
+    bi = _blocks_per_tile(blocks, channels, xi)
+    o0, o1 = sch.split(o, [None, min(channels, bi * 16)])
+    x0, x1 = sch.split(x, [None, xi])
+    sch.reorder(n, o0, y, x0, o1, x1)
+    tile = sch.fuse(n, o0, y, x0)
+    if int(sch.get(tile).extent) > 1:
+        sch.parallel(tile)
+    sch.compute_at(dot, tile, preserve_unit_loops=True)
+    b, ob, yy, xx, oi, rc, ry, rx, ri = sch.get_loops(dot)[1:]
+    sch.reorder(rc, ry, rx, b, ob, yy, xx, oi, ri)
+    sch.decompose_reduction(dot, rc)
+    _unroll_small(sch, ob, xx)
+    _inner(sch, dot, oi, vnni)
+
+
+def _unroll_small(sch: s_tir.Schedule, *loops: Any) -> None:
+    for loop in loops:
+        if int(sch.get(loop).extent) <= 16:
+            sch.unroll(loop)
+
+
+def _matmul(sch: s_tir.Schedule, vnni: bool) -> None:
+    dot = sch.get_sblock("dot")
+    *_, rows, blocks, _ = _extents(sch, sch.get_loops(dot)[:-2])
+    out = sch.get_sblock("requantized")
+    *lead, m, n = sch.get_loops(out)
+    channels = int(sch.get(n).extent)
+    mi = _divisor_at_most(rows, 8)
+    bi = _blocks_per_tile(blocks, channels, mi)
+    m0, m1 = sch.split(m, [None, mi])
+    n0, n1 = sch.split(n, [None, min(channels, bi * 16)])
+    sch.reorder(*lead, m0, n0, m1, n1)
+    tile = sch.fuse(*lead, m0, n0)
+    if int(sch.get(tile).extent) > 1:
+        sch.parallel(tile)
+    sch.compute_at(dot, tile, preserve_unit_loops=True)
+    *spatial, ni, rk, ri = sch.get_loops(dot)[1:]
+    mm, nb = spatial[-2:]
+    sch.reorder(rk, *spatial, ni, ri)
+    sch.decompose_reduction(dot, rk)
+    _unroll_small(sch, mm, nb)
+    _inner(sch, dot, ni, vnni)
+
+
+def schedule_int8(
+    sch: s_tir.Schedule, target: Any = None, weights: frozenset[int] = frozenset()
+) -> str | None:
+    """Schedule a packed-form quantized kernel in place (see the module's docs).
+
+    Args:
+        sch: a schedule of one PrimFunc (``main``), as TE and ``FuseTIR`` made it.
+        target: what it is built for (None: this machine): ``vpdpbusd`` where
+            it has AVX-512 VNNI, the exact int32 fallback elsewhere.
+        weights: indices of the parameters that are constants
+            (``CompileContext.weights``): a weight packed in the kernel is
+            then packed at compile time.
+
+    Returns:
+        What was done, for the report (``"int8 conv2d: vnni, 16x4 dot,
+        weights packed at compile time"``), or None (``sch`` unchanged) when
+        the function is no such kernel or a primitive refused.
+    """
+    try:
+        kind = int8_kernel(sch)
+    except ValueError:  # not one PrimFunc
+        return None
+    if kind is None:
+        return None
+    vnni = has_vnni(target)
+    names = set(_block_names(sch))
+
+    def apply(s: s_tir.Schedule) -> bool:
+        packed_here = _side_stages(s, weights)
+        (_conv if kind == "conv2d" else _matmul)(s, vnni)
+        _tail(s)
+        return packed_here
+
+    try:
+        apply(sch.copy())
+    except Exception:  # a primitive refusing: the function is left to other rules
+        return None
+    packed_here = apply(sch)
+    how = "vnni, 16x4 dot" if vnni else "int32 vectors, 16 lanes (no VNNI)"
+    if "weight_packed" not in names or packed_here:
+        where = "weights packed at compile time"
+    else:
+        where = "weights packed at every call"
+    return f"int8 {kind}: {how}, {where}"
