@@ -1,7 +1,7 @@
 """Quantized operators: the arithmetic, the host's integer kernels, claims and refusals.
 
 Every result is checked against :func:`reference`, the arithmetic of
-:mod:`umahub.plugin.quantized` written out in numpy, exactly (integers, no
+:mod:`umahub.plugin.quantization` written out in numpy, exactly (integers, no
 tolerance).
 """
 
@@ -343,7 +343,7 @@ def test_asymmetric_weights_stay_on_the_host_in_integers_with_the_npus_reason(np
         "pattern 'npu.qconv2d_bias_act' refused it: weights with a nonzero zero point; the npu "
         "takes symmetric weights; patterns 'npu.conv2d_bias_act', 'npu.conv2d_bias', "
         "'npu.conv2d' refused it: it holds part of the quantized operator ending at 'gv' and "
-        "not the rest: a quantized operator is claimed whole (umahub.plugin.quantized); "
+        "not the rest: a quantized operator is claimed whole (umahub.plugin.quantization); "
         "pin it elsewhere"
     ]
     compiled = npu_hub.compile(mod)

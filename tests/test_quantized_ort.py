@@ -2,7 +2,7 @@
 
 ONNX Runtime requantizes in float32 (``float(acc) * scale``, rounded with the
 FPU's rounding); umahub in fixed point from the scales' float64 product (see
-:mod:`umahub.plugin.quantized`). The two differ only where the exact value is
+:mod:`umahub.plugin.quantization`). The two differ only where the exact value is
 within float32's error of a half: never by more than one unit, and in a small
 fraction of the outputs, which these tests state.
 """

@@ -202,7 +202,7 @@ def quantized_parts(func: Any) -> dict:
     """Each variable ``func`` binds inside a quantized operator (its float
     convolution or matmul, bias add and activation) -> the variable of the
     operator's final quantize (:func:`umahub.plugin.describe_quantized`)."""
-    from umahub.plugin.quantized import describe_quantized
+    from umahub.plugin.quantization import describe_quantized
 
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
     parts: dict = {}
@@ -354,7 +354,7 @@ def _taken(accepted: list | None, ctx: Any) -> str | None:
     if split is not None:
         return (
             f"it holds part of the quantized operator ending at '{split}' and not the rest: "
-            "a quantized operator is claimed whole (umahub.plugin.quantized)"
+            "a quantized operator is claimed whole (umahub.plugin.quantization)"
         )
     if _through_outside(getattr(accepted, "producers", {}), ctx):
         return (

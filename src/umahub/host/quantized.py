@@ -6,7 +6,7 @@ rounded back. That is four times the memory traffic of the integers, and the
 float sums round differently on every kernel that orders them differently, so
 two devices would not give the same integers. :func:`lower_quantized`
 replaces each quantized operator (:func:`umahub.plugin.describe_quantized`)
-by one kernel that computes it as :mod:`umahub.plugin.quantized` defines:
+by one kernel that computes it as :mod:`umahub.plugin.quantization` defines:
 int32 accumulation, a bias in the accumulator's units, a fixed-point
 requantization rounded half to even. The host's part of a model goes through
 it before TVM's legalization (:mod:`umahub.host.lowering`), and so does every
@@ -35,7 +35,7 @@ from tvm import relax, te, tirx
 
 from umahub._tvm import Constant
 from umahub.plugin.patterns import dtype_of, shape_of
-from umahub.plugin.quantized import QuantizedOperator, describe_quantized
+from umahub.plugin.quantization import QuantizedOperator, describe_quantized
 
 __all__ = [
     "BLOCK_K",

@@ -28,7 +28,7 @@ Claiming operators (``umahub_patterns``)
     Pattern factories: :func:`op`, :func:`matmul`, :func:`conv2d`,
     :func:`bias_add`, :func:`activated`, :func:`relu6`, :func:`hardsigmoid`,
     :func:`hardswish`, :func:`epilogues`, :data:`ACTIVATIONS`; quantized
-    operators (:mod:`~umahub.plugin.quantized`): :func:`quantized`,
+    operators (:mod:`~umahub.plugin.quantization`): :func:`quantized`,
     :func:`dequantized`, and for their checks :func:`quantized_operator`
     (:class:`QuantizedOperator`, :class:`QuantParams`). For the
     checks: :class:`Refusal`, :func:`refusal_reason`, :func:`calls`,
@@ -98,7 +98,7 @@ from umahub.plugin.patterns import (
     relu6,
     shape_of,
 )
-from umahub.plugin.quantized import (
+from umahub.plugin.quantization import (
     QuantizedOperator,
     QuantParams,
     dequantized,

@@ -6,7 +6,7 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
 
 * patterns: quantized convolutions and matmuls (``dequantize -> op (+ bias)
   (+ ReLU/clip) -> quantize``, 8-bit, symmetric weights), computed in integers
-  as umahub defines them (:mod:`umahub.plugin.quantized`), bit for bit the
+  as umahub defines them (:mod:`umahub.plugin.quantization`), bit for bit the
   host's; float32 matmul / dense and conv2d (depthwise included) with an optional
   epilogue: a bias add (or, for conv2d, an inference batch norm), a residual
   add (a tensor computed at run time: a residual block's input), and an
@@ -268,7 +268,7 @@ def umahub_patterns():
         )
         for n in range(CONCAT_MAX, 1, -1)
     ]
-    # quantized operators first: claimed whole, in integers (umahub.plugin.quantized)
+    # quantized operators first: claimed whole, in integers (umahub.plugin.quantization)
     return (
         quantized(NAME, "conv2d", quantized_ok)
         + quantized(NAME, "matmul", quantized_ok)
