@@ -414,3 +414,40 @@ def test_a_reshape_after_a_one_scale_dequantize_moves_under_it_whatever_its_axis
     values = [b.value for block in moved.body.blocks for b in block.bindings]
     calls = [v.op.name for v in values if isinstance(v, relax.Call)]
     assert calls == ["relax.reshape", "relax.dequantize"]
+
+
+def test_a_dequantize_shared_by_two_convolutions_gives_each_its_own(npu_hub):
+    """ONNX Runtime dequantizes a tensor once for all its readers; each quantized
+    convolution still matches whole, with its own copy."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 8, 6, 6), "uint8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            dx = bb.emit(relax.op.dequantize(x, _const(0.05, "float32"), _const(7, "uint8")))
+            outs = []
+            for _ in range(2):
+                w = rng.integers(-127, 128, size=(8, 8, 1, 1)).astype("int8")
+                dw = bb.emit(
+                    relax.op.dequantize(
+                        _const(w, "int8"), _const(0.01, "float32"), _const(0, "int8")
+                    )
+                )
+                y = bb.emit(relax.op.nn.conv2d(dx, dw))
+                outs.append(
+                    bb.emit(
+                        relax.op.quantize(
+                            y, _const(0.1, "float32"), _const(3, "uint8"), out_dtype="uint8"
+                        )
+                    )
+                )
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = npu_hub.compile(mod)
+    assert [r["device"] for r in compiled.report.quantized] == ["npu:0", "npu:0"]
+    data = _input("uint8")[:, :, :6, :6].astype("uint8")
+    got = compiled.run(data)
+    host = npu_hub.compile(mod, placement={"*": "host"}).run(data)
+    for a, b in zip(got, host, strict=True):
+        np.testing.assert_array_equal(a, b)

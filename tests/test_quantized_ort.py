@@ -101,3 +101,17 @@ def test_folding_keeps_the_weights_int8_under_their_dequantize(kind):
     types = sorted(dtype_of(d.args[0]) for d in kept)
     assert types == ["int32", "int8", "uint8"]
     assert "R.permute_dims" not in folded.script()
+
+
+def test_the_report_names_each_operator_of_a_quantized_partition_after_its_node():
+    compiled = umahub.Hub(config={"plugins": ["npu"]}).explain(_qdq_model("conv"))
+    assert [(o.name, o.op, o.device) for o in compiled.placement] == [
+        ("xq", "relax.quantize", "host"),
+        ("xd", "relax.dequantize", "npu:0"),
+        ("wd", "relax.dequantize", "npu:0"),
+        ("conv", "relax.nn.conv2d", "npu:0"),
+        ("bd", "relax.dequantize", "npu:0"),
+        ("conv", "relax.add", "npu:0"),
+        ("relu", "relax.nn.relu", "npu:0"),
+        ("yq", "relax.quantize", "npu:0"),
+    ]

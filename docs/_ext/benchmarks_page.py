@@ -486,6 +486,40 @@ def _zoo(data: dict[str, Any]) -> list[str]:
     )
 
 
+def _quantized(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, r in data.get("models", {}).items():
+        ort, int8, fp32 = r.get("ort_int8", {}), r.get("umahub_int8", {}), r.get("umahub_fp32", {})
+        agree = r.get("int8_agreement", {})
+        ratio = int8["ms"] / ort["ms"] if int8.get("ms") and ort.get("ms") else None
+        gain = fp32["ms"] / int8["ms"] if int8.get("ms") and fp32.get("ms") else None
+        rows.append(
+            [
+                name,
+                _ms(ort.get("ms")),
+                _ms(int8.get("ms")),
+                _ms(fp32.get("ms")),
+                _ratio(ratio),
+                _ratio(gain),
+                f"{agree.get('equal', '-')} / {agree.get('differ_by_1', '-')} / "
+                f"{agree.get('differ_by_more', '-')}",
+            ]
+        )
+    return _table(
+        [
+            "model",
+            "ONNX Runtime int8",
+            "umahub int8",
+            "umahub float32",
+            "umahub int8 / ORT int8",
+            "umahub float32 / int8",
+            "outputs equal / 1 step / more, against ORT",
+        ],
+        rows,
+        "Median latency, the same QDQ model for both engines",
+    )
+
+
 def _onnx_suite(data: dict[str, Any]) -> list[str]:
     summary = data.get("summary", {})
     outcomes = summary.get("outcomes", {})
@@ -554,6 +588,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "thread_spin": _thread_spin,
     "verify_cost": _verify_cost,
     "zoo": _zoo,
+    "quantized": _quantized,
     "onnx_suite": _onnx_suite,
     "onnx_suite_before": _onnx_suite,
 }
@@ -571,6 +606,7 @@ ORDER = (
     "engines",
     "engines_recheck",
     "zoo",
+    "quantized",
     "npu_kernels",
     "auto",
     "concurrency",
@@ -588,6 +624,7 @@ TITLES = {
     "engines": "umahub against PyTorch and ONNX Runtime",
     "engines_recheck": "The smallest models again, more rounds",
     "zoo": "The zoo: plain TVM, umahub without and with plugins",
+    "quantized": "int8: umahub against ONNX Runtime, and against its own float32",
     "npu_kernels": "The npu's schedules, kernel by kernel",
     "auto": "Placement by cost",
     "concurrency": "The VM against the concurrent executor",

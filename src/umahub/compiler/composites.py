@@ -246,7 +246,12 @@ def one_composite_per_call(
     """
     queues: dict[str, list[tuple[list[str], list[str]]]] = {}  # pattern -> [(names, ops)]
     for pattern, nodes in sorted(accepted, key=lambda m: max(position.get(n, -1) for n, _ in m[1])):
-        ordered = sorted(nodes, key=lambda node: position.get(node[0], -1))
+        # in binding order already where the match was recorded with it (Matches)
+        ordered = (
+            nodes
+            if getattr(accepted, "producers", None)
+            else sorted(nodes, key=lambda node: position.get(node[0], -1))
+        )
         queues.setdefault(pattern, []).append(
             ([n for n, _ in ordered], sorted(o for _, o in ordered))
         )

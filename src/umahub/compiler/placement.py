@@ -159,10 +159,16 @@ class PlannedPattern:
         return relax.transform.FusionPattern(self.name, self.pattern, dict(self.annotations), guard)
 
 
-def matched_operators(ctx: Any) -> list[tuple[str, str]]:
-    """(node name, op name) of every operator in a pattern match."""
+def matched_operators(ctx: Any, producers: dict | None = None) -> list[tuple[str, str]]:
+    """(node name, op name) of every operator in a pattern match; in the function's
+    binding order when ``producers`` (:func:`producers_of`) gives it (TVM's map of the
+    matched bindings has an order of its own, and names may repeat: a convolution's
+    weight and bias dequantized under the convolution's name)."""
+    items = list(ctx.matched_bindings.items())
+    if producers:
+        items.sort(key=lambda item: producers.get(item[0], (-1,))[0])
     nodes = []
-    for var, value in ctx.matched_bindings.items():
+    for var, value in items:
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
             nodes.append((span_name(value) or name_of(var), value.op.name))
     return nodes
@@ -334,7 +340,9 @@ def _guard(
                 refusals.add(planned.name, [n for n, _ in matched_operators(ctx)], why)
             return False
         if accepted is not None:
-            accepted.append((planned.name, matched_operators(ctx)))
+            accepted.append(
+                (planned.name, matched_operators(ctx, getattr(accepted, "producers", None)))
+            )
             taken = getattr(accepted, "taken", None)
             if taken is not None:
                 taken.update(dict.fromkeys(ctx.matched_bindings.keys(), planned.name))

@@ -11,6 +11,8 @@ a float32 constant: :func:`keep_quantized_weights` hides such dequantizes from
 
 from __future__ import annotations
 
+from typing import Any
+
 import tvm
 from tvm import relax
 
@@ -65,31 +67,96 @@ class _LayoutUnder(relax.PyExprMutator):
             axis = _moved_axis(call, before, after, int(dq.attrs.axis) % max(len(before), 1))
             if axis is None:
                 return call
-        moved = self.builder_.emit(relax.Call(call.op, [dq.args[0], *call.args[1:]], call.attrs))
+        moved = self.builder_.emit(
+            relax.Call(call.op, [dq.args[0], *call.args[1:]], call.attrs, span=call.span)
+        )
         self.count += 1
-        return relax.op.dequantize(
+        out = relax.op.dequantize(
             moved, dq.args[1], dq.args[2], axis=axis, out_dtype=str(dq.attrs.out_dtype)
         )
+        # the dequantize keeps its node's name (the report's, the pins')
+        return relax.Call(out.op, out.args, out.attrs, span=dq.span)
+
+
+_OPERAND_OF = ("relax.nn.conv2d", "relax.matmul")
+
+
+def _uses(func: relax.Function) -> dict:
+    """How many times each variable is read in ``func``'s bindings and output."""
+    counts: dict = {}
+
+    def count(expr: Any) -> None:
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            relax.analysis.post_order_visit(binding.value, count)
+    relax.analysis.post_order_visit(func.body.body, count)
+    return counts
+
+
+@relax.expr_functor.mutator
+class _OwnDequantize(relax.PyExprMutator):
+    """A convolution's or matmul's operand dequantized for it alone.
+
+    ONNX Runtime's QDQ form dequantizes a tensor once for all its readers (a
+    residual block's input feeds its first convolution and its sum). A
+    quantized operator's match holds its operands' dequantize; shared, that
+    dequantize would be a value the match computes and others read, which
+    ``FuseOpsByPattern`` does not match. Its own copy costs nothing: it
+    disappears into the integer kernel.
+    """
+
+    def __init__(self, mod: tvm.IRModule, uses: dict):
+        super().__init__(mod)
+        self.uses = uses
+        self.count = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _OPERAND_OF):
+            return call
+        args = list(call.args)
+        for i, arg in enumerate(args):
+            dq = self.lookup_binding(arg) if isinstance(arg, relax.Var) else None
+            if (
+                self.uses.get(arg, 0) > 1
+                and isinstance(dq, relax.Call)
+                and isinstance(dq.op, tvm.ir.Op)
+                and dq.op.name == "relax.dequantize"
+            ):
+                args[i] = self.builder_.emit(relax.Call(dq.op, list(dq.args), dq.attrs))
+                self.count += 1
+        if args == list(call.args):
+            return call
+        return relax.Call(call.op, args, call.attrs)
 
 
 def canonicalize_quantized(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with layout operators moved under the dequantize they follow.
+    """``mod`` with each quantized operator's operands in the form its pattern reads.
 
     A weight transposed after its dequantize (ONNX's ``Gemm``), a bias
-    reshaped after its own (a convolution's): moved under it, the transpose or
-    reshape applies to the integers (and is folded with them, a weight being a
-    constant), and the quantized operator's pattern sees ``dequantize``
-    directly on its operands. A per-channel axis moves with its dimension.
+    reshaped after its own (a convolution's): the layout operator moves under
+    the dequantize, applies to the integers (and is folded with them, a weight
+    being a constant), and the pattern sees ``dequantize`` directly on its
+    operands; a per-channel axis moves with its dimension. And a dequantized
+    tensor that a convolution or matmul shares with other readers gets a
+    dequantize of its own for it (:class:`_OwnDequantize`).
     """
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         return mod
     mover = _LayoutUnder(mod)
     main = mover.visit_expr(mod["main"])
-    if not mover.count:
-        return mod
-    out = mover.builder_.get()
-    out["main"] = relax.analysis.remove_all_unused(main)
-    return out
+    if mover.count:
+        mod = mover.builder_.get()
+        mod["main"] = relax.analysis.remove_all_unused(main)
+    owner = _OwnDequantize(mod, _uses(mod["main"]))
+    main = owner.visit_expr(mod["main"])
+    if owner.count:
+        mod = owner.builder_.get()
+        mod["main"] = main
+    return mod
 
 
 _KEPT = "umahub.kept_dequantize"
@@ -121,13 +188,17 @@ class _Keep(relax.PyExprMutator):
                 data = self.lookup_binding(data)  # a weight whose layout was folded
             if isinstance(data, Constant):
                 name = f"{_KEPT}:{int(call.attrs.axis)}:{call.attrs.out_dtype}"
-                return call_pure_packed(name, [data, *call.args[1:]], type_of(call))
+                hidden = call_pure_packed(name, [data, *call.args[1:]], type_of(call))
+                return relax.Call(
+                    hidden.op, hidden.args, hidden.attrs, [type_of(call)], span=call.span
+                )
         if not self.hide and op.same_as(_CALL_PURE_PACKED):
             callee = call.args[0]
             symbol = str(getattr(callee, "global_symbol", ""))
             if symbol.startswith(_KEPT):
                 _, axis, dtype = symbol.split(":")
-                return relax.op.dequantize(*call.args[1:], axis=int(axis), out_dtype=dtype)
+                shown = relax.op.dequantize(*call.args[1:], axis=int(axis), out_dtype=dtype)
+                return relax.Call(shown.op, shown.args, shown.attrs, span=call.span)
         return call
 
 
