@@ -451,3 +451,86 @@ def test_a_dequantize_shared_by_two_convolutions_gives_each_its_own(npu_hub):
     host = npu_hub.compile(mod, placement={"*": "host"}).run(data)
     for a, b in zip(got, host, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def qconv_residual_graph(seed=0, x_dtype="uint8"):
+    """``quantize(relu(conv(dq(x), dq(w)) + b + dequantize(r)))``: a residual block's
+    last convolution and its sum, as PyTorch's X86 quantizer fuses them."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-127, 128, size=(8, 8, 3, 3)).astype("int8")
+    w_scale = rng.uniform(0.002, 0.02, 8).astype("float32")
+    b = rng.uniform(-1, 1, size=(1, 8, 1, 1)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 8, 6, 6), x_dtype))
+    r = relax.Var("r", TensorType((1, 8, 6, 6), "uint8"))
+    with bb.function("main", [x, r]):
+        with bb.dataflow():
+            dx = bb.emit(relax.op.dequantize(x, _const(0.05, "float32"), _const(5, x_dtype)))
+            dw = bb.emit(
+                relax.op.dequantize(
+                    _const(w, "int8"),
+                    _const(w_scale, "float32"),
+                    _const(np.zeros(8), "int8"),
+                    axis=0,
+                )
+            )
+            y = bb.emit(relax.op.nn.conv2d(dx, dw, padding=(1, 1, 1, 1)))
+            y = bb.emit(relax.op.add(y, _const(b, "float32")))
+            dr = bb.emit(relax.op.dequantize(r, _const(0.04, "float32"), _const(9, "uint8")))
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, dr))))
+            q = bb.emit(
+                relax.op.quantize(y, _const(0.1, "float32"), _const(2, "uint8"), out_dtype="uint8")
+            )
+            out = bb.emit_output(q)
+        bb.emit_func_output(out)
+    parts = dict(w=w, w_scale=w_scale, w_zp=np.zeros(8, "int8"), x_scale=np.float32(0.05))
+    parts.update(x_zp=5, y_scale=np.float32(0.1), y_zp=2, groups=1, strides=(1, 1))
+    parts.update(padding=(1, 1, 1, 1), dilation=(1, 1), activation="relu")
+    units = np.float64(np.float32(0.05)) * w_scale.astype(np.float64)
+    parts["bias"] = np.rint(b.reshape(-1).astype(np.float64) / units).astype(np.int64)
+    return bb.get(), parts
+
+
+def _residual_reference(x, res, parts):
+    from umahub.plugin import requantization
+
+    mod_parts = dict(parts, activation=None)
+    # the accumulator (with its bias), from the convolution's reference before rounding
+    w = parts["w"].astype(np.int64)
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=5) - 5
+    acc = np.zeros((1, 8, 6, 6), np.int64)
+    for i in range(3):
+        for j in range(3):
+            acc[0] += np.einsum("chw,oc->ohw", xp[0, :, i : i + 6, j : j + 6], w[:, :, i, j])
+    acc += mod_parts["bias"].reshape(1, -1, 1, 1)
+    m, k = requantization(units_multiplier(parts))
+    m_r, k_r = requantization(np.float64(np.float32(0.04)) / np.float64(np.float32(0.1)))
+    m, k = m.reshape(1, -1, 1, 1), k.reshape(1, -1, 1, 1)
+    p = acc * m + (((res.astype(np.int64) - 9) * m_r) << (k - k_r))
+    rounded = (p + (np.int64(1) << (k - 1)) - 1 + ((p >> k) & 1)) >> k
+    return np.clip(rounded + 2, 2, 255).astype("uint8")
+
+
+def units_multiplier(parts):
+    return (
+        np.float64(parts["x_scale"])
+        * parts["w_scale"].astype(np.float64)
+        / np.float64(parts["y_scale"])
+    )
+
+
+def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub):
+    mod, parts = qconv_residual_graph()
+    x = _input("uint8")[:, :, :6, :6].astype("uint8")
+    res = _input("uint8", seed=4)[:, :, :6, :6].astype("uint8")
+    lowered, count = lower_quantized(mod)
+    assert count == 1
+    expected = _residual_reference(x, res, parts)
+    vm = relax.VirtualMachine(tvm.compile(lowered, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(res)).numpy()
+    np.testing.assert_array_equal(got, expected)
+    compiled = npu_hub.compile(mod)
+    assert [(r["device"], r["pattern"]) for r in compiled.report.quantized] == [
+        ("npu:0", "npu.qconv2d_bias_residual_act")
+    ]
+    np.testing.assert_array_equal(compiled.run(x, res), expected)

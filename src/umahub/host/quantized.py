@@ -75,17 +75,33 @@ def _requantizer(op: QuantizedOperator, sx: Any, sw: Any, sy: Any, channels: int
     """Per output channel: (m, k), the fixed-point multiplier of step 3."""
 
     def multiplier(o: Any) -> Any:
-        value = (
+        return (
             _read(sx, o, channels).astype("float64")
             * _read(sw, o, channels).astype("float64")
             / _read(sy, o, channels).astype("float64")
         )
-        return tirx.reinterpret("int64", value)
 
-    bits = te.compute((channels,), multiplier, name="requant_bits")
+    return _fixed_point(multiplier, channels, "requant")
+
+
+def _residual_requantizer(sr: Any, sy: Any):
+    """(m_r, k_r): the fixed point of ``r_scale / y_scale`` (step 4's residual)."""
+
+    def multiplier(_: Any) -> Any:
+        return _read(sr, 0, 1).astype("float64") / _read(sy, 0, 1).astype("float64")
+
+    return _fixed_point(multiplier, 1, "residual")
+
+
+def _fixed_point(multiplier: Any, channels: int, name: str):
+    """Per channel, ``(m, k)`` of the float64 ``multiplier(channel)``
+    (:func:`umahub.plugin.requantization`, bit for bit)."""
+    bits = te.compute(
+        (channels,), lambda o: tirx.reinterpret("int64", multiplier(o)), name=f"{name}_bits"
+    )
     i64 = _int64
     exponent = te.compute(
-        (channels,), lambda o: (bits[o] >> i64(52)) & i64(0x7FF), name="requant_exp"
+        (channels,), lambda o: (bits[o] >> i64(52)) & i64(0x7FF), name=f"{name}_exp"
     )
 
     def m_of(o: Any) -> Any:
@@ -95,8 +111,8 @@ def _requantizer(op: QuantizedOperator, sx: Any, sw: Any, sy: Any, channels: int
     def k_of(o: Any) -> Any:
         return tirx.Select(exponent[o] < i64(991), i64(62), i64(1053) - exponent[o])
 
-    return te.compute((channels,), m_of, name="requant_m"), te.compute(
-        (channels,), k_of, name="requant_k"
+    return te.compute((channels,), m_of, name=f"{name}_m"), te.compute(
+        (channels,), k_of, name=f"{name}_k"
     )
 
 
@@ -240,9 +256,10 @@ def quantized_kernel(
 
     Its arguments, in order: the input, its scale and zero point; the weight,
     its scale and zero point; the bias (and, dequantized, its scale and zero
-    point) if there is one; the output's scale and zero point (see
-    :func:`operands`). With ``prepacked``, the weight is already packed
-    (:func:`pack_weight_kernel`) and its per-channel sum
+    point) if there is one; the residual, its scale and zero point if there is
+    one; the output's scale and zero point (see :func:`operands`). With
+    ``prepacked``, the weight is already packed (:func:`pack_weight_kernel`)
+    and its per-channel sum
     (:func:`weight_sum_kernel`) follows it.
 
     In the packed form (:func:`packed_form`) the accumulator is computed as
@@ -266,7 +283,8 @@ def quantized_kernel(
             wsum, sw, zw, *rest = rest  # type: ignore[assignment]
         else:
             sw, zw, *rest = rest  # type: ignore[assignment]
-        bias = list(rest[:-2])
+        residual = list(rest[-5:-2]) if op.residual is not None else []
+        bias = list(rest[: len(rest) - 2 - len(residual)])
         sy, zy = rest[-2:]
         x_zero = _read(zx, 0, 1).astype("int32")
 
@@ -284,11 +302,18 @@ def quantized_kernel(
             at = acc.__getitem__
         low, high = _bounds(op, sy, zy, out_dtype)
         zero = _read(zy, 0, 1).astype("int64")
+        if residual:
+            r, sr, zr = residual
+            m_r, k_r = _residual_requantizer(sr, sy)
+            r_zero = _read(zr, 0, 1).astype("int64")
 
         def out(*i: Any) -> Any:
             o = i[1] if conv else i[-1]
             a = at(i) if bias_q is None else at(i) + bias_q[o]
             p = a.astype("int64") * m[o]
+            if residual:
+                term = (r[i].astype("int64") - r_zero) * m_r[0]
+                p = p + (term << (k[o] - k_r[0]))
             one = _int64(1)
             rounded = (p + (one << (k[o] - one)) - one + ((p >> k[o]) & one)) >> k[o]
             return tirx.max(low, tirx.min(high, rounded + zero)).astype(out_dtype)
@@ -481,6 +506,8 @@ def operands(op: QuantizedOperator) -> list[Any]:
     names = ["data", "data_scale", "data_zp", "weight", "weight_scale", "weight_zp"]
     if op.has_bias:
         names += ["bias", "bias_scale", "bias_zp"] if "bias_scale" in e else ["bias"]
+    if op.residual is not None:
+        names += ["residual", "residual_scale", "residual_zp"]
     return [e[n] for n in (*names, "output_scale", "output_zp")]
 
 

@@ -44,7 +44,12 @@ plugin's kernels all follow it):
    bits of M's significand, truncated.
 4. ``y = round_half_to_even(acc * m / 2**k) + y_zp``, in int64, then clamped
    to the activation's bounds (ReLU: ``y_zp``; clip: its bounds quantized as
-   ``QuantizeLinear`` does it) and saturated to the output type.
+   ``QuantizeLinear`` does it) and saturated to the output type. With a
+   residual ``r`` added before the activation (``conv -> + dequantize(r) ->
+   ReLU -> quantize``, as PyTorch's X86 quantizer fuses a residual block's
+   sum): ``y = round_half_to_even((acc * m + ((r - r_zp) * m_r << (k - k_r)))
+   / 2**k) + y_zp``, ``(m_r, k_r)`` the fixed point of ``r_scale / y_scale``
+   (``0 <= k - k_r <= 22``, else it is not computed in integers).
 
 Why this module is long: the arithmetic, the patterns and what a check reads of
 a match are one definition, which plugins, the host and the kit share.
@@ -71,6 +76,10 @@ __all__ = [
 
 #: The operators :func:`quantized` makes patterns for.
 KINDS = ("conv2d", "matmul")
+
+#: How many bits a residual's term may be shifted left to meet the accumulator's
+#: (step 4): ``(r - r_zp) * m_r`` has 40 bits, the int64 sum room for 62.
+RESIDUAL_SHIFT_MAX = 22
 
 #: The activations a quantized operator takes: both are a clamp of its integers.
 QUANTIZED_ACTIVATIONS = ("relax.nn.relu", "relax.clip")
@@ -144,11 +153,13 @@ def quantized(accelerator: str, kind: str, check: Any = None) -> list[tuple[str,
     """The quantized ``kind`` (``"conv2d"`` or ``"matmul"``) with its epilogues, as
     named patterns, largest match first (see the module's docs for the form).
 
-    Names: ``"<accelerator>.q<kind>"`` plus ``_bias_act``, ``_bias``, ``_act``
-    or nothing. A convolution's weight is a constant (a matmul's second
-    operand may be computed: attention). The bias is a constant, int32 under a
-    dequantize or float; the activation ReLU or a clip. Each pattern has
-    ``check``: umahub's own conditions (:func:`describe_quantized`: one scale
+    Names: ``"<accelerator>.q<kind>"`` plus ``_bias_residual_act``,
+    ``_bias_residual``, ``_residual_act``, ``_residual``, ``_bias_act``,
+    ``_bias``, ``_act`` or nothing (a residual: a dequantized tensor computed
+    at run time, added before the activation). A convolution's weight is a
+    constant (a matmul's second operand may be computed: attention). The bias
+    is a constant, int32 under a dequantize or float; the activation ReLU or a
+    clip. Each pattern has ``check``: umahub's own conditions (:func:`describe_quantized`: one scale
     for the input, per-tensor or per-output-channel for the weight and the
     output...) are checked before it.
     """
@@ -164,9 +175,17 @@ def quantized(accelerator: str, kind: str, check: Any = None) -> list[tuple[str,
     def out(x: Any) -> Any:
         return is_op("relax.quantize")(x, is_const(), is_const())
 
+    def residual(x: Any) -> Any:
+        added = dequantized(~is_const())
+        return is_op("relax.add")(x, added) | is_op("relax.add")(added, x)
+
     name = f"{accelerator}.q{kind}"
     checked = _exact_first(check)
     return [
+        (f"{name}_bias_residual_act", out(activated(residual(biased))), {}, checked),
+        (f"{name}_bias_residual", out(residual(biased)), {}, checked),
+        (f"{name}_residual_act", out(activated(residual(producer))), {}, checked),
+        (f"{name}_residual", out(residual(producer)), {}, checked),
         (f"{name}_bias_act", out(activated(biased)), {}, checked),
         (f"{name}_bias", out(biased), {}, checked),
         (f"{name}_act", out(activated(producer)), {}, checked),
@@ -239,10 +258,13 @@ class QuantizedOperator:
             to them (a kernel decides per channel where the scales are not
             constants).
         activation: None, ``"relu"`` or ``("clip", low, high)`` (float bounds).
+        residual: the quantization of a tensor added before the activation (a
+            residual block's input, as PyTorch's X86 quantizer fuses it), or None.
         exprs: the Relax expressions of the operands, by role: ``data``,
             ``data_scale``, ``data_zp``, ``weight``, ``weight_scale``,
             ``weight_zp``, ``bias`` (with ``bias_scale``, ``bias_zp`` when it is
-            dequantized), ``output_scale``, ``output_zp``.
+            dequantized), ``residual``, ``residual_scale``, ``residual_zp``,
+            ``output_scale``, ``output_zp``.
     """
 
     kind: str
@@ -255,6 +277,7 @@ class QuantizedOperator:
     bias_exact: bool
     activation: Any
     exprs: dict
+    residual: QuantParams | None = None
 
     @property
     def multiplier(self) -> Any:
@@ -312,6 +335,16 @@ def _call(expr: Any, lookup: Any, *names: str) -> Any:
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in names:
         return value
     return None
+
+
+def _is_producer(expr: Any, lookup: Any) -> bool:
+    """Whether ``expr`` is a convolution or matmul, or one plus a bias."""
+    if _call(expr, lookup, "relax.nn.conv2d", "relax.matmul") is not None:
+        return True
+    add = _call(expr, lookup, "relax.add")
+    return add is not None and any(
+        _call(a, lookup, "relax.nn.conv2d", "relax.matmul") is not None for a in add.args
+    )
 
 
 def _params(call: Any, lookup: Any, role: str, rank: int) -> QuantParams:
@@ -372,6 +405,18 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
                 raise ValueError("a clip whose bounds are not constants")
             activation = ("clip", *bounds)
         value = act.args[0]
+    residual_dq = None
+    add = _call(value, lookup, "relax.add")
+    if add is not None:
+        for i in (0, 1):
+            # a residual is a whole tensor of the output's shape (a bias: one value per
+            # channel), computed at run time (in a partition every operand is a parameter)
+            other = _call(add.args[i], lookup, "relax.dequantize")
+            whole = other is not None and shape_of(other) == shape_of(quantize)
+            if whole and _constant(other.args[0], lookup) is None:
+                if _is_producer(add.args[1 - i], lookup):
+                    residual_dq, value = other, add.args[1 - i]
+                    break
     bias_expr, bias_dq = None, None
     add = _call(value, lookup, "relax.add")
     if add is not None:
@@ -449,12 +494,33 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
             exprs["bias"] = bias_expr
         if int(np.prod(shape_of(exprs["bias"]) or (1,))) not in (1, channels):
             raise ValueError("a bias that is not one value per output channel")
+    residual = None
+    if residual_dq is not None:
+        if shape_of(residual_dq) != shape_y:
+            raise ValueError("a residual that is not of the output's shape")
+        residual = _params(residual_dq, lookup, "residual", len(shape_y))
+        if residual.per_channel:
+            raise ValueError("a scale per channel on the residual (one for the tensor is needed)")
+        exprs.update(
+            residual=residual_dq.args[0],
+            residual_scale=residual_dq.args[1],
+            residual_zp=residual_dq.args[2],
+        )
     if known:
         multiplier = (
             np.float64(data.scale) * weight.scale.astype(np.float64) / np.float64(output.scale)
         )
         if np.any(multiplier >= 2.0**30):
             raise ValueError("a requantization multiplier of 2**30 or more")
+        if residual is not None and residual.scale is not None:
+            _, k = requantization(multiplier)
+            _, k_r = requantization(np.float64(residual.scale) / np.float64(output.scale))
+            shift = k - k_r
+            if np.any(shift < 0) or np.any(shift > RESIDUAL_SHIFT_MAX):
+                raise ValueError(
+                    "a residual whose scale is too far from the convolution's "
+                    f"(a shift of {int(np.max(np.abs(shift)))} bits; 0 to {RESIDUAL_SHIFT_MAX})"
+                )
     return QuantizedOperator(
         kind=kind,
         call=producer,
@@ -466,6 +532,7 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
         bias_exact=bool(bias_exact),
         activation=activation,
         exprs=exprs,
+        residual=residual,
     )
 
 

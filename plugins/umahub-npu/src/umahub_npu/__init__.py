@@ -202,7 +202,10 @@ def quantized_ok(ctx) -> bool | Refusal:
     from umahub.plugin import quantized_operator, shape_of
 
     op = quantized_operator(ctx)
-    for role, params in (("input", op.data), ("weight", op.weight), ("output", op.output)):
+    roles = [("input", op.data), ("weight", op.weight), ("output", op.output)]
+    if op.residual is not None:
+        roles.append(("residual", op.residual))
+    for role, params in roles:
         if params.dtype not in ("int8", "uint8"):
             return Refusal(f"a {params.dtype} {role}; the npu's integer datapath is 8-bit")
     if not op.weight.symmetric:
