@@ -215,17 +215,20 @@ class Hub:
         report.model = model
         return report
 
-    def relax_pipeline(self, *, placement: Mapping[str, str] | None = None) -> Any:
+    def relax_pipeline(
+        self, *, placement: Mapping[str, str] | None = None, then: Any = "default"
+    ) -> Any:
         """This hub's plugins as a Relax pipeline for ``tvm.compile``.
 
         ``tvm.compile(mod, target="llvm", relax_pipeline=hub.relax_pipeline())``
-        places, lowers and codegens ``mod`` as :meth:`compile` does; the
-        returned pass then gives the report, the devices and a runnable
+        places, lowers and codegens ``mod`` as :meth:`compile` does, then runs
+        ``then`` (TVM's default Relax pipeline; a pipeline name or any pass);
+        the returned pass then gives the report and a runnable
         :class:`umahub.Compiled` (see :mod:`umahub.compiler.relax_pipeline`).
         """
         from umahub.compiler.relax_pipeline import RelaxPipeline
 
-        return RelaxPipeline(self, placement)
+        return RelaxPipeline(self, placement, then=then)
 
     def __repr__(self) -> str:
         loaded = [p.name for p in self.plugins if p.loaded]
