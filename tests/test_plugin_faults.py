@@ -57,7 +57,7 @@ class Faulty:
     def umahub_patterns(self, accelerator):
         from tvm.relax.dpl import is_op, wildcard
 
-        if accelerator.name != "faulty":
+        if accelerator.name != "faulty" or self.fault == "patterns-none":
             return None
         relu = is_op("relax.nn.relu")(wildcard())
         return {
@@ -71,6 +71,10 @@ class Faulty:
     def umahub_relax_to_tir(self, accelerator, function, context):
         if self.fault == "lowering-garbage":
             return "PrimFunc, promise"
+        if self.fault == "lowering-the-function":
+            return function
+        if self.fault == "lowering-raises-with-ir":  # as TVM 0.27: the message, then the IR
+            raise ValueError(f"cannot lower this function:\n{function.script()}")
         if self.fault == "lowering-no-symbol":
             return tvm.IRModule({"other": _relu_plus("other")})
         if self.fault == "lowering-wrong-arity":
@@ -151,6 +155,20 @@ GARBAGE = {
     "check-raises": (
         "plugin 'Faulty' failed in the check of pattern 'faulty.relu' (from umahub_patterns) "
         "on n0: ZeroDivisionError: division by zero"
+    ),
+    "patterns-none": (
+        "plugin 'Faulty' failed in umahub_patterns for accelerator 'faulty': PluginOutputError: "
+        "umahub_patterns returned None for 'faulty', the plugin's own accelerator: return its "
+        "patterns, or [] to claim nothing"
+    ),
+    "lowering-the-function": (
+        f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: PluginOutputError: "
+        "umahub_relax_to_tir returned tvm.relax.expr.Function: expected a tvm.IRModule with a "
+        f"PrimFunc named '{SYMBOL}', or None for the default lowering"
+    ),
+    "lowering-raises-with-ir": (
+        f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: ValueError: "
+        "cannot lower this function:"
     ),
     "lowering-garbage": (
         f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: PluginOutputError: "

@@ -38,7 +38,7 @@ from umahub.compiler.compilation import Compilation, Partitioned
 from umahub.compiler.tir_phases import PIPELINE_NAME as TIR_PIPELINE
 from umahub.compiler.vdevice import VirtualDevice
 from umahub.config import HOST
-from umahub.errors import CompileError, last_line
+from umahub.errors import CompileError, message_line
 from umahub.host import prepack, scratch, storage_plan
 from umahub.host.lowering import HOST_TARGET, lower_host
 from umahub.ir import bindings, node_name, partition_call
@@ -475,7 +475,7 @@ def run(comp: Compilation) -> None:
             raise
         message = (
             f"building the model with its partitions placed failed ({type(exc).__name__}: "
-            f"{last_line(exc)}); a symbol missing at load time points "
+            f"{message_line(exc)}); a symbol missing at load time points "
             "at a plugin's kernel library (c_sources), anything else is a bug to report"
         )
         comp.fail(message, CompileError, exc, then="every partition runs on the host")
