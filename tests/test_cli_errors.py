@@ -293,3 +293,55 @@ def test_run_prints_the_latency(workdir):
     assert umahub("run", "mlp.so", "--inputs", "x.npz", "-o", "z.npz", cwd=workdir).returncode == 0
     with np.load(workdir / "y.npz") as y, np.load(workdir / "z.npz") as z:
         np.testing.assert_array_equal(y["arr_0"], z["arr_0"])
+
+
+FAILING = """
+import umahub
+UMAHUB_API = 1
+
+@umahub.hookimpl
+def umahub_accelerators():
+    return [umahub.Accelerator("failing")]
+
+@umahub.hookimpl(accelerator="failing")
+def umahub_patterns():
+    raise RuntimeError("no licence")
+"""
+FAILED = (
+    "plugin 'failing_vendor' failed in umahub_patterns for accelerator 'failing': "
+    "RuntimeError: no licence"
+)
+
+
+@pytest.fixture
+def failing(tmp_path):
+    (tmp_path / "failing_vendor.py").write_text(FAILING)
+    (tmp_path / "pyproject.toml").write_text('[tool.umahub]\nplugins = ["failing_vendor"]\n')
+    env = {
+        **os.environ,
+        "UMAHUB_PLUGINS": "failing_vendor",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    return tmp_path, env
+
+
+@pytest.mark.parametrize("command", ["compile", "explain"])
+def test_on_error_error_on_the_command_line_stops_at_a_plugins_failure(failing, command):
+    path, env = failing
+    result = umahub(command, "mlp", "--on-error", "error", "-q", cwd=path, env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"umahub: error: {FAILED}"
+
+
+def test_verbose_shows_a_plugin_failures_traceback_under_fallback(failing):
+    path, env = failing
+    quiet = umahub("explain", "mlp", "-q", cwd=path, env=env)
+    verbose = umahub("explain", "mlp", "-q", "-v", cwd=path, env=env)
+    assert quiet.returncode == verbose.returncode == 0
+    warning = f"umahub: warning: {FAILED}; 'failing' claims nothing in this compile"
+    assert quiet.stderr.strip() == warning
+    lines = verbose.stderr.strip().splitlines()
+    assert lines[0] == warning
+    assert lines[1].strip() == "Traceback (most recent call last):"
+    assert lines[-2].strip() == 'raise RuntimeError("no licence")'
+    assert lines[-1].strip() == "RuntimeError: no licence"

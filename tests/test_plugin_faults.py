@@ -34,10 +34,11 @@ def model():
     return mod, xs, reference(mod, xs)
 
 
-def _relu_plus(symbol, shape=(4, 16), plus=1.0, name="faulty"):
-    """A PrimFunc (DPS) computing relu(x) + plus, named ``symbol``."""
+def _relu_plus(symbol, shape=(4, 16), plus=1.0, name="faulty", times=1.0):
+    """A PrimFunc (DPS) computing relu(x) * times + plus, named ``symbol``."""
     x = te.placeholder(shape, "float32", name="x")
-    y = te.compute(shape, lambda *i: te.max(x(*i), tvm.tirx.const(0, "float32")) + plus, name="y")
+    zero = tvm.tirx.const(0, "float32")
+    y = te.compute(shape, lambda *i: te.max(x(*i), zero) * times + plus, name="y")
     return te.create_prim_func([x, y]).with_attr("global_symbol", symbol)
 
 
@@ -57,7 +58,7 @@ class Faulty:
     def umahub_patterns(self, accelerator):
         from tvm.relax.dpl import is_op, wildcard
 
-        if accelerator.name != "faulty":
+        if accelerator.name != "faulty" or self.fault == "patterns-none":
             return None
         relu = is_op("relax.nn.relu")(wildcard())
         return {
@@ -71,6 +72,10 @@ class Faulty:
     def umahub_relax_to_tir(self, accelerator, function, context):
         if self.fault == "lowering-garbage":
             return "PrimFunc, promise"
+        if self.fault == "lowering-the-function":
+            return function
+        if self.fault == "lowering-raises-with-ir":  # as TVM 0.27: the message, then the IR
+            raise ValueError(f"cannot lower this function:\n{function.script()}")
         if self.fault == "lowering-no-symbol":
             return tvm.IRModule({"other": _relu_plus("other")})
         if self.fault == "lowering-wrong-arity":
@@ -82,6 +87,8 @@ class Faulty:
             return tvm.IRModule({context.symbol: _relu_plus(context.symbol, shape=(8,))})
         if self.fault == "lowering-wrong-arithmetic":
             return tvm.IRModule({context.symbol: _relu_plus(context.symbol)})
+        if self.fault == "lowering-zeros":  # relu(x) * 0: wrong, by less than 1e-4
+            return tvm.IRModule({context.symbol: _relu_plus(context.symbol, plus=0.0, times=0.0)})
         return None
 
     @umahub.hookimpl
@@ -151,6 +158,20 @@ GARBAGE = {
     "check-raises": (
         "plugin 'Faulty' failed in the check of pattern 'faulty.relu' (from umahub_patterns) "
         "on n0: ZeroDivisionError: division by zero"
+    ),
+    "patterns-none": (
+        "plugin 'Faulty' failed in umahub_patterns for accelerator 'faulty': PluginOutputError: "
+        "umahub_patterns returned None for 'faulty', the plugin's own accelerator: return its "
+        "patterns, or [] to claim nothing"
+    ),
+    "lowering-the-function": (
+        f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: PluginOutputError: "
+        "umahub_relax_to_tir returned tvm.relax.expr.Function: expected a tvm.IRModule with a "
+        f"PrimFunc named '{SYMBOL}', or None for the default lowering"
+    ),
+    "lowering-raises-with-ir": (
+        f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: ValueError: "
+        "cannot lower this function:"
     ),
     "lowering-garbage": (
         f"plugin 'Faulty' failed in umahub_relax_to_tir {WHERE}: PluginOutputError: "
@@ -395,4 +416,28 @@ def test_verify_of_a_model_with_a_shape_input_says_it_could_not_run():
         "not verified: the model did not run on random inputs (UmahubError: input 1 is not a "
         "tensor: random inputs cannot be made for it; give the inputs (umahub run --inputs "
         "x.npz))"
+    )
+
+
+def test_verify_catches_a_zero_kernel_on_small_outputs():
+    # relu of values ~1e-6: all zeros is wrong by ~1e-6, which an allowance of
+    # 1e-4 x max(1, largest output) let through; relative to the outputs it is not.
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((4, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            small = bb.emit(relax.op.multiply(x, relax.const(1e-6, "float32")))
+            y = bb.emit(relax.op.nn.relu(small))
+            z = bb.emit_output(relax.op.add(y, relax.const(0.0, "float32")))
+        bb.emit_func_output(z)
+    mod = bb.get()
+    with pytest.warns(umahub.UmahubWarning, match="computes wrong numbers"):
+        compiled = _hub("lowering-zeros", verify=True).compile(mod)
+    [partition] = compiled.report.partitions
+    assert partition.fallback.startswith(
+        f"plugin 'Faulty' computes wrong numbers in partition {SYMBOL} (faulty.relu) on faulty:0"
     )

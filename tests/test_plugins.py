@@ -215,6 +215,7 @@ def test_a_plugin_redeclaring_an_accelerator_is_skipped_naming_both(install):
         {
             "vendor_two": """
         import umahub
+        UMAHUB_API = 1
         @umahub.hookimpl
         def umahub_accelerators():
             return [umahub.Accelerator("alpha_accel")]
@@ -267,3 +268,68 @@ def test_accelerator_lookup_suggests_the_closest():
     hub = umahub.Hub(config={"plugins": GOOD})
     with pytest.raises(KeyError, match=r"no accelerator 'alpha' \(did you mean 'alpha_accel'"):
         hub.accelerator("alpha")
+
+
+def test_accelerators_hook_returning_none_is_a_named_plugin_failure(install):
+    install(
+        "vendor-none",
+        "1.0",
+        {"nothing": "vendor_none"},
+        {
+            "vendor_none": """
+        import umahub
+        UMAHUB_API = 1
+        @umahub.hookimpl
+        def umahub_accelerators():
+            return None
+    """
+        },
+    )
+    with pytest.warns(umahub.UmahubWarning, match="umahub_accelerators returned None"):
+        hub = umahub.Hub(config={"plugins": ["nothing", "alpha"]})
+    assert loaded(hub) == ["alpha"]
+    assert hub.plugins[0].error == (
+        "umahub_accelerators returned None: expected a list of umahub.Accelerator "
+        "([] for a plugin that declares none)"
+    )
+
+
+def test_a_plugin_without_umahub_api_is_warned_about_naming_what_to_add(install):
+    install(
+        "vendor-quiet",
+        "1.0",
+        {"quiet": "vendor_quiet"},
+        {
+            "vendor_quiet": """
+        import umahub
+        @umahub.hookimpl
+        def umahub_accelerators():
+            return [umahub.Accelerator("quiet_accel")]
+    """
+        },
+    )
+    with pytest.warns(umahub.UmahubWarning) as caught:
+        hub = umahub.Hub(config={"plugins": ["quiet"]})
+    assert loaded(hub) == ["quiet"]
+    assert [str(w.message) for w in caught] == [
+        "umahub: plugin 'quiet' does not say which hook contract it was written for: "
+        "add UMAHUB_API = 1 to vendor_quiet"
+    ]
+
+
+def test_priority_naming_the_accelerator_of_a_plugin_that_failed_says_both(install):
+    install(
+        "vendor-gone",
+        "1.0",
+        {"gone": "vendor_gone"},
+        {"vendor_gone": 'raise ImportError("libgone.so: cannot open shared object file")\n'},
+    )
+    with pytest.warns(umahub.UmahubWarning), pytest.raises(umahub.errors.ConfigError) as info:
+        umahub.Hub(config={"plugins": ["gone", "alpha"], "priority": ["gone_accel"]})
+    assert str(info.value) == (
+        "<defaults> + config=: [tool.umahub] priority: unknown accelerator 'gone_accel'; "
+        "known accelerators: "
+        "alpha_accel; a plugin that failed to load may declare it: plugin 'gone' "
+        "(distribution vendor-gone 1.0): failed to import vendor_gone: ImportError: "
+        "libgone.so: cannot open shared object file"
+    )

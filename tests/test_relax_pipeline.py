@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -49,22 +50,64 @@ def test_tvm_compile_with_the_pipeline_places_and_computes_as_hub_compile(three)
     assert compiled.report.devices == ["host", "npu:0", "vanilla_accel:0", "dsp_cpu:1"]
 
 
-def test_tvm_compile_by_name_runs_on_tvms_own_vm(isolated):
-    # LLVM partitions only (the npu's): TVM's VM runs the executable as it is.
-    (isolated / "pyproject.toml").write_text('[tool.umahub]\nplugins = ["npu"]\n')
-    executable = tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline="umahub")
-    pipeline = relax.get_pipeline("umahub")
+THREE_TOML = """[tool.umahub]
+plugins = ["npu", "vanilla", "dsp"]
+priority = ["npu", "vanilla_accel", "dsp_cpu"]
+placement = { conv1_relu = "dsp_cpu:1" }
+"""
+
+
+def _tvm_vm(library):
+    vm = relax.VirtualMachine(library, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(x) for x in zoo.inputs("cnn")]).numpy()
+
+
+def test_tvm_compile_by_name_works_with_tvms_own_vm_and_export(isolated):
+    # All three bundled plugins: the vanilla's C kernels with their header and
+    # library, the npu's LLVM, the dsp's second instance; one device, tvm.cpu().
+    (isolated / "pyproject.toml").write_text(THREE_TOML)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the broken test plugins installed beside
+        executable = tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline="umahub")
+        pipeline = relax.get_pipeline("umahub")
     assert type(pipeline).__name__ == "RelaxPipeline"
-    vm = relax.VirtualMachine(executable, [tvm.cpu(0), tvm.cpu(1)])
-    out = vm["main"](*[tvm.runtime.tensor(x) for x in zoo.inputs("cnn")]).numpy()
-    np.testing.assert_allclose(out, host_reference("cnn"), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_tvm_vm(executable), host_reference("cnn"), rtol=1e-5, atol=1e-5)
+    executable.export_library(str(isolated / "model.so"))
+    exported = _tvm_vm(tvm.runtime.load_module(str(isolated / "model.so")))
+    np.testing.assert_allclose(exported, host_reference("cnn"), rtol=1e-5, atol=1e-5)
+
+
+def test_tvm_compile_by_name_places_on_all_three_plugins(three):
+    hub, reference = three
+    pipeline = hub.relax_pipeline()
+    tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline=pipeline)
+    used = {p.accelerator for p in pipeline.report.partitions}
+    assert used == {"npu", "vanilla_accel", "dsp_cpu"}
+
+
+def test_tvms_passes_and_pipelines_compose_around_umahubs_partitioning():
+    ran = []
+
+    @tvm.transform.module_pass(opt_level=0, name="Record")
+    def record(mod, ctx):
+        ran.append(re.findall(r'R.call_packed\("(\w+)"', mod["main"].script()))
+        return mod
+
+    hub = umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
+    after = tvm.transform.Sequential([record, relax.get_pipeline("default")])
+    pipeline = tvm.transform.Sequential(
+        [relax.transform.FoldConstant(), record, hub.relax_pipeline(then=after)]
+    )
+    executable = tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline=pipeline)
+    assert ran == [[], ["npu_0_conv2d_add_relu", "npu_1_matmul_add"]]  # before, after umahub
+    np.testing.assert_allclose(_tvm_vm(executable), host_reference("cnn"), rtol=1e-5, atol=1e-5)
 
 
 def test_devices_are_those_the_vm_needs():
     hub = umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
     pipeline = hub.relax_pipeline()
     executable = tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline=pipeline)
-    assert pipeline.devices == [tvm.cpu(0), tvm.cpu(1)]
+    assert pipeline.devices == [tvm.cpu(0)]
     vm = relax.VirtualMachine(executable, pipeline.devices)
     out = vm["main"](*[tvm.runtime.tensor(x) for x in zoo.inputs("cnn")]).numpy()
     np.testing.assert_allclose(out, host_reference("cnn"), rtol=1e-5, atol=1e-5)

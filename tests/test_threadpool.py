@@ -1,5 +1,7 @@
-"""umahub gives TVM's thread pool a short spin (umahub.runtime.threadpool)."""
+"""umahub's side effects: none at ``import umahub`` or ``import tvm``; TVM's thread
+pool spins briefly for the models umahub runs (umahub.runtime.threadpool)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,23 +10,67 @@ import pytest
 
 from umahub.runtime.threadpool import SPIN_COUNT
 
-CODE = "import os, umahub; print(os.environ.get('TVM_THREAD_POOL_SPIN_COUNT'))"
+SPIN = "TVM_THREAD_POOL_SPIN_COUNT"
+
+# Prints what the import changed: the environment, and the umahub modules imported.
+IMPORTS = """
+import json, os, sys
+before = dict(os.environ)
+import {module}
+changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
+print(json.dumps([changed, sorted(m for m in sys.modules if m.split(".")[0] == "umahub")]))
+"""
+
+RUNS = """
+import os, numpy as np, umahub, umahub.models as zoo
+hub = umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
+compiled = hub.compile(zoo.get("cnn"))
+print(os.environ.get("TVM_THREAD_POOL_SPIN_COUNT"))
+"""
 
 
-def _spin_count_after_import(**env):
-    clean = {k: v for k, v in os.environ.items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}
+def _python(code, **env):
+    clean = {k: v for k, v in os.environ.items() if k != SPIN}
     out = subprocess.run(
-        [sys.executable, "-c", CODE], env={**clean, **env}, capture_output=True, text=True,
+        [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
         check=True,
     )  # fmt: skip
-    return out.stdout.strip()
+    return out.stdout.strip().splitlines()[-1]
 
 
-def test_import_umahub_sets_a_short_spin_before_tvm_starts_a_pool():
+def test_import_tvm_imports_only_umahubs_entry_point_and_changes_no_environment():
+    changed, modules = json.loads(_python(IMPORTS.format(module="tvm")))
+    assert changed == []
+    assert modules == ["umahub", "umahub.compiler", "umahub.compiler.tvm_backend"]
+
+
+def test_import_umahub_imports_nothing_else_and_changes_no_environment():
+    changed, modules = json.loads(_python(IMPORTS.format(module="umahub")))
+    assert changed == []
+    assert modules == ["umahub"]
+
+
+def test_the_pipeline_name_is_registered_at_import_tvm():
+    code = "import tvm; from tvm import relax; print('umahub' in relax.pipeline.PIPELINE_MAP)"
+    assert _python(code) == "True"
+
+
+def test_a_model_umahub_runs_gets_a_short_spin():
     assert SPIN_COUNT == 3000
-    assert _spin_count_after_import() == "3000"
+    assert _python(RUNS) == "3000"
 
 
 @pytest.mark.parametrize("value", ["0", "300000"])
 def test_a_spin_count_the_user_set_is_left_alone(value):
-    assert _spin_count_after_import(TVM_THREAD_POOL_SPIN_COUNT=value) == value
+    assert _python(RUNS, **{SPIN: value}) == value
+
+
+def test_old_module_paths_still_import_with_a_warning():
+    code = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "try:\n    import umahub.threadpool\nexcept DeprecationWarning as w:\n    print(w)"
+    )
+    assert _python(code) == (
+        "umahub.threadpool is now umahub.runtime.threadpool; "
+        "the old name goes away in the release after next"
+    )

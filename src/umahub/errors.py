@@ -7,6 +7,7 @@ catches all of them; the subclasses say which stage refused the input.
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
@@ -31,6 +32,7 @@ __all__ = [
     "VerificationError",
     "did_you_mean",
     "last_line",
+    "message_line",
     "warn",
 ]
 
@@ -49,7 +51,13 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
 
 
 class UmahubWarning(UserWarning):
-    """A problem umahub worked around (a skipped plugin, a partition sent back to the host)."""
+    """A problem umahub worked around (a skipped plugin, a partition sent back to the host).
+
+    Attributes:
+        cause: the exception behind it (a plugin's failure), or None.
+    """
+
+    cause: BaseException | None = None
 
 
 def last_line(exc: BaseException) -> str:
@@ -61,17 +69,34 @@ def last_line(exc: BaseException) -> str:
     return text.splitlines()[-1] if text else ""
 
 
-def warn(message: str) -> None:
+_TRACE_LINE = re.compile(r'^(Traceback \(most recent call last\):|\s+File "|\s*\d+: |\s+at )')
+
+
+def message_line(exc: BaseException) -> str:
+    """The first meaningful line of an exception's message ("" when it has none).
+
+    TVM 0.27 puts its message first and may follow it with printed IR; older
+    TVMs put a C++ trace first: the first line that is not a trace's.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if not _TRACE_LINE.match(line)), lines[-1] if lines else "")
+
+
+def warn(message: str, cause: BaseException | None = None) -> None:
     """Warn with an :class:`UmahubWarning` pointing at the user's line.
 
     The warning is attributed to the first frame outside umahub (the user's
     ``hub.compile(...)`` or ``Hub()``), whatever the depth it was raised at.
+    ``cause``: the exception behind it, kept as the warning's ``cause``
+    (``umahub -v`` prints its traceback).
     """
     frame: FrameType | None = sys._getframe(1)
     level = 2  # stacklevel 1 is this function, 2 its caller
     while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("umahub"):
         frame, level = frame.f_back, level + 1
-    warnings.warn(f"umahub: {message}", UmahubWarning, stacklevel=level)
+    warning = UmahubWarning(f"umahub: {message}")
+    warning.cause = cause
+    warnings.warn(warning, stacklevel=level)
 
 
 class UmahubError(Exception):

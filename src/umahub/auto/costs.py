@@ -48,7 +48,7 @@ import numpy as np
 from umahub.auto.cache import CostCache, code_fingerprint, digest
 from umahub.auto.candidates import Group
 from umahub.config import HOST
-from umahub.errors import CompileError, PluginFailure, last_line
+from umahub.errors import CompileError, PluginFailure, message_line
 from umahub.hub.timelimit import within
 from umahub.hub.tracing import recording, returned_by
 from umahub.plugin.context import CostContext, Operator
@@ -235,7 +235,7 @@ class Costs:
         except Exception as exc:
             failure = PluginFailure.of(exc, hub.owner(acc.name), "umahub_cost")
             cause = failure.cause
-            what = f"{type(cause).__name__}: {last_line(cause)}"
+            what = f"{type(cause).__name__}: {message_line(cause)}"
             self._plugin_failed(failure.plugin, group, what, cause)
             return None
         if value is None:
@@ -287,7 +287,7 @@ class Costs:
             return Cost(None, "", str(exc))
         except Exception as exc:  # a group that cannot be built alone: no number, no failure
             self.counts["none"] += 1
-            why = f"building it alone failed: {type(exc).__name__}: {last_line(exc)}"
+            why = f"building it alone failed: {type(exc).__name__}: {message_line(exc)}"
             return Cost(None, "", why)
         self.cache.put(cache_key, {"seconds": seconds, "copies": copies})
         self._add_copies(copies)

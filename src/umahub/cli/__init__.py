@@ -31,9 +31,16 @@ def _debug(args: object) -> bool:
     )
 
 
+_VERBOSE = False  # -v: a warning's cause (a plugin's failure) with its traceback
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     text = str(message).removeprefix("umahub: ")
     print(f"umahub: warning: {text}", file=file or sys.stderr)
+    cause = getattr(message, "cause", None)
+    if _VERBOSE and cause is not None:
+        shown = "".join(traceback.format_exception(cause)).rstrip()
+        print("      " + shown.replace("\n", "\n      "), file=file or sys.stderr)
 
 
 def _one_line(text: str) -> str:
@@ -68,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     warnings.showwarning = _show_warning
     args = build_parser().parse_args(argv)
+    global _VERBOSE
+    _VERBOSE = _debug(args)
     try:
         code = args.func(args)
         sys.stdout.flush()  # a block-buffered pipe fails here, not at exit (status 120)

@@ -25,7 +25,11 @@ __all__ = ["cmd_bench", "cmd_compile", "cmd_explain", "cmd_plugins", "cmd_run"]
 def _hub(args: argparse.Namespace) -> Any:
     from umahub.hub.hub import Hub
 
-    return Hub(strict=True if getattr(args, "strict", False) else None)
+    on_error = getattr(args, "on_error", None)
+    return Hub(
+        config={"on-error": on_error} if on_error else None,
+        strict=True if getattr(args, "strict", False) else None,
+    )
 
 
 def _say(args: argparse.Namespace, text: str) -> None:

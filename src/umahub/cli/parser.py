@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _board_options(p, "with --auto, time the candidate groups")
+    _on_error_option(p)
     p.add_argument(
         "--profile",
         action="store_true",
@@ -203,7 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(the groups alone are built to time them; the model is not built)",
     )
     p.add_argument("--out", metavar="FILE", help="save the picture (.svg or .html)")
+    _on_error_option(p)
     return parser
+
+
+def _on_error_option(p: argparse.ArgumentParser) -> None:
+    """``--on-error``: what a plugin's failure does (as on-error in [tool.umahub])."""
+    p.add_argument(
+        "--on-error",
+        choices=("fallback", "error"),
+        help="a plugin that fails: its operators go to the host with a warning (fallback), "
+        "or the command stops (error); as on-error in [tool.umahub], whose value it overrides",
+    )
 
 
 def _board_options(p: argparse.ArgumentParser, doing: str = "run") -> None:

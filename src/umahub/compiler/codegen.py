@@ -59,6 +59,7 @@ __all__ = [
     "prepend_c",
     "register_ext_codegen",
     "serving",
+    "static_libraries",
 ]
 
 _WEAK = (
@@ -221,6 +222,73 @@ def export_options(accelerators: Iterable[Accelerator]) -> list[str]:
         options += [f"-I{d}" for d in acc.include_dirs]
         options += list(acc.c_sources)
     return list(dict.fromkeys(options))
+
+
+def static_libraries(
+    partitions: Iterable[tuple[str, Any, Accelerator]], cc: str | None = None
+) -> tuple[dict[str, Any], list[Any]]:
+    """C modules compiled here into TVM static libraries, and the kernel libraries.
+
+    TVM's own ``export_library`` (and ``relax.VirtualMachine`` of an
+    executable, which exports it) compiles a C module with TVM's include
+    directories only and links nothing else: a plugin's header
+    (``include_dirs``) is not found and its ``c_sources`` are not linked. A
+    static library (``tvm.runtime.load_static_library``, an object file) is
+    linked as it is: each C module is compiled with the options of
+    :func:`export_options`, and each accelerator's ``c_sources`` once.
+
+    Args:
+        partitions: (symbol, runtime module, accelerator) of every partition.
+        cc: the C compiler (a cross build's); None: the export's default.
+
+    Returns:
+        The static library of each partition whose module is C, by symbol;
+        and the kernel libraries (one per C source).
+
+    Raises:
+        CompileError: a source does not compile (the compiler's first error).
+    """
+    import tvm_ffi.libinfo
+
+    base = [
+        tvm.libinfo.find_include_path(),
+        tvm_ffi.libinfo.find_include_path(),
+        tvm_ffi.libinfo.find_dlpack_include_path(),
+    ]
+    libraries: dict[str, Any] = {}
+    kernels: list[Any] = []
+    sources_done: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="umahub-static-") as tmp:
+
+        def compile_object(source: str, accelerator: Accelerator, names: list[str]) -> Any:
+            obj = os.path.join(tmp, f"{len(os.listdir(tmp))}.o")
+            flags = [f"-I{d}" for d in _flatten([*base, *accelerator.include_dirs])]
+            done = subprocess.run(
+                [cc or _c_compiler(), "-c", "-fPIC", "-O3", *flags, source, "-o", obj],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                errors = [line for line in done.stderr.splitlines() if "error" in line]
+                raise CompileError(
+                    f"{accelerator.name}: {os.path.basename(source)} does not compile: "
+                    f"{(errors or [done.stderr])[0].strip()}"
+                )
+            return tvm.runtime.load_static_library(obj, names)
+
+        for symbol, module, accelerator in partitions:
+            if module_kind(module) == "c":
+                path = os.path.join(tmp, f"{symbol}.c")
+                with open(path, "w") as f:
+                    f.write(module.inspect_source())
+                names = _function_names(module, symbol)
+                libraries[symbol] = compile_object(path, accelerator, names)
+            for source in accelerator.c_sources:
+                if source not in sources_done:
+                    sources_done.add(source)
+                    kernels.append(compile_object(source, accelerator, []))
+    return libraries, kernels
 
 
 _SERVING: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(

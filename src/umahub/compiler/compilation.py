@@ -243,7 +243,7 @@ class Compilation:
         """
         if self.config.on_error == "error":
             raise error(message) from cause
-        warn(f"{message}; {then}" if then else message)
+        warn(f"{message}; {then}" if then else message, cause)
         self.notes.append(message)
         return message
 

@@ -7,18 +7,34 @@ A TVM user keeps TVM's own entry point::
     pipeline = hub.relax_pipeline()
     executable = tvm.compile(mod, target="llvm", relax_pipeline=pipeline)
     compiled = pipeline.load(executable)      # run, export_library, report
-    # or TVM's own VM, with one device per virtual device umahub used:
-    vm = tvm.relax.VirtualMachine(executable, pipeline.devices)
+    # or TVM's own tools, as for any executable:
+    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+    executable.export_library("model.so")    # tvm.runtime.load_module("model.so")
 
 or, with umahub installed, by name (``[tool.umahub]`` of the project)::
 
     executable = tvm.compile(mod, target="llvm", relax_pipeline="umahub")
 
+It composes with TVM's passes and pipelines: before it, in a
+``tvm.transform.Sequential([..., hub.relax_pipeline()])``; after umahub's
+partitioning, in place of TVM's default pipeline, with ``then``
+(``hub.relax_pipeline(then=tvm.transform.Sequential([my_pass,
+relax.get_pipeline("default")]))``, or ``relax.get_pipeline("umahub",
+then=...)``).
+
+What ``tvm.compile`` gives works with TVM's own tools: every virtual device
+is on one runtime device (``tvm.cpu(0)``; the copies between them stay), and
+the C partitions and the plugins' kernel libraries (``c_sources``) are
+compiled by umahub into object files (TVM static libraries) that
+``export_library`` links as they are, without the plugins' include
+directories.
+
 The pipeline is one module pass: umahub's stages up to the build (plan,
 partition, memory, lower through the plugins' hooks, codegen), which leave a
 module whose partitions are calls of their runtime modules (the module
-attribute ``external_mods``, which ``tvm.compile`` links), each on its device,
-with the copies between them; then TVM's default Relax pipeline. The placement
+attribute ``external_mods``, which ``tvm.compile`` links), each on its
+virtual device, with the copies between them; then TVM's default Relax
+pipeline (or ``then``). The placement
 and the report are those :meth:`umahub.Hub.compile` makes of the same model.
 
 Two differences from :meth:`umahub.Hub.compile`, both because ``tvm.compile``
@@ -39,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import tvm
 from tvm import relax
 
-from umahub.compiler import pipeline
+from umahub.compiler import codegen, pipeline
 from umahub.compiler.stages import build
 from umahub.errors import UmahubError, warn
 from umahub.host import storage_plan
@@ -56,9 +72,13 @@ __all__ = ["RelaxPipeline"]
 
 @tvm.transform.module_pass(opt_level=0, name="umahub")
 class RelaxPipeline:
-    """umahub's stages and TVM's default Relax pipeline, as one pass for ``tvm.compile``.
+    """umahub's stages and then a Relax pipeline (TVM's default), as one pass for ``tvm.compile``.
 
-    Made by :meth:`umahub.Hub.relax_pipeline`. After ``tvm.compile`` ran it,
+    Made by :meth:`umahub.Hub.relax_pipeline`. ``then`` is the pipeline run
+    after umahub's stages: a name of ``relax.get_pipeline`` or any pass (a
+    ``tvm.transform.Sequential`` of TVM's passes ending with a pipeline that
+    builds, as ``"default"`` does); it runs with TVM's passes that umahub's
+    storage plan replaced disabled. After ``tvm.compile`` ran it,
     :attr:`report`, :attr:`devices` and :meth:`load` describe what it did
     (the last module it transformed).
     """
@@ -68,10 +88,12 @@ class RelaxPipeline:
         hub: Hub,
         placement: Mapping[str, str] | None = None,
         progress: Progress | None = None,
+        then: str | Any = "default",
     ):
         self.hub = hub
         self.placement = placement
         self.progress = progress
+        self.then = then
         self.compilation: Compilation | None = None
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -82,6 +104,7 @@ class RelaxPipeline:
                 "the model); use umahub.Hub().compile to verify the partitions"
             )
         prepared, comp = pipeline.prepare(self.hub, mod, self.placement, self.progress)
+        prepared = _linkable(prepared, comp)
         prepared, comp.host_schedules = lower_host(self.hub, prepared)
         prepared = storage_plan.plan_storage(prepared)
         self.compilation = comp
@@ -92,8 +115,9 @@ class RelaxPipeline:
             config=dict(ctx.config),
             instruments=list(ctx.instruments),
         )
+        after = relax.get_pipeline(self.then) if isinstance(self.then, str) else self.then
         with inner:
-            return relax.get_pipeline("default")(prepared)
+            return after(prepared)
 
     def _done(self) -> Compilation:
         if self.compilation is None:
@@ -110,8 +134,10 @@ class RelaxPipeline:
 
     @property
     def devices(self) -> list[Any]:
-        """The runtime devices a ``relax.VirtualMachine`` of the executable needs, in order."""
-        return [tvm.cpu(i) for i in range(len(self._done().devices))]
+        """The runtime devices a ``relax.VirtualMachine`` of the executable needs: one,
+        ``tvm.cpu(0)`` (every virtual device runs on it inside ``tvm.compile``)."""
+        self._done()
+        return [tvm.cpu(0)]
 
     def load(self, executable: Any) -> Compiled:
         """The executable ``tvm.compile`` made with this pipeline, as a :class:`umahub.Compiled`.
@@ -121,6 +147,28 @@ class RelaxPipeline:
         carries the report.
         """
         comp = self._done()
-        compiled = build.load(comp, executable)
+        compiled = build.load(comp, executable, kernels_linked=True)
         compiled.report = comp.report()
         return compiled
+
+
+def _linkable(mod: tvm.IRModule, comp: Compilation) -> tvm.IRModule:
+    """``mod`` with its C partitions and the plugins' kernel libraries as object files
+    (:func:`umahub.compiler.codegen.static_libraries`): what TVM's own
+    ``export_library`` and ``relax.VirtualMachine`` link without umahub's options."""
+    external = list((mod.attrs or {}).get("external_mods", []))
+    placed = comp.placed()
+    partitions = [
+        (p.symbol, comp.modules[p.symbol], comp.hub.accelerator(p.accelerator))
+        for p in placed.partitions
+    ]
+    cc = comp.target.cc if comp.target is not None else None
+    libraries, kernels = codegen.static_libraries(partitions, cc)
+    if not libraries and not kernels:
+        return mod
+    by_symbol = {symbol: module for symbol, module, _ in partitions}
+    replaced = []
+    for module in external:
+        symbol = next((s for s, m in by_symbol.items() if m.same_as(module)), None)
+        replaced.append(libraries.get(symbol, module) if symbol is not None else module)
+    return mod.with_attr("external_mods", [*replaced, *kernels])

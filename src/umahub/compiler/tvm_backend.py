@@ -33,11 +33,14 @@ def register() -> None:
 
 
 def _by_name(**options: Any) -> Any:
-    """``relax.get_pipeline("umahub", placement=..., config=...)``: a hub of the project.
+    """``relax.get_pipeline("umahub", placement=..., then=..., config=...)``: a hub of
+    the project.
 
-    ``options`` are :class:`umahub.Hub`'s keyword arguments, and ``placement``.
+    ``options`` are :class:`umahub.Hub`'s keyword arguments, ``placement`` and
+    ``then`` (:meth:`umahub.Hub.relax_pipeline`'s).
     """
     from umahub.hub.hub import Hub
 
     placement = options.pop("placement", None)
-    return Hub(**options).relax_pipeline(placement=placement)
+    then = options.pop("then", "default")
+    return Hub(**options).relax_pipeline(placement=placement, then=then)

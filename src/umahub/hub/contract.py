@@ -29,6 +29,7 @@ from typing import Any
 from umahub.errors import PluginOutputError
 
 __all__ = [
+    "checked_accelerators",
     "checked_codegen",
     "checked_passes",
     "checked_patterns",
@@ -38,12 +39,42 @@ __all__ = [
 
 
 def _what(value: Any) -> str:
+    """A returned value as an error shows it: its type, and its repr when that is short
+    (a printed IRModule or array would say less than its type)."""
+    if value is None:
+        return "None"
+    kind = type(value)
+    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
     text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+    if len(text) > 40 or "\n" in text:
+        return name
+    return f"{name} {text}"
 
 
-def checked_patterns(accelerator: Any, result: Any) -> list[tuple[str, Any, dict, Any]]:
+def checked_accelerators(result: Any) -> list[Any]:
+    """The accelerators ``umahub_accelerators`` returned.
+
+    Raises:
+        PluginOutputError: not a list of :class:`umahub.Accelerator` (None included:
+            a plugin that declares none returns ``[]``).
+    """
+    from umahub.plugin.accelerator import Accelerator
+
+    if not isinstance(result, (list, tuple)) or not all(isinstance(a, Accelerator) for a in result):
+        raise PluginOutputError(
+            f"umahub_accelerators returned {_what(result)}: expected a list of "
+            "umahub.Accelerator ([] for a plugin that declares none)"
+        )
+    return list(result)
+
+
+def checked_patterns(
+    accelerator: Any, result: Any, own: bool = False
+) -> list[tuple[str, Any, dict, Any]]:
     """``(name, pattern, annotations, check)`` of each pattern an implementation returned.
+
+    ``own``: the implementation is of the plugin that declared ``accelerator``,
+    for which None is not an answer (``[]`` claims nothing).
 
     Raises:
         PluginOutputError: the result or one of its patterns is malformed.
@@ -51,6 +82,11 @@ def checked_patterns(accelerator: Any, result: Any) -> list[tuple[str, Any, dict
     from tvm import relax
     from tvm.relax.dpl import DFPattern
 
+    if result is None and own:
+        raise PluginOutputError(
+            f"umahub_patterns returned None for '{accelerator.name}', the plugin's own "
+            "accelerator: return its patterns, or [] to claim nothing"
+        )
     if result is None:
         return []
     if not isinstance(result, (list, tuple)):

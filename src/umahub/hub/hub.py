@@ -10,12 +10,14 @@ import pluggy
 
 from umahub.config import Config, load_config
 from umahub.errors import (
+    ConfigError,
     PluginLoadError,
-    UmahubError,
+    PluginOutputError,
     UmahubWarning,
     did_you_mean,
     warn,
 )
+from umahub.hub.contract import checked_accelerators
 from umahub.hub.dispatch import HOOK_NAMES, PluginManager
 from umahub.hub.loading import PluginInfo, find, load, select
 from umahub.plugin.accelerator import Accelerator
@@ -91,9 +93,17 @@ class Hub:
         loaded = [i for i in infos if i.loaded]
         self._accelerators = {name: acc for name, (_, acc) in owners.items()}
         self._owner = {name: info.name for name, (info, _) in owners.items()}
-        cfg.check_accelerator_names(
-            {name: acc.instances for name, acc in self._accelerators.items()}
-        )
+        try:
+            cfg.check_accelerator_names(
+                {name: acc.instances for name, acc in self._accelerators.items()}
+            )
+        except ConfigError as exc:
+            if not failures:
+                raise
+            failed = "; ".join(f"{_who(i)}: {i.error}" for i in failures)
+            raise ConfigError(
+                f"{exc}; a plugin that failed to load may declare it: {failed}"
+            ) from exc
         self._pm.register_ordered(loaded, impls, cfg.hook_order)
         self._registration = (loaded, impls)
         self._traced: PluginManager | None = None
@@ -112,11 +122,15 @@ class Hub:
         declared: list[Accelerator] = []
         if "umahub_accelerators" in hooks:
             try:
-                declared = _accelerators_of(hooks["umahub_accelerators"][0]())
+                result = hooks["umahub_accelerators"][0]()
             except Exception as exc:  # a plugin's own code failing is the plugin's error
                 return info.failed(
                     f"umahub_accelerators failed: {type(exc).__name__}: {exc}", exc
                 ), {}
+            try:
+                declared = checked_accelerators(result)
+            except PluginOutputError as exc:
+                return info.failed(str(exc), exc), {}
         for acc in declared:
             if acc.name in owners:  # the first declaration stands; this plugin is skipped
                 other = owners[acc.name][0]
@@ -215,17 +229,20 @@ class Hub:
         report.model = model
         return report
 
-    def relax_pipeline(self, *, placement: Mapping[str, str] | None = None) -> Any:
+    def relax_pipeline(
+        self, *, placement: Mapping[str, str] | None = None, then: Any = "default"
+    ) -> Any:
         """This hub's plugins as a Relax pipeline for ``tvm.compile``.
 
         ``tvm.compile(mod, target="llvm", relax_pipeline=hub.relax_pipeline())``
-        places, lowers and codegens ``mod`` as :meth:`compile` does; the
-        returned pass then gives the report, the devices and a runnable
+        places, lowers and codegens ``mod`` as :meth:`compile` does, then runs
+        ``then`` (TVM's default Relax pipeline; a pipeline name or any pass);
+        the returned pass then gives the report and a runnable
         :class:`umahub.Compiled` (see :mod:`umahub.compiler.relax_pipeline`).
         """
         from umahub.compiler.relax_pipeline import RelaxPipeline
 
-        return RelaxPipeline(self, placement)
+        return RelaxPipeline(self, placement, then=then)
 
     def __repr__(self) -> str:
         loaded = [p.name for p in self.plugins if p.loaded]
@@ -236,11 +253,3 @@ def _who(info: PluginInfo) -> str:
     if info.distribution:
         return f"plugin '{info.name}' (distribution {info.distribution} {info.version})"
     return f"plugin '{info.name}' ({info.origin})"
-
-
-def _accelerators_of(result: Any) -> list[Accelerator]:
-    if result is None:
-        return []
-    if not isinstance(result, (list, tuple)) or not all(isinstance(a, Accelerator) for a in result):
-        raise UmahubError(f"must return a list of umahub.Accelerator, got {result!r}")
-    return list(result)

@@ -299,6 +299,12 @@ def load(candidate: Candidate) -> PluginInfo:
         )
     api = getattr(obj, "UMAHUB_API", None)
     info = replace(info, obj=obj, api_version=api)
+    if api is None:
+        where = candidate.target or f"the class of {_object_name(obj)}"
+        warn(
+            f"plugin '{info.name}' does not say which hook contract it was written for: "
+            f"add UMAHUB_API = {API_VERSION} to {where}"
+        )
     if api is not None and api not in SUPPORTED_API_VERSIONS:
         return info.failed(
             f"written for hook contract UMAHUB_API = {api!r}, but this umahub speaks "

@@ -38,6 +38,7 @@ import numpy as np
 
 from umahub.config import EXECUTORS
 from umahub.errors import UmahubError
+from umahub.runtime.threadpool import spin_briefly
 
 __all__ = [
     "AUTO_TRIALS",
@@ -94,6 +95,8 @@ class Runner:
 
     def __init__(self, library: Any, devices: int, weight_devices: Sequence[int] = ()):
         import tvm
+
+        spin_briefly()  # umahub's spin count, for the models umahub runs (before a kernel runs)
 
         self.library = library
         self.devices = [tvm.cpu(i) for i in range(devices)]

@@ -17,9 +17,14 @@ model, so the VM loses nothing, and an idle worker soon sleeps. The
 concurrent executor pays for it: a lane's first kernel after a handoff wakes
 a sleeping worker. Where that shows, on few cores, the concurrent executor is
 slower than the VM anyway, and ``executor = "auto"`` keeps the VM. The count
-is read once per process, when TVM's first pool starts, so umahub sets it
-when it is imported, before any kernel runs; a value the user set is left
-alone.
+is read once per process, when TVM's first pool starts. umahub sets it for
+the models it runs, not for every TVM program: when it first loads a model
+to run it (:class:`umahub.runtime.running.Runner`: ``Hub.compile``,
+``umahub.load``, ``verify``), never at ``import umahub`` or ``import tvm``.
+A value the user set is left alone, and in a process whose TVM already ran
+a parallel kernel before umahub loaded a model the pool keeps the count it
+started with (set ``TVM_THREAD_POOL_SPIN_COUNT`` yourself to choose one for
+the whole process).
 """
 
 from __future__ import annotations

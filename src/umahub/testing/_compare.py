@@ -30,13 +30,14 @@ class Tolerance:
 
     An output element ``a`` matches the host's ``r`` when
     ``|a - r| <= atol + rtol * |r|`` (numpy's ``allclose`` rule), where
-    ``atol = atol_scale * max(1, max |reference|)``: the absolute part grows
-    with the magnitude of the output, so a model whose logits are in the
-    hundreds is held to the same relative standard as one whose are near 1.
+    ``atol = atol_scale * max |reference|``: the absolute part follows the
+    magnitude of the output, with no floor, so a model whose logits are in the
+    hundreds and one whose outputs are near 1e-15 are held to the same
+    relative standard (an all-zero result for small outputs fails).
 
     Attributes:
         rtol: relative tolerance.
-        atol_scale: absolute tolerance per unit of ``max(1, max |reference|)``.
+        atol_scale: absolute tolerance per unit of ``max |reference|``.
     """
 
     rtol: float = 1e-4
@@ -48,13 +49,13 @@ class Tolerance:
 
         ref = np.asarray(reference)
         peak = float(np.max(np.abs(ref))) if ref.size else 0.0
-        return self.atol_scale * max(1.0, peak)
+        return self.atol_scale * peak
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, with the rule in words (for the report)."""
         return {
             "rtol": self.rtol,
-            "atol": f"{self.atol_scale:g} * max(1, max|reference|)",
+            "atol": f"{self.atol_scale:g} * max|reference|",
             "rule": "|actual - reference| <= atol + rtol * |reference|, elementwise",
         }
 

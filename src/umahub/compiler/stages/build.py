@@ -38,7 +38,7 @@ from umahub.compiler.compilation import Compilation, Partitioned
 from umahub.compiler.tir_phases import PIPELINE_NAME as TIR_PIPELINE
 from umahub.compiler.vdevice import VirtualDevice
 from umahub.config import HOST
-from umahub.errors import CompileError, last_line
+from umahub.errors import CompileError, message_line
 from umahub.host import prepack, scratch, storage_plan
 from umahub.host.lowering import HOST_TARGET, lower_host
 from umahub.ir import bindings, node_name, partition_call
@@ -108,6 +108,7 @@ def place_on_devices(
     copy_kind: Mapping[str, str],
     realize: bool = True,
     lift_weights: bool = True,
+    one_device: bool = False,
 ) -> tuple[tvm.IRModule, list[Copy], list[int]]:
     """Put each partition (by symbol) on its device and insert the copies.
 
@@ -124,12 +125,14 @@ def place_on_devices(
         realize: run ``RealizeVDevice`` (needed to build; not to count copies).
         lift_weights: make weights parameters copied at load; False copies
             them at every inference and keeps ``main``'s parameters as they are.
+        one_device: every virtual device on runtime device 0 (the copies stay):
+            what TVM's ``relax.VirtualMachine(executable, tvm.cpu())`` runs.
 
     Returns:
         The module, the copies (in the order they happen), and the runtime
         device index of each weight parameter.
     """
-    return DevicePlacer(mod, device_of, devices, copy_kind, lift_weights).place(realize)
+    return DevicePlacer(mod, device_of, devices, copy_kind, lift_weights, one_device).place(realize)
 
 
 class DevicePlacer:
@@ -148,11 +151,15 @@ class DevicePlacer:
         devices: Sequence[str],
         copy_kind: Mapping[str, str],
         lift_weights: bool = True,
+        one_device: bool = False,
     ) -> None:
         self.mod = mod
         self.device_of = device_of
         self.copy_kind = copy_kind
-        self.vdevices = [VDevice("llvm", i, "global") for i in range(len(devices))]
+        if one_device:  # TVM's VM numbers a device by its place in the list: one for all
+            self.vdevices = [VDevice("llvm", 0, "global")] * len(devices)
+        else:
+            self.vdevices = [VDevice("llvm", i, "global") for i in range(len(devices))]
         #: virtual device name -> runtime device index
         self.index = {name: i for i, name in enumerate(devices)}
         self.main = mod["main"]
@@ -368,13 +375,17 @@ def count_copies(comp: Compilation) -> None:
     _virtual_devices(comp.hub, comp.reports.values(), devices)
 
 
-def prepare(comp: Compilation, placed: Partitioned, lift_weights: bool = True) -> tvm.IRModule:
+def prepare(
+    comp: Compilation, placed: Partitioned, lift_weights: bool = True, one_device: bool = False
+) -> tvm.IRModule:
     """The placed module, ready for TVM's Relax pipeline: partitions replaced by calls
     of their runtime modules (``RunCodegen``), on their devices, with the copies.
 
     Sets ``comp.devices`` and ``comp.copies``. ``lift_weights``: see
     :func:`place_on_devices`; False keeps ``main``'s signature the model's own
-    (what a module handed back to ``tvm.compile`` must do).
+    (what a module handed back to ``tvm.compile`` must do). ``one_device``:
+    every virtual device on runtime device 0 (the copies stay), so that TVM's
+    ``relax.VirtualMachine(executable, tvm.cpu())`` runs it.
     """
     hub = comp.hub
     devices, device_of, kinds = _devices(hub, placed)
@@ -388,7 +399,7 @@ def prepare(comp: Compilation, placed: Partitioned, lift_weights: bool = True) -
             host = relax.transform.RunCodegen()(host)
         host = prepack.fold(host, comp.packers)
         host, copies, weight_devices = place_on_devices(
-            host, device_of, devices, kinds, lift_weights=lift_weights
+            host, device_of, devices, kinds, lift_weights=lift_weights, one_device=one_device
         )
     if comp.fallen:
         host = relax.transform.LambdaLift()(host)  # fallen-back composites are local
@@ -422,8 +433,13 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
             ) from exc
 
 
-def load(comp: Compilation, executable: Any) -> Compiled:
-    """The runnable model of ``executable``, built from ``comp``'s prepared module."""
+def load(comp: Compilation, executable: Any, kernels_linked: bool = False) -> Compiled:
+    """The runnable model of ``executable``, built from ``comp``'s prepared module.
+
+    ``kernels_linked``: the executable carries its C partitions and the plugins'
+    kernel libraries as object files (``relax_pipeline``), which the export
+    links without the plugins' include directories and C sources.
+    """
     placed = comp.placed()
     used = [comp.hub.accelerator(p.accelerator) for p in placed.partitions]
     kinds_built = {codegen.module_kind(comp.modules[p.symbol]) for p in placed.partitions}
@@ -435,7 +451,7 @@ def load(comp: Compilation, executable: Any) -> Compiled:
         executable,
         comp.devices,
         signature_of(comp.mod["main"]),
-        codegen.export_options(used),
+        codegen.export_options([] if kernels_linked else used),
         None,
         comp.weight_devices,
         needs_export=linked,
@@ -459,7 +475,7 @@ def run(comp: Compilation) -> None:
             raise
         message = (
             f"building the model with its partitions placed failed ({type(exc).__name__}: "
-            f"{last_line(exc)}); a symbol missing at load time points "
+            f"{message_line(exc)}); a symbol missing at load time points "
             "at a plugin's kernel library (c_sources), anything else is a bug to report"
         )
         comp.fail(message, CompileError, exc, then="every partition runs on the host")

@@ -26,7 +26,7 @@ from umahub.compiler import codegen
 from umahub.compiler.compilation import Compilation, Partition, written
 from umahub.compiler.lowering import default_relax_to_tir
 from umahub.compiler.tir_phases import PHASES, use_phase_passes
-from umahub.errors import CompileError, PluginFailure, PluginOutputError, last_line
+from umahub.errors import CompileError, PluginFailure, PluginOutputError, message_line
 from umahub.host import prepack
 from umahub.host.prepack import Packing
 from umahub.hub.contract import (
@@ -179,7 +179,7 @@ def _lowering_failure(
         return str(exc), type(exc), exc
     else:
         who = f"lowering of '{acc.name}' failed"
-    detail = last_line(exc)
+    detail = message_line(exc)
     return (
         f"{who} for partition {p.symbol} ({', '.join(p.patterns)}) on {p.device}: "
         f"{type(exc).__name__}: {detail}",

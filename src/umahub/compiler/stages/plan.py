@@ -66,13 +66,22 @@ def _patterns_getter(comp: Compilation) -> Callable[[Any], list[Any]]:
     hub = comp.hub
 
     def ask(acc: Any) -> list[Any]:
-        with recording():
+        with recording() as calls:
             results = hub.traced_hook.umahub_patterns(accelerator=acc)
             givers = returned_by("umahub_patterns", len(results))
+        owner = hub.owner(acc.name)
+        # pluggy leaves None out of the results: the owner's None is in the log only
+        said_none = (
+            [(owner, None)]
+            if any(
+                c.plugin == owner and c.hook == "umahub_patterns" and not c.returned for c in calls
+            )
+            else []
+        )
         patterns = []
-        for plugin, result in zip(givers, results):
+        for plugin, result in [*zip(givers, results), *said_none]:
             try:
-                patterns += checked_patterns(acc, result)
+                patterns += checked_patterns(acc, result, own=plugin == owner)
             except PluginOutputError as exc:
                 raise PluginFailure(plugin, "umahub_patterns", exc) from exc
         return patterns

@@ -204,10 +204,11 @@ def verify_partitions(
             args[index] = weight
         wanted = _host_outputs(kernels[symbol], args, n_inputs)
         error = max((_largest_error(g, w) for g, w in zip(args[n_inputs:], wanted)), default=0.0)
-        scale = max(
-            [1.0]
-            + [float(np.max(np.abs(w[np.isfinite(w)]), initial=0.0)) for w in wanted if w.size]
-        )
+        peaks = [float(np.max(np.abs(w[np.isfinite(w)]), initial=0.0)) for w in wanted if w.size]
+        if all(w.dtype == bool or np.issubdtype(w.dtype, np.integer) for w in wanted):
+            scale = max([1.0, *peaks])  # integers: in units of the step, as before
+        else:  # floats: relative to the reference's own scale, however small (no floor of 1)
+            scale = max(peaks, default=0.0)
         verdicts[symbol] = Verdict(symbol, error, tolerance * scale)
     return verdicts
 
