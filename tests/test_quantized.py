@@ -298,6 +298,23 @@ def test_per_channel_input_scales_are_left_to_tvms_float_lowering():
     assert lower_quantized(mod)[1] == 0
 
 
+def test_what_umahub_does_not_compute_in_integers_runs_whole_on_the_host_and_says_why(npu_hub):
+    mod, _ = qconv_graph(x_per_channel=True)
+    compiled = npu_hub.compile(mod)
+    # not even the npu's float conv2d patterns take its convolution
+    assert {o.device for o in compiled.report.placement} == {"host"}
+    (row,) = compiled.report.quantized
+    assert (row["device"], row["integers"], row["why"]) == (
+        "host",
+        False,
+        "umahub does not compute it in integers: a scale per channel on the input "
+        "(one for the tensor is needed); it runs in float32 as written",
+    )
+    assert "quantized operators: 1, in integers (none), in float32 on the host 1" in str(
+        compiled.report
+    )
+
+
 # ------------------------------------------------------------------ through umahub
 
 
@@ -357,6 +374,7 @@ def test_asymmetric_weights_stay_on_the_host_in_integers_with_the_npus_reason(np
             "pattern": "",
             "why": "npu.qconv2d_bias_act refused it: weights with a nonzero zero point; "
             "the npu takes symmetric weights",
+            "integers": True,
         }
     ]
     text = str(compiled.report).splitlines()

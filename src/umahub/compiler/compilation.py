@@ -107,8 +107,8 @@ class Partitioned:
     partitions: tuple[Partition, ...]
     operators: tuple[Operator, ...]
     #: each quantized operator as (its final quantize's node, its kind, why no
-    #: accelerator took it: "" when one did)
-    quantized: tuple[tuple[str, str, str], ...] = ()
+    #: accelerator took it: "" when one did, whether umahub computes it in integers)
+    quantized: tuple[tuple[str, str, str, bool], ...] = ()
 
     def to_host(self, symbols: set[str]) -> Partitioned:
         """The same, with the partitions named by ``symbols`` sent back to the host."""
@@ -128,11 +128,11 @@ class Partitioned:
         return Partitioned(mod, partitions, operators, self.quantized)
 
 
-def _quantized_rows(placed: Partitioned) -> list[dict[str, str]]:
+def _quantized_rows(placed: Partitioned) -> list[dict[str, Any]]:
     """The report's quantized operators: where each runs and, on the host, why."""
     where = {o.name: o for o in placed.operators if o.op == "relax.quantize"}
     rows = []
-    for node, kind, why in placed.quantized:
+    for node, kind, why, integers in placed.quantized:
         op = where.get(node)
         device = op.device if op is not None else "host"
         pattern = op.pattern if op is not None else ""
@@ -143,6 +143,7 @@ def _quantized_rows(placed: Partitioned) -> list[dict[str, str]]:
                 "device": device,
                 "pattern": pattern,
                 "why": why if device == "host" else "",
+                "integers": integers,
             }
         )
     return rows

@@ -206,10 +206,17 @@ class Matches(list):
 
 def quantized_parts(func: Any) -> dict:
     """Each variable ``func`` binds inside a quantized operator (its float
-    convolution or matmul, bias add and activation) -> the variable of the
-    operator's final quantize (:func:`umahub.plugin.describe_quantized`)."""
-    from umahub.plugin.quantization import describe_quantized
+    convolution or matmul, bias add, residual add and activation) -> the
+    variable of the operator's final quantize.
 
+    A quantized operator here is the form (:func:`umahub.plugin.quantized`):
+    a convolution or matmul of two dequantized operands, then adds and an
+    activation, then a quantize; whether or not umahub computes it in integers
+    (:func:`umahub.plugin.describe_quantized`). One it does not (a scale per
+    input channel, 16-bit operands) runs on the host as written, whole: a
+    float pattern taking its convolution would compute it elsewhere in float32
+    and round differently.
+    """
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
     parts: dict = {}
     for var, value in bound.items():
@@ -217,20 +224,15 @@ def quantized_parts(func: Any) -> dict:
             isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.quantize"
         ):
             continue
-        try:
-            describe_quantized(value, bound.get)
-        except ValueError:
-            continue
-        inner = value.args[0]
+        chain, inner = [], value.args[0]
         while isinstance(inner, relax.Var) and inner in bound and inner not in parts:
-            parts[inner] = var
             step = bound[inner]
-            if not isinstance(step, relax.Call) or step.op.name in (
-                "relax.nn.conv2d",
-                "relax.matmul",
-            ):
+            if not _float_op(step):
                 break
-            # an activation or the bias add: on to the convolution or matmul
+            chain.append(inner)
+            if step.op.name in _PRODUCERS:
+                break
+            # an activation or an add: on to the convolution or matmul
             inner = next(
                 (
                     a
@@ -239,7 +241,28 @@ def quantized_parts(func: Any) -> dict:
                 ),
                 None,
             )
+        producer = bound[chain[-1]] if chain else None
+        if (
+            producer is not None
+            and producer.op.name in _PRODUCERS
+            and _dequantized(producer, bound)
+        ):
+            parts.update(dict.fromkeys(chain, var))
     return parts
+
+
+_PRODUCERS = ("relax.nn.conv2d", "relax.matmul")
+
+
+def _dequantized(producer: relax.Call, bound: dict) -> bool:
+    """Whether both operands of ``producer`` are dequantized."""
+    for arg in producer.args:
+        value = bound.get(arg) if isinstance(arg, relax.Var) else arg
+        if not (
+            isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.dequantize"
+        ):
+            return False
+    return True
 
 
 def _float_op(value: Any) -> bool:

@@ -69,8 +69,9 @@ class ReportData:
     host_schedules: dict[str, int] = field(default_factory=dict)  # how -> host functions
     auto: dict[str, Any] | None = None  # placement by cost: umahub.auto.AutoChoice.to_dict()
     #: each quantized operator: node (its final quantize), kind, device, pattern,
-    #: and why no accelerator took it ("" where one did); computed in integers either way
-    quantized: list[dict[str, str]] = field(default_factory=list)
+    #: why no accelerator took it ("" where one did), and whether umahub computes it
+    #: in integers (else the host computes it in float32, as written)
+    quantized: list[dict[str, Any]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ summaries
 

@@ -102,15 +102,20 @@ def describe(auto: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _quantized(rows: list[dict[str, str]]) -> list[str]:
+def _quantized(rows: list[dict[str, Any]]) -> list[str]:
     """Where the quantized operators run; why those on the host are there."""
     if not rows:
         return []
     counts: dict[str, int] = {}
     for row in rows:
-        counts[row["device"]] = counts.get(row["device"], 0) + 1
+        if row.get("integers", True):
+            counts[row["device"]] = counts.get(row["device"], 0) + 1
     where = ", ".join(f"{d} {n}" for d, n in sorted(counts.items()))
-    lines = [f"quantized operators: {len(rows)}, in integers ({where})"]
+    floats = len(rows) - sum(counts.values())
+    lines = [
+        f"quantized operators: {len(rows)}, in integers ({where or 'none'})"
+        + (f", in float32 on the host {floats}" if floats else "")
+    ]
     for row in rows:
         if row["device"] == "host":
             lines.append(f"  {row['node']} (q{row['kind']}) on host: {row['why']}")

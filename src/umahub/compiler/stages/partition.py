@@ -198,13 +198,24 @@ def partition(
     funcs.update(renamed)
     mod = tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
     quantized_ops = tuple(
-        (node, kind, _why_on_host(refusals.get(node, []))) for node, kind in quantized
+        (
+            node,
+            kind,
+            f"umahub does not compute it in integers: {problem}; it runs in float32 as written"
+            if problem
+            else _why_on_host(refusals.get(node, [])),
+            not problem,
+        )
+        for node, kind, problem in quantized
     )
     return Partitioned(mod, tuple(placed.values()), tuple(operators), quantized_ops)
 
 
-def _quantized_roots(main: relax.Function, parts: dict) -> list[tuple[str, str]]:
-    """(node, kind) of each quantized operator's final quantize, in model order."""
+def _quantized_roots(main: relax.Function, parts: dict) -> list[tuple[str, str, str]]:
+    """(node, kind, problem) of each quantized operator's final quantize, in model order;
+    ``problem`` says why umahub does not compute it in integers ("" where it does)."""
+    from umahub.plugin.quantization import describe_quantized
+
     roots = set(parts.values())
     bound = {b.var: b.value for block in main.body.blocks for b in block.bindings}
     found = []
@@ -216,7 +227,12 @@ def _quantized_roots(main: relax.Function, parts: dict) -> list[tuple[str, str]]
                     for v, r in parts.items()
                     if r.same_as(binding.var) and bound[v].op.name in _PRODUCERS
                 )
-                found.append((node_name(binding), kind))
+                try:
+                    describe_quantized(binding.value, bound.get)
+                    problem = ""
+                except ValueError as exc:
+                    problem = str(exc)
+                found.append((node_name(binding), kind, problem))
     return found
 
 
