@@ -552,3 +552,8 @@ def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub)
         ("npu:0", "npu.qconv2d_bias_residual_act")
     ]
     np.testing.assert_array_equal(compiled.run(x, res), expected)
+
+
+def test_16_bit_operands_are_not_computed_in_integers():
+    mod, _ = qconv_graph(x_dtype="int16", x_zp=0)
+    assert lower_quantized(mod)[1] == 0

@@ -446,6 +446,9 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
     data = _params(dq_x, lookup, "input", len(shape_x))
     weight = _params(dq_w, lookup, "weight", len(shape_w))
     output = _params(quantize, lookup, "output", len(shape_y))
+    wide = [p.dtype for p in (data, weight) if p.dtype not in ("int8", "uint8")]
+    if wide:
+        raise ValueError(f"{wide[0]} operands (8-bit ones are computed in integers)")
     if data.per_channel:
         raise ValueError("a scale per channel on the input (one for the tensor is needed)")
     if output.per_channel:
