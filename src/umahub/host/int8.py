@@ -139,6 +139,8 @@ def _side_stages(sch: s_tir.Schedule, weights: frozenset[int]) -> bool:
     names = set(_block_names(sch))
     for name in ("pad_zero_point", "window_sum"):
         if name in names:
+            if name == "pad_zero_point" and _copy_in_rows(sch, sch.get_sblock(name)):
+                continue
             _parallel_outer(sch, sch.get_sblock(name))
     prepacked = False
     if "weight_packed" in names:
@@ -150,6 +152,22 @@ def _side_stages(sch: s_tir.Schedule, weights: frozenset[int]) -> bool:
         else:
             _parallel_outer(sch, block, keep=2)
     return prepacked
+
+
+def _copy_in_rows(sch: s_tir.Schedule, block: Any) -> bool:
+    """The convolution input's copy (``[N, C/4, H, W, 4]``) by rows: a parallel loop
+    over the rows, each row a loop over its positions with the four bytes of a
+    group unrolled (fused into one loop, LLVM vectorized the copy with a division
+    per byte). Whether ``block`` was such a copy."""
+    loops = sch.get_loops(block)
+    if len(loops) != 5:
+        return False
+    b, cb, i, _, ci = loops
+    rows = sch.fuse(b, cb, i)
+    if int(sch.get(rows).extent) > 1:
+        sch.parallel(rows)
+    sch.unroll(ci)  # scalar bytes: LLVM's vectors of this gather are far slower
+    return True
 
 
 def _tail(sch: s_tir.Schedule) -> None:
@@ -286,11 +304,25 @@ def _conv(sch: s_tir.Schedule, vnni: bool) -> None:
     if int(sch.get(tile).extent) > 1:
         sch.parallel(tile)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
+    _requantize_by_channels(sch, o1, x1, channels)
     b, ob, yy, xx, oi, rc, ry, rx, ri = sch.get_loops(dot)[1:]
     sch.reorder(rc, ry, rx, b, ob, yy, xx, oi, ri)
     sch.decompose_reduction(dot, rc)
     _unroll_small(sch, ob, xx)
     _inner(sch, dot, oi, vnni)
+
+
+def _requantize_by_channels(
+    sch: s_tir.Schedule, channel: Any, position: Any, channels: int
+) -> None:
+    """The tile's requantization as vectors of 16 channels: the accumulator's own
+    vectors, the per-channel multiplier, bias and weight sums read contiguously,
+    the 16 bytes stored one by one (a channel apart in the output)."""
+    if channels % 16:
+        return
+    blocks, lanes = sch.split(channel, [None, 16])
+    sch.reorder(blocks, position, lanes)
+    sch.vectorize(lanes)
 
 
 def _unroll_small(sch: s_tir.Schedule, *loops: Any) -> None:
