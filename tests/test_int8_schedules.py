@@ -55,9 +55,47 @@ def test_a_quantized_convolution_on_the_host_is_exact_with_either_schedule(host_
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
-def test_a_depthwise_convolution_keeps_the_plain_sum(host_hub):
+def test_a_narrow_depthwise_convolution_keeps_the_generic_schedule(host_hub):
     mod, parts = qconv_graph(channels=(8, 8), groups=8)
     x = _x({})
+    compiled = host_hub.compile(mod)
+    assert not any(k.startswith("int8") for k in compiled.report.host_schedules)
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
+DEPTHWISE = {
+    "uint8 input, relu": {},
+    "int8 input, asymmetric weights, clip": {
+        "x_dtype": "int8",
+        "x_zp": -3,
+        "w_zp": 5,
+        "activation": "clip",
+    },
+    "uneven padding, float bias": {"padding": (0, 1, 2, 1), "bias": "float"},
+}
+
+
+@pytest.mark.parametrize(
+    "target", [pytest.param(VNNI, marks=needs_vnni), NO_VNNI], ids=["vnni", "fallback"]
+)
+@pytest.mark.parametrize("case", DEPTHWISE)
+def test_a_wide_depthwise_convolution_is_exact_in_int32_vectors(host_hub, case, target):
+    options = {"channels": (16, 16), "groups": 16, "size": 58, **DEPTHWISE[case]}
+    mod, parts = qconv_graph(**options)
+    dtype = options.get("x_dtype", "uint8")
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, 58, 58))
+    x = x.astype(dtype)
+    compiled = host_hub.compile(mod, target=target)
+    assert compiled.report.host_schedules == {
+        "int8 depthwise: int32 vectors over a row's positions": 1
+    }
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
+def test_a_strided_depthwise_convolution_keeps_the_generic_schedule(host_hub):
+    mod, parts = qconv_graph(channels=(16, 16), groups=16, size=58, strides=(2, 2))
+    x = np.random.default_rng(3).integers(0, 256, size=(1, 16, 58, 58)).astype("uint8")
     compiled = host_hub.compile(mod)
     assert not any(k.startswith("int8") for k in compiled.report.host_schedules)
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
