@@ -21,9 +21,21 @@ int32 lanes, without the int16 saturation of ``vpmaddubsw``.
   channels as one int32 vector, which LLVM builds from exact widening
   multiplies (never the saturating ``vpmaddubsw``);
 * the requantization (``requantized``, which reads ``dot``) computed per
-  tile, while the tile is in cache; the input's copy and the per-position
-  sums (``window_sum``) are parallel stages of their own; the per-channel
-  stages (multiplier, bias, weight sums) are ``O(channels)``.
+  tile, while the tile is in cache, as vectors of 16 channels (the
+  accumulator's own vectors); the input's copy (by rows, the four bytes of a
+  group unrolled) and the per-position sums (``window_sum``) are parallel
+  stages of their own; the per-channel stages (multiplier, bias, weight sums)
+  are ``O(channels)``.
+
+A depthwise convolution stays in the plain sum (``acc``; no byte dot product
+fits one input channel per output channel): :func:`schedule_int8` computes
+it a row of up to 64 positions at a time as int32 vectors, the kernel's taps
+outside the vectors.
+
+Why this module is long: the schedules of the three kernel classes share
+their tiling helpers and the ``vpdpbusd`` rewrite that the conv2d and matmul
+tiles rely on; split, the marker and its pass would live apart from the
+schedule that places it.
 
 A weight packed inside the kernel (a partition, whose weight is a
 parameter) has its packing block annotated for packing at compile time
@@ -68,7 +80,8 @@ def has_vnni(target: Any = None) -> bool:
 
 def int8_kernel(sch: s_tir.Schedule) -> str | None:
     """``"conv2d"`` or ``"matmul"`` when ``sch``'s function is a packed-form quantized
-    kernel (its blocks ``dot`` and ``requantized``), else None."""
+    kernel (its blocks ``dot`` and ``requantized``), ``"depthwise"`` for a depthwise
+    convolution in the plain sum (``acc`` and ``requantized``), else None."""
     names = _block_names(sch)
     if "requantized" not in names:
         return None
@@ -79,19 +92,12 @@ def int8_kernel(sch: s_tir.Schedule) -> str | None:
 
 
 def _is_depthwise(sch: s_tir.Schedule) -> bool:
-    """Whether the plain sum ``acc`` is a depthwise convolution this schedule is
-    faster for: one input channel per output channel (``acc``'s loops: batch,
-    channel, row, column, and the reduction over one channel, kernel rows and
-    columns), stride 1 and no dilation along the rows (the padded row is the
-    output's and the kernel's width), rows of at least 56 positions (narrower
-    or strided ones measured slower than the generic rules)."""
+    """Whether the plain sum ``acc`` is a depthwise convolution: one input channel
+    per output channel (``acc``'s loops: batch, channel, row, column, and the
+    reduction over one channel, kernel rows and columns)."""
     acc = sch.get_sblock("acc")
     loops = sch.get_loops(acc)
-    if len(loops) != 7 or int(sch.get(loops[4]).extent) != 1:
-        return False
-    width, kernel = int(sch.get(loops[3]).extent), int(sch.get(loops[6]).extent)
-    padded = sch.get_loops(sch.get_sblock("pad_zero_point"))[-1]
-    return width >= 56 and int(sch.get(padded).extent) == width + kernel - 1
+    return len(loops) == 7 and int(sch.get(loops[4]).extent) == 1
 
 
 def _func(sch: s_tir.Schedule) -> Any:
@@ -344,10 +350,11 @@ def _requantize_by_channels(
 
 
 def _depthwise(sch: s_tir.Schedule) -> None:
-    """A depthwise convolution in the plain sum: a tile of one channel by a run of
-    up to 64 positions of one row, its accumulators int32 vectors over the positions,
-    the kernel's rows and columns outside it (each weight broadcast once), the
-    requantization of the same vector; the padded copy by rows."""
+    """A depthwise convolution in the plain sum (any stride, padding, row width):
+    a tile of one channel by a run of up to 64 positions of one row, its
+    accumulators int32 vectors over the positions, the kernel's rows and columns
+    outside them (each weight broadcast once), the requantization in the same
+    vectors; the padded copy by rows."""
     pad = sch.get_sblock("pad_zero_point")
     loops = sch.get_loops(pad)
     rows = sch.fuse(*loops[:-1])
@@ -416,7 +423,8 @@ def schedule_int8(
 
     Returns:
         What was done, for the report (``"int8 conv2d: vnni, 16x4 dot,
-        weights packed at compile time"``), or None (``sch`` unchanged) when
+        weights packed at compile time"``, ``"int8 depthwise: int32 vectors
+        over a row's positions"``), or None (``sch`` unchanged) when
         the function is no such kernel or a primitive refused.
     """
     try:
