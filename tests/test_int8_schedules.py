@@ -64,8 +64,6 @@ DEPTHWISE = {
         "activation": "clip",
     },
     "uneven padding, float bias": {"padding": (0, 1, 2, 1), "bias": "float"},
-    "stride 2": {"strides": (2, 2)},
-    "a narrow row": {"size": 10},
 }
 
 
@@ -101,6 +99,20 @@ def test_a_quantized_matmul_by_a_weight_is_exact_with_either_schedule(host_hub, 
     bias.uniform(0.001, 0.01, 12)
     expected = _matmul_reference(a, b, scales, bias.uniform(-1, 1, 12).astype("float32"))
     np.testing.assert_array_equal(compiled.run(a), expected)
+
+
+@pytest.mark.parametrize(
+    "options", [{"strides": (2, 2), "size": 58}, {"size": 10}], ids=["stride 2", "narrow"]
+)
+def test_the_host_leaves_strided_and_narrow_depthwise_convolutions_to_its_generic_rules(
+    host_hub, options
+):
+    mod, parts = qconv_graph(channels=(16, 16), groups=16, **options)
+    size = options["size"]
+    x = np.random.default_rng(3).integers(0, 256, size=(1, 16, size, size)).astype("uint8")
+    compiled = host_hub.compile(mod)
+    assert not any(k.startswith("int8") for k in compiled.report.host_schedules)
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
 def test_the_npu_schedules_a_quantized_depthwise_partition():

@@ -48,7 +48,14 @@ from typing import Any
 
 from tvm import s_tir
 
-__all__ = ["VNNI_ANNOTATION", "has_vnni", "int8_kernel", "schedule_int8", "vnni_dot_pass"]
+__all__ = [
+    "VNNI_ANNOTATION",
+    "has_vnni",
+    "int8_kernel",
+    "schedule_int8",
+    "vnni_dot_pass",
+    "wide_depthwise",
+]
 
 #: The block annotation marking a 16x4 step for ``vpdpbusd`` (:func:`vnni_dot_pass`).
 VNNI_ANNOTATION = "umahub.vpdpbusd"
@@ -98,6 +105,18 @@ def _is_depthwise(sch: s_tir.Schedule) -> bool:
     acc = sch.get_sblock("acc")
     loops = sch.get_loops(acc)
     return len(loops) == 7 and int(sch.get(loops[4]).extent) == 1
+
+
+def wide_depthwise(sch: s_tir.Schedule) -> bool:
+    """Whether ``sch``'s depthwise kernel (:func:`int8_kernel` says ``"depthwise"``)
+    has stride-1 rows of at least 56 positions: where its schedule measured faster
+    than the host's generic rules (narrower or strided rows measured slower; an
+    accelerator without such rules takes them all)."""
+    acc = sch.get_sblock("acc")
+    loops = sch.get_loops(acc)
+    width, kernel = int(sch.get(loops[3]).extent), int(sch.get(loops[6]).extent)
+    padded = sch.get_loops(sch.get_sblock("pad_zero_point"))[-1]
+    return width >= 56 and int(sch.get(padded).extent) == width + kernel - 1
 
 
 def _func(sch: s_tir.Schedule) -> Any:
