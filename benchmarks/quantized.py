@@ -12,6 +12,9 @@ out, median of repeated runs after warm-up:
 * ``umahub_int8``: umahub, the bundled plugins, default placement, on the QDQ model;
 * ``umahub_fp32``: umahub, the bundled plugins, on the float model.
 
+The machine's load average (1 and 5 minutes) before and after is recorded:
+on a shared machine the engines' times move together with it.
+
 Agreement: umahub's int8 output against ORT's in output quantization units
 (the final DequantizeLinear's scale): how many elements differ by 1, by more;
 and each int8 output's relative error against umahub's float32 one. Results:
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -183,15 +187,23 @@ def main() -> None:
     parser.add_argument("--results", default="quantized", help="results/<name>.json")
     args = parser.parse_args()
     results = {}
+    load_before = os.getloadavg()  # the machine is shared: how busy it was
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             results[name] = measure(name, args.repeat, Path(tmp))
+    load_after = os.getloadavg()
     import tvm
 
     cpu = str(tvm.target.codegen.llvm_get_system_cpu())  # /proc/cpuinfo may not name it
     path = write(
         args.results,
-        {"llvm_cpu": cpu, "threads": THREADS, "repeat": args.repeat, "models": results},
+        {
+            "llvm_cpu": cpu,
+            "threads": THREADS,
+            "repeat": args.repeat,
+            "load_average": {"before": load_before[:2], "after": load_after[:2]},
+            "models": results,
+        },
     )
     print(path)
 

@@ -55,11 +55,33 @@ def test_a_quantized_convolution_on_the_host_is_exact_with_either_schedule(host_
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
-def test_a_depthwise_convolution_keeps_the_plain_sum(host_hub):
-    mod, parts = qconv_graph(channels=(8, 8), groups=8)
-    x = _x({})
-    compiled = host_hub.compile(mod)
-    assert not any(k.startswith("int8") for k in compiled.report.host_schedules)
+DEPTHWISE = {
+    "uint8 input, relu": {},
+    "int8 input, asymmetric weights, clip": {
+        "x_dtype": "int8",
+        "x_zp": -3,
+        "w_zp": 5,
+        "activation": "clip",
+    },
+    "uneven padding, float bias": {"padding": (0, 1, 2, 1), "bias": "float"},
+}
+
+
+@pytest.mark.parametrize(
+    "target", [pytest.param(VNNI, marks=needs_vnni), NO_VNNI], ids=["vnni", "fallback"]
+)
+@pytest.mark.parametrize("case", DEPTHWISE)
+def test_a_depthwise_convolution_is_exact_in_int32_vectors(host_hub, case, target):
+    options = {"channels": (16, 16), "groups": 16, "size": 58, **DEPTHWISE[case]}
+    mod, parts = qconv_graph(**options)
+    dtype, size = options.get("x_dtype", "uint8"), options["size"]
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, size, size))
+    x = x.astype(dtype)
+    compiled = host_hub.compile(mod, target=target)
+    assert compiled.report.host_schedules == {
+        "int8 depthwise: int32 vectors over a row's positions": 1
+    }
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
@@ -77,6 +99,29 @@ def test_a_quantized_matmul_by_a_weight_is_exact_with_either_schedule(host_hub, 
     bias.uniform(0.001, 0.01, 12)
     expected = _matmul_reference(a, b, scales, bias.uniform(-1, 1, 12).astype("float32"))
     np.testing.assert_array_equal(compiled.run(a), expected)
+
+
+@pytest.mark.parametrize(
+    "options", [{"strides": (2, 2), "size": 58}, {"size": 10}], ids=["stride 2", "narrow"]
+)
+def test_the_host_leaves_strided_and_narrow_depthwise_convolutions_to_its_generic_rules(
+    host_hub, options
+):
+    mod, parts = qconv_graph(channels=(16, 16), groups=16, **options)
+    size = options["size"]
+    x = np.random.default_rng(3).integers(0, 256, size=(1, 16, size, size)).astype("uint8")
+    compiled = host_hub.compile(mod)
+    assert not any(k.startswith("int8") for k in compiled.report.host_schedules)
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
+def test_the_npu_schedules_a_quantized_depthwise_partition():
+    mod, parts = qconv_graph(channels=(16, 16), groups=16, size=12, strides=(2, 2))
+    x = np.random.default_rng(3).integers(0, 256, size=(1, 16, 12, 12)).astype("uint8")
+    compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
+    (partition,) = compiled.report.partitions
+    assert partition.schedule == ["int8 depthwise: int32 vectors over a row's positions"]
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
 @needs_vnni

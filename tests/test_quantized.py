@@ -82,8 +82,10 @@ def qconv_graph(
     x_per_channel=False,
     y_scale=0.2,
     seed=0,
+    size=10,
 ):
-    """A quantized convolution as ONNX Runtime's QDQ form has it, and its parts."""
+    """A quantized convolution as ONNX Runtime's QDQ form has it (on a ``size`` x
+    ``size`` input), and its parts."""
     rng = np.random.default_rng(seed)
     cin, cout = channels
     x_scale, y_scale, y_zp = np.float32(0.05), np.float32(y_scale), 3
@@ -98,7 +100,7 @@ def qconv_graph(
     parts.update(y_scale=y_scale, y_zp=y_zp, groups=groups, strides=strides)
     parts.update(padding=padding, dilation=dilation, activation=activation, bias=None)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", TensorType((1, cin, 10, 10), x_dtype))
+    x = relax.Var("x", TensorType((1, cin, size, size), x_dtype))
     axis_scale = _const(w_scale, "float32")
     with bb.function("main", [x]):
         with bb.dataflow():

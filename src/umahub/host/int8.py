@@ -21,9 +21,21 @@ int32 lanes, without the int16 saturation of ``vpmaddubsw``.
   channels as one int32 vector, which LLVM builds from exact widening
   multiplies (never the saturating ``vpmaddubsw``);
 * the requantization (``requantized``, which reads ``dot``) computed per
-  tile, while the tile is in cache; the input's copy and the per-position
-  sums (``window_sum``) are parallel stages of their own; the per-channel
-  stages (multiplier, bias, weight sums) are ``O(channels)``.
+  tile, while the tile is in cache, as vectors of 16 channels (the
+  accumulator's own vectors); the input's copy (by rows, the four bytes of a
+  group unrolled) and the per-position sums (``window_sum``) are parallel
+  stages of their own; the per-channel stages (multiplier, bias, weight sums)
+  are ``O(channels)``.
+
+A depthwise convolution stays in the plain sum (``acc``; no byte dot product
+fits one input channel per output channel): :func:`schedule_int8` computes
+it a row of up to 64 positions at a time as int32 vectors, the kernel's taps
+outside the vectors.
+
+Why this module is long: the schedules of the three kernel classes share
+their tiling helpers and the ``vpdpbusd`` rewrite that the conv2d and matmul
+tiles rely on; split, the marker and its pass would live apart from the
+schedule that places it.
 
 A weight packed inside the kernel (a partition, whose weight is a
 parameter) has its packing block annotated for packing at compile time
@@ -36,7 +48,14 @@ from typing import Any
 
 from tvm import s_tir
 
-__all__ = ["VNNI_ANNOTATION", "has_vnni", "int8_kernel", "schedule_int8", "vnni_dot_pass"]
+__all__ = [
+    "VNNI_ANNOTATION",
+    "has_vnni",
+    "int8_kernel",
+    "schedule_int8",
+    "vnni_dot_pass",
+    "wide_depthwise",
+]
 
 #: The block annotation marking a 16x4 step for ``vpdpbusd`` (:func:`vnni_dot_pass`).
 VNNI_ANNOTATION = "umahub.vpdpbusd"
@@ -68,12 +87,36 @@ def has_vnni(target: Any = None) -> bool:
 
 def int8_kernel(sch: s_tir.Schedule) -> str | None:
     """``"conv2d"`` or ``"matmul"`` when ``sch``'s function is a packed-form quantized
-    kernel (its blocks ``dot`` and ``requantized``), else None."""
+    kernel (its blocks ``dot`` and ``requantized``), ``"depthwise"`` for a depthwise
+    convolution in the plain sum (``acc`` and ``requantized``), else None."""
     names = _block_names(sch)
-    if "dot" not in names or "requantized" not in names:
+    if "requantized" not in names:
         return None
+    if "dot" not in names:
+        return "depthwise" if "acc" in names and _is_depthwise(sch) else None
     dot = sch.get_sblock("dot")
     return "conv2d" if len(sch.get(dot).iter_vars) == 9 else "matmul"
+
+
+def _is_depthwise(sch: s_tir.Schedule) -> bool:
+    """Whether the plain sum ``acc`` is a depthwise convolution: one input channel
+    per output channel (``acc``'s loops: batch, channel, row, column, and the
+    reduction over one channel, kernel rows and columns)."""
+    acc = sch.get_sblock("acc")
+    loops = sch.get_loops(acc)
+    return len(loops) == 7 and int(sch.get(loops[4]).extent) == 1
+
+
+def wide_depthwise(sch: s_tir.Schedule) -> bool:
+    """Whether ``sch``'s depthwise kernel (:func:`int8_kernel` says ``"depthwise"``)
+    has stride-1 rows of at least 56 positions: where its schedule measured faster
+    than the host's generic rules (narrower or strided rows measured slower; an
+    accelerator without such rules takes them all)."""
+    acc = sch.get_sblock("acc")
+    loops = sch.get_loops(acc)
+    width, kernel = int(sch.get(loops[3]).extent), int(sch.get(loops[6]).extent)
+    padded = sch.get_loops(sch.get_sblock("pad_zero_point"))[-1]
+    return width >= 56 and int(sch.get(padded).extent) == width + kernel - 1
 
 
 def _func(sch: s_tir.Schedule) -> Any:
@@ -139,6 +182,8 @@ def _side_stages(sch: s_tir.Schedule, weights: frozenset[int]) -> bool:
     names = set(_block_names(sch))
     for name in ("pad_zero_point", "window_sum"):
         if name in names:
+            if name == "pad_zero_point" and _copy_in_rows(sch, sch.get_sblock(name)):
+                continue
             _parallel_outer(sch, sch.get_sblock(name))
     prepacked = False
     if "weight_packed" in names:
@@ -150,6 +195,22 @@ def _side_stages(sch: s_tir.Schedule, weights: frozenset[int]) -> bool:
         else:
             _parallel_outer(sch, block, keep=2)
     return prepacked
+
+
+def _copy_in_rows(sch: s_tir.Schedule, block: Any) -> bool:
+    """The convolution input's copy (``[N, C/4, H, W, 4]``) by rows: a parallel loop
+    over the rows, each row a loop over its positions with the four bytes of a
+    group unrolled (fused into one loop, LLVM vectorized the copy with a division
+    per byte). Whether ``block`` was such a copy."""
+    loops = sch.get_loops(block)
+    if len(loops) != 5:
+        return False
+    b, cb, i, _, ci = loops
+    rows = sch.fuse(b, cb, i)
+    if int(sch.get(rows).extent) > 1:
+        sch.parallel(rows)
+    sch.unroll(ci)  # scalar bytes: LLVM's vectors of this gather are far slower
+    return True
 
 
 def _tail(sch: s_tir.Schedule) -> None:
@@ -286,11 +347,55 @@ def _conv(sch: s_tir.Schedule, vnni: bool) -> None:
     if int(sch.get(tile).extent) > 1:
         sch.parallel(tile)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
+    _requantize_by_channels(sch, o1, x1, channels)
     b, ob, yy, xx, oi, rc, ry, rx, ri = sch.get_loops(dot)[1:]
     sch.reorder(rc, ry, rx, b, ob, yy, xx, oi, ri)
     sch.decompose_reduction(dot, rc)
     _unroll_small(sch, ob, xx)
     _inner(sch, dot, oi, vnni)
+
+
+def _requantize_by_channels(
+    sch: s_tir.Schedule, channel: Any, position: Any, channels: int
+) -> None:
+    """The tile's requantization as vectors of 16 channels: the accumulator's own
+    vectors, the per-channel multiplier, bias and weight sums read contiguously,
+    the 16 bytes stored one by one (a channel apart in the output)."""
+    if channels % 16:
+        return
+    blocks, lanes = sch.split(channel, [None, 16])
+    sch.reorder(blocks, position, lanes)
+    sch.vectorize(lanes)
+
+
+def _depthwise(sch: s_tir.Schedule) -> None:
+    """A depthwise convolution in the plain sum (any stride, padding, row width):
+    a tile of one channel by a run of up to 64 positions of one row, its
+    accumulators int32 vectors over the positions, the kernel's rows and columns
+    outside them (each weight broadcast once), the requantization in the same
+    vectors; the padded copy by rows."""
+    pad = sch.get_sblock("pad_zero_point")
+    loops = sch.get_loops(pad)
+    rows = sch.fuse(*loops[:-1])
+    if int(sch.get(rows).extent) > 1:
+        sch.parallel(rows)
+    acc = sch.get_sblock("acc")
+    out = sch.get_sblock("requantized")
+    n, o, y, x = sch.get_loops(out)
+    xi = _divisor_at_most(int(sch.get(x).extent), 64)  # a row: 4 vectors of 16
+    x0, x1 = sch.split(x, [None, xi])
+    tile = sch.fuse(n, o, y)
+    if int(sch.get(tile).extent) > 1:
+        sch.parallel(tile)
+    sch.compute_at(acc, x0, preserve_unit_loops=True)
+    *_, lane, rc, ry, rx = sch.get_loops(acc)
+    sch.reorder(rc, ry, rx, lane)
+    sch.decompose_reduction(acc, rc)
+    sch.unroll(ry)
+    sch.unroll(rx)  # the lanes innermost and contiguous: LLVM's vector
+    init = sch.get_sblock("acc_init")
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.vectorize(x1)
 
 
 def _unroll_small(sch: s_tir.Schedule, *loops: Any) -> None:
@@ -337,7 +442,8 @@ def schedule_int8(
 
     Returns:
         What was done, for the report (``"int8 conv2d: vnni, 16x4 dot,
-        weights packed at compile time"``), or None (``sch`` unchanged) when
+        weights packed at compile time"``, ``"int8 depthwise: int32 vectors
+        over a row's positions"``), or None (``sch`` unchanged) when
         the function is no such kernel or a primitive refused.
     """
     try:
@@ -350,6 +456,10 @@ def schedule_int8(
     names = set(_block_names(sch))
 
     def apply(s: s_tir.Schedule) -> bool:
+        if kind == "depthwise":
+            _depthwise(s)
+            _tail(s)
+            return False
         packed_here = _side_stages(s, weights)
         (_conv if kind == "conv2d" else _matmul)(s, vnni)
         _tail(s)
@@ -360,6 +470,8 @@ def schedule_int8(
     except Exception:  # a primitive refusing: the function is left to other rules
         return None
     packed_here = apply(sch)
+    if kind == "depthwise":
+        return "int8 depthwise: int32 vectors over a row's positions"
     how = "vnni, 16x4 dot" if vnni else "int32 vectors, 16 lanes (no VNNI)"
     if "weight_packed" not in names or packed_here:
         where = "weights packed at compile time"

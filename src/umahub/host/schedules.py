@@ -45,7 +45,7 @@ from typing import Any
 from tvm import s_tir, tirx
 
 from umahub.host.conv import schedule_conv2d
-from umahub.host.int8 import schedule_int8
+from umahub.host.int8 import int8_kernel, schedule_int8, wide_depthwise
 from umahub.host.matmul import schedule_matmul
 from umahub.plugin.tir import loop_extents, static_int, static_ints
 from umahub.targets import vector_lanes
@@ -436,6 +436,8 @@ def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
 
 def _int8(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str] | None:
     sch = s_tir.Schedule(func)
+    if int8_kernel(sch) == "depthwise" and not wide_depthwise(sch):
+        return None  # the generic rules below are faster on it
     said = schedule_int8(sch, target)
     return (sch.mod["main"], said) if said is not None else None
 
