@@ -39,7 +39,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def _tvm_backends() -> list[dict[str, str]]:
     """The entry points of TVM's own plugin group, which ``import tvm`` calls."""
-    import importlib_metadata
+    from importlib import metadata as importlib_metadata
 
     found = []
     for ep in sorted(importlib_metadata.entry_points(group="tvm.backends"), key=lambda e: e.name):
