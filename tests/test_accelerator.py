@@ -31,6 +31,15 @@ def test_instances_are_named_virtual_devices():
             {"name": "npu", "memory": [("sram", 1)]},
             "memory holds ('sram', 1), not a umahub.MemoryPool",
         ),
+        (
+            {"name": "npu", "operators": "relax.add"},
+            "operators must be a sequence of Relax operator names, got the string 'relax.add'",
+        ),
+        (
+            {"name": "npu", "operators": ["conv2d"]},
+            "operators holds 'conv2d', which is not a Relax operator name: write them as in "
+            "is_op(...), e.g. 'relax.nn.conv2d', 'relax.add'",
+        ),
     ],
 )
 def test_bad_accelerator_is_refused_with_the_reason(kwargs, message):
@@ -44,6 +53,22 @@ def test_bad_memory_pool_is_refused():
         umahub.MemoryPool("npu.sram", 1024, copy="dma")
     with pytest.raises(ValueError, match="size_bytes must be a positive int"):
         umahub.MemoryPool("npu.sram", 0)
+
+
+def test_declared_operators_are_checked_against_the_registered_relax_operators():
+    """A typo is named with the closest registered operator; names repeat once."""
+    from umahub.plugin.accelerator import unknown_operators
+
+    acc = umahub.Accelerator("npu", operators=["relax.nn.conv2d", "relax.nn.conv2", "relax.add"])
+    assert acc.operators == ("relax.nn.conv2d", "relax.nn.conv2", "relax.add")
+    assert unknown_operators(acc) == [
+        "Accelerator 'npu': operators names 'relax.nn.conv2', which is not a registered "
+        "Relax operator (did you mean 'relax.nn.conv2d'?)"
+    ]
+    assert umahub.Accelerator("npu", operators=("relax.add", "relax.add")).operators == (
+        "relax.add",
+    )
+    assert unknown_operators(umahub.Accelerator("npu")) == []
 
 
 def test_import_umahub_does_not_import_tvm():

@@ -76,3 +76,14 @@ def test_plugins_shows_each_accelerators_description():
     assert lines[row + 1] == f"      {dsp}"
     data = json.loads(run("plugins", "--json").stdout)
     assert {a["name"]: a["description"] for a in data["accelerators"]}["dsp_cpu"] == dsp
+
+
+def test_plugins_shows_the_operators_an_accelerator_declares():
+    ops = "relax.nn.conv2d, relax.add, relax.nn.relu, relax.clip"
+    lines = run("plugins").stdout.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("  vanilla_accel "))
+    assert lines[row + 2] == f"      operators: {ops}"
+    accelerators = json.loads(run("plugins", "--json").stdout)["accelerators"]
+    by_name = {a["name"]: a for a in accelerators}
+    assert by_name["vanilla_accel"]["operators"] == ops.split(", ")
+    assert by_name["alpha_accel"]["operators"] == []

@@ -77,7 +77,7 @@ WRONG_PLUGIN = """
 
 
 def test_option_runs_the_suite_for_a_plugin_and_writes_the_report(pytester):
-    """--umahub-conformance=alpha: seven checks pass; the report has the numbers."""
+    """--umahub-conformance=alpha: eight checks pass; the report has the numbers."""
     result = pytester.runpytest(
         "-p",
         "no:cacheprovider",
@@ -86,7 +86,7 @@ def test_option_runs_the_suite_for_a_plugin_and_writes_the_report(pytester):
         "--umahub-conformance-examples=3",
         "-v",
     )
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=8)
     result.stdout.fnmatch_lines(
         [
             "umahub-conformance::TestConformance::test_partition[[]alpha_accel-mlp[]] PASSED*",
@@ -118,6 +118,7 @@ def test_option_runs_the_suite_for_a_plugin_and_writes_the_report(pytester):
         ],
         "passed",
     )
+    assert alpha["all_models"]["checks"] == {"takes_operators": "passed"}
     graphs = alpha["random_graphs"]
     assert graphs["vocabulary"] == ["relax.add", "relax.nn.relu"]
     assert graphs["examples"] == 3 and graphs["passed"] is True
@@ -136,7 +137,7 @@ def test_selection_and_report_path(pytester):
         "-k",
         "partition",
     )
-    result.assert_outcomes(passed=1, deselected=6)
+    result.assert_outcomes(passed=1, deselected=7)
     report = json.loads(target.read_text())
     assert report["accelerators"]["alpha_accel"]["models"]["mlp"]["checks"] == {
         "partition": "passed"
@@ -181,8 +182,8 @@ def test_cross_option_checks_the_accelerators_together(pytester):
         "cross",
         "-v",
     )
-    # alpha: 6 model checks + random graphs; beta (one instance): 5 + 1.
-    result.assert_outcomes(passed=1, deselected=13)
+    # alpha: 6 model checks + takes_operators + random graphs; beta (one instance): 5 + 2.
+    result.assert_outcomes(passed=1, deselected=15)
     result.stdout.fnmatch_lines(
         [
             "umahub-conformance::TestCrossConformance::test_random_placement"
@@ -309,8 +310,9 @@ def test_suite_subclass_and_fixtures_catch_a_wrong_accelerator(pytester, monkeyp
     )
     target = pytester.path / "report.json"
     result = pytester.runpytest("-p", "no:cacheprovider", f"--umahub-conformance-report={target}")
-    # partition and compile pass; host match, reload, the pin and random graphs fail.
-    result.assert_outcomes(passed=3, failed=4)
+    # partition, compile and takes_operators pass; host match, reload, the pin and random
+    # graphs fail.
+    result.assert_outcomes(passed=4, failed=4)
     result.stdout.fnmatch_lines(["wrong_accel (plugin wrong_plugin): FAILED"])
     wrong = json.loads(target.read_text())["accelerators"]["wrong_accel"]
     mlp = wrong["models"]["mlp"]
@@ -415,7 +417,7 @@ def test_a_quantizing_accelerator_is_checked_on_int8_models_in_units(pytester, m
         "matches_host",
         "-v",
     )
-    result.assert_outcomes(passed=1, failed=1, deselected=9)
+    result.assert_outcomes(passed=1, failed=1, deselected=10)
     result.stdout.fnmatch_lines(
         [
             "umahub-conformance::TestConformance::test_matches_host[[]off_accel-mlp[]] PASSED*",
@@ -451,7 +453,200 @@ def test_an_exact_quantized_kernel_passes_in_units(pytester, monkeypatch):
         "int8",
     )
     # partition, compile, matches_host, export_and_reload, pin_instance:0 on mlp_int8.
-    result.assert_outcomes(passed=5, deselected=6)
+    result.assert_outcomes(passed=5, deselected=7)
     report = json.loads((pytester.path / "umahub-conformance.json").read_text())
     entry = report["accelerators"]["exact_accel"]["models"]["mlp_int8"]
     assert (entry["operators_taken"], entry["largest_units"], entry["passed"]) == (1, 0, True)
+
+
+#: An accelerator whose patterns match nothing, declaring ``{operators}``.
+IDLE_PLUGIN = """
+    import umahub
+
+    UMAHUB_API = 1
+
+
+    @umahub.hookimpl
+    def umahub_accelerators():
+        return [umahub.Accelerator("{name}", codegen="llvm", operators={operators})]
+
+
+    @umahub.hookimpl
+    def umahub_patterns(accelerator):
+        return [] if accelerator.name == "{name}" else None
+"""
+
+
+def _idle_plugin(pytester, monkeypatch, name: str, operators: tuple[str, ...]) -> None:
+    source = IDLE_PLUGIN.format(name=name, operators=operators)
+    pytester.makepyfile(**{f"{name}_plugin": textwrap.dedent(source)})
+    pytester.syspathinsert()
+    monkeypatch.setenv("UMAHUB_PLUGINS", f"{name}_plugin")
+
+
+def test_a_run_in_which_the_accelerator_takes_nothing_fails(pytester, monkeypatch):
+    """Patterns that match nothing, no declaration: the kit run fails, saying what to do."""
+    _idle_plugin(pytester, monkeypatch, "idle_accel", ())
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--umahub-conformance=idle_accel",
+        "--umahub-conformance-models=mlp,cnn",
+    )  # fmt: skip
+    # partition, compile, matches_host, export_and_reload pass on each model; the pins
+    # (nothing to pin) and the random graphs (no operator) are skipped.
+    result.assert_outcomes(passed=8, failed=1, skipped=3)
+    message = (
+        "idle_accel took no operator of the models it was given (mlp, cnn): nothing of it "
+        "was checked. Make its patterns match these models' operators (`umahub explain MODEL` "
+        "shows the placement), give models that have its operators "
+        "(--umahub-conformance-models=..., or the marker's models=), or declare the operators "
+        "it takes, umahub.Accelerator('idle_accel', operators=('relax.nn.conv2d', ...)), so "
+        "that the kit can tell models without them from patterns that match nothing"
+    )
+    result.stdout.fnmatch_lines(
+        ["idle_accel (plugin idle_accel_plugin): FAILED", f"  all models       FAILED: *{message}"]
+    )
+    report = json.loads((pytester.path / "umahub-conformance.json").read_text())
+    assert report["passed"] is False
+    whole = report["accelerators"]["idle_accel"]["all_models"]
+    assert whole["failures"] == [f"takes_operators: {message}"]
+    assert whole["checks"] == {"takes_operators": "failed"}
+
+
+def test_declared_operators_none_of_the_models_has_are_said_not_failed(pytester, monkeypatch):
+    """It declares softmax, which neither mlp nor cnn has: skipped with that message."""
+    _idle_plugin(pytester, monkeypatch, "soft_accel", ("relax.nn.softmax",))
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--umahub-conformance=soft_accel",
+        "--umahub-conformance-models=mlp,cnn", "-k", "takes_operators", "-rs",
+    )  # fmt: skip
+    result.assert_outcomes(skipped=1, deselected=11)
+    message = (
+        "none of the models it was given (mlp, cnn) has an operator soft_accel declares "
+        "(relax.nn.softmax): nothing of it was checked on them; give models that have them "
+        "(--umahub-conformance-models=all tries every model of the zoo)"
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "soft_accel (plugin *): passed",
+            f"  all models       takes_operators skipped: {message}",
+            f"SKIPPED *{message}",
+        ]
+    )
+    report = json.loads((pytester.path / "umahub-conformance.json").read_text())
+    whole = report["accelerators"]["soft_accel"]["all_models"]
+    assert whole["passed"] is True
+    assert whole["notes"] == [f"takes_operators skipped: {message}"]
+
+
+def test_declared_operators_the_models_have_but_it_does_not_take_fail(pytester, monkeypatch):
+    """It declares matmul, which mlp has, and takes nothing: a failure naming them."""
+    _idle_plugin(pytester, monkeypatch, "lazy_accel", ("relax.matmul", "relax.nn.softmax"))
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--umahub-conformance=lazy_accel",
+        "--umahub-conformance-models=mlp", "-k", "takes_operators",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1, deselected=6)
+    whole = json.loads((pytester.path / "umahub-conformance.json").read_text())["accelerators"][
+        "lazy_accel"
+    ]["all_models"]
+    assert whole["failures"] == [
+        "takes_operators: lazy_accel took no operator of the models it was given (mlp), though "
+        "they have operators it declares: relax.matmul (in mlp). Its patterns (or their "
+        "checks) refuse them: `umahub explain MODEL` shows the placement, and the partition "
+        "check which operators it took"
+    ]
+
+
+def test_a_declared_name_that_is_no_relax_operator_fails_the_kit(pytester, monkeypatch):
+    """A typo in the declaration: the kit fails with the closest registered operator."""
+    _idle_plugin(pytester, monkeypatch, "typo_accel", ("relax.nn.softmaxx",))
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--umahub-conformance=typo_accel",
+        "--umahub-conformance-models=mlp", "-k", "takes_operators",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1, deselected=6)
+    result.stdout.fnmatch_lines(
+        [
+            "*Accelerator 'typo_accel': operators names 'relax.nn.softmaxx', which is not a "
+            "registered Relax operator (did you mean 'relax.nn.softmax'?)"
+        ]
+    )
+
+
+#: An accelerator that takes the (1, 10) add (the mlp's last) and computes zeros.
+ZEROS_PLUGIN = """
+    import umahub
+
+    UMAHUB_API = 1
+
+
+    @umahub.hookimpl
+    def umahub_accelerators():
+        return [umahub.Accelerator("zeros_accel", codegen="llvm")]
+
+
+    @umahub.hookimpl
+    def umahub_patterns(accelerator):
+        if accelerator.name != "zeros_accel":
+            return None
+        from tvm.relax.dpl import is_op, wildcard
+
+        add = is_op("relax.add")(wildcard(), wildcard()).has_shape([1, 10])
+        return [("zeros_accel.add", add)]
+
+
+    @umahub.hookimpl
+    def umahub_relax_to_tir(accelerator, function, context):
+        if accelerator.name != "zeros_accel":
+            return None
+        import tvm
+        from tvm import te
+
+        a = te.placeholder((1, 10), "float32", "a")
+        b = te.placeholder((10,), "float32", "b")
+        y = te.compute((1, 10), lambda i, j: a[i, j] * 0.0, "y")
+        prim = te.create_prim_func([a, b, y]).with_attr("global_symbol", context.symbol)
+        return tvm.IRModule({context.symbol: prim})
+"""
+
+
+def test_zeros_for_small_outputs_fail_the_kit(pytester, monkeypatch):
+    """The mlp with its last layer scaled to outputs near 1e-6: a kernel of zeros fails.
+
+    The tolerance follows the reference's scale with no floor of one; with a floor
+    (1e-4 * max(1, largest output)) zeros would pass.
+    """
+    import dataclasses
+
+    import numpy as np
+
+    import umahub.models as zoo
+    from umahub.models import _registry, mlp
+
+    def tiny_weights(rng):
+        weights = mlp.make_weights(rng)
+        return {k: v * 1e-6 if k.startswith("fc2") else v for k, v in weights.items()}
+
+    monkeypatch.setitem(
+        _registry._SPECS, "mlp_tiny", dataclasses.replace(mlp.SPEC, name="mlp_tiny",
+                                                          make_weights=tiny_weights),
+    )  # fmt: skip
+    from umahub.testing._session import host_outputs
+
+    reference = host_outputs(zoo.get("mlp_tiny"), zoo.inputs("mlp_tiny"))
+    assert 1e-7 < np.abs(reference).max() < 1e-5
+    pytester.makepyfile(zeros_plugin=textwrap.dedent(ZEROS_PLUGIN))
+    pytester.syspathinsert()
+    monkeypatch.setenv("UMAHUB_PLUGINS", "zeros_plugin")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--umahub-conformance=zeros_accel",
+        "--umahub-conformance-models=mlp_tiny", "-k", "matches_host or takes_operators", "-rs",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1, failed=1, deselected=5)
+    entry = json.loads((pytester.path / "umahub-conformance.json").read_text())["accelerators"][
+        "zeros_accel"
+    ]["models"]["mlp_tiny"]
+    assert entry["failures"][0].startswith(
+        "matches_host: output: 10 of 10 element(s) differ from the host beyond rtol=0.0001, atol="
+    )
+    assert entry["largest_error"] == pytest.approx(np.abs(reference).max())

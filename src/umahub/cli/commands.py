@@ -39,7 +39,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 def _tvm_backends() -> list[dict[str, str]]:
     """The entry points of TVM's own plugin group, which ``import tvm`` calls."""
-    import importlib_metadata
+    from importlib import metadata as importlib_metadata
 
     found = []
     for ep in sorted(importlib_metadata.entry_points(group="tvm.backends"), key=lambda e: e.name):
@@ -59,6 +59,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     """List every plugin in its effective order, with what it brings or why it failed."""
     import warnings
 
+    from umahub.plugin.accelerator import unknown_operators
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # failures are listed below, not warned twice
         hub = _hub(args)
@@ -74,6 +76,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                     "instances": a.instances,
                     "memory": [vars(p) for p in a.memory],
                     "description": a.description,
+                    "operators": list(a.operators),
                 }
                 for a in hub.accelerators
             ],
@@ -108,6 +111,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             print(f"  {a.name:<16} {a.codegen:<5} x{a.instances}  from {hub.owner(a.name)}{note}")
             if a.description:
                 print(f"      {a.description}")
+            if a.operators:
+                print(f"      operators: {', '.join(a.operators)}")
+                for problem in unknown_operators(a):
+                    print(f"      error: {problem}")
     backends = _tvm_backends()
     if backends:
         print("TVM backends (group tvm.backends, called by TVM itself at 'import tvm'):")

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import platform
-
-import importlib_metadata
+from importlib import metadata as importlib_metadata
 
 __all__ = ["version_text"]
 

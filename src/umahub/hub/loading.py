@@ -25,9 +25,8 @@ import os
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from importlib import metadata as importlib_metadata
 from typing import Any
-
-import importlib_metadata
 
 from umahub.config import Config
 from umahub.errors import PluginConflictError, did_you_mean, warn

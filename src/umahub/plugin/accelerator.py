@@ -14,6 +14,8 @@ CODEGENS = ("c", "llvm")
 COPY_KINDS = ("sync", "async")
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: The shape of a Relax operator's name; whether it is registered is checked with TVM.
+_OP = re.compile(r"^relax(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,16 @@ class Accelerator:
             (fused into one kernel by the default lowering). False keeps one
             pattern match per partition, for backends whose schedules handle
             one kernel at a time.
+        operators: the Relax operators it can take (``"relax.nn.conv2d"``), as
+            a promise to its users and to the conformance kit; () = not said.
+            Optional and informative: the patterns still decide what it takes.
+            With it, a kit run on models that have none of these operators is
+            reported as such (skipped, saying so) instead of failing for taking
+            nothing. Each name must be a registered Relax operator: the shape
+            of the name is checked here, the registry (which needs TVM, which
+            loading a plugin does not import) by :func:`unknown_operators`, which
+            the kit and ``umahub plugins`` call; a typo is named with the
+            closest registered operator.
     """
 
     name: str
@@ -92,6 +104,7 @@ class Accelerator:
     include_dirs: tuple[str, ...] = ()
     description: str = ""
     merge: bool = True
+    operators: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -119,6 +132,21 @@ class Accelerator:
                 raise ValueError(
                     f"Accelerator {self.name!r}: memory holds {pool!r}, not a umahub.MemoryPool"
                 )
+        if isinstance(self.operators, str):
+            raise ValueError(
+                f"Accelerator {self.name!r}: operators must be a sequence of Relax operator "
+                f"names, got the string {self.operators!r} (write ({self.operators!r},))"
+            )
+        object.__setattr__(self, "operators", tuple(dict.fromkeys(self.operators)))
+        for op in self.operators:
+            # The registry check needs TVM, which loading a plugin must not import:
+            # unknown_operators() does it where TVM is at hand (the kit, ``umahub plugins``).
+            if not isinstance(op, str) or not _OP.match(op):
+                raise ValueError(
+                    f"Accelerator {self.name!r}: operators holds {op!r}, which is not a Relax "
+                    "operator name: write them as in is_op(...), e.g. 'relax.nn.conv2d', "
+                    "'relax.add'"
+                )
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -129,3 +157,25 @@ class Accelerator:
     def pool(self) -> MemoryPool | None:
         """The pool the accelerator's partitions live in (the first), or None."""
         return self.memory[0] if self.memory else None
+
+
+def relax_operators() -> frozenset[str]:
+    """The names of the Relax operators registered in TVM (``relax.*``; imports TVM)."""
+    import tvm
+
+    return frozenset(str(n) for n in tvm.ir.Op.list_op_names() if str(n).startswith("relax."))
+
+
+def unknown_operators(accelerator: Accelerator) -> list[str]:
+    """What is wrong with ``accelerator.operators``: one sentence per name that is not a
+    registered Relax operator, with the closest registered name; [] when all are (imports TVM).
+    """
+    from umahub.errors import did_you_mean
+
+    known = relax_operators()
+    return [
+        f"Accelerator {accelerator.name!r}: operators names {op!r}, which is not a registered "
+        f"Relax operator{did_you_mean(op, known)}"
+        for op in accelerator.operators
+        if op not in known
+    ]

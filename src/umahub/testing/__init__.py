@@ -52,6 +52,15 @@ The checks, for each accelerator (and each model where it applies):
 ``pin_instance:<i>``
     with every operator it takes pinned to instance ``i``, it takes the same
     operators, all on ``accel:i``, and the outputs match.
+``takes_operators`` (per accelerator, over all its models)
+    it takes at least one operator of one of the models: a run in which it
+    takes none checked nothing of it and fails, naming the accelerator, the
+    models and what to do. Unless it declares its operators
+    (``Accelerator(operators=("relax.nn.conv2d", ...))``) and none of the
+    models has any of them: then the check is skipped, saying so (the
+    accelerator still passes; the report's ``all_models`` notes it). It fails
+    too when a declared name is not a registered Relax operator (with the
+    closest one), or when the models have declared operators it does not take.
 ``random_graphs``
     hypothesis draws small graphs (2-6 operators, tensors of at most 16 KiB)
     of the operators its patterns mention; each compiles and matches the host,

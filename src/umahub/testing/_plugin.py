@@ -15,6 +15,7 @@ import pytest
 
 from umahub.testing._cross import CrossConformanceSuite
 from umahub.testing._options import SESSION_KEY
+from umahub.testing._report import WHOLE
 from umahub.testing._session import (
     DEFAULT_EXAMPLES,
     DEFAULT_MODELS,
@@ -40,6 +41,8 @@ __all__ = [
 
 #: (accelerator, model or None, check) of a conformance test item.
 _CASE_KEY = pytest.StashKey[tuple[str, Any, str]]()
+#: The checks of an accelerator over all its models (recorded under ``all_models``).
+_WHOLE_CHECKS = frozenset({"takes_operators"})
 #: The accelerators (joined by "+") of a cross-accelerator test item.
 _CROSS_KEY = pytest.StashKey[str]()
 
@@ -194,7 +197,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     check = item.originalname.removeprefix("test_")
     if "instance" in params:
         check = f"{check}:{params['instance']}"
-    item.stash[_CASE_KEY] = (params["accelerator"], params.get("model"), check)
+    model = WHOLE if check in _WHOLE_CHECKS else params.get("model")
+    item.stash[_CASE_KEY] = (params["accelerator"], model, check)
 
 
 def _message(report: pytest.TestReport) -> str:
@@ -265,6 +269,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for name, acc in data["accelerators"].items():
         verdict = "passed" if acc["passed"] else "FAILED"
         terminalreporter.write_line(f"{name} (plugin {acc.get('plugin', '?')}): {verdict}")
+        whole = acc.get("all_models")
+        if whole is not None and not whole["passed"]:
+            terminalreporter.write_line(
+                f"  {'all models':<16} FAILED: {'; '.join(whole['failures'])}"
+            )
+        elif whole is not None and whole["notes"]:
+            terminalreporter.write_line(f"  {'all models':<16} {'; '.join(whole['notes'])}")
         rows = list(acc["models"].items())
         if "random_graphs" in acc:
             rows.append(("random graphs", acc["random_graphs"]))

@@ -17,6 +17,8 @@ message of every check that fails; ``pytest_sessionfinish`` writes the JSON::
                     "checks": {"partition": "passed", "compile": "passed", ...},
                     "notes": []}
           },
+          "all_models": {"passed": true, "failures": [],
+                         "checks": {"takes_operators": "passed"}, "notes": [], ...},
           "random_graphs": {"vocabulary": ["relax.add", "relax.nn.relu"], "examples": 8,
                             "graphs_taken": 7, "operators_total": 31, "operators_taken": 19,
                             "largest_error": 2.4e-07, "passed": true, "failures": []}
@@ -32,6 +34,8 @@ message of every check that fails; ``pytest_sessionfinish`` writes the JSON::
       }
     }
 
+``all_models`` has the checks over all the models of an accelerator
+(``takes_operators``: it took some operator of one of them).
 ``cross`` is there with ``--umahub-conformance-cross`` (or a
 ``CrossConformanceSuite``): the random graphs with random pins of the named
 accelerators together.
@@ -53,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Recorder"]
+__all__ = ["WHOLE", "Recorder"]
 
 
 @dataclass
@@ -79,6 +83,8 @@ class _Entry:
 
 
 _RANDOM = "<random graphs>"
+#: The "model" of the checks over all the models of an accelerator (``takes_operators``).
+WHOLE = "<all models>"
 
 
 class Recorder:
@@ -158,13 +164,19 @@ class Recorder:
         accelerators: dict[str, Any] = {}
         for name, info in sorted(self._accelerators.items()):
             models = {
-                m: e.to_dict() for (a, m), e in self._entries.items() if a == name and m != _RANDOM
+                m: e.to_dict()
+                for (a, m), e in self._entries.items()
+                if a == name and m not in (_RANDOM, WHOLE)
             }
             body = {**info, "models": models}
             random = self._entries.get((name, _RANDOM))
             if random is not None:
                 body["random_graphs"] = random.to_dict()
+            whole = self._entries.get((name, WHOLE))
+            if whole is not None:
+                body["all_models"] = whole.to_dict()
             parts = [*models.values(), *([body["random_graphs"]] if random else [])]
+            parts += [body["all_models"]] if whole else []
             body["passed"] = all(p["passed"] for p in parts)
             accelerators[name] = body
         cross = {name: e.to_dict() for name, e in sorted(self._cross.items())}

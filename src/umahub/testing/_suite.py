@@ -59,6 +59,44 @@ def _fail_if(problem: Any) -> None:
         raise AssertionError(problem)
 
 
+def no_operator_taken(
+    accelerator: str,
+    models: list[str],
+    declared: tuple[str, ...],
+    present: dict[str, list[str]],
+) -> str:
+    """Why a run in which ``accelerator`` took no operator of ``models`` fails; "" when it
+    does not: it declares its operators and none of the models has any (``present``:
+    operator -> the models that have it)."""
+    tried = f"{accelerator} took no operator of the models it was given ({', '.join(models)})"
+    if not declared:
+        return (
+            f"{tried}: nothing of it was checked. Make its patterns match these models' "
+            f"operators (`umahub explain MODEL` shows the placement), give models that have "
+            f"its operators (--umahub-conformance-models=..., or the marker's models=), or "
+            f"declare the operators it takes, umahub.Accelerator({accelerator!r}, "
+            f"operators=('relax.nn.conv2d', ...)), so that the kit can tell models without "
+            f"them from patterns that match nothing"
+        )
+    found = [f"{op} (in {', '.join(present[op])})" for op in declared if op in present]
+    if not found:
+        return ""
+    return (
+        f"{tried}, though they have operators it declares: {', '.join(found)}. Its patterns "
+        f"(or their checks) refuse them: `umahub explain MODEL` shows the placement, and "
+        f"the partition check which operators it took"
+    )
+
+
+def no_declared_operator(accelerator: str, models: list[str], declared: tuple[str, ...]) -> str:
+    """Why the check is skipped: none of ``models`` has an operator ``accelerator`` declares."""
+    return (
+        f"none of the models it was given ({', '.join(models)}) has an operator {accelerator} "
+        f"declares ({', '.join(declared)}): nothing of it was checked on them; give models "
+        f"that have them (--umahub-conformance-models=all tries every model of the zoo)"
+    )
+
+
 class ConformanceSuite:
     """umahub's conformance checks for an accelerator; subclass it in a test module.
 
@@ -210,6 +248,41 @@ class ConformanceSuite:
         _fail_if(
             _compare_and_record(session, accelerator, model, outputs, f"output pinned to {device}")
         )
+
+    # ------------------------------------------------------------------ over all models
+
+    def test_takes_operators(self, request: pytest.FixtureRequest, accelerator: str) -> None:
+        """Over all the models it was given, it takes at least one operator.
+
+        A run where it takes nothing checked nothing of it and fails, unless
+        the accelerator declares its operators (``Accelerator(operators=...)``)
+        and none of the models has any of them: then the check is skipped and
+        says so. A declared name that is not a registered Relax operator fails.
+        """
+        from umahub.plugin.accelerator import unknown_operators
+
+        session = session_of(request.config)
+        _, requested, _ = suite_options(request.node, request.config)
+        models = session.models_for(accelerator, requested)
+        acc = session.hub(accelerator).accelerator(accelerator)
+        _fail_if("; ".join(unknown_operators(acc)))
+        declared = acc.operators
+        present: dict[str, list[str]] = {}  # operator -> the models that have it
+        explained = []
+        for model in models:
+            try:
+                report = session.explained(accelerator, model)
+            except Exception:  # the partition check fails with the error
+                continue
+            explained.append(model)
+            if _taken(report, accelerator):
+                return
+            for op in dict.fromkeys(o.op for o in report.placement):
+                present.setdefault(op, []).append(model)
+        if not explained:
+            pytest.skip(f"no model was partitioned for {accelerator} (the partition check fails)")
+        _fail_if(no_operator_taken(accelerator, explained, declared, present))
+        pytest.skip(no_declared_operator(accelerator, explained, declared))
 
     # ------------------------------------------------------------------ random graphs
 

@@ -45,6 +45,18 @@ ELEMENTWISE = {
 }
 
 
+#: The Relax operators its patterns take (alone or fused), shown by ``umahub plugins``.
+OPERATORS = (
+    "relax.add",
+    "relax.subtract",
+    "relax.multiply",
+    "relax.nn.relu",
+    "relax.clip",
+    "relax.sigmoid",
+    "relax.tanh",
+)
+
+
 @hookimpl
 def umahub_accelerators():
     """The DSP: two cores, each with its own 64 KiB TCM."""
@@ -55,6 +67,7 @@ def umahub_accelerators():
             instances=2,
             memory=[MemoryPool("dsp.tcm", TCM_BYTES, copy="sync")],
             description="two-core DSP, elementwise operators, 64 KiB TCM per core",
+            operators=OPERATORS,
         )
     ]
 

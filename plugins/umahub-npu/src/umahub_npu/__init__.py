@@ -49,6 +49,27 @@ DRAM_BYTES = 1024 * 1024 * 1024
 ARRAY_WIDTH = 8
 
 
+#: The Relax operators its patterns take (alone or fused), shown by ``umahub plugins``.
+OPERATORS = (
+    "relax.matmul",
+    "relax.nn.conv2d",
+    "relax.nn.batch_norm",
+    "relax.add",
+    "relax.multiply",
+    "relax.divide",
+    "relax.nn.relu",
+    "relax.clip",
+    "relax.sigmoid",
+    "relax.nn.gelu",
+    "relax.nn.gelu_tanh",
+    "relax.mean",
+    "relax.concat",
+    "relax.nn.max_pool2d",
+    "relax.quantize",
+    "relax.dequantize",
+)
+
+
 @hookimpl
 def umahub_accelerators():
     """The npu: DRAM for tensors, a 256 KiB scratchpad for tiles, DMA copies."""
@@ -62,6 +83,7 @@ def umahub_accelerators():
             ],
             description="matrix engine with a 256 KiB scratchpad: matmul and conv2d",
             merge=False,  # its schedules take one matmul or conv2d (with epilogue) at a time
+            operators=OPERATORS,
         )
     ]
 

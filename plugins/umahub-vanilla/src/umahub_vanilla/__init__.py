@@ -30,6 +30,15 @@ UMAHUB_API = 1
 NAME = "vanilla_accel"
 
 
+#: The Relax operators its patterns take (alone or fused), shown by ``umahub plugins``.
+OPERATORS = (
+    "relax.nn.conv2d",
+    "relax.add",
+    "relax.nn.relu",
+    "relax.clip",
+)
+
+
 @hookimpl
 def umahub_accelerators():
     """The vanilla accelerator, with its kernel library."""
@@ -42,6 +51,7 @@ def umahub_accelerators():
             c_sources=C_SOURCES,
             include_dirs=INCLUDE_DIRS,
             description="UMA's vanilla accelerator: conv2d through a C kernel library",
+            operators=OPERATORS,
         )
     ]
 
