@@ -2,6 +2,10 @@
 
 Everything a command will write is checked before its long work starts: a
 compile must not run for minutes and then fail on ``-o`` in a missing directory.
+
+Why this module is long: it is the table of the command line, one short
+handler per subcommand, each calling into the library; what they share (the
+hub from the flags, the board, the model) is here once.
 """
 
 from __future__ import annotations
