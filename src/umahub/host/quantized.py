@@ -35,7 +35,7 @@ from tvm import relax, te, tirx
 
 from umahub._tvm import Constant
 from umahub.plugin.patterns import dtype_of, shape_of
-from umahub.plugin.quantization import QuantizedOperator, describe_quantized
+from umahub.plugin.quantization import QuantizedOperator, bound_value, describe_quantized
 
 __all__ = [
     "BLOCK_K",
@@ -534,7 +534,7 @@ class _Lowerer(relax.PyExprMutator):
         packed = (
             w_shape is not None
             and packed_form(op, tuple(w_shape), dtype_of(args[0]))
-            and isinstance(_constant_of(args[3], self.lookup_binding), Constant)
+            and isinstance(bound_value(args[3], self.lookup_binding), Constant)
         )
         self.count += 1
         if packed:  # a constant weight: packed by its own function, which FoldConstant runs
@@ -546,17 +546,6 @@ class _Lowerer(relax.PyExprMutator):
             args = [*args[:3], wp, ws, *args[4:]]
         kernel = quantized_kernel(op, out_shape, dtype_of(call), prepacked=packed)
         return self.builder_.call_te(kernel, *args, primfunc_name_hint=f"q{op.kind}")
-
-
-def _constant_of(expr: Any, lookup: Any) -> Any:
-    """``expr`` through variable bindings: a Constant where it is one."""
-    seen = 0
-    while isinstance(expr, relax.Var) and seen < 64:
-        bound = lookup(expr)
-        if bound is None:
-            break
-        expr, seen = bound, seen + 1
-    return expr
 
 
 def lower_quantized(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:

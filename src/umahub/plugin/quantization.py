@@ -66,6 +66,7 @@ __all__ = [
     "KINDS",
     "QuantParams",
     "QuantizedOperator",
+    "bound_value",
     "dequantized",
     "describe_quantized",
     "quantized",
@@ -295,11 +296,13 @@ def _constant(expr: Any, lookup: Any) -> Any:
     """The numpy value of ``expr`` if it is a constant (through variable bindings), else None."""
     from umahub._tvm import Constant, constant_value
 
-    expr = _resolve(expr, lookup)
+    expr = bound_value(expr, lookup)
     return constant_value(expr).numpy() if isinstance(expr, Constant) else None
 
 
-def _resolve(expr: Any, lookup: Any) -> Any:
+def bound_value(expr: Any, lookup: Any) -> Any:
+    """``expr`` followed through variable bindings (``lookup(var)`` gives a variable's
+    value, None for a parameter): the value it names, a Constant where it is one."""
     from tvm import relax
 
     seen = 0
@@ -316,7 +319,7 @@ def _parameter(expr: Any, lookup: Any) -> bool:
     constant, when its function is lowered."""
     from tvm import relax
 
-    expr = _resolve(expr, lookup)
+    expr = bound_value(expr, lookup)
     return isinstance(expr, relax.Var) and lookup(expr) is None
 
 
@@ -331,7 +334,7 @@ def _call(expr: Any, lookup: Any, *names: str) -> Any:
     import tvm
     from tvm import relax
 
-    value = _resolve(expr, lookup)
+    value = bound_value(expr, lookup)
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in names:
         return value
     return None
@@ -400,7 +403,7 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
         if act.op.name == "relax.nn.relu":
             activation = "relu"
         else:
-            bounds = [_bound(_resolve(a, lookup)) for a in act.args[1:]]
+            bounds = [_bound(bound_value(a, lookup)) for a in act.args[1:]]
             if None in bounds:
                 raise ValueError("a clip whose bounds are not constants")
             activation = ("clip", *bounds)
