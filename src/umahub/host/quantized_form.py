@@ -81,6 +81,18 @@ class _LayoutUnder(relax.PyExprMutator):
 _OPERAND_OF = ("relax.nn.conv2d", "relax.matmul")
 
 
+def _calls(mod: tvm.IRModule, op_name: str) -> bool:
+    """Whether ``mod`` has a ``main`` that binds a call of ``op_name``: the passes here
+    walk the whole function in Python, which a model without one need not pay for."""
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        return False
+    return any(
+        isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == op_name
+        for block in mod["main"].body.blocks
+        for b in block.bindings
+    )
+
+
 def _uses(func: relax.Function) -> dict:
     """How many times each variable is read in ``func``'s bindings and output."""
     counts: dict = {}
@@ -144,7 +156,7 @@ def canonicalize_quantized(mod: tvm.IRModule) -> tvm.IRModule:
     tensor that a convolution or matmul shares with other readers gets a
     dequantize of its own for it (:class:`_OwnDequantize`).
     """
-    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+    if not _calls(mod, "relax.dequantize"):  # a float model: nothing to walk
         return mod
     mover = _LayoutUnder(mod)
     main = mover.visit_expr(mod["main"])
@@ -209,7 +221,7 @@ def keep_quantized_weights(mod: tvm.IRModule, hide: bool) -> tvm.IRModule:
     Folded, an int8 weight and its dequantize would become a float32 constant:
     four times the bytes, and no quantized operator left to claim.
     """
-    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+    if not _calls(mod, "relax.dequantize" if hide else "relax.call_pure_packed"):
         return mod
     keeper = _Keep(mod, hide)
     main = keeper.visit_expr(mod["main"])
