@@ -125,23 +125,13 @@ def test_a_pt2e_model_places_its_quantized_operators_on_the_npu_bit_for_bit_the_
     pytest.importorskip("torchao")
     import warnings
 
-    from test_quantized_torch import _mobilenet_v2
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
-        X86InductorQuantizer,
-        get_default_x86_inductor_quantization_config,
-    )
+    from test_quantized_torch import calibrated_mobilenet_v2
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
     shape = (1, 3, 64, 64)
+    prepared = calibrated_mobilenet_v2(shape)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        captured = torch.export.export(_mobilenet_v2(), (torch.randn(shape),)).module()
-        quantizer = X86InductorQuantizer()
-        quantizer.set_global(get_default_x86_inductor_quantization_config())
-        prepared = prepare_pt2e(captured, quantizer)
-        calibration = torch.Generator().manual_seed(1)
-        for _ in range(8):
-            prepared(torch.randn(shape, generator=calibration))
         converted = convert_pt2e(prepared)
         x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
         program = torch.export.export(converted, (x,))

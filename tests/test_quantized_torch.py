@@ -77,13 +77,15 @@ def _mobilenet_v2():
     return model.eval()
 
 
-def test_pt2e_mobilenet_v2_matches_pytorch_int8_tensors_and_output():
+def calibrated_mobilenet_v2(shape):
+    """mobilenet_v2 prepared by PT2E with PyTorch's X86 quantizer (u8 activations, s8
+    weights per channel) and calibrated on 8 seeded inputs of ``shape``: ready for
+    ``convert_pt2e``."""
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
         X86InductorQuantizer,
         get_default_x86_inductor_quantization_config,
     )
 
-    shape = (1, 3, 64, 64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         captured = torch.export.export(_mobilenet_v2(), (torch.randn(shape),)).module()
@@ -93,6 +95,14 @@ def test_pt2e_mobilenet_v2_matches_pytorch_int8_tensors_and_output():
         calibration = torch.Generator().manual_seed(1)
         for _ in range(8):
             prepared(torch.randn(shape, generator=calibration))
+    return prepared
+
+
+def test_pt2e_mobilenet_v2_matches_pytorch_int8_tensors_and_output():
+    shape = (1, 3, 64, 64)
+    prepared = calibrated_mobilenet_v2(shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         converted, count = _with_quantized_outputs(pt2e.convert_pt2e(prepared))
         x = torch.randn(shape, generator=torch.Generator().manual_seed(2))
         program = torch.export.export(converted, (x,))
