@@ -24,6 +24,12 @@ Declaring the plugin
     :class:`Accelerator`, :class:`MemoryPool`, :data:`CODEGENS`,
     :data:`COPY_KINDS`.
 
+A device of its own (:mod:`~umahub.plugin.device`)
+    ``Accelerator(runtime=...)``; the codegen's :class:`DeviceProgram`; the
+    runtime package's :class:`DeviceRuntime` and :class:`Device`, their
+    :class:`Completion` (:func:`done`, :class:`Pending`) and
+    :class:`DeviceError`. A runtime package imports only this module.
+
 Claiming operators (``umahub_patterns``)
     Pattern factories: :func:`op`, :func:`matmul`, :func:`conv2d`,
     :func:`bias_add`, :func:`activated`, :func:`relu6`, :func:`hardsigmoid`,
@@ -79,6 +85,15 @@ from typing import TYPE_CHECKING, Any
 
 from umahub.plugin import compat, tir  # neither imports TVM: their names resolve when used
 from umahub.plugin.accelerator import CODEGENS, COPY_KINDS, Accelerator, MemoryPool
+from umahub.plugin.device import (
+    Completion,
+    Device,
+    DeviceError,
+    DeviceProgram,
+    DeviceRuntime,
+    Pending,
+    done,
+)
 from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
 from umahub.plugin.patterns import (
     ACTIVATIONS,
@@ -185,6 +200,12 @@ __all__ = [
     "API_VERSION",
     "CODEGENS",
     "COPY_KINDS",
+    "Completion",
+    "Device",
+    "DeviceError",
+    "DeviceProgram",
+    "DeviceRuntime",
+    "Pending",
     "PARALLEL_MIN",
     "PREPACK_ANNOTATION",
     "UNBOUNDED",
@@ -219,6 +240,7 @@ __all__ = [
     "dequantized",
     "describe_quantized",
     "detect_linear_equation",
+    "done",
     "dtype_of",
     "element_bytes",
     "epilogues",

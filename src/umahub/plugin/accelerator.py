@@ -8,12 +8,14 @@ from pathlib import Path
 
 __all__ = ["CODEGENS", "COPY_KINDS", "Accelerator", "MemoryPool"]
 
-#: The default codegens an accelerator can name.
-CODEGENS = ("c", "llvm")
+#: The default codegens an accelerator can name; ``"device"``: a device of its own, whose
+#: plugin's ``umahub_codegen`` returns a :class:`umahub.plugin.device.DeviceProgram`.
+CODEGENS = ("c", "llvm", "device")
 #: How a pool is filled: ``"sync"`` copies by the CPU, ``"async"`` by a DMA engine.
 COPY_KINDS = ("sync", "async")
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_RUNTIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: The shape of a Relax operator's name; whether it is registered is checked with TVM.
 _OP = re.compile(r"^relax(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -70,6 +72,10 @@ class Accelerator:
             ``relax.ext.<name>`` and the partitions' symbols.
         codegen: the default codegen, ``"c"`` (TVM's C codegen, compiled at
             export) or ``"llvm"``; a plugin's ``umahub_codegen`` may replace it.
+            ``"device"`` (the default when ``runtime`` is given, and only then):
+            no host code; the plugin's ``umahub_codegen`` returns a
+            :class:`umahub.plugin.device.DeviceProgram` for the device's runtime.
+            Left empty: ``"llvm"``, or ``"device"`` with a runtime.
         instances: how many identical units; they are the virtual devices
             ``name:0`` .. ``name:<instances-1>``.
         memory: the accelerator's memory pools; the first is where its
@@ -93,10 +99,18 @@ class Accelerator:
             loading a plugin does not import) by :func:`unknown_operators`, which
             the kit and ``umahub plugins`` call; a typo is named with the
             closest registered operator.
+        runtime: the name of the device runtime (an entry point of group
+            ``umahub.runtimes``, see :mod:`umahub.plugin.device`) that runs
+            this accelerator's programs on a device with memory of its own;
+            "" (the default): the accelerator's code runs in the host's process,
+            on host memory.
+        runtime_package: the distribution that provides ``runtime``, named
+            when a library that needs it is loaded where it is not installed
+            (``pip install <runtime_package>``); "": ``runtime``'s name.
     """
 
     name: str
-    codegen: str = "llvm"
+    codegen: str = ""
     instances: int = 1
     memory: tuple[MemoryPool, ...] = ()
     c_includes: str = ""
@@ -105,6 +119,8 @@ class Accelerator:
     description: str = ""
     merge: bool = True
     operators: tuple[str, ...] = ()
+    runtime: str = ""
+    runtime_package: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -114,10 +130,39 @@ class Accelerator:
             )
         if self.name == "host":
             raise ValueError("'host' is reserved for the host; choose another accelerator name")
+        for key in ("runtime", "runtime_package"):
+            if not isinstance(getattr(self, key), str):
+                raise ValueError(
+                    f"Accelerator {self.name!r}: {key} must be a string, "
+                    f"got {getattr(self, key)!r}"
+                )
+        if self.runtime and not _RUNTIME.match(self.runtime):
+            raise ValueError(
+                f"Accelerator {self.name!r}: runtime {self.runtime!r} must be an entry point "
+                "name of group umahub.runtimes (letters, digits, '_', '-', '.')"
+            )
+        if not self.codegen:
+            object.__setattr__(self, "codegen", "device" if self.runtime else "llvm")
         if self.codegen not in CODEGENS:
             raise ValueError(
                 f"Accelerator {self.name!r}: codegen must be one of {CODEGENS}, "
                 f"got {self.codegen!r}"
+            )
+        if (self.codegen == "device") != bool(self.runtime):
+            raise ValueError(
+                f"Accelerator {self.name!r}: "
+                + (
+                    f"codegen {self.codegen!r} runs on the host, runtime {self.runtime!r} on a "
+                    "device of its own: leave codegen out for a device accelerator"
+                    if self.runtime
+                    else "codegen 'device' needs runtime=<the name of its umahub.runtimes entry "
+                    "point>"
+                )
+            )
+        if self.runtime and (self.c_sources or self.c_includes):
+            raise ValueError(
+                f"Accelerator {self.name!r}: c_sources and c_includes are host code; a device "
+                "accelerator's code is its runtime's"
             )
         if not isinstance(self.instances, int) or self.instances < 1:
             raise ValueError(
@@ -152,6 +197,16 @@ class Accelerator:
     def devices(self) -> tuple[str, ...]:
         """The virtual device names, ``("name:0", ..., "name:<instances-1>")``."""
         return tuple(f"{self.name}:{i}" for i in range(self.instances))
+
+    @property
+    def has_device(self) -> bool:
+        """Whether the accelerator is a device of its own, run by its runtime."""
+        return bool(self.runtime)
+
+    @property
+    def package(self) -> str:
+        """The distribution to install for its runtime (``runtime_package`` or ``runtime``)."""
+        return self.runtime_package or self.runtime
 
     @property
     def pool(self) -> MemoryPool | None:
