@@ -227,6 +227,15 @@ def describe(function: relax.Function, index: int, packing: Packing) -> str:
     return f"weight {index} ({dims(type_of(function.params[index]))} -> {dims(packing.out_type)})"
 
 
+def constants_of(mod: tvm.IRModule) -> dict[str, dict[int, Any]]:
+    """symbol -> the values of the constants ``main``'s call of the partition passes,
+    by input index (``mod`` before codegen)."""
+    return {
+        symbol: {i: a.data for i, a in enumerate(args) if isinstance(a, Constant)}
+        for symbol, (_, args) in partition_calls(mod).items()
+    }
+
+
 def weights_of(mod: tvm.IRModule) -> dict[str, frozenset[int]]:
     """symbol -> indices of the inputs that ``main``'s call of the partition passes
     as constants (``mod`` before codegen)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,10 @@ class CompileContext:
         weights: indices of the partition's inputs that the model passes as
             constants (its weights): a schedule may pack these at compile time
             (:func:`umahub.plugin.pack_weight`). Added to contract 1.
+        constants: the values of those inputs, by index (``tvm.runtime.Tensor``;
+            ``.numpy()`` gives an array): what a device's codegen folds at
+            compile time (a quantized operator's scales and zero points, its
+            weights laid out for the device). Added to contract 1.
     """
 
     config: Config
@@ -111,6 +116,7 @@ class CompileContext:
     tir_pipeline: str = field(default="default")
     target: Any = None
     weights: frozenset[int] = frozenset()
+    constants: Mapping[int, Any] = field(default_factory=dict)
 
     @property
     def device(self) -> str:

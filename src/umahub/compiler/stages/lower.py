@@ -205,6 +205,7 @@ def run(comp: Compilation) -> None:
         if p.accelerator == name and not comp.reports[p.symbol].fallback
     ]
     weights = prepack.weights_of(part.mod)
+    constants = prepack.constants_of(part.mod)
     target = comp.target.tvm() if comp.target is not None else None
     cc = comp.target.cc if comp.target is not None else None
     for i, p in enumerate(todo, 1):
@@ -220,6 +221,7 @@ def run(comp: Compilation) -> None:
             lowered,
             target=target,
             weights=weights.get(p.symbol, frozenset()),
+            constants=constants.get(p.symbol, {}),
         )
         said: list[str] = []
         step = f"{i}/{len(todo)} {p.symbol} on {p.device}"
