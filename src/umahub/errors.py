@@ -16,6 +16,7 @@ from types import FrameType
 __all__ = [
     "CompileError",
     "ConfigError",
+    "ExecutionError",
     "HookTimeoutError",
     "MemoryPoolError",
     "PatternCheckFailure",
@@ -234,6 +235,11 @@ class HookTimeoutError(CompileError):
 
     When a traced hook was running, it is the cause of a :class:`PluginFailure` naming it.
     """
+
+
+class ExecutionError(UmahubError):
+    """A run failed: a step of the concurrent executor, or a device (its runtime's error,
+    or no completion in time), named with its accelerator, instance and partition."""
 
 
 class VerificationError(CompileError):

@@ -177,7 +177,10 @@ class Compilation:
         plan: (memory) every pool's use as planned before lowering.
         needs: (memory) what each partition needs of its pool.
         lowered_plan: (lower) the plan as partitions were lowered (what hooks saw).
-        modules: (lower) partition symbol -> its runtime module.
+        modules: (lower) partition symbol -> its runtime module (a device
+            partition's: its host stub).
+        device_calls: (lower) symbol -> the :class:`umahub.runtime.devices.DeviceCall`
+            of each partition on a device of its own.
         reference_tir: (lower) the default lowering's TIR (unscheduled) of the
             partitions whose plugin used it; the verify stage's reference.
         packers: (lower) the weights each kernel takes packed, and (build)
@@ -210,6 +213,7 @@ class Compilation:
     needs: dict[str, Need] = field(default_factory=dict)
     lowered_plan: MemoryPlan | None = None
     modules: dict[str, Any] = field(default_factory=dict)
+    device_calls: dict[str, Any] = field(default_factory=dict)
     reference_tir: dict[str, Any] = field(default_factory=dict)
     packers: Packers = field(default_factory=Packers)
     devices: list[str] = field(default_factory=list)

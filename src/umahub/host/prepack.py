@@ -231,7 +231,7 @@ def constants_of(mod: tvm.IRModule) -> dict[str, dict[int, Any]]:
     """symbol -> the values of the constants ``main``'s call of the partition passes,
     by input index (``mod`` before codegen)."""
     return {
-        symbol: {i: a.data for i, a in enumerate(args) if isinstance(a, Constant)}
+        symbol: {i: constant_value(a) for i, a in enumerate(args) if isinstance(a, Constant)}
         for symbol, (_, args) in partition_calls(mod).items()
     }
 

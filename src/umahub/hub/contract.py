@@ -14,7 +14,9 @@ wrong number:
   partition's symbol whose parameters are the partition's inputs then its
   outputs, of the partition's shapes and dtypes;
 * ``umahub_tir_passes``: a list of ``tvm.transform.Pass``;
-* ``umahub_codegen``: a TVM runtime module that defines the partition's symbol.
+* ``umahub_codegen``: a TVM runtime module that defines the partition's symbol;
+  for a device accelerator (``Accelerator(runtime=...)``), a
+  :class:`~umahub.plugin.device.DeviceProgram` whose metadata is JSON.
 
 A pattern ``check`` that raises is handled where checks run
 (:mod:`umahub.compiler.placement`); wrong numbers are :mod:`umahub.compiler.stages.verify`'s job.
@@ -31,6 +33,7 @@ from umahub.errors import PluginOutputError
 __all__ = [
     "checked_accelerators",
     "checked_codegen",
+    "checked_device_program",
     "checked_passes",
     "checked_patterns",
     "checked_relax_to_tir",
@@ -279,6 +282,34 @@ def checked_codegen(result: Any, symbol: str, kind_of: Callable[[Any], str]) -> 
             f"umahub_codegen returned a {kind_of(result) or 'runtime'} module that defines no "
             f"function '{symbol}' (the partition's symbol, context.symbol)"
         )
+    return result
+
+
+def checked_device_program(result: Any, accelerator: str) -> Any:
+    """The program a device accelerator's ``umahub_codegen`` returned, checked.
+
+    Raises:
+        PluginOutputError: not a DeviceProgram (None included: a device has no
+            default codegen), empty, or metadata that JSON cannot hold.
+    """
+    import json
+
+    from umahub.plugin.device import DeviceProgram
+
+    if not isinstance(result, DeviceProgram):
+        raise PluginOutputError(
+            f"umahub_codegen returned {_what(result)} for '{accelerator}', a device of its own "
+            "(Accelerator(runtime=...)): expected a umahub.plugin.DeviceProgram (a device has no "
+            "default codegen)"
+        )
+    if not result.data:
+        raise PluginOutputError("umahub_codegen returned a DeviceProgram with no data")
+    try:
+        json.dumps(result.metadata, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PluginOutputError(
+            f"umahub_codegen returned a DeviceProgram whose metadata is not JSON: {exc}"
+        ) from exc
     return result
 
 

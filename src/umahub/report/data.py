@@ -36,6 +36,8 @@ class PartitionReport:
     virtual_device: str = ""  # (device type, runtime device index, target, memory scope)
     verified: str = ""  # what verification found ("" when it did not run)
     max_error: float | None = None  # the largest error against the host, when verified
+    # a device partition's program: runtime, bytes, resident_bytes (weights at load), metadata
+    program: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

@@ -35,6 +35,8 @@ __all__ = ["Compiled", "LoadedModel", "load", "signature_of"]
 _MAGIC = b"UMAHUBMETA2"
 _TRAILER = len(_MAGIC) + 8
 _FORMAT = 2
+#: Formats :func:`load` reads: 3 adds the programs of partitions on devices of their own.
+_FORMATS = (2, 3)
 
 
 def signature_of(main: Any) -> list[InputInfo]:
@@ -81,12 +83,46 @@ def example_inputs(info: Sequence[InputInfo], seed: int = 0, size: int = 1) -> l
     return arrays
 
 
-def _append_metadata(path: str, meta: dict[str, Any]) -> None:
+def _append_metadata(path: str, meta: dict[str, Any], device_calls: Sequence[Any] = ()) -> None:
+    """Append the trailer: the device programs' blob (when there are any), then the JSON
+    and its length; the hash covers everything before the JSON."""
+    if device_calls:
+        from umahub.runtime.devices import to_library
+
+        blob, entries = to_library(device_calls)
+        with open(path, "rb") as f:
+            start = len(f.read())
+        with open(path, "ab") as f:
+            f.write(blob)
+        meta = {**meta, "umahub": 3, "device": {"at": start, "size": len(blob), "calls": entries}}
     with open(path, "rb") as f:
         meta = {**meta, "sha256": hashlib.sha256(f.read()).hexdigest()}
     payload = json.dumps(meta).encode()
     with open(path, "ab") as f:
         f.write(payload + len(payload).to_bytes(8, "little") + _MAGIC)
+
+
+def _device_calls(path: str, meta: dict[str, Any]) -> list[Any]:
+    """The device calls a library carries (none for format 2).
+
+    Raises:
+        UmahubError: they do not fit the library (damaged).
+    """
+    device = meta.get("device")
+    if not device:
+        return []
+    from umahub.runtime.devices import from_library
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(int(device["at"]))
+            blob = f.read(int(device["size"]))
+        return from_library(device["calls"], blob)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UmahubError(
+            f"{path} is damaged (its device programs: {exc}); export it again with "
+            "Compiled.export_library or `umahub compile`"
+        ) from exc
 
 
 def _read_metadata(path: str) -> dict[str, Any]:
@@ -115,7 +151,7 @@ def _read_metadata(path: str) -> dict[str, Any]:
     try:
         meta = json.loads(data[end : len(data) - _TRAILER])
         ok = (
-            meta.get("umahub") == _FORMAT
+            meta.get("umahub") in _FORMATS
             and isinstance(meta.get("sha256"), str)
             and isinstance(meta.get("devices"), list)
             and isinstance(meta.get("inputs"), list)
@@ -166,9 +202,12 @@ def load(path: str | os.PathLike) -> LoadedModel:
             f"{path} is built for {built_for}, not for this machine ({here}); run it on such "
             f"a board: umahub run {path} --rpc HOST:PORT --key KEY (or --rpc-server HOST:PORT)"
         )
+    calls = _device_calls(path, meta)
     try:
         library = tvm.runtime.load_module(path)
-        runner = Runner(library, len(meta["devices"]), meta.get("weights", []))
+        runner = Runner(library, len(meta["devices"]), meta.get("weights", []), calls, path)
+    except UmahubError:  # a device runtime not installed, a device that refused: said already
+        raise
     except Exception as exc:
         raise UmahubError(f"{path} cannot be loaded: {last_line(exc)}") from exc
     return LoadedModel(path, meta["devices"], _input_info(meta["inputs"]), runner)
@@ -212,8 +251,10 @@ class Compiled(Running):
         weight_devices: Sequence[int] = (),
         needs_export: bool = False,
         target: Any = None,
+        device_calls: Sequence[Any] = (),
     ):
         self.executable = executable
+        self.device_calls = list(device_calls)
         self.target = target
         self.weight_devices = list(weight_devices)
         self.devices = devices
@@ -224,7 +265,14 @@ class Compiled(Running):
         if target is not None and not target.native:  # built for a board: nothing to load here
             self._executors = _NotHere(target.not_here())  # type: ignore[assignment]
             return
-        self._runner = self._load(needs_export)
+        try:
+            self._runner = self._load(needs_export)
+        except UmahubError as exc:
+            if not self.device_calls:
+                raise
+            # a device runtime that is not installed here: the model still exports
+            self._executors = _NotHere(f"{exc} (export_library works without it)")  # type: ignore[assignment]
+            return
         self._executors = Executors(self._runner, devices)
 
     def _load(self, needs_export: bool) -> Runner:
@@ -241,7 +289,7 @@ class Compiled(Running):
             lib_path = os.path.join(self._tmp.name, "model.so")
             self.executable.export_library(lib_path, **self._export_arguments())
             library = tvm.runtime.load_module(lib_path)
-        return Runner(library, len(self.devices), self.weight_devices)
+        return Runner(library, len(self.devices), self.weight_devices, self.device_calls)
 
     def _export_arguments(self) -> dict[str, Any]:
         """What TVM's ``export_library`` is given: the options, and a cross build's compiler."""
@@ -267,6 +315,7 @@ class Compiled(Running):
                 "weights": self.weight_devices,
                 "umahub": _FORMAT,
             },
+            self.device_calls,
         )
         return path
 

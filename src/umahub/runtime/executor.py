@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from umahub.errors import UmahubError, last_line
+from umahub.errors import ExecutionError, UmahubError, last_line
 from umahub.lanes import dma_lane, is_dma
 from umahub.runtime.steps import Step, StepGraph
 
@@ -50,10 +50,6 @@ __all__ = ["ExecutionError", "Executor", "Inference", "Measured"]
 
 #: Seconds a worker waits for work before its thread ends.
 IDLE_SECONDS = 2.0
-
-
-class ExecutionError(UmahubError):
-    """A step of an inference failed (or did not finish in time) in the concurrent executor."""
 
 
 @dataclass(frozen=True)
@@ -269,6 +265,9 @@ class _Lane:
                         fn = functions[step.function] = vm[step.function]
                     outputs = list(fn(*args))
                 end = time.perf_counter()
+            except ExecutionError as exc:  # a device's: it names its partition already
+                inference.fail(exc)
+                continue
             except Exception as exc:
                 inference.fail(ExecutionError(f"{_what(step)} failed: {last_line(exc)}"))
                 continue

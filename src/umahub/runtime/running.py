@@ -91,13 +91,26 @@ class Runner:
     Weights that partitions read on accelerators are extra parameters of
     ``main`` (see :func:`umahub.compiler.stages.build.place_on_devices`): they are copied to
     their devices once, here, not at every inference, and shared by all VMs.
+    Partitions on devices of their own (``device_calls``) are made ready here,
+    before any VM looks their functions up (:func:`umahub.runtime.devices.bind`).
     """
 
-    def __init__(self, library: Any, devices: int, weight_devices: Sequence[int] = ()):
+    def __init__(
+        self,
+        library: Any,
+        devices: int,
+        weight_devices: Sequence[int] = (),
+        device_calls: Sequence[Any] = (),
+        needed_by: str = "",
+    ):
         import tvm
 
         spin_briefly()  # umahub's spin count, for the models umahub runs (before a kernel runs)
 
+        if device_calls:
+            from umahub.runtime.devices import bind
+
+            self.bound = bind(device_calls, needed_by)
         self.library = library
         self.devices = [tvm.cpu(i) for i in range(devices)]
         self._local = threading.local()

@@ -41,7 +41,7 @@ from umahub.config import HOST
 from umahub.errors import CompileError, message_line
 from umahub.host import prepack, scratch, storage_plan
 from umahub.host.lowering import HOST_TARGET, lower_host
-from umahub.ir import bindings, node_name, partition_call
+from umahub.ir import bindings, node_name, partition_call, partition_calls
 from umahub.plugin.context import Copy
 from umahub.plugin.memory import tensor_bytes
 from umahub.runtime.compiled import Compiled, signature_of
@@ -87,13 +87,16 @@ def _dps_outputs(ty):
     return ty
 
 
-def _device_weights(mod: tvm.IRModule, device_of: Mapping[str, str]) -> dict[tuple, str]:
+def _device_weights(
+    mod: tvm.IRModule, device_of: Mapping[str, str], resident: Mapping[str, Any]
+) -> dict[tuple, str]:
     """(constant, device) -> the first partition reading it, for every weight a
-    partition on an accelerator reads, in model order."""
+    partition on an accelerator reads, in model order (not those of partitions on
+    devices of their own: their weights are resident, see ``resident``)."""
     found: dict[tuple, str] = {}  # TVM objects hash by identity
     for binding in bindings(mod["main"]):
         call = partition_call(mod, binding.value)
-        if call is None or call[0] not in device_of:
+        if call is None or call[0] not in device_of or call[0] in resident:
             continue
         for arg in call[1]:
             if isinstance(arg, Constant) and isinstance(type_of(arg), TensorType):
@@ -109,6 +112,7 @@ def place_on_devices(
     realize: bool = True,
     lift_weights: bool = True,
     one_device: bool = False,
+    resident: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[tvm.IRModule, list[Copy], list[int]]:
     """Put each partition (by symbol) on its device and insert the copies.
 
@@ -127,12 +131,19 @@ def place_on_devices(
             them at every inference and keeps ``main``'s parameters as they are.
         one_device: every virtual device on runtime device 0 (the copies stay):
             what TVM's ``relax.VirtualMachine(executable, tvm.cpu())`` runs.
+        resident: symbol -> for each input, -1 or where it is resident, for the
+            partitions on devices of their own
+            (:attr:`umahub.runtime.devices.DeviceCall.inputs`): their constant
+            inputs are not passed (the runtime holds them on the device from
+            load on; each is recorded as a copy at load).
 
     Returns:
         The module, the copies (in the order they happen), and the runtime
         device index of each weight parameter.
     """
-    return DevicePlacer(mod, device_of, devices, copy_kind, lift_weights, one_device).place(realize)
+    return DevicePlacer(
+        mod, device_of, devices, copy_kind, lift_weights, one_device, resident
+    ).place(realize)
 
 
 class DevicePlacer:
@@ -152,8 +163,10 @@ class DevicePlacer:
         copy_kind: Mapping[str, str],
         lift_weights: bool = True,
         one_device: bool = False,
+        resident: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.mod = mod
+        self.resident = dict(resident or {})
         self.device_of = device_of
         self.copy_kind = copy_kind
         if one_device:  # TVM's VM numbers a device by its place in the list: one for all
@@ -169,7 +182,7 @@ class DevicePlacer:
             relax.Var(name_of(p), _on(type_of(p), self.vdevices[0])) for p in self.main.params
         ]
         #: (constant, device) -> the first partition reading it; its keys are the weights
-        self.first_reader = _device_weights(mod, device_of) if lift_weights else {}
+        self.first_reader = _device_weights(mod, device_of, self.resident) if lift_weights else {}
         self.weights = list(self.first_reader)
         self.weight_params = [
             relax.Var(f"umahub_w{i}", _on(type_of(c), self.vdevices[self.index[d]]))
@@ -282,6 +295,26 @@ class DevicePlacer:
         )
         return self.fetched[key]
 
+    def _resident_args(self, symbol: str, device: str, args: Sequence[relax.Expr]) -> list:
+        """The arguments a device partition is passed: its resident inputs (written to the
+        device at load, each recorded as such a copy) left out."""
+        where = self.resident[symbol]
+        for arg, at in zip(args, where):
+            if at >= 0:
+                self.copies.append(
+                    Copy(
+                        "weight",
+                        HOST,
+                        device,
+                        tensor_bytes(type_of(arg)),
+                        self.copy_kind.get(device, "sync"),
+                        constant=True,
+                        when="load",
+                        consumer=symbol,
+                    )
+                )
+        return [a for a, at in zip(args, where) if at < 0]
+
     def _host_arg(self, arg: relax.Expr) -> relax.Expr | None:
         """An argument of a host call, fetched to the host; None when it nests expressions."""
         if isinstance(arg, relax.Var):
@@ -323,6 +356,8 @@ class DevicePlacer:
         if placed_call is not None:
             symbol, call_args = placed_call
             device = self.device_of[symbol]
+            if symbol in self.resident:
+                call_args = self._resident_args(symbol, device, call_args)
             args = [self.fetch(self.remap.get(a, a), device) for a in call_args]
             out_ty = _dps_outputs(_on(type_of(value), self.vdevices[self.index[device]]))
             new = call_dps_packed(relax.ExternFunc(symbol), relax.Tuple(args), out_ty)
@@ -354,7 +389,9 @@ def _virtual_devices(hub: Any, reports: Any, devices: list[str]) -> None:
             continue
         acc = hub.accelerator(r.accelerator)
         scope = acc.pool.scope if acc.pool else None
-        r.virtual_device = str(VirtualDevice("cpu", devices.index(r.device), acc.codegen, scope))
+        # a device of its own is called from the host through its stub (LLVM)
+        target = "llvm" if acc.has_device else acc.codegen
+        r.virtual_device = str(VirtualDevice("cpu", devices.index(r.device), target, scope))
 
 
 def _devices(hub: Any, part: Partitioned) -> tuple[list[str], dict[str, str], dict[str, str]]:
@@ -366,11 +403,27 @@ def _devices(hub: Any, part: Partitioned) -> tuple[list[str], dict[str, str], di
     return devices, device_of, kinds
 
 
+def _resident(comp: Compilation) -> dict[str, tuple[int, ...]]:
+    """symbol -> where each input is (see :func:`place_on_devices`), for the partitions
+    on devices of their own; at ``explain`` (nothing lowered yet), their constant inputs."""
+    if comp.device_calls:
+        return {s: c.inputs for s, c in comp.device_calls.items()}
+    placed = comp.placed()
+    on_device = {p.symbol for p in placed.partitions if comp.hub.accelerator(p.accelerator).has_device}
+    return {
+        symbol: tuple(0 if isinstance(a, Constant) else -1 for a in args)
+        for symbol, (_, args) in partition_calls(placed.mod).items()
+        if symbol in on_device
+    }
+
+
 def count_copies(comp: Compilation) -> None:
     """The devices and copies of ``comp``'s placement, without building (for ``explain``)."""
     placed = comp.placed()
     devices, device_of, kinds = _devices(comp.hub, placed)
-    _, comp.copies, _ = place_on_devices(placed.mod, device_of, devices, kinds, realize=False)
+    _, comp.copies, _ = place_on_devices(
+        placed.mod, device_of, devices, kinds, realize=False, resident=_resident(comp)
+    )
     comp.devices = devices
     _virtual_devices(comp.hub, comp.reports.values(), devices)
 
@@ -399,7 +452,13 @@ def prepare(
             host = relax.transform.RunCodegen()(host)
         host = prepack.fold(host, comp.packers)
         host, copies, weight_devices = place_on_devices(
-            host, device_of, devices, kinds, lift_weights=lift_weights, one_device=one_device
+            host,
+            device_of,
+            devices,
+            kinds,
+            lift_weights=lift_weights,
+            one_device=one_device,
+            resident=_resident(comp),
         )
     if comp.fallen:
         host = relax.transform.LambdaLift()(host)  # fallen-back composites are local
@@ -456,6 +515,7 @@ def load(comp: Compilation, executable: Any, kernels_linked: bool = False) -> Co
         comp.weight_devices,
         needs_export=linked,
         target=comp.target,
+        device_calls=[comp.device_calls[p.symbol] for p in placed.partitions if p.symbol in comp.device_calls],
     )
 
 

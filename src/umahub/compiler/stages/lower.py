@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -31,6 +32,7 @@ from umahub.host import prepack
 from umahub.host.prepack import Packing
 from umahub.hub.contract import (
     checked_codegen,
+    checked_device_program,
     checked_passes,
     checked_relax_to_tir,
     checked_schedule,
@@ -40,6 +42,7 @@ from umahub.hub.tracing import last_returned, recording, returned_by
 from umahub.plugin.context import CompileContext
 from umahub.plugin.memory import MemoryPlan, PoolUse
 from umahub.report.report import hooks_that_acted
+from umahub.runtime import devices
 
 __all__ = ["run"]
 
@@ -86,6 +89,8 @@ def _lower_one(
         ctx = replace(ctx, tir_pipeline=pipeline)
         try:
             module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
+            if acc.has_device:
+                return _device_stub(hub, ctx, func, scheduled, module), said, default, packings
             if module is None:  # valid C already (see codegen.prepend_c)
                 module = codegen.build_default(acc, scheduled, ctx.symbol, pipeline, ctx.target)
             else:
@@ -119,6 +124,41 @@ def _lower_one(
                 raise PluginFailure(culprit, "umahub_codegen", exc, ctx.symbol) from exc
             raise
     return module, said, default, packings
+
+
+def _device_stub(
+    hub: Any, ctx: CompileContext, func: relax.Function, scheduled: tvm.IRModule, program: Any
+) -> Any:
+    """The host's stub of a device partition (:func:`umahub.runtime.devices.stub_module`),
+    carrying its :class:`~umahub.runtime.devices.DeviceCall` as ``device_call``."""
+    acc = ctx.accelerator
+    try:
+        checked_device_program(program, acc.name)
+    except PluginOutputError as exc:
+        plugin = last_returned("umahub_codegen") or hub.owner(acc.name)
+        raise PluginFailure(plugin, "umahub_codegen", exc, ctx.symbol) from exc
+    resident = sorted(i for i in ctx.constants if i in ctx.weights)
+    call = devices.DeviceCall(
+        symbol=ctx.symbol,
+        accelerator=acc.name,
+        instance=ctx.instance,
+        runtime=acc.runtime,
+        package=acc.package,
+        program=program,
+        inputs=tuple(
+            resident.index(i) if i in resident else -1 for i in range(len(func.params))
+        ),
+        constants=tuple(np.ascontiguousarray(ctx.constants[i].numpy()) for i in resident),
+    )
+    stub = devices.stub_module(call, scheduled[ctx.symbol], ctx.target)
+    return _WithCall(stub, call)
+
+
+class _WithCall:
+    """A stub module and its device call, as ``_lower_one`` returns them."""
+
+    def __init__(self, module: Any, call: Any):
+        self.module, self.call = module, call
 
 
 def _attributed(tir_pass: Any, plugin: str, failed: list[str]) -> Any:
@@ -228,11 +268,21 @@ def run(comp: Compilation) -> None:
         with comp.clock.stage("lower", step), recording() as calls:
             start = time.perf_counter()
             try:
-                comp.modules[p.symbol], said, default, packings = within(
+                module, said, default, packings = within(
                     hub.config.hook_timeout,
                     functools.partial(_lower_one, hub, ctx, functions[p.symbol], cc),
                     f"lowering {p.symbol}",
                 )
+                if isinstance(module, _WithCall):
+                    comp.device_calls[p.symbol] = module.call
+                    report.program = {
+                        "runtime": module.call.runtime,
+                        "bytes": len(module.call.program.data),
+                        "resident_bytes": module.call.resident_bytes,
+                        "metadata": dict(module.call.program.metadata),
+                    }
+                    module = module.module
+                comp.modules[p.symbol] = module
                 if default is not None:
                     comp.reference_tir[p.symbol] = default
                 comp.packers.packings[p.symbol] = packings
