@@ -9,8 +9,10 @@ tracker protocol, its upload and its session per client), started by
     Relax VM over ``devices`` CPU devices (host = 0, then each accelerator
     instance), copies the weights that go to accelerators to their devices
     once (``weights``: JSON, the device index of each, as the library's
-    trailer lists them) and returns a function that runs ``main`` on inputs
-    uploaded to the board and returns its outputs.
+    trailer lists them), loads the programs of partitions on devices of their
+    own through the runtime packages installed on the board
+    (:mod:`umahub.runtime.devices`), and returns a function that runs ``main``
+    on inputs uploaded to the board and returns its outputs.
 ``umahub.board.info()``
     the board's machine and versions, as JSON.
 
@@ -49,10 +51,16 @@ def _load(name: str, devices: int, weights: str) -> Any:
     import tvm
     import tvm_ffi
 
+    from umahub.runtime.compiled import _device_calls, _read_metadata
     from umahub.runtime.running import Runner
 
     path = tvm_ffi.get_global_func("tvm.rpc.server.workpath")(name)
-    runner = Runner(tvm.runtime.load_module(path), int(devices), json.loads(weights))
+    # partitions on devices of their own: their programs are in the library's trailer,
+    # run by the runtime packages installed on this board
+    calls = _device_calls(path, _read_metadata(path))
+    runner = Runner(
+        tvm.runtime.load_module(path), int(devices), json.loads(weights), calls, "this library"
+    )
     main = runner.vm()["main"]
     host = runner.devices[0]
 

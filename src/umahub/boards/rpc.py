@@ -218,6 +218,10 @@ class Board:
         except RemoteError as exc:
             if self._broken:
                 raise
+            if "pip install" in str(exc):  # a device runtime the board lacks: said already
+                raise RemoteError(
+                    f"{self.name} cannot load {path}: {str(exc).split(': ', 1)[-1]}"
+                ) from exc
             raise RemoteError(
                 f"{self.name} cannot load {path}: {str(exc).split(': ', 1)[-1]}; a library "
                 "built for another machine (umahub compile --target/--cc) or a C library "

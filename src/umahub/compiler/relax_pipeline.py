@@ -45,6 +45,11 @@ builds the module, not umahub:
   copies them once, at load.
 - ``verify`` does not run (it rebuilds the model when a partition is wrong);
   with ``verify = true`` the pipeline warns and goes on.
+
+And one for partitions on devices of their own (``Accelerator(runtime=...)``):
+their programs are loaded into their runtimes in the process that compiled
+them, so TVM's VM runs them there; TVM's own ``export_library`` does not
+carry the programs, ``pipeline.load(executable).export_library(path)`` does.
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ class RelaxPipeline:
                 "the model); use umahub.Hub().compile to verify the partitions"
             )
         prepared, comp = pipeline.prepare(self.hub, mod, self.placement, self.progress)
+        self._bind(comp)
         prepared = _linkable(prepared, comp)
         prepared, comp.host_schedules = lower_host(self.hub, prepared)
         prepared = storage_plan.plan_storage(prepared)
@@ -118,6 +124,20 @@ class RelaxPipeline:
         after = relax.get_pipeline(self.then) if isinstance(self.then, str) else self.then
         with inner:
             return after(prepared)
+
+    def _bind(self, comp: Compilation) -> None:
+        """Load the device partitions' programs into their runtimes, in this process."""
+        if not comp.device_calls:
+            return
+        from umahub.runtime.devices import bind
+
+        try:
+            self._bound = bind(list(comp.device_calls.values()))
+        except UmahubError as exc:
+            warn(
+                f"{exc}: the executable runs where it is installed, exported by "
+                "pipeline.load(executable).export_library(path)"
+            )
 
     def _done(self) -> Compilation:
         if self.compilation is None:

@@ -169,6 +169,7 @@ def verify_partitions(
     tolerance: float,
     lowered: Mapping[str, Any] | None = None,
     unpacked: Mapping[str, Mapping[int, np.ndarray]] | None = None,
+    device_calls: Mapping[str, Any] | None = None,
 ) -> dict[str, Verdict]:
     """Run each partition on the model's own values and compare with the host.
 
@@ -182,6 +183,9 @@ def verify_partitions(
         lowered: symbol -> the default lowering's TIR, where it was made already.
         unpacked: symbol -> {input index: the weight as the model holds it},
             for the inputs a kernel takes packed (the host is given these).
+        device_calls: symbol -> :class:`umahub.runtime.devices.DeviceCall` of the
+            partitions on devices of their own, whose calls leave out the inputs
+            resident on the device (the host is given them).
 
     Returns:
         symbol -> :class:`Verdict`, for every symbol of ``functions``.
@@ -200,6 +204,11 @@ def verify_partitions(
             verdicts[symbol] = Verdict(symbol, None, reason=failed[symbol])
             continue
         n_inputs = len(function.params)
+        call = (device_calls or {}).get(symbol)
+        if call is not None:
+            given = iter(args)
+            args = [call.constants[at] if at >= 0 else next(given) for at in call.inputs]
+            args += list(given)
         for index, weight in (unpacked or {}).get(symbol, {}).items():
             args[index] = weight
         wanted = _host_outputs(kernels[symbol], args, n_inputs)
@@ -233,6 +242,7 @@ def run(comp: Compilation) -> set[str]:
             hub.config.verify_tolerance,
             comp.reference_tir,
             comp.packers.originals,
+            comp.device_calls,
         )
     except Exception as exc:  # no run to record: nothing is verified, nothing is blamed
         reason = f"the model did not run on random inputs ({type(exc).__name__}: {last_line(exc)})"
