@@ -26,20 +26,25 @@ def install(tmp_path, monkeypatch):
 
     ``install(dist, version, entry_points={name: "module"}, modules={name: source})``
     writes ``<dist>-<version>.dist-info`` with METADATA and entry_points.txt, so
-    that discovery goes through importlib.metadata as for a pip install.
+    that discovery goes through importlib.metadata as for a pip install; ``group``
+    is the entry points' group (``umahub.plugins``, or ``umahub.runtimes``).
     """
     site = tmp_path / "site-packages"
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
 
     def _install(
-        dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]
+        dist: str,
+        version: str,
+        entry_points: dict[str, str],
+        modules: dict[str, str],
+        group: str = "umahub.plugins",
     ) -> Path:
         info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
         lines = "".join(f"{k} = {v}\n" for k, v in entry_points.items())
-        (info / "entry_points.txt").write_text(f"[umahub.plugins]\n{lines}")
+        (info / "entry_points.txt").write_text(f"[{group}]\n{lines}")
         for name, source in modules.items():
             (site / f"{name}.py").write_text(textwrap.dedent(source))
         importlib.invalidate_caches()
