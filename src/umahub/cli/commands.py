@@ -41,12 +41,13 @@ def _say(args: argparse.Namespace, text: str) -> None:
         print(text)
 
 
-def _tvm_backends() -> list[dict[str, str]]:
-    """The entry points of TVM's own plugin group, which ``import tvm`` calls."""
+def _entry_points(group: str = "tvm.backends") -> list[dict[str, str]]:
+    """The entry points of ``group``: TVM's own plugin group (which ``import tvm``
+    calls) by default, or umahub's device runtimes'."""
     from importlib import metadata as importlib_metadata
 
     found = []
-    for ep in sorted(importlib_metadata.entry_points(group="tvm.backends"), key=lambda e: e.name):
+    for ep in sorted(importlib_metadata.entry_points(group=group), key=lambda e: e.name):
         dist = ep.dist
         found.append(
             {
@@ -64,6 +65,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     import warnings
 
     from umahub.plugin.accelerator import unknown_operators
+    from umahub.plugin.device import RUNTIME_ENTRY_POINTS
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # failures are listed below, not warned twice
@@ -81,11 +83,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                     "memory": [vars(p) for p in a.memory],
                     "description": a.description,
                     "operators": list(a.operators),
+                    "runtime": a.runtime,
+                    "runtime_package": a.package,
                 }
                 for a in hub.accelerators
             ],
             "hook_order": {h: hub.call_order(h) for h in _hook_names()},
-            "tvm_backends": _tvm_backends(),
+            "runtimes": _entry_points(RUNTIME_ENTRY_POINTS),
+            "tvm_backends": _entry_points(),
         }
         print(json.dumps(data, indent=2))
         return 0
@@ -107,6 +112,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             print(f"      error: {p.error}")
             if args.verbose and p.traceback:
                 print("      " + p.traceback.replace("\n", "\n      "))
+    runtimes = _entry_points(RUNTIME_ENTRY_POINTS)
     if hub.accelerators:
         print("accelerators in claiming order:")
         claimants = {a.name for a in hub.claimants}
@@ -119,7 +125,15 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                 print(f"      operators: {', '.join(a.operators)}")
                 for problem in unknown_operators(a):
                     print(f"      error: {problem}")
-    backends = _tvm_backends()
+            if a.runtime:
+                installed = a.runtime in {r["name"] for r in runtimes}
+                state = "installed" if installed else f"NOT installed: pip install {a.package}"
+                print(f"      device runtime: {a.runtime} ({state})")
+    if runtimes:
+        print(f"device runtimes (group {RUNTIME_ENTRY_POINTS}):")
+        for r in runtimes:
+            print(f"  {r['name']:<16} {r['value']}  ({r['distribution']} {r['version']})")
+    backends = _entry_points()
     if backends:
         print("TVM backends (group tvm.backends, called by TVM itself at 'import tvm'):")
         for b in backends:

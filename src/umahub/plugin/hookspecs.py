@@ -398,7 +398,14 @@ def umahub_codegen(
         (``"c"``: TVM's C codegen with ``c_includes`` on top, ``c_sources``
         compiled and linked at export; ``"llvm"``: LLVM), else a TVM runtime
         module that exports a function named ``context.symbol`` taking the
-        partition's inputs and then its output.
+        partition's inputs and then its output. For an accelerator with a
+        device of its own (``Accelerator(runtime=...)``, codegen ``"device"``):
+        a :class:`umahub.plugin.DeviceProgram` (there is no default), the
+        program its runtime loads and executes on the partition's buffers,
+        inputs in order (the constant ones, ``context.weights``, resident on
+        the device from load on) and then outputs; umahub calls it from the
+        host through a stub and carries it in the exported library (see
+        :mod:`umahub.plugin.device`).
 
     Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
     on those accelerators only.
@@ -414,6 +421,13 @@ def umahub_codegen(
         def umahub_codegen(module, context):
             target = context.target or tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})
             return tvm.tirx.build(module, target=target, pipeline=context.tir_pipeline)
+
+    A device's::
+
+        @hookimpl(accelerator="my_npu")
+        def umahub_codegen(module, context):
+            program = my_npu_compiler.emit(module[context.symbol])  # bytes
+            return up.DeviceProgram(program, {"format": 1})
     """
 
 

@@ -153,6 +153,12 @@ def render(report: ReportData) -> str:
                 lines.append(f"      schedule: {said}")
             for packed in p.packed:
                 lines.append(f"      packed at compile time: {packed}")
+            if p.program and not p.fallback:
+                lines.append(
+                    f"      device program: {human_size(p.program['bytes'])} for runtime "
+                    f"'{p.program['runtime']}', {human_size(p.program['resident_bytes'])} "
+                    "of weights resident on the device"
+                )
             if p.verified:
                 lines.append(f"      verify: {p.verified}")
     for when, title in (
