@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import toy_device
 import tvm
 from tvm.script import relax as R
 
@@ -20,9 +21,6 @@ import umahub
 import umahub.plugin as up
 from umahub.errors import ExecutionError, UmahubError
 from umahub.runtime import devices
-
-sys.path.insert(0, str(Path(__file__).parent))
-import toy_device  # noqa: E402
 
 WEIGHT = np.arange(32, dtype="float32").reshape(4, 8) / 8
 
@@ -188,7 +186,8 @@ def test_a_fault_mid_run_names_accelerator_instance_and_partition(runtime):
 def test_a_device_that_goes_away(runtime):
     compiled = _compile()
     runtime.opened[0].fault = "gone"
-    with pytest.raises(ExecutionError, match=r"^toy:0, partition toy_0_add: running: toy:0 is gone"):
+    gone = r"^toy:0, partition toy_0_add: running: toy:0 is gone"
+    with pytest.raises(ExecutionError, match=gone):
         compiled.run(X, executor="vm")
 
 

@@ -133,8 +133,7 @@ class Accelerator:
         for key in ("runtime", "runtime_package"):
             if not isinstance(getattr(self, key), str):
                 raise ValueError(
-                    f"Accelerator {self.name!r}: {key} must be a string, "
-                    f"got {getattr(self, key)!r}"
+                    f"Accelerator {self.name!r}: {key} must be a string, got {getattr(self, key)!r}"
                 )
         if self.runtime and not _RUNTIME.match(self.runtime):
             raise ValueError(

@@ -361,7 +361,7 @@ class _Bound:
                 for buffer in made:
                     try:
                         device.free(buffer)
-                    except Exception:  # noqa: S110 (the call's own error, if any, matters more)
+                    except Exception:
                         pass
 
 

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from umahub.errors import ExecutionError, UmahubError, last_line
+from umahub.errors import ExecutionError, last_line
 from umahub.lanes import dma_lane, is_dma
 from umahub.runtime.steps import Step, StepGraph
 

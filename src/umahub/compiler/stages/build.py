@@ -409,7 +409,8 @@ def _resident(comp: Compilation) -> dict[str, tuple[int, ...]]:
     if comp.device_calls:
         return {s: c.inputs for s, c in comp.device_calls.items()}
     placed = comp.placed()
-    on_device = {p.symbol for p in placed.partitions if comp.hub.accelerator(p.accelerator).has_device}
+    accelerator = comp.hub.accelerator
+    on_device = {p.symbol for p in placed.partitions if accelerator(p.accelerator).has_device}
     return {
         symbol: tuple(0 if isinstance(a, Constant) else -1 for a in args)
         for symbol, (_, args) in partition_calls(placed.mod).items()
@@ -515,7 +516,9 @@ def load(comp: Compilation, executable: Any, kernels_linked: bool = False) -> Co
         comp.weight_devices,
         needs_export=linked,
         target=comp.target,
-        device_calls=[comp.device_calls[p.symbol] for p in placed.partitions if p.symbol in comp.device_calls],
+        device_calls=[
+            comp.device_calls[p.symbol] for p in placed.partitions if p.symbol in comp.device_calls
+        ],
     )
 
 

@@ -145,9 +145,7 @@ def _device_stub(
         runtime=acc.runtime,
         package=acc.package,
         program=program,
-        inputs=tuple(
-            resident.index(i) if i in resident else -1 for i in range(len(func.params))
-        ),
+        inputs=tuple(resident.index(i) if i in resident else -1 for i in range(len(func.params))),
         constants=tuple(np.ascontiguousarray(ctx.constants[i].numpy()) for i in resident),
     )
     stub = devices.stub_module(call, scheduled[ctx.symbol], ctx.target)
