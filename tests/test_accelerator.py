@@ -25,7 +25,10 @@ def test_instances_are_named_virtual_devices():
     [
         ({"name": "NPU"}, "Accelerator name 'NPU' must start with a lower-case letter"),
         ({"name": "host"}, "'host' is reserved"),
-        ({"name": "npu", "codegen": "cuda"}, "codegen must be one of ('c', 'llvm'), got 'cuda'"),
+        (
+            {"name": "npu", "codegen": "cuda"},
+            "codegen must be one of ('c', 'llvm', 'device'), got 'cuda'",
+        ),
         ({"name": "npu", "instances": 0}, "instances must be an int >= 1, got 0"),
         (
             {"name": "npu", "memory": [("sram", 1)]},

@@ -87,7 +87,7 @@ def _append_metadata(path: str, meta: dict[str, Any], device_calls: Sequence[Any
     """Append the trailer: the device programs' blob (when there are any), then the JSON
     and its length; the hash covers everything before the JSON."""
     if device_calls:
-        from umahub.runtime.devices import to_library
+        from umahub.runtime.device_library import to_library
 
         blob, entries = to_library(device_calls)
         with open(path, "rb") as f:
@@ -111,7 +111,7 @@ def _device_calls(path: str, meta: dict[str, Any]) -> list[Any]:
     device = meta.get("device")
     if not device:
         return []
-    from umahub.runtime.devices import from_library
+    from umahub.runtime.device_library import from_library
 
     try:
         with open(path, "rb") as f:

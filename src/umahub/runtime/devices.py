@@ -42,7 +42,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,12 +62,12 @@ __all__ = [
     "PREFIX",
     "TIMEOUT",
     "DeviceCall",
+    "Instance",
     "bind",
-    "from_library",
+    "instance",
     "register_runtime",
     "runtime_named",
     "stub_module",
-    "to_library",
 ]
 
 #: The packed functions the stubs call are named ``PREFIX + key``.
@@ -233,8 +233,9 @@ def runtime_named(name: str, package: str = "", needed_by: str = "") -> DeviceRu
 # ------------------------------------------------------------------ devices
 
 
-class _Queue:
-    """One device instance of this process, and the lock that makes its work one queue."""
+class Instance:
+    """One device instance of this process (``device``), and the lock that makes its work
+    one queue (``lock``); ``broken`` says why it may no longer be used ("" while it may)."""
 
     def __init__(self, device: Device, name: str):
         self.device, self.name = device, name
@@ -242,23 +243,30 @@ class _Queue:
         self.broken = ""  # why the device may no longer be used (it timed out)
 
 
-_QUEUES: dict[tuple[str, int], _Queue] = {}
+_QUEUES: dict[tuple[str, int], Instance] = {}
 
 
-def _queue(runtime: DeviceRuntime, call: DeviceCall) -> _Queue:
-    key = (runtime.name, call.instance)
+def instance(runtime: DeviceRuntime, number: int, accelerator: str = "") -> Instance:
+    """The process's :class:`Instance` ``number`` of ``runtime`` (opened at the first use).
+
+    Raises:
+        ExecutionError: the runtime cannot open it, or gives no :class:`Device`.
+    """
+    key = (runtime.name, number)
+    name = f"{accelerator or runtime.name}:{number}"
     with _RUNTIMES_LOCK:
         if key not in _QUEUES:
             try:
-                device = runtime.open(call.instance)
+                device = runtime.open(number)
             except Exception as exc:
-                raise _failure(call, "cannot be opened", exc) from exc
+                what = str(exc) if isinstance(exc, DeviceError) else f"{type(exc).__name__}: {exc}"
+                raise ExecutionError(f"{name} cannot be opened: {what}") from exc
             if not isinstance(device, Device):
                 raise ExecutionError(
-                    f"{call.device}: the runtime '{runtime.name}' opened "
+                    f"{name}: the runtime '{runtime.name}' opened "
                     f"{type(device).__name__}, not a umahub.plugin.Device"
                 )
-            _QUEUES[key] = _Queue(device, call.device)
+            _QUEUES[key] = Instance(device, name)
         return _QUEUES[key]
 
 
@@ -273,7 +281,7 @@ def _failure(call: DeviceCall, doing: str, exc: BaseException) -> ExecutionError
     return ExecutionError(f"{call.device}, partition {call.symbol}: {doing}: {what}")
 
 
-def _wait(completion: Any, call: DeviceCall, doing: str, queue: _Queue) -> None:
+def _wait(completion: Any, call: DeviceCall, doing: str, queue: Instance) -> None:
     if not isinstance(completion, Completion):
         raise ExecutionError(
             f"{call.device}, partition {call.symbol}: {doing}: the runtime '{call.runtime}' "
@@ -297,7 +305,7 @@ class _Bound:
 
     def __init__(self, call: DeviceCall, runtime: DeviceRuntime):
         self.call = call
-        self.queue = _queue(runtime, call)
+        self.queue = instance(runtime, call.instance, call.accelerator)
         self.passed = sum(1 for where in call.inputs if where < 0)
         device = self.queue.device
         with self.queue.lock:
@@ -384,71 +392,3 @@ def bind(calls: Iterable[DeviceCall], needed_by: str = "") -> list[Any]:
         tvm_ffi.register_global_func(call.function, ready, override=True)
         bound.append(ready)
     return bound
-
-
-# ------------------------------------------------------------------ in a library
-
-
-def to_library(calls: Sequence[DeviceCall]) -> tuple[bytes, list[dict[str, Any]]]:
-    """The calls as one blob (programs and constants) and JSON entries that locate
-    their parts in it (offsets relative to the blob's start)."""
-    blob = bytearray()
-    entries = []
-
-    def put(data: bytes) -> list[int]:
-        start = len(blob)
-        blob.extend(data)
-        return [start, len(data)]
-
-    for call in calls:
-        entries.append(
-            {
-                "symbol": call.symbol,
-                "accelerator": call.accelerator,
-                "instance": call.instance,
-                "runtime": call.runtime,
-                "package": call.package,
-                "program": put(call.program.data),
-                "metadata": dict(call.program.metadata),
-                "inputs": list(call.inputs),
-                "constants": [
-                    {"dtype": str(c.dtype), "shape": list(c.shape), "at": put(c.tobytes())}
-                    for c in call.constants
-                ],
-            }
-        )
-    return bytes(blob), entries
-
-
-def from_library(entries: Sequence[Mapping[str, Any]], blob: bytes) -> list[DeviceCall]:
-    """The calls that :func:`to_library` wrote.
-
-    Raises:
-        ValueError: an entry does not fit the blob (a damaged library).
-    """
-
-    def get(at: Sequence[int]) -> bytes:
-        start, size = int(at[0]), int(at[1])
-        if start < 0 or size < 0 or start + size > len(blob):
-            raise ValueError("a device program lies outside the library")
-        return blob[start : start + size]
-
-    calls = []
-    for e in entries:
-        constants = tuple(
-            np.frombuffer(get(c["at"]), dtype=c["dtype"]).reshape(c["shape"])
-            for c in e["constants"]
-        )
-        calls.append(
-            DeviceCall(
-                symbol=str(e["symbol"]),
-                accelerator=str(e["accelerator"]),
-                instance=int(e["instance"]),
-                runtime=str(e["runtime"]),
-                package=str(e["package"]),
-                program=DeviceProgram(get(e["program"]), e.get("metadata", {})),
-                inputs=tuple(int(i) for i in e["inputs"]),
-                constants=constants,
-            )
-        )
-    return calls

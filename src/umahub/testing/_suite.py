@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 from umahub.errors import last_line
-from umahub.testing._compare import compare, steps_apart
+from umahub.testing._checking import compare_and_record, compiled_or_skip, fail_if
+from umahub.testing._compare import compare
+from umahub.testing._device_checks import DEVICE_CHECKS, DeviceChecks
 from umahub.testing._options import session_of, suite_options
-from umahub.testing._session import ConformanceSession, UsageProblem
+from umahub.testing._session import UsageProblem
 
 __all__ = ["ConformanceSuite"]
 
@@ -27,36 +29,6 @@ __all__ = ["ConformanceSuite"]
 #: The marker that names the accelerator a ConformanceSuite subclass or a fixture checks.
 def _taken(report: Any, accelerator: str) -> list[Any]:
     return [o for o in report.placement if o.device.split(":")[0] == accelerator]
-
-
-def _compiled_or_skip(session: ConformanceSession, accelerator: str, model: str) -> Any:
-    try:
-        return session.compiled(accelerator, model)
-    except Exception as exc:
-        pytest.skip(
-            f"{model} did not compile for {accelerator} (the compile check fails): "
-            f"{type(exc).__name__}: {last_line(exc)}"
-        )
-
-
-def _compare_and_record(
-    session: ConformanceSession, accelerator: str, model: str, outputs: Any, what: str = "output"
-) -> str:
-    """Compare a zoo model's outputs with the host's (quantized outputs in steps), record the
-    largest error (and difference in steps); the problem, "" if none."""
-    reference, steps = session.reference(model), session.steps(model)
-    largest, problem = compare(outputs, reference, what, steps)
-    session.recorder.error(accelerator, model, largest)
-    units = steps_apart(outputs, reference, steps)
-    if units is not None:
-        session.recorder.units(accelerator, model, units)
-    return problem
-
-
-def _fail_if(problem: Any) -> None:
-    """Fail the check with ``problem`` (a sentence) unless it is empty."""
-    if problem:
-        raise AssertionError(problem)
 
 
 def no_operator_taken(
@@ -97,7 +69,7 @@ def no_declared_operator(accelerator: str, models: list[str], declared: tuple[st
     )
 
 
-class ConformanceSuite:
+class ConformanceSuite(DeviceChecks):
     """umahub's conformance checks for an accelerator; subclass it in a test module.
 
     The accelerator (or plugin), the models and the number of random graphs come
@@ -120,6 +92,8 @@ class ConformanceSuite:
         names = [n for n in ("accelerator", "model", "instance") if n in metafunc.fixturenames]
         session = session_of(metafunc.config)
         values: list[tuple[Any, ...]] = []
+        if metafunc.definition.originalname in DEVICE_CHECKS:  # not for the host's accelerators
+            targets = [t for t in targets if t.codegen == "device"]
         for t in targets:
             if "model" not in names:
                 values.append((t.accelerator,))
@@ -173,20 +147,20 @@ class ConformanceSuite:
                     f"{o.name} ({o.op}) names partition {o.partition}, which the "
                     "report does not list"
                 )
-        _fail_if("; ".join(problems))
+        fail_if("; ".join(problems))
 
     def test_compile(self, request: pytest.FixtureRequest, accelerator: str, model: str) -> None:
         """Every partition compiles (on-error = "error"), where the plan put it."""
         session = session_of(request.config)
         compiled = session.compiled(accelerator, model)
         fallen = [f"{p.symbol}: {p.fallback}" for p in compiled.report.partitions if p.fallback]
-        _fail_if(fallen and f"partitions fell back to the host: {'; '.join(fallen)}")
+        fail_if(fallen and f"partitions fell back to the host: {'; '.join(fallen)}")
         plan = {o.name: o.device for o in session.explained(accelerator, model).placement}
         built = {o.name: o.device for o in compiled.report.placement}
         moved = [
             f"{n}: planned {plan.get(n)}, built {d}" for n, d in built.items() if plan.get(n) != d
         ]
-        _fail_if(moved and f"the build placed operators elsewhere than explain: {'; '.join(moved)}")
+        fail_if(moved and f"the build placed operators elsewhere than explain: {'; '.join(moved)}")
 
     def test_matches_host(
         self, request: pytest.FixtureRequest, accelerator: str, model: str
@@ -196,9 +170,9 @@ class ConformanceSuite:
         import umahub.models as zoo
 
         session = session_of(request.config)
-        compiled = _compiled_or_skip(session, accelerator, model)
+        compiled = compiled_or_skip(session, accelerator, model)
         outputs = session.run(compiled, zoo.inputs(model))
-        _fail_if(_compare_and_record(session, accelerator, model, outputs))
+        fail_if(compare_and_record(session, accelerator, model, outputs))
 
     def test_export_and_reload(
         self, request: pytest.FixtureRequest, accelerator: str, model: str, tmp_path: Any
@@ -208,15 +182,15 @@ class ConformanceSuite:
         import umahub.models as zoo
 
         session = session_of(request.config)
-        compiled = _compiled_or_skip(session, accelerator, model)
+        compiled = compiled_or_skip(session, accelerator, model)
         path = compiled.export_library(tmp_path / f"{model}.so")
         loaded = umahub.load(path)
-        _fail_if(
+        fail_if(
             list(loaded.devices) != list(compiled.devices)
             and f"reloaded devices {loaded.devices}, compiled {compiled.devices}"
         )
         outputs = session.run_library(path, zoo.inputs(model))
-        _fail_if(_compare_and_record(session, accelerator, model, outputs, "reloaded output"))
+        fail_if(compare_and_record(session, accelerator, model, outputs, "reloaded output"))
 
     def test_pin_instance(
         self, request: pytest.FixtureRequest, accelerator: str, model: str, instance: int
@@ -228,25 +202,25 @@ class ConformanceSuite:
         used = session.patterns_used(accelerator, model)
         if not used:
             pytest.skip(f"{accelerator} takes no operator of {model}: nothing to pin")
-        _compiled_or_skip(session, accelerator, model)
+        compiled_or_skip(session, accelerator, model)
         device = f"{accelerator}:{instance}"
         compiled = session.compiled(accelerator, model, instance)
         plan = {o.name for o in _taken(session.explained(accelerator, model), accelerator)}
         taken = _taken(compiled.report, accelerator)
         elsewhere = [f"{o.name} on {o.device}" for o in taken if o.device != device]
-        _fail_if(elsewhere and f"pinned to {device}, yet {', '.join(elsewhere)}")
-        _fail_if(
+        fail_if(elsewhere and f"pinned to {device}, yet {', '.join(elsewhere)}")
+        fail_if(
             {o.name for o in taken} != plan
             and f"pinned to {device} it takes {sorted(o.name for o in taken)}, unpinned "
             f"{sorted(plan)}"
         )
-        _fail_if(
+        fail_if(
             device not in compiled.devices
             and f"{device} is not among the devices {compiled.devices}"
         )
         outputs = session.run(compiled, zoo.inputs(model))
-        _fail_if(
-            _compare_and_record(session, accelerator, model, outputs, f"output pinned to {device}")
+        fail_if(
+            compare_and_record(session, accelerator, model, outputs, f"output pinned to {device}")
         )
 
     # ------------------------------------------------------------------ over all models
@@ -265,7 +239,7 @@ class ConformanceSuite:
         _, requested, _ = suite_options(request.node, request.config)
         models = session.models_for(accelerator, requested)
         acc = session.hub(accelerator).accelerator(accelerator)
-        _fail_if("; ".join(unknown_operators(acc)))
+        fail_if("; ".join(unknown_operators(acc)))
         declared = acc.operators
         present: dict[str, list[str]] = {}  # operator -> the models that have it
         explained = []
@@ -281,7 +255,7 @@ class ConformanceSuite:
                 present.setdefault(op, []).append(model)
         if not explained:
             pytest.skip(f"no model was partitioned for {accelerator} (the partition check fails)")
-        _fail_if(no_operator_taken(accelerator, explained, declared, present))
+        fail_if(no_operator_taken(accelerator, explained, declared, present))
         pytest.skip(no_declared_operator(accelerator, explained, declared))
 
     # ------------------------------------------------------------------ random graphs
@@ -344,7 +318,7 @@ class ConformanceSuite:
             seen[repr(spec)] = (len(compiled.report.placement), taken)
             largest, problem = compare(compiled.run(*xs), host_outputs(mod, xs), repr(spec))
             record.error(accelerator, None, largest)
-            _fail_if(problem)
+            fail_if(problem)
 
         try:
             check()
@@ -357,7 +331,7 @@ class ConformanceSuite:
                 operators_total=sum(n for n, _ in seen.values()),
                 operators_taken=sum(t for _, t in seen.values()),
             )
-        _fail_if(
+        fail_if(
             not any(t for _, t in seen.values())
             and f"{accelerator} took no operator of {len(seen)} random graph(s) of "
             f"{', '.join(ops)}: its pattern checks refuse every small float32 case"
