@@ -296,7 +296,8 @@ def _wait(completion: Any, call: DeviceCall, doing: str, queue: Instance) -> Non
 
 
 def _bytes(array: np.ndarray) -> memoryview:
-    return memoryview(np.ascontiguousarray(array)).cast("B")
+    """The bytes of a C-contiguous array (written to, for an output's view)."""
+    return memoryview(array).cast("B")
 
 
 class _Bound:
@@ -319,6 +320,7 @@ class _Bound:
                 for value in call.constants:
                     buffer = device.allocate(max(int(value.nbytes), 1))
                     self.resident.append(buffer)
+                    value = np.ascontiguousarray(value)
                     _wait(device.write(buffer, _bytes(value)), call, "writing a weight", self.queue)
             except ExecutionError:
                 raise
@@ -350,13 +352,13 @@ class _Bound:
                     made.append(buffer)
                     buffers.append(buffer)
                     _wait(device.write(buffer, _bytes(value)), call, "writing an input", self.queue)
-                hosts = []
-                for out in outputs:
-                    host = np.empty(tuple(int(d) for d in out.shape), dtype=str(out.dtype))
+                # the tensors the VM passes are borrowed: copied, never viewed (a DLPack
+                # view of a borrowed tensor crashes the process)
+                hosts = [np.empty(tuple(out.shape), str(out.dtype)) for out in outputs]
+                for host in hosts:
                     buffer = device.allocate(max(int(host.nbytes), 1))
                     made.append(buffer)
                     buffers.append(buffer)
-                    hosts.append(host)
                 _wait(device.execute(self.program, buffers), call, "running", self.queue)
                 for out, host, buffer in zip(outputs, hosts, buffers[len(call.inputs) :]):
                     _wait(device.read(buffer, _bytes(host)), call, "reading an output", self.queue)
