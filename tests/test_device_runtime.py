@@ -330,9 +330,9 @@ def test_a_pending_completion_waits_and_carries_the_devices_error():
 
 def _board(env_path: str):
     """``python -m umahub.boards.board`` in a process of its own, and its address."""
+    command = ["-m", "umahub.boards.board", "--host", "127.0.0.1", "--port", "29400"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "umahub.boards.board", "--host", "127.0.0.1"]
-        + ["--port", "29400", "--port-end", "29499"],
+        [sys.executable, *command, "--port-end", "29499"],
         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
