@@ -297,7 +297,7 @@ def _wait(completion: Any, call: DeviceCall, doing: str, queue: Instance) -> Non
 
 def _bytes(array: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array (written to, for an output's view)."""
-    return memoryview(array).cast("B")
+    return array.data.cast("B")
 
 
 class _Bound:
