@@ -23,7 +23,14 @@ from umahub.cli.progress import Progress
 from umahub.cli.summary import summary
 from umahub.errors import UmahubError
 
-__all__ = ["cmd_bench", "cmd_compile", "cmd_explain", "cmd_plugins", "cmd_run"]
+__all__ = [
+    "cmd_bench",
+    "cmd_compile",
+    "cmd_explain",
+    "cmd_new_plugin",
+    "cmd_plugins",
+    "cmd_run",
+]
 
 
 def _hub(args: argparse.Namespace) -> Any:
@@ -418,4 +425,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.out:
         report.save_picture(args.out)
         _say(args, f"wrote {args.out}")
+    return 0
+
+
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    """Write a plugin package (and with ``--device`` its runtime's) that passes its own tests."""
+    from umahub.cli.scaffold import next_steps, plan, write
+
+    scaffold = plan(args.name, args.dir, args.accelerator, args.device)
+    write(scaffold)
+    _say(args, next_steps(scaffold))
     return 0

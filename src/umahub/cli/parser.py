@@ -16,6 +16,7 @@ Accelerator backends for Apache TVM as installable plugins.
   umahub compile MODEL -o F    compile through the plugins into one library
   umahub run F                 run that library (no plugins needed)
   umahub bench F               its latency, here or on a board (--rpc)
+  umahub new-plugin NAME       start a plugin: a package that passes its own tests
 
 The configuration is [tool.umahub] in the nearest pyproject.toml (or the file
 named by UMAHUB_CONFIG). Errors are one line and exit status 2; -v or
@@ -205,6 +206,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", metavar="FILE", help="save the picture (.svg or .html)")
     _on_error_option(p)
+
+    p = add(
+        "new-plugin",
+        "write a plugin package that works as it is: one pattern, the other hooks "
+        "stubbed with their contracts, tests that run the conformance kit, a tox matrix",
+        commands.cmd_new_plugin,
+    )
+    p.add_argument(
+        "name",
+        metavar="NAME",
+        help="the package's distribution name (my-accel); its Python package is my_accel",
+    )
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="where to create the package directory NAME (and NAME-runtime with --device); "
+        "default: the current directory. A directory that exists must be empty",
+    )
+    p.add_argument(
+        "--accelerator",
+        metavar="ACC",
+        help="the accelerator's name (default: the Python package's, without 'umahub_')",
+    )
+    p.add_argument(
+        "--device",
+        action="store_true",
+        help="an accelerator with a device of its own: also a runtime package NAME-runtime "
+        "whose device is simulated in Python",
+    )
     return parser
 
 
