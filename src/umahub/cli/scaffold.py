@@ -98,21 +98,23 @@ def plan(
     dist = name.replace("_", "-")
     module = dist.replace("-", "_")
     _check_module(module, dist)
+    rule = (
+        "an accelerator's name starts with a lower-case letter and holds only lower-case "
+        "letters, digits and '_'"
+    )
     if accelerator is None:
         accelerator = module.removeprefix("umahub_")
-        where = f"the accelerator's name, {accelerator!r} (from {name}),"
-        fix = "give one with --accelerator NAME"
+        said = f"the accelerator's name would be {accelerator!r}"
+        bad, reserved = f"{said}, but {rule}", f"{said}, which is reserved for the host"
+        fix = "give another with --accelerator NAME"
     else:
-        where, fix = f"--accelerator {accelerator}:", "choose another"
+        said = f"--accelerator {accelerator}"
+        bad, reserved = f"{said}: {rule}", f"{said}: 'host' is reserved for the host"
+        fix = "choose another"
     if not _ACCELERATOR.match(accelerator):
-        raise UmahubError(
-            f"new-plugin {name}: {where} must start with a lower-case letter and hold only "
-            f"lower-case letters, digits and '_'; {fix}"
-        )
+        raise UmahubError(f"new-plugin {name}: {bad}; {fix}")
     if accelerator == "host":
-        raise UmahubError(
-            f"new-plugin {name}: {where} is 'host', which is reserved for the host; {fix}"
-        )
+        raise UmahubError(f"new-plugin {name}: {reserved}; {fix}")
     parent = Path(directory) if directory is not None else Path(".")
     if parent.exists() and not parent.is_dir():
         raise UmahubError(f"new-plugin --dir {directory}: is not a directory")

@@ -92,6 +92,7 @@ if not any(ep.name == PLUGIN for ep in entry_points(group="umahub.plugins")):
     os.environ["UMAHUB_PLUGINS"] = ",".join([*listed, PLUGIN])
 '''
 
+
 def _header(declares: str, guides: str) -> str:
     """The module docstring of the plugin's ``__init__.py``."""
     return f'''\
@@ -445,9 +446,10 @@ DEVICE_TEST = _swap(
     _swap(
         HOST_TEST,
         'Run them with ``pytest`` (installed with ``pip install -e ".[test]"``, or from\n'
-        "this source tree).",
-        "The device's runtime must be installed: ``pip install -e ../$runtime_dist``\n"
-        "(tox does it). Then ``pytest``, installed or from this source tree.",
+        'this source tree). The kit\'s options: ``pytest --help``, under "umahub".',
+        "The device's runtime must be installed (``pip install -e ../$runtime_dist``;\n"
+        "tox does it). Then ``pytest``, with this package installed or from its source\n"
+        'tree. The kit\'s options: ``pytest --help``, under "umahub".',
     ),
     "rtol=1e-5, atol=1e-6)\n",
     "rtol=1e-5, atol=1e-6)\n"
@@ -475,7 +477,7 @@ for _old, _new in (
     (
         "- The guide is",
         "- Replace the simulated device by yours: `$runtime_dist`, and the program\n"
-        "  format that `umahub_codegen` writes. The guide for both halves is \"A device\n"
+        '  format that `umahub_codegen` writes. The guide for both halves is "A device\n'
         '  of its own" (`docs/plugins/device.md`).\n- The guide is',
     ),
 ):
@@ -639,7 +641,6 @@ import struct
 from array import array
 
 import pytest
-
 from umahub.plugin.device import DeviceError, DeviceProgram, DeviceRuntime
 
 from $runtime_module import MAGIC, MEMORY_BYTES, Runtime
