@@ -161,22 +161,30 @@ def write(scaffold: Scaffold) -> list[Path]:
     return written
 
 
+def _local(path: Path) -> str:
+    """``path`` as pip takes a local project (``./my-accel``: ``my-accel`` is a name to it)."""
+    text = str(path)
+    return text if path.is_absolute() or text.startswith(".") else f"./{text}"
+
+
 def next_steps(scaffold: Scaffold) -> str:
     """What to do with the package(s): the lines ``new-plugin`` prints after writing."""
     here = scaffold.directory
-    if scaffold.runtime_directory is None:
-        install = f'pip install -e "{here}[test]"'
-        what = f"the plugin {scaffold.module} (accelerator {scaffold.accelerator})"
-    else:
-        install = f'pip install -e {scaffold.runtime_directory} -e "{here}[test]"'
+    what = f"the plugin {scaffold.module} (accelerator {scaffold.accelerator}) in {here}"
+    install = f'pip install -e "{_local(here)}[test]"'
+    guide = "'Writing a plugin' (docs/plugins/writing.md)"
+    if scaffold.runtime_directory is not None:
         what = (
-            f"the plugin {scaffold.module} (accelerator {scaffold.accelerator}, a device of "
-            f"its own) and its runtime in {scaffold.runtime_directory}"
+            f"the plugin {scaffold.module} (accelerator {scaffold.accelerator}, a device of its "
+            f"own) in {here}, and its runtime {scaffold.runtime_module} in "
+            f"{scaffold.runtime_directory}"
         )
+        install = f'pip install -e {_local(scaffold.runtime_directory)} -e "{_local(here)}[test]"'
+        guide = "'A device of its own' (docs/plugins/device.md)"
     return (
-        f"wrote {what} in {here}\n"
+        f"wrote {what}\n"
         f"next: {install}\n"
-        f"      umahub plugins            (lists it)\n"
-        f"      cd {here} && pytest       (its tests and umahub's conformance kit)\n"
-        f"      then edit src/{scaffold.module}/__init__.py: the guide is docs/plugins/writing.md"
-    )
+        f"      umahub plugins     (lists it)\n"
+        f"      cd {here} && pytest   (its tests, umahub's conformance kit among them)\n"
+        f"      then make it yours: src/{scaffold.module}/__init__.py, with the guide {guide}\n"
+    ).rstrip("\n")

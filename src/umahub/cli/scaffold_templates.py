@@ -420,7 +420,13 @@ def umahub_accelerators():
         )
     ]
 '''
-    + _PATTERNS
+    + _swap(
+        _PATTERNS,
+        "    need = up.match_bytes(ctx)\n",
+        "    if up.shape_of(ctx.matched_expr) is None:\n"
+        '        return up.Refusal("a shape known only at run time: a program has a fixed size")\n'
+        "    need = up.match_bytes(ctx)\n",
+    )
     + '''
 
 @up.hookimpl(accelerator=NAME)
