@@ -320,7 +320,7 @@ class _Bound:
                 for value in call.constants:
                     buffer = device.allocate(max(int(value.nbytes), 1))
                     self.resident.append(buffer)
-                    value = np.ascontiguousarray(value)
+                    value = np.require(value, requirements="C")  # 0-d stays 0-d
                     _wait(device.write(buffer, _bytes(value)), call, "writing a weight", self.queue)
             except ExecutionError:
                 raise
