@@ -109,7 +109,7 @@ DATA_SLOT = 0xFFFF
 ALU_ADD, ALU_MAX, ALU_MIN, ALU_FXP = 0, 1, 2, 3
 #: ADD/MAX/MIN: the second operand is ``imm``, not the vector at ``src``.
 FLAG_IMM = 1
-#: FXP: add the residual term ``(src * imm) << res_shift`` before rounding.
+#: FXP: add the residual term ``(src * imm) << res_shift[lane]`` before rounding.
 FLAG_RESIDUAL = 2
 #: GEMM: zero the addressed accumulator vectors instead of accumulating.
 FLAG_RESET = 1
@@ -123,7 +123,7 @@ LOAD_FORMAT = struct.Struct("<BBBBHHIIi" + "HBBii" * 3 + "8x")
 # opcode, deps, flags, -, extent0..2, -, then base + stride0..2 of ACC, INP, WGT
 GEMM_FORMAT = struct.Struct("<BBBBHHHH" + "Iiii" * 3 + "4x")
 # opcode, deps, op, flags, extent0, extent1, dst base/stride0/stride1,
-# src base/stride0/stride1, imm, mul_base, shift_base, res_shift
+# src base/stride0/stride1, imm, mul_base, shift_base, res_shift_base
 ALU_FORMAT = struct.Struct("<BBBBHH" + "Iii" * 2 + "iIII" + "16x")
 # opcode, deps, src_buf, dst_type, dst_slot, -, dst_offset (bytes), src_base,
 # then three dims: size, -, dst_stride, src_stride
@@ -205,7 +205,7 @@ def alu(
     imm: int | None = None,
     mul_base: int = 0,
     shift_base: int = 0,
-    res_shift: int = 0,
+    res_shift_base: int = 0,
     residual: bool = False,
 ) -> bytes:
     """ALU: a lane-wise operation on ACC vectors over two loops.
@@ -213,7 +213,8 @@ def alu(
     ``dst``/``src`` are ``(base, stride0, stride1)`` in words. ADD, MAX, MIN take the
     vector at ``src`` or, when ``imm`` is given, ``imm``; FXP requantizes ``dst`` with
     the multipliers at ``mul_base`` and shifts at ``shift_base`` (one per lane), with
-    ``residual``: plus ``(src * imm) << res_shift``, before rounding.
+    ``residual``: plus ``(src * imm) << rs`` before rounding, ``rs`` the lane's value
+    of the vector at ``res_shift_base``.
     """
     flags = 0
     if op == ALU_FXP:
@@ -231,7 +232,7 @@ def alu(
         0 if imm is None else imm,
         mul_base,
         shift_base,
-        res_shift,
+        res_shift_base,
     )
 
 

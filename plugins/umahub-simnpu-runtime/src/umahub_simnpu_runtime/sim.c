@@ -45,7 +45,7 @@ typedef struct {
     int32_t gstride[3][3];  /* GEMM: [operand][loop] */
     uint32_t abase[2];      /* ALU: dst, src */
     int32_t astride[2][2];  /* ALU: [operand][loop] */
-    uint32_t mul_base, shift_base, res_shift;
+    uint32_t mul_base, shift_base, res_shift_base;
 } insn_t;
 
 struct snpu_program {
@@ -313,10 +313,7 @@ static int decode(const snpu_device *dev, const uint8_t *p, uint32_t index, uint
     in->imm = i32(p + 32);
     in->mul_base = u32(p + 36);
     in->shift_base = u32(p + 40);
-    in->res_shift = u32(p + 44);
-    if (in->res_shift > RES_SHIFT_MAX)
-        return fail(err, errlen, "program rejected: instruction %u (ALU) shifts the residual by "
-                    "%u bits (at most %d)", index, in->res_shift, RES_SHIFT_MAX);
+    in->res_shift_base = u32(p + 44);
     if (any_zero(in->ext, 2)) return 0;
     int64_t lo, hi;
     span(in->abase[0], in->ext, in->astride[0], 2, LANES, &lo, &hi);
@@ -331,6 +328,10 @@ static int decode(const snpu_device *dev, const uint8_t *p, uint32_t index, uint
                    name, err, errlen) ||
             onchip(in->shift_base, (int64_t)in->shift_base + LANES - 1, dev->acc_words, "ACC",
                    index, name, err, errlen))
+            return 1;
+        if ((in->flags & FLAG_RESIDUAL) &&
+            onchip(in->res_shift_base, (int64_t)in->res_shift_base + LANES - 1, dev->acc_words,
+                   "ACC", index, name, err, errlen))
             return 1;
     }
     return 0;
@@ -528,6 +529,7 @@ static int run_alu(run_t *r, const insn_t *in) {
     snpu_device *dev = r->dev;
     int32_t *acc = dev->acc;
     const int32_t *mul = acc + in->mul_base, *shift = acc + in->shift_base;
+    const int32_t *res_shift = acc + in->res_shift_base;
     uint64_t ops = 0;
     for (uint32_t i0 = 0; i0 < in->ext[0]; i0++)
         for (uint32_t i1 = 0; i1 < in->ext[1]; i1++) {
@@ -544,8 +546,14 @@ static int run_alu(run_t *r, const insn_t *in) {
                                     "of %d bits (1 to 62)", r->index, k);
                     /* int64 arithmetic that wraps (as the host's does), computed unsigned */
                     uint64_t p = (uint64_t)((int64_t)dst[l] * (int64_t)mul[l]);
-                    if (in->flags & FLAG_RESIDUAL)
-                        p += (uint64_t)((int64_t)src[l] * (int64_t)in->imm) << in->res_shift;
+                    if (in->flags & FLAG_RESIDUAL) {
+                        int32_t rs = res_shift[l];
+                        if (rs < 0 || rs > RES_SHIFT_MAX)
+                            return fail(r->err, r->errlen, "fault at instruction %u (ALU): a "
+                                        "residual shift of %d bits (0 to %d)", r->index, rs,
+                                        RES_SHIFT_MAX);
+                        p += (uint64_t)((int64_t)src[l] * (int64_t)in->imm) << rs;
+                    }
                     uint64_t bit = (uint64_t)(asr64((int64_t)p, (uint32_t)k) & 1);
                     uint64_t q = p + ((uint64_t)1 << (k - 1)) - 1 + bit;
                     dst[l] = sat32(asr64((int64_t)q, (uint32_t)k));
