@@ -337,7 +337,7 @@ class SimNpuDevice(Device):
 
             def stuck() -> None:
                 self._released.wait()
-                raise DeviceError(f"{self.name}: the run never completed (a hang was injected)")
+                raise DeviceError(f"{self._gone}: the run never completed (a hang was injected)")
 
             return self._submit(stuck)
 
