@@ -303,8 +303,8 @@ def plan(function: Any, constants: dict[int, Any]) -> OperatorPlan:
         m_r, k_r = up.requantization(
             np.float64(op.residual.scale.reshape(())) / np.float64(op.output.scale.reshape(()))
         )
-        residual_m = int(m_r)
-        residual_shift = k - int(k_r)
+        residual_m = int(np.asarray(m_r).reshape(-1)[0])
+        residual_shift = k - int(np.asarray(k_r).reshape(-1)[0])
     conv = {}
     if op.kind == "conv2d":
         attrs = op.call.attrs
