@@ -93,6 +93,7 @@ def test_what_the_codegen_cannot_translate_is_named():
     with pytest.raises(CodegenError, match=r"simnpu\.sort is not an intrinsic"):
         generate(tvm.IRModule({"part": broken}), "part")
     k = tirx.Var("k", "int32")
-    unknown = tirx.For(k, 0, tirx.Var("n", "int32"), tirx.ForKind.SERIAL, bad)
+    nothing = tirx.Evaluate(tirx.const(0, "int32"))
+    unknown = tirx.For(k, 0, tirx.Var("n", "int32"), tirx.ForKind.SERIAL, nothing)
     with pytest.raises(CodegenError, match="not bound"):
         generate(tvm.IRModule({"part": up.with_root_body(func, [unknown])}), "part")

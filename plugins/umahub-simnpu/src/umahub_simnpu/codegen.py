@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from umahub_simnpu_runtime import isa
 import umahub.plugin as up
 from umahub_simnpu.lowering import DATA, DATA_ATTR
 
-__all__ = ["CodegenError", "evaluate", "generate"]
+__all__ = ["CodegenError", "compile_expr", "evaluate", "generate"]
 
 
 class CodegenError(ValueError):
@@ -55,32 +56,58 @@ def evaluate(expr: Any, env: dict[Any, int]) -> Any:
     Raises:
         CodegenError: a variable not bound, or an expression it does not evaluate.
     """
+    return compile_expr(expr)(env)
+
+
+def compile_expr(expr: Any) -> Callable[[dict[Any, int]], Any]:
+    """``expr`` made once into a Python function of the variables' values (what the
+    codegen calls at every iteration of the loops around it).
+
+    Raises:
+        CodegenError: an expression it does not evaluate (at once); a variable not
+            bound, or a division by zero (when the function is called).
+    """
     kind = type(expr).__name__
     if kind == "IntImm":
-        return int(expr.value)
+        value = int(expr.value)
+        return lambda env: value
     if kind == "StringImm":
-        return str(expr.value)
+        text = str(expr.value)
+        return lambda env: text
     if kind in ("Var", "SizeVar"):
-        if expr in env:
-            return env[expr]
-        raise CodegenError(f"the variable {expr} is not bound to a known value")
+
+        def variable(env: dict[Any, int]) -> int:
+            try:
+                return env[expr]
+            except KeyError:
+                raise CodegenError(f"the variable {expr} is not bound to a known value") from None
+
+        return variable
     if kind in _BINARY:
-        a, b = evaluate(expr.a, env), evaluate(expr.b, env)
-        if kind in ("FloorDiv", "FloorMod") and b == 0:
-            raise CodegenError(f"a division by zero in {expr}")
-        return int(_BINARY[kind](a, b))
+        a, b, function = compile_expr(expr.a), compile_expr(expr.b), _BINARY[kind]
+        if kind in ("FloorDiv", "FloorMod"):
+
+            def divide(env: dict[Any, int]) -> int:
+                divisor = b(env)
+                if divisor == 0:
+                    raise CodegenError(f"a division by zero in {expr}")
+                return int(function(a(env), divisor))
+
+            return divide
+        return lambda env: int(function(a(env), b(env)))
     if kind == "Not":
-        return int(not evaluate(expr.a, env))
+        a = compile_expr(expr.a)
+        return lambda env: int(not a(env))
     if kind == "Cast":
         if not str(expr.dtype).startswith(("int", "uint")):
             raise CodegenError(f"a cast to {expr.dtype} in {expr}")
-        return evaluate(expr.value, env)
-    if kind == "Select":
-        chosen = expr.true_value if evaluate(expr.condition, env) else expr.false_value
-        return evaluate(chosen, env)
-    if kind == "Call" and getattr(expr.op, "name", "") == "tirx.if_then_else":
-        cond, yes, no = expr.args
-        return evaluate(yes if evaluate(cond, env) else no, env)
+        return compile_expr(expr.value)
+    if kind == "Select" or (kind == "Call" and getattr(expr.op, "name", "") == "tirx.if_then_else"):
+        parts = (
+            (expr.condition, expr.true_value, expr.false_value) if kind == "Select" else expr.args
+        )
+        cond, yes, no = (compile_expr(e) for e in parts)
+        return lambda env: yes(env) if cond(env) else no(env)
     raise CodegenError(f"an expression the simnpu's codegen does not evaluate: {expr} ({kind})")
 
 
@@ -110,97 +137,146 @@ class _Emitter:
                 return i
         raise CodegenError(f"{intrinsic} reads {arg}, which is not a parameter's buffer")
 
-    def stmt(self, s: Any, env: dict[Any, int]) -> None:
+    def compile_stmt(self, s: Any) -> Callable[[dict[Any, int]], None]:
+        """``s`` made once into a Python function that emits its instructions for the
+        variables' values it is given (loops run their iterations)."""
         kind = type(s).__name__
         if kind == "SeqStmt":
-            for child in s.seq:
-                self.stmt(child, env)
-        elif kind == "For":
-            start, extent = evaluate(s.min, env), evaluate(s.extent, env)
-            for value in range(start, start + extent):
-                env[s.loop_var] = value
-                self.stmt(s.body, env)
-            env.pop(s.loop_var, None)
-        elif kind == "LetStmt":
-            env[s.var] = evaluate(s.value, env)
-            self.stmt(s.body, env)
-            env.pop(s.var, None)
-        elif kind == "IfThenElse":
-            if evaluate(s.condition, env):
-                self.stmt(s.then_case, env)
-            elif s.else_case is not None:
-                self.stmt(s.else_case, env)
-        elif kind in ("SBlockRealize", "BlockRealize"):
-            self.stmt(s.block, env)
-        elif kind in ("SBlock", "Block"):
+            children = [self.compile_stmt(child) for child in s.seq]
+
+            def sequence(env: dict[Any, int]) -> None:
+                for child in children:
+                    child(env)
+
+            return sequence
+        if kind == "For":
+            start, extent = compile_expr(s.min), compile_expr(s.extent)
+            var, body = s.loop_var, self.compile_stmt(s.body)
+
+            def loop(env: dict[Any, int]) -> None:
+                first = start(env)
+                for value in range(first, first + extent(env)):
+                    env[var] = value
+                    body(env)
+                env.pop(var, None)
+
+            return loop
+        if kind == "LetStmt":
+            value, var, body = compile_expr(s.value), s.var, self.compile_stmt(s.body)
+
+            def let(env: dict[Any, int]) -> None:
+                env[var] = value(env)
+                body(env)
+                env.pop(var, None)
+
+            return let
+        if kind == "IfThenElse":
+            cond, then = compile_expr(s.condition), self.compile_stmt(s.then_case)
+            other = self.compile_stmt(s.else_case) if s.else_case is not None else None
+
+            def branch(env: dict[Any, int]) -> None:
+                if cond(env):
+                    then(env)
+                elif other is not None:
+                    other(env)
+
+            return branch
+        if kind in ("SBlockRealize", "BlockRealize"):
+            return self.compile_stmt(s.block)
+        if kind in ("SBlock", "Block"):
             if s.init is not None or list(s.alloc_buffers):
                 raise CodegenError("a block with an init or allocations in the program's TIR")
-            self.stmt(s.body, env)
-        elif kind in ("AttrStmt", "DeclBuffer"):
-            self.stmt(s.body, env)
-        elif kind == "Evaluate":
-            self.call(s.value, env)
-        else:
-            raise CodegenError(f"a {kind} statement in the program's TIR (not translated)")
+            return self.compile_stmt(s.body)
+        if kind in ("AttrStmt", "DeclBuffer"):
+            return self.compile_stmt(s.body)
+        if kind == "Evaluate":
+            return self.compile_call(s.value)
+        raise CodegenError(f"a {kind} statement in the program's TIR (not translated)")
 
-    def call(self, value: Any, env: dict[Any, int]) -> None:
+    def compile_call(self, value: Any) -> Callable[[dict[Any, int]], None]:
+        """One intrinsic call made into a function emitting its instruction."""
         if type(value).__name__ == "IntImm":
-            return  # T.evaluate(0)
+            return lambda env: None  # T.evaluate(0)
         if type(value).__name__ != "Call" or getattr(value.op, "name", "") != "tirx.call_extern":
             raise CodegenError(f"{value}: not an intrinsic of the simnpu")
         name, *args = value.args
         name = str(name.value)
-        try:
-            word = self.encode(name, args, env)
-        except struct.error as exc:
-            raise CodegenError(f"{name}: a value out of its field's range ({exc})") from exc
-        self.instructions.append(word)
-        if len(self.instructions) > self.limit:
-            raise CodegenError(f"more than {self.limit} instructions")
-
-    def encode(self, name: str, args: list[Any], env: dict[Any, int]) -> bytes:
         counts = {"simnpu.load": 21, "simnpu.gemm": 16, "simnpu.alu": 15, "simnpu.store": 13}
         if name not in counts:
             raise CodegenError(f"{name} is not an intrinsic of the simnpu ({', '.join(counts)})")
         if len(args) != counts[name]:
             raise CodegenError(f"{name} takes {counts[name]} arguments, got {len(args)}")
-        if name == "simnpu.load":
-            dst_buf, dst_base = (evaluate(a, env) for a in args[:2])
-            slot = self.slot(args[2], name)
-            src_type, offset, pad, *dims = (evaluate(a, env) for a in args[3:])
-            offset *= isa.TYPE_BYTES[src_type]
-            return isa.load(
-                dst_buf, dst_base, slot, src_type, offset, [dims[0:5], dims[5:10], dims[10:15]], pad
-            )
-        if name == "simnpu.store":
-            slot = self.slot(args[0], name)
-            dst_type, offset, src_base, *dims = (evaluate(a, env) for a in args[1:])
-            return isa.store(
-                slot,
-                dst_type,
-                offset * isa.TYPE_BYTES[dst_type],
-                src_base,
-                [dims[0:3], dims[3:6], dims[6:9]],
-            )
-        values = [evaluate(a, env) for a in args]
-        if name == "simnpu.gemm":
-            reset, *extents = values[:4]
-            acc, inp, wgt = values[4:8], values[8:12], values[12:16]
-            return isa.gemm(extents, tuple(acc), tuple(inp), tuple(wgt), reset=bool(reset))
-        op, use_imm, e0, e1 = values[:4]
-        dst, src = tuple(values[4:7]), tuple(values[7:10])
-        imm, mul, shift, res_shift, residual = values[10:15]
-        return isa.alu(
-            op,
-            (e0, e1),
-            dst,
-            src,
-            imm if (use_imm or residual) else None,
-            mul,
-            shift,
-            res_shift,
-            bool(residual),
-        )
+        # the buffer argument resolved to its slot once; every other argument compiled
+        at = {"simnpu.load": 2, "simnpu.store": 0}.get(name)
+        parts: list[Callable[[dict[Any, int]], Any]] = []
+        for i, arg in enumerate(args):
+            if i == at:
+                slot = self.slot(arg, name)
+                parts.append(lambda env, slot=slot: slot)
+            else:
+                parts.append(compile_expr(arg))
+        encode = _ENCODERS[name]
+        instructions, limit = self.instructions, self.limit
+
+        def emit(env: dict[Any, int]) -> None:
+            values = [part(env) for part in parts]
+            try:
+                instructions.append(encode(values))
+            except (struct.error, KeyError, ValueError) as exc:
+                raise CodegenError(f"{name}{tuple(values)}: a value out of range ({exc})") from exc
+            if len(instructions) > limit:
+                raise CodegenError(f"more than {limit} instructions")
+
+        return emit
+
+
+def _load(v: list[int]) -> bytes:
+    dst_buf, dst_base, slot, src_type, offset, pad, *dims = v
+    return isa.load(
+        dst_buf,
+        dst_base,
+        slot,
+        src_type,
+        offset * isa.TYPE_BYTES[src_type],
+        [dims[0:5], dims[5:10], dims[10:15]],
+        pad,
+    )
+
+
+def _store(v: list[int]) -> bytes:
+    slot, dst_type, offset, src_base, *dims = v
+    return isa.store(
+        slot,
+        dst_type,
+        offset * isa.TYPE_BYTES[dst_type],
+        src_base,
+        [dims[0:3], dims[3:6], dims[6:9]],
+    )
+
+
+def _gemm(v: list[int]) -> bytes:
+    reset, *extents = v[:4]
+    return isa.gemm(extents, tuple(v[4:8]), tuple(v[8:12]), tuple(v[12:16]), reset=bool(reset))
+
+
+def _alu(v: list[int]) -> bytes:
+    op, use_imm, e0, e1 = v[:4]
+    imm, mul, shift, res_shift, residual = v[10:15]
+    return isa.alu(
+        op,
+        (e0, e1),
+        tuple(v[4:7]),
+        tuple(v[7:10]),
+        imm if (use_imm or residual) else None,
+        mul,
+        shift,
+        res_shift,
+        bool(residual),
+    )
+
+
+#: How each intrinsic's evaluated arguments (the buffer's as its slot) become an instruction.
+_ENCODERS = {"simnpu.load": _load, "simnpu.store": _store, "simnpu.gemm": _gemm, "simnpu.alu": _alu}
 
 
 #: The most instructions one program may have (a bound on the codegen's work).
@@ -217,7 +293,7 @@ def generate(module: Any, symbol: str) -> up.DeviceProgram:
     data_tensor = func.attrs[DATA_ATTR] if func.attrs and DATA_ATTR in func.attrs else None
     data = b"" if data_tensor is None else np.ascontiguousarray(data_tensor.numpy()).tobytes()
     emitter = _Emitter(func, INSTRUCTIONS_MAX)
-    emitter.stmt(func.body, {})
+    emitter.compile_stmt(func.body)({})
     if not emitter.instructions:
         raise CodegenError("the PrimFunc holds no simnpu instructions")
     buffers = emitter.buffers
