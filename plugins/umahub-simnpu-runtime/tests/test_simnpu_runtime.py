@@ -370,3 +370,67 @@ def test_native_counters_match_the_header():
         "store_cycles",
         "macs",
     ]
+
+
+# ------------------------------------------------------------------ never a crash
+
+
+def _valid_program() -> bytes:
+    """A program using every opcode, operation and flag, on two buffers and data."""
+    data = np.r_[np.ones(16), np.full(16, 3), np.zeros(16)].astype("<i4").tobytes()
+    return isa.program(
+        [
+            isa.load(isa.INP, 0, 0, isa.U8, 0, [(2, 1, 1, 16, 16), (16, 0, 0, 1, 1)], 5),
+            isa.load(isa.WGT, 0, isa.DATA_SLOT, isa.I8, 0, [(192, 0, 0, 1, 1)]),
+            isa.load(isa.ACC, 512, isa.DATA_SLOT, isa.I32, 0, [(48, 0, 0, 1, 1)]),
+            isa.gemm([4], (0, 16), (0, 0), (0, 0), reset=True),
+            isa.gemm([4, 1], (0, 16, 0), (0, 16, 0), (0, 0, 0)),
+            isa.load(isa.ACC, 256, 0, isa.I8, 0, [(4, 0, 0, 16, 16), (16, 0, 0, 1, 1)]),
+            isa.alu(isa.ALU_ADD, (4, 1), (256, 16, 0), imm=-3),
+            isa.alu(isa.ALU_FXP, (4, 1), (0, 16, 0), (256, 16, 0), 7, 512, 528, 544, True),
+            isa.alu(isa.ALU_MAX, (4, 1), (0, 16, 0), (256, 16, 0)),
+            isa.alu(isa.ALU_MIN, (4, 1), (0, 16, 0), imm=90),
+            isa.store(1, isa.U8, 0, 0, [(4, 16, 16), (16, 1, 1)]),
+        ],
+        buffers=2,
+        data=data,
+    )
+
+
+def test_damaged_programs_are_rejected_or_run_never_crashing(device):
+    """Random bytes written over a valid program's instructions: load rejects the
+    program or accepts it, and a run of what it accepts completes or faults, with a
+    DeviceError each time (a crash would end the test process)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    program = _valid_program()
+    x, y = _put(device, np.arange(64, dtype=np.uint8)), device.allocate(64)
+    device.execute(device.load(DeviceProgram(program)), [x, y]).wait(WAIT)
+    body = range(isa.HEADER_BYTES, isa.HEADER_BYTES + 11 * isa.INSTRUCTION_BYTES)
+
+    @settings(
+        max_examples=400,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.lists(st.tuples(st.sampled_from(body), st.integers(0, 255)), max_size=6))
+    def damaged(edits):
+        data = bytearray(program)
+        for at, value in edits:
+            data[at] = value
+        try:
+            loaded = device.load(DeviceProgram(bytes(data)))
+        except DeviceError as exc:
+            assert "program rejected" in str(exc)
+            return
+        try:
+            device.execute(loaded, [x, y]).wait(WAIT)
+        except DeviceError as exc:
+            assert "fault at instruction" in str(exc)
+        finally:
+            device.unload(loaded)
+
+    damaged()
