@@ -105,3 +105,45 @@ def test_a_device_fault_is_umahubs_execution_error_naming_the_device():
         compiled.run(*inputs)
     assert device.counters()["instructions"] == before + 3
     compiled.run(*inputs)  # a fault ends its run, not the device
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("fault:5@0", "simnpu:0, partition .*: running: simnpu:0: fault at instruction 5"),
+        ("hang", "no completion within 1 s"),
+    ],
+)
+def test_a_library_on_a_board_whose_device_fails(tmp_path, fault, message):
+    """The exported library loaded in another process (a board) whose device the
+    environment tells to fault, or to never complete a run (umahub's time limit)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import textwrap
+
+    mod, (x,) = quantized_model("matmul", x_shape=(2, 16))
+    path = simnpu_hub().compile(mod).export_library(tmp_path / "m.so")
+    np.save(tmp_path / "x.npy", x)
+    code = f"""
+        import numpy as np
+        import umahub
+        from umahub.runtime import devices
+        from umahub_simnpu_runtime import SimNpuRuntime
+        devices.register_runtime(SimNpuRuntime())  # as its entry point would give it
+        model = umahub.load({str(path)!r})
+        try:
+            model.run(np.load({str(tmp_path / "x.npy")!r}))
+        except umahub.errors.ExecutionError as exc:
+            print(exc)
+        """
+    env = {**os.environ, "UMAHUB_SIMNPU_FAULT": fault, "UMAHUB_DEVICE_TIMEOUT": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert re.search(message, done.stdout), done.stdout + done.stderr
