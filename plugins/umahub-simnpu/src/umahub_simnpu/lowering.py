@@ -41,10 +41,12 @@ import numpy as np
 from umahub_simnpu_runtime import isa
 
 import umahub.plugin as up
-from umahub_simnpu.operator import LANES, OperatorPlan, Unsupported
+from umahub_simnpu.operator import OperatorPlan, Unsupported
 
 __all__ = ["DATA", "DATA_ATTR", "TABLE_BYTES", "TILE", "data_segment", "lower"]
 
+#: Lanes of a vector (the matrix core is LANES x LANES).
+LANES = isa.LANES
 #: The string naming the data segment as an intrinsic's source.
 DATA = "simnpu.data"
 #: The PrimFunc attribute holding the data segment (a uint8 tensor).
@@ -69,7 +71,7 @@ def data_segment(plan: OperatorPlan) -> np.ndarray:
     """The program's data segment: tables per output block, then the weight tiles."""
     channels = plan.channels
     blocks = _ceil(channels, LANES)
-    tables = np.zeros((blocks, 4, blocks * 0 + LANES), np.int32)
+    tables = np.zeros((blocks, 4, LANES), np.int32)
     padded = blocks * LANES
 
     def lanes(values: Any, fill: int) -> np.ndarray:
@@ -132,6 +134,7 @@ class _Builder:
         return tirx.Evaluate(tirx.call_extern("int32", name, *args))
 
     def load(self, dst_buf, dst_base, src, src_type, src_offset, dims, pad=0) -> Any:
+        """``simnpu.load``; ``dims`` outermost first, filled to three with unit ones."""
         dims = [(1, 0, 0, 0, 0)] * (3 - len(dims)) + list(dims)
         return self.call(
             "simnpu.load", dst_buf, dst_base, src, src_type, src_offset, pad,
@@ -139,6 +142,7 @@ class _Builder:
         )  # fmt: skip
 
     def gemm(self, extents, acc, inp, wgt) -> Any:
+        """``simnpu.gemm``; ``acc``/``inp``/``wgt`` are a base and one stride per extent."""
         pad = 3 - len(extents)
 
         def operand(o):
@@ -149,12 +153,14 @@ class _Builder:
         )
 
     def alu(self, op, extents, dst, src=(0, 0, 0), imm=None, residual=False) -> Any:
+        """``simnpu.alu`` on ACC vectors, the block's tables as FXP's multipliers and shifts."""
         return self.call(
             "simnpu.alu", op, 0 if imm is None else 1, *extents, *dst, *src,
             0 if imm is None else imm, MUL, SHIFT, RES_SHIFT, int(residual),
         )  # fmt: skip
 
     def store(self, dst, dst_type, dst_offset, src_base, dims) -> Any:
+        """``simnpu.store``; ``dims`` outermost first, filled to three with unit ones."""
         dims = [(1, 0, 0)] * (3 - len(dims)) + list(dims)
         return self.call(
             "simnpu.store", dst, dst_type, dst_offset, src_base, *[v for d in dims for v in d]
@@ -314,7 +320,7 @@ def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
 
         def reduce(kc):
             size = tirx.min(chunk, k - kc * chunk)
-            blocks = ceil_(size)
+            blocks = tirx.floordiv(size + (LANES - 1), LANES)
             return b.seq(
                 b.load(
                     isa.INP, 0, x, _TYPES[plan.x_dtype], t * tile * k + kc * chunk,
@@ -328,9 +334,6 @@ def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
                 ),
                 b.gemm([rows, blocks], (0, LANES, 0), (0, chunk, LANES), (0, 0, LANES * LANES)),
             )  # fmt: skip
-
-        def ceil_(size):
-            return tirx.floordiv(size + (LANES - 1), LANES)
 
         steps.append(b.loop("kc", chunks, reduce))
         at = t * tile * n_ + nb * LANES

@@ -37,7 +37,6 @@ import umahub.plugin as up
 
 __all__ = ["OperatorPlan", "Unsupported", "composite_of", "plan", "weight_values"]
 
-LANES = 16
 _INT32_MAX = 2**31 - 1
 
 
@@ -146,12 +145,12 @@ def _lookup(composite: Any, where: list[int], constants: dict[int, Any]):
     for param, index in zip(composite.params, where):
         if index in constants:
             bound[param] = relax.const(constants[index])
-    return lambda var: bound.get(var), bound
+    return bound.get
 
 
 def _root(composite: Any) -> Any:
-    body = composite.body
-    return body.body
+    """The composite's result: the variable its final quantize is bound to."""
+    return composite.body.body
 
 
 def _follow(expr: Any, lookup: Any) -> Any:
@@ -252,7 +251,7 @@ def plan(function: Any, constants: dict[int, Any]) -> OperatorPlan:
         i: (v.numpy() if hasattr(v, "numpy") else np.asarray(v)) for i, v in constants.items()
     }
     composite, where = composite_of(function)
-    lookup, _ = _lookup(composite, where, values)
+    lookup = _lookup(composite, where, values)
     try:
         op = up.describe_quantized(_root(composite), lookup)
     except ValueError as exc:
