@@ -326,3 +326,49 @@ def test_a_pending_completion_waits_and_carries_the_devices_error():
     with pytest.raises(up.DeviceError, match="parity error"):
         pending.wait(1)
     up.done().wait(0)
+
+
+def _board(env_path: str):
+    """``python -m umahub.boards.board`` in a process of its own, and its address."""
+    command = ["-m", "umahub.boards.board", "--host", "127.0.0.1", "--port", "29400"]
+    proc = subprocess.Popen(
+        [sys.executable, *command, "--port-end", "29499"],
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    said = []
+    for line in proc.stdout:
+        said.append(line)  # until "umahub board: serving on 127.0.0.1:PORT"
+        if line.startswith("umahub board: serving on"):
+            return proc, line.strip().rsplit(" ", 1)[-1]
+    raise AssertionError(f"the board did not start (exit code {proc.wait()}): {said[-3:]}")
+
+
+def test_a_board_with_the_runtime_package_alone_runs_the_library(install, tmp_path):
+    """Over TVM's RPC, on a board whose only device software is the runtime package; a
+    board without it says which package to install."""
+    from umahub.boards.rpc import RemoteError, connect
+
+    devices.register_runtime(toy_device.ToyRuntime())
+    path = _compile().export_library(tmp_path / "toy.so")
+    site = install(
+        "umahub-toy-runtime", "1.0", {"toy": "toy_device:ToyRuntime"}, {}, group="umahub.runtimes"
+    )
+    tests = str(Path(__file__).parent)
+    others = [p for p in sys.path if p != str(site)]
+    board, address = _board(":".join([str(site), tests, *others]))
+    bare, bare_address = _board(":".join([tests, *others]))
+    try:
+        with connect(server=address, timeout=60) as remote:
+            assert np.array_equal(remote.load(path).run(X), _reference(X))
+        with connect(server=bare_address, timeout=60) as remote, pytest.raises(RemoteError) as e:
+            remote.load(path)
+        assert str(e.value) == (
+            f"board {bare_address} cannot load {path}: this library runs partitions on the device "
+            "runtime 'toy', which is not installed here: pip install umahub-toy-runtime"
+        )
+    finally:
+        board.terminate()
+        bare.terminate()

@@ -76,12 +76,11 @@ class DeviceProgram:
     """A partition compiled for a device: what a device accelerator's ``umahub_codegen``
     returns, and what its runtime's :meth:`Device.load` is given back at load time.
 
-    Args:
-        data: the program, opaque to umahub (an instruction stream, a vendor
-            compiler's binary); carried in the exported library as it is.
-        metadata: what the runtime needs to call it, as JSON values (str,
-            int, float, bool, None, lists and dicts of them), for example the
-            format's version or the sizes of its scratch memory.
+    ``data`` is the program, opaque to umahub (an instruction stream, a vendor
+    compiler's binary), carried in the exported library as it is; ``metadata``
+    is what the runtime needs to call it, as JSON values (str, int, float,
+    bool, None, lists and dicts of them), for example the format's version or
+    the sizes of its scratch memory.
     """
 
     data: bytes

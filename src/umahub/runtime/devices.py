@@ -297,7 +297,7 @@ def _wait(completion: Any, call: DeviceCall, doing: str, queue: Instance) -> Non
 
 def _bytes(array: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array (written to, for an output's view)."""
-    return memoryview(array).cast("B")
+    return array.data.cast("B")
 
 
 class _Bound:
@@ -320,7 +320,7 @@ class _Bound:
                 for value in call.constants:
                     buffer = device.allocate(max(int(value.nbytes), 1))
                     self.resident.append(buffer)
-                    value = np.ascontiguousarray(value)
+                    value = np.require(value, requirements="C")  # 0-d stays 0-d
                     _wait(device.write(buffer, _bytes(value)), call, "writing a weight", self.queue)
             except ExecutionError:
                 raise

@@ -420,7 +420,7 @@ class Running:
         Raises:
             UmahubError: wrong inputs, an unknown executor, or the concurrent
                 executor asked for a model it cannot run.
-            umahub.runtime.executor.ExecutionError: a partition or copy failed (naming
+            umahub.errors.ExecutionError: a partition or copy failed (naming
                 it and its device), or the timeout passed.
         """
         check_inputs(self.input_info, arrays)

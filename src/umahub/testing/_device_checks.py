@@ -72,8 +72,8 @@ class DeviceChecks:
                 back = np.zeros(size, dtype=np.uint8)
                 buffer = device.allocate(size)
                 try:
-                    device.write(buffer, memoryview(data)).wait(60)
-                    device.read(buffer, memoryview(back)).wait(60)
+                    device.write(buffer, data.data).wait(60)
+                    device.read(buffer, back.data).wait(60)
                     if not np.array_equal(data, back):
                         problems.append(f"{size} bytes written came back changed")
                     try:

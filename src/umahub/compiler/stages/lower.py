@@ -146,7 +146,8 @@ def _device_stub(
         package=acc.package,
         program=program,
         inputs=tuple(resident.index(i) if i in resident else -1 for i in range(len(func.params))),
-        constants=tuple(np.ascontiguousarray(ctx.constants[i].numpy()) for i in resident),
+        # (np.ascontiguousarray would make a 0-d scale 1-d)
+        constants=tuple(np.require(ctx.constants[i].numpy(), requirements="C") for i in resident),
     )
     stub = devices.stub_module(call, scheduled[ctx.symbol], ctx.target)
     return _WithCall(stub, call)
