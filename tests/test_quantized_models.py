@@ -95,6 +95,18 @@ def test_the_npus_integers_are_the_hosts(quantized_model):
     np.testing.assert_array_equal(compiled.run(x), on_host.run(x))
 
 
+def test_the_simnpu_takes_them_on_its_own_device_bit_for_bit_the_hosts(quantized_model):
+    """The simulated NPU (a device of its own, programs run by its runtime) first: every
+    quantized operator on one of its instances, the model's integers the host's."""
+    _, _, _, x, _, on_host = quantized_model
+    name, model = quantized_model[0], quantized_model[1]
+    compiled = umahub.Hub(config={"priority": ["simnpu"]}).compile(model)
+    rows = compiled.report.quantized
+    assert {r["device"].split(":")[0] for r in rows} == {"simnpu"}, rows
+    assert all(p.program for p in compiled.report.partitions), name
+    np.testing.assert_array_equal(compiled.run(x), on_host.run(x))
+
+
 def test_within_one_step_of_onnx_runtime(quantized_model):
     name, model, path, x, compiled, _ = quantized_model
     session = onnxruntime.InferenceSession(path)

@@ -1,0 +1,192 @@
+"""The simulated NPU (a device of its own) in quantized models next to the other bundled
+plugins and the host: priority, pins, the transfers in the report, a quantized ONNX model
+nobody here wrote, and random quantized graphs with random pins, all bit for bit the
+host's integers."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import umahub_dsp
+import umahub_npu
+import umahub_simnpu
+import umahub_vanilla
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from quantized_graphs import Layer, QuantizedGraph, inputs, quantized_model
+from umahub_simnpu_runtime import SimNpuRuntime
+
+import umahub
+import umahub.models as zoo
+from umahub.runtime import devices
+
+BUNDLED = [umahub_simnpu, umahub_npu, umahub_vanilla, umahub_dsp]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def simnpu_runtime():
+    """The simnpu's runtime, whether or not its package is installed (a source checkout)."""
+    devices.register_runtime(SimNpuRuntime())
+
+
+def _hub(**config):
+    return umahub.Hub(config={"on-error": "error", **config}, autoload=False, plugins=BUNDLED)
+
+
+def _host(mod, xs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return umahub.Hub(autoload=False, plugins=[]).compile(mod).run(*xs)
+
+
+def _quantized_rows(compiled):
+    return [(q["node"], q["device"], q["pattern"]) for q in compiled.report.quantized]
+
+
+def test_cnn_int8_mixes_the_simnpu_with_the_npu_and_the_host_under_priority_and_pins():
+    mod, xs = zoo.get("cnn_int8"), zoo.inputs("cnn_int8")
+    compiled = _hub(priority=["npu", "simnpu"], placement={"conv2": "simnpu:1"}).compile(mod)
+    assert _quantized_rows(compiled) == [
+        ("conv1_relu_q", "npu:0", "npu.qconv2d_bias_act"),
+        ("conv2_relu_q", "simnpu:1", "simnpu.qconv2d_bias_act"),
+        ("fc_bias_add_q", "npu:0", "npu.qmatmul_bias"),
+    ]
+    assert np.array_equal(compiled.run(*xs), _host(mod, xs))
+    crossings = [
+        (c.src, c.dst, c.bytes, c.when)
+        for c in compiled.report.copies
+        if "simnpu:1" in (c.src, c.dst)
+    ]
+    # conv2's weight (8x8x3x3 int8), bias, scales and zero points once at load; its input
+    # in from the npu's output, its output out to the host
+    at_load = [c for c in crossings if c[3] == "load"]
+    assert len(at_load) == 10 and sum(c[2] for c in at_load) == 722
+    assert at_load[0] == ("host", "simnpu:1", 576, "load")
+    assert [c for c in crossings if c[3] == "inference"] == [
+        ("npu:0", "simnpu:1", 2048, "inference"),
+        ("simnpu:1", "host", 2048, "inference"),
+    ]
+    program = next(p.program for p in compiled.report.partitions if p.device == "simnpu:1")
+    assert program["runtime"] == "simnpu" and program["resident_bytes"] == 722
+
+
+def test_simnpu_first_takes_every_quantized_operator_and_matches_the_host():
+    mod, xs = zoo.get("cnn_int8"), zoo.inputs("cnn_int8")
+    compiled = _hub(priority=["simnpu", "npu", "vanilla_accel", "dsp_cpu"]).compile(mod)
+    assert [d for _, d, _ in _quantized_rows(compiled)] == ["simnpu:0", "simnpu:1", "simnpu:0"]
+    assert np.array_equal(compiled.run(*xs), _host(mod, xs))
+    assert np.array_equal(compiled.run(*xs, executor="concurrent"), _host(mod, xs))
+
+
+def _with_initializers(case):
+    """An ONNX node test's model with every input but the first made an initializer (its
+    value from the test's data): the weights of a deployed model are constants."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load_from_string(case.model_bytes)
+    inputs_, _ = case.data_sets[0]
+    graph = model.graph
+    for value, array in list(zip(graph.input, inputs_))[1:]:
+        graph.initializer.append(numpy_helper.from_array(np.asarray(array), value.name))
+    keep = graph.input[0]
+    del graph.input[:]
+    graph.input.append(keep)
+    return model, [np.asarray(inputs_[0])], [np.asarray(o) for o in case.data_sets[0][1]]
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        (
+            "test_qlinearconv",
+            "simnpu.qconv2d refused it: weights minus their zero point leave int8 (the simnpu "
+            "folds the weight's zero point into int8 weights)",
+        ),
+        (
+            "test_qlinearmatmul_3D_int8_float32",
+            "simnpu.qmatmul refused it: a 3-D weight; the simnpu takes a 2-D matmul weight",
+        ),
+    ],
+)
+def test_onnx_quantized_node_tests_the_simnpu_refuses_run_on_the_host_as_onnx_expects(
+    name, why
+):
+    """ONNX's own QLinearConv and QLinearMatMul cases (written by ONNX, not here), weights
+    made constants: the simnpu refuses them, saying why, and the host computes them."""
+    from umahub.frontends import from_onnx
+    from umahub.testing import onnx_suite
+
+    (case,) = onnx_suite.load_cases(names=[name], modules=["qlinearconv", "qlinearmatmul"])
+    model, xs, expected = _with_initializers(case)
+    compiled = _hub(priority=["simnpu"]).compile(from_onnx(model))
+    assert [(q["device"], q["why"]) for q in compiled.report.quantized] == [("host", why)]
+    assert np.array_equal(compiled.run(*xs), expected[0])
+
+
+_LAYER = st.builds(
+    Layer,
+    channels=st.sampled_from([4, 8, 16, 24]),
+    kernel=st.sampled_from([1, 3]),
+    stride=st.sampled_from([1, 2]),
+    padding=st.sampled_from([0, 1]),
+    bias=st.booleans(),
+    activation=st.sampled_from(["relu", "clip", ""]),
+    residual=st.booleans(),
+)
+_GRAPH = st.builds(
+    QuantizedGraph,
+    shape=st.sampled_from([(1, 3, 12, 12), (1, 8, 9, 9), (2, 4, 8, 8)]),
+    layers=st.lists(_LAYER, min_size=1, max_size=3).map(tuple),
+    dense=st.sampled_from([0, 10]),
+    activation_dtype=st.sampled_from(["uint8", "int8"]),
+    per_channel=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+_PIN = st.sampled_from([None, "simnpu:0", "simnpu:1", "npu", "host"])
+
+
+def _random_pins(draw_pins, mod):
+    """The drawn pins, one per convolution and matmul of the model (by node name)."""
+    from umahub.ir import bindings, node_name
+
+    kernels = [
+        node_name(b)
+        for b in bindings(mod["main"])
+        if getattr(getattr(b.value, "op", None), "name", "") in ("relax.nn.conv2d", "relax.matmul")
+    ]
+    return {n: p for n, p in zip(kernels, draw_pins) if p is not None}
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(graph=_GRAPH, pins=st.lists(_PIN, min_size=8, max_size=8))
+def test_random_quantized_graphs_with_random_pins_are_the_hosts_integers(graph, pins):
+    _random_graph_case(graph, pins)
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, database=None)
+@given(graph=_GRAPH, pins=st.lists(_PIN, min_size=8, max_size=8))
+def test_a_few_random_quantized_graphs_with_random_pins(graph, pins):
+    """The slow test's first examples, in the default run."""
+    _random_graph_case(graph, pins)
+
+
+def _random_graph_case(graph, pins):
+    mod = quantized_model(graph)
+    xs = inputs(graph)[0]
+    placement = _random_pins(pins, mod)
+    compiled = _hub(priority=["simnpu", "npu"], placement=placement).compile(mod)
+    assert np.array_equal(compiled.run(*xs), _host(mod, xs)), (graph, placement)
+    devices_of = {o.name: o.device for o in compiled.report.placement}
+    for node, pin in placement.items():
+        if pin.startswith("simnpu:") and devices_of[node].startswith("simnpu"):
+            assert devices_of[node] == pin
