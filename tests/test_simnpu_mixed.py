@@ -111,9 +111,7 @@ def _with_initializers(case):
         ),
     ],
 )
-def test_onnx_quantized_node_tests_the_simnpu_refuses_run_on_the_host_as_onnx_expects(
-    name, why
-):
+def test_onnx_quantized_node_tests_the_simnpu_refuses_run_on_the_host_as_onnx_expects(name, why):
     """ONNX's own QLinearConv and QLinearMatMul cases (written by ONNX, not here), weights
     made constants: the simnpu refuses them, saying why, and the host computes them."""
     from umahub.frontends import from_onnx
