@@ -4,7 +4,7 @@ quantizer does it (:func:`umahub.models.quantize.quantize_static`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tvm import relax
@@ -47,8 +47,12 @@ def float_model(g: QuantizedGraph):
     x = relax.Var("x", TensorType(g.shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            v, channels = x, g.shape[1]
+            v, channels, size = x, g.shape[1], min(g.shape[2:])
             for layer in g.layers:
+                if (size + 2 * layer.padding - layer.kernel) // layer.stride + 1 < 2:
+                    # too small for it: the same layer, keeping the size
+                    layer = replace(layer, stride=1, padding=(layer.kernel - 1) // 2)
+                size = (size + 2 * layer.padding - layer.kernel) // layer.stride + 1
                 scale = 1.0 / np.sqrt(channels * layer.kernel**2)
                 w = rng.standard_normal((layer.channels, channels, layer.kernel, layer.kernel))
                 out = bb.emit(
