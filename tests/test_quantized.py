@@ -83,9 +83,11 @@ def qconv_graph(
     y_scale=0.2,
     seed=0,
     size=10,
+    bias_scale_per_channel=False,
 ):
     """A quantized convolution as ONNX Runtime's QDQ form has it (on a ``size`` x
-    ``size`` input), and its parts."""
+    ``size`` input), and its parts; ``bias_scale_per_channel``: the int32 bias's scale
+    one per channel even where the weight's is one per tensor."""
     rng = np.random.default_rng(seed)
     cin, cout = channels
     x_scale, y_scale, y_zp = np.float32(0.05), np.float32(y_scale), 3
@@ -123,6 +125,8 @@ def qconv_graph(
             if bias == "int32":
                 b = rng.integers(-5000, 5000, size=(1, cout, 1, 1)).astype("int32")
                 b_scale = (x_scale * w_scale).astype("float32")
+                if bias_scale_per_channel:
+                    b_scale = np.broadcast_to(b_scale, (cout,)).copy()
                 db = bb.emit(
                     relax.op.dequantize(
                         _const(b, "int32"), _const(b_scale, "float32"), _const(0, "int32"), axis=1
@@ -206,6 +210,12 @@ CASES = {
     "relu, int32 bias, per-channel": {},
     "clip, float bias": {"activation": "clip", "bias": "float"},
     "no bias, no activation, per-tensor": {"bias": None, "activation": None, "per_channel": False},
+    # describe_quantized failed to compare a per-channel bias scale with a per-tensor
+    # weight's, and the operator was left to TVM's float lowering
+    "per-tensor weight, a bias scale per channel": {
+        "per_channel": False,
+        "bias_scale_per_channel": True,
+    },
     "int8 input, asymmetric weights": {"x_dtype": "int8", "x_zp": -3, "w_zp": 5},
     "stride 2, uneven padding, dilation 2": {
         "strides": (2, 2),

@@ -379,6 +379,19 @@ def _params(call: Any, lookup: Any, role: str, rank: int) -> QuantParams:
     return QuantParams(integer, scale, np.broadcast_to(zero, scale.shape).copy(), axis)
 
 
+def _same_values(a: Any, b: Any) -> bool:
+    """Whether two arrays hold the same values where broadcast against each other (a
+    bias scale per channel against a weight scale per tensor is compared channel by
+    channel, not refused)."""
+    import numpy as np
+
+    try:
+        left, right = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+    except ValueError:
+        return False
+    return bool(np.array_equal(left, right))
+
+
 def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
     """The quantized operator whose final ``relax.quantize`` call is ``root``.
 
@@ -492,9 +505,7 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
             if known and bias.scale is not None:
                 units = np.float32(data.scale.reshape(())) * weight.scale.astype(np.float32)
                 bias_exact = (
-                    bias.dtype == "int32"
-                    and bias.symmetric
-                    and np.array_equal(np.broadcast_to(bias.scale, units.shape), units)
+                    bias.dtype == "int32" and bias.symmetric and _same_values(bias.scale, units)
                 )
         else:
             exprs["bias"] = bias_expr
