@@ -63,6 +63,25 @@ def test_compile_then_run_a_zoo_model(project):
         np.testing.assert_allclose(y["arr_0"], host_reference("cnn"), rtol=1e-5, atol=1e-5)
 
 
+def test_explain_and_compile_print_the_report_as_json_alone_for_scripts(project):
+    explained = umahub_cli("explain", "mlp", "--json", "-", cwd=project)
+    assert explained.returncode == 0, explained.stderr
+    report = json.loads(explained.stdout)
+    assert report["format"] == 1 and report["built"] is False
+    assert [o["name"] for o in report["placement"]][:2] == ["fc1", "fc1_bias_add"]
+    compiled = umahub_cli(
+        "compile", "mlp", "-o", "mlp.so", "--report", "-", "--report-format", "json", cwd=project
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    built = json.loads(compiled.stdout)
+    assert built["built"] is True and built["placement"] == report["placement"]
+    wrong = umahub_cli("compile", "mlp", "--report-format", "json", cwd=project)
+    assert wrong.stderr.strip().splitlines()[-1] == (
+        "umahub: error: --report-format says how --report - prints the report: give --report - "
+        "too (a --report FILE is always JSON)"
+    )
+
+
 def test_explain_a_tvmscript_file_and_draw_it(project):
     (project / "model.py").write_text(RELU_SIGMOID)
     result = umahub_cli("explain", "model.py", "--out", "graph.html", cwd=project)

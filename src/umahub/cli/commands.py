@@ -164,6 +164,11 @@ def _load_model(spec: str, progress: Progress) -> Any:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile MODEL through the plugins and export it as one shared library."""
     check_writable(args.output, "-o")
+    if args.report_format and args.report != "-":
+        raise UmahubError(
+            "--report-format says how --report - prints the report: give --report - too "
+            "(a --report FILE is always JSON)"
+        )
     if args.report and args.report != "-":
         check_writable(args.report, "--report")
     progress = Progress(quiet=args.quiet)
@@ -184,12 +189,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
     with progress.step("export", f"{args.output} (compile and link)"):
         compiled.export_library(args.output)
     report = compiled.report
-    if args.report == "-":
+    as_json = args.report == "-" and args.report_format == "json"
+    if as_json:
+        print(report.to_json())  # JSON alone on stdout, for scripts
+    elif args.report == "-":
         print(report)
     else:
         _say(args, summary(report, progress.elapsed()))
-    _say(args, f"wrote {args.output}")
-    if target is not None and not target.native:
+    if not as_json:
+        _say(args, f"wrote {args.output}")
+    if target is not None and not target.native and not as_json:
         _say(
             args,
             f"run it on a board ({target.arch}): umahub run {args.output} "
@@ -348,6 +357,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bar.done()
         if hasattr(model, "board"):
             model.board.close()
+    if args.json == "-":  # JSON alone on stdout, for scripts
+        print(json.dumps(result, indent=2))
+        return 0
     ms = result["latency_ms"]
     _say(
         args,
@@ -401,6 +413,8 @@ class _Bar:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """Show placement, copies and memory of MODEL without building it."""
+    if args.json and args.json != "-":
+        check_writable(args.json, "--json")
     if args.out:
         from umahub.report.picture import SUFFIXES
 
@@ -421,10 +435,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
             placement="auto" if args.auto else None,
             board=board,
         )
-    _say(args, str(report))
+    if args.json == "-":
+        print(report.to_json())  # JSON alone on stdout, for scripts
+    else:
+        _say(args, str(report))
+    if args.json and args.json != "-":
+        Path(args.json).write_text(report.to_json() + "\n")
+        _say(args, f"wrote {args.json}")
     if args.out:
         report.save_picture(args.out)
-        _say(args, f"wrote {args.out}")
+        if args.json != "-":
+            _say(args, f"wrote {args.out}")
     return 0
 
 

@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(by default a summary is printed)",
     )
     p.add_argument(
+        "--report-format",
+        choices=("text", "json"),
+        help="how --report - prints it: text (the default) or JSON alone on stdout",
+    )
+    p.add_argument(
         "--auto",
         action="store_true",
         help="place by cost: each group of operators where the whole model runs fastest, "
@@ -205,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(the groups alone are built to time them; the model is not built)",
     )
     p.add_argument("--out", metavar="FILE", help="save the picture (.svg or .html)")
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        help="write the report as JSON ('-' prints it alone, instead of the text)",
+    )
     _on_error_option(p)
 
     p = add(

@@ -19,6 +19,11 @@ from umahub.plugin.memory import MemoryPlan
 __all__ = ["PartitionReport", "ReportData", "hooks_that_acted"]
 
 
+#: The version of the report's JSON (``"format"``): raised when a key changes meaning or
+#: goes away; a key added keeps it.
+REPORT_FORMAT = 1
+
+
 @dataclass
 class PartitionReport:
     """One partition: where it ran, which plugin did what at each hook, how long."""
@@ -100,8 +105,9 @@ class ReportData:
         return list(edges.values())
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain data."""
+        """The report as plain data; ``format`` is :data:`REPORT_FORMAT`."""
         return {
+            "format": REPORT_FORMAT,
             "devices": self.devices,
             "placement": [dict(o.__dict__) for o in self.placement],
             "partitions": [p.to_dict() for p in self.partitions],
