@@ -199,3 +199,32 @@ def _random_graph_case(graph, pins):
     for node, pin in placement.items():
         if pin.startswith("simnpu:") and devices_of[node].startswith("simnpu"):
             assert devices_of[node] == pin
+
+
+def test_cnn_int8_runs_over_rpc_on_a_board_without_the_compiler_plugin(tmp_path):
+    """The board's process cannot import umahub_simnpu; the runtime package, installed
+    there, runs the library's programs; the outputs are the host's."""
+    import os
+    import subprocess
+    import sys
+
+    from umahub.boards.rpc import connect
+
+    mod, xs = zoo.get("cnn_int8"), zoo.inputs("cnn_int8")
+    path = _hub(priority=["simnpu"]).compile(mod).export_library(tmp_path / "cnn.so")
+    serve = (
+        "import sys; sys.modules['umahub_simnpu'] = None\n"
+        "from umahub.boards.board import main\n"
+        "sys.exit(main(['--host', '127.0.0.1', '--port', '29500', '--port-end', '29599']))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    board = subprocess.Popen(
+        [sys.executable, "-c", serve], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = next(ln for ln in board.stdout if ln.startswith("umahub board: serving on"))
+        with connect(server=line.strip().rsplit(" ", 1)[-1], timeout=60) as remote:
+            out = remote.load(path).run(*xs)
+        assert np.array_equal(out, _host(mod, xs))
+    finally:
+        board.terminate()
