@@ -221,18 +221,22 @@ class DevicePlacer:
         """Each weight is its parameter on its device, copied once, when the model is loaded."""
         for (constant, device), param in zip(self.weights, self.weight_params):
             self.fetched[(constant, device)] = param
-            self.copies.append(
-                Copy(
-                    "weight",
-                    HOST,
-                    device,
-                    tensor_bytes(type_of(constant)),
-                    self.copy_kind.get(device, "sync"),
-                    constant=True,
-                    when="load",
-                    consumer=self.first_reader[(constant, device)],
-                )
+            self._load_copy(constant, device, self.first_reader[(constant, device)])
+
+    def _load_copy(self, constant: relax.Expr, device: str, consumer: str) -> None:
+        """Record a weight copied to ``device`` once, when the model is loaded."""
+        self.copies.append(
+            Copy(
+                "weight",
+                HOST,
+                device,
+                tensor_bytes(type_of(constant)),
+                self.copy_kind.get(device, "sync"),
+                constant=True,
+                when="load",
+                consumer=consumer,
             )
+        )
 
     def _emit_main(self) -> None:
         """The new ``main``: every binding emitted in order, its result on the host."""
@@ -301,18 +305,7 @@ class DevicePlacer:
         where = self.resident[symbol]
         for arg, at in zip(args, where):
             if at >= 0:
-                self.copies.append(
-                    Copy(
-                        "weight",
-                        HOST,
-                        device,
-                        tensor_bytes(type_of(arg)),
-                        self.copy_kind.get(device, "sync"),
-                        constant=True,
-                        when="load",
-                        consumer=symbol,
-                    )
-                )
+                self._load_copy(arg, device, symbol)
         return [a for a, at in zip(args, where) if at < 0]
 
     def _host_arg(self, arg: relax.Expr) -> relax.Expr | None:
