@@ -49,7 +49,7 @@ What the hooks are given
 Lowering (``umahub_relax_to_tir``)
     :func:`default_relax_to_tir`, :func:`single_primfunc`, and the host's
     lowering of a max pooling, :func:`max_pool2d`. A quantized operator's
-    integers (:func:`describe_quantized`, :func:`requantization`,
+    integers (:func:`describe_quantized`, :func:`bound_value`, :func:`requantization`,
     :func:`requantize`: the arithmetic every device must give bit for bit).
 
 Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
@@ -116,6 +116,7 @@ from umahub.plugin.patterns import (
 from umahub.plugin.quantization import (
     QuantizedOperator,
     QuantParams,
+    bound_value,
     dequantized,
     describe_quantized,
     quantized,
@@ -231,6 +232,7 @@ __all__ = [
     "activated",
     "bias_add",
     "blocks",
+    "bound_value",
     "buffer_of",
     "calls",
     "compat",

@@ -153,19 +153,6 @@ def _root(composite: Any) -> Any:
     return composite.body.body
 
 
-def _follow(expr: Any, lookup: Any) -> Any:
-    """``expr`` followed through ``lookup``'s bindings."""
-    from tvm import relax
-
-    seen = 0
-    while isinstance(expr, relax.Var) and seen < 64:
-        bound = lookup(expr)
-        if bound is None:
-            break
-        expr, seen = bound, seen + 1
-    return expr
-
-
 def _constant(expr: Any) -> Any:
     """The numpy value of a Relax constant (its class and field moved between TVM
     versions: ``relax.Constant.data`` before 0.27, ``ir.Constant.value`` in it), or None."""
@@ -178,11 +165,11 @@ def _constant(expr: Any) -> Any:
 
 def weight_values(op: Any, lookup: Any) -> Any:
     """The weight's value (numpy), or None where it is not a constant."""
-    return _constant(_follow(op.exprs["weight"], lookup))
+    return _constant(up.bound_value(op.exprs["weight"], lookup))
 
 
 def _value(expr: Any, lookup: Any) -> Any:
-    value = _constant(_follow(expr, lookup))
+    value = _constant(up.bound_value(expr, lookup))
     if value is None:
         raise Unsupported("a scale, zero point, weight or bias that is not a constant")
     return value
