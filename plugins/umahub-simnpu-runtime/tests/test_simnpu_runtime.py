@@ -54,6 +54,7 @@ def _dot_program(rows: int, x_type: int = isa.I8, pad: int = 0) -> tuple[bytes, 
         ],
         buffers=2,
         data=w.astype(np.int8).tobytes(),
+        version=1,
     )
     return program, w
 
@@ -150,6 +151,7 @@ def test_loads_pad_and_the_vector_unit_requantizes_exactly(device):
         ],
         buffers=2,
         data=data,
+        version=1,
     )
     loaded = device.load(DeviceProgram(program))
     src, out = _put(device, acc), device.allocate(48)
@@ -277,7 +279,7 @@ def test_the_runtime_runs_a_program_with_tvm_unimportable(tmp_path):
         prog = isa.program(
             [isa.load(isa.ACC, 0, 0, isa.I8, 0, [(16, 0, 0, 1, 1)]),
              isa.alu(isa.ALU_ADD, (1, 1), (0, 0, 0), imm=1),
-             isa.store(1, isa.I8, 0, 0, [(16, 1, 1)])], buffers=2)
+             isa.store(1, isa.I8, 0, 0, [(16, 1, 1)])], buffers=2, version=1)
         loaded = dev.load(DeviceProgram(prog))
         a, b = dev.allocate(16), dev.allocate(16)
         dev.write(a, memoryview(np.arange(16, dtype=np.int8))).wait(5)
@@ -369,6 +371,9 @@ def test_native_counters_match_the_header():
         "alu_cycles",
         "store_cycles",
         "macs",
+        "compute_cycles",
+        "cycles",
+        "last_cycles",
     ]
 
 
@@ -394,6 +399,7 @@ def _valid_program() -> bytes:
         ],
         buffers=2,
         data=data,
+        version=1,
     )
 
 
