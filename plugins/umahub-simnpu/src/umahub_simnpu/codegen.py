@@ -141,10 +141,14 @@ class _Emitter:
         """The on-chip buffer (INP, WGT, ACC) and base an intrinsic's tile pointer names."""
         for buffer, place in self.tiles:
             if _points_to(arg, buffer):
+                if place is None:
+                    raise CodegenError(
+                        f"the tile {buffer.name} is in scope {buffer.scope()!r}, not one of "
+                        "the simnpu's on-chip buffers (local.simnpu.inp, .wgt, .acc)"
+                    )
                 return place
         raise CodegenError(
-            f"{intrinsic} names {arg}, which is not a tile in a simnpu scope "
-            "(local.simnpu.inp, .wgt or .acc: the schedule places them)"
+            f"{intrinsic} names {arg}, which is not a tile the program allocates"
         )
     def compile_stmt(self, s: Any) -> Callable[[dict[Any, int]], None]:
         """``s`` made once into a Python function that emits its instructions for the
@@ -217,7 +221,10 @@ class _Emitter:
             raise CodegenError(f"{name} takes {intrinsic.arity} arguments, got {len(args)}")
         # pointers resolved once: a DRAM one to its slot, a tile's to its buffer, whose
         # base is added to each of its offsets; every other argument compiled
-        parts: list[Callable[[dict[Any, int]], Any]] = [compile_expr(a) for a in args]
+        pointers = {at for at, _ in intrinsic.pointers} | {intrinsic.dram}
+        parts: list[Callable[[dict[Any, int]], Any]] = [
+            (lambda env: None) if i in pointers else compile_expr(a) for i, a in enumerate(args)
+        ]
         if intrinsic.dram is not None:
             slot = self.slot(args[intrinsic.dram], name)
             parts[intrinsic.dram] = lambda env, slot=slot: slot
@@ -256,19 +263,18 @@ def _points_to(arg: Any, buffer: Any) -> bool:
 _BUFFER_IDS = {"inp": isa.INP, "wgt": isa.WGT, "acc": isa.ACC}
 
 
-def _tiles(func: Any) -> list[tuple[Any, tuple[int, int]]]:
-    """Each tile allocated in a simnpu scope, with its on-chip buffer and base (elements):
-    the tiles of one scope laid out one after the other, in allocation order."""
-    placed = []
+def _tiles(func: Any) -> list[tuple[Any, tuple[int, int] | None]]:
+    """Each tile the program allocates, with its on-chip buffer and base (elements), or
+    None where it is in no simnpu scope: the tiles of one scope laid out one after the
+    other, in allocation order."""
+    placed: list[tuple[Any, tuple[int, int] | None]] = []
     used = dict.fromkeys(_BUFFER_IDS, 0)
     for block in up.blocks(func):
         for buffer in block.alloc_buffers:
             kind = kind_of_scope(str(buffer.scope()))
             if kind is None:
-                raise CodegenError(
-                    f"the tile {buffer.name} is in scope {buffer.scope()!r}, not one of the "
-                    "simnpu's on-chip buffers (local.simnpu.inp, .wgt, .acc)"
-                )
+                placed.append((buffer, None))
+                continue
             placed.append((buffer, (_BUFFER_IDS[kind], used[kind])))
             used[kind] += int(np.prod([int(d) for d in buffer.shape]))
     return placed

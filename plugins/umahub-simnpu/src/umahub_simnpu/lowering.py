@@ -256,7 +256,7 @@ class _Builder:
     def _source(self, src: Any) -> tuple[Any, list[Any]]:
         """A DRAM source: its pointer argument and the buffers the block reads."""
         if isinstance(src, str):
-            return self.tirx.StringImm(src), []
+            return src, []  # call_extern makes it a string immediate
         return up.data_pointer(src), [src]
 
     def load(self, tile, offset, src, src_type, src_offset, dims, pad=0) -> Any:

@@ -207,7 +207,8 @@ def _double(func: Any) -> Any:
                 new_args[position] = up.data_pointer(new)
                 for at in offsets:
                     new_args[at] = new_args[at] + shift
-        doubled.append(f"{tile.name} (x2, alternating per {loops[-1].loop_var.name})")
+        kind = kind_of_scope(str(tile.scope()))
+        doubled.append(f"{kind} (x2, alternating per {loops[-1].loop_var.name})")
     if not swap:
         return func
     func = _rebuilt(func, root, args, swap)
