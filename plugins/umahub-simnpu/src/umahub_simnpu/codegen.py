@@ -375,7 +375,10 @@ def _notes(func: Any) -> list[str]:
     attrs = func.attrs or {}
     notes = []
     if "simnpu.double_buffered" in attrs:
-        notes.append(f"double-buffered: {attrs['simnpu.double_buffered']}")
+        doubled = str(attrs["simnpu.double_buffered"])
+        notes.append(
+            f"double-buffered: {doubled}" if doubled else "double buffering on: one step, nothing to alternate"
+        )
     else:
         notes.append("single-buffered")
     if "simnpu.tokens" in attrs:

@@ -104,9 +104,9 @@ class Tiling:
 
     def describe(self) -> str:
         """One line for the report: the tile and each buffer's share."""
-        what = f"{self.positions} positions x 16 channels"
         return (
-            f"tiles of {what}: INP {self.inp} B, WGT {self.wgt} B, ACC {self.acc} words"
+            f"tiles of {self.positions} output position{'s' if self.positions > 1 else ''} x 16 "
+            f"channels: INP {self.inp} B, WGT {self.wgt} B, ACC {self.acc} words"
             + (f", x{self.copies} (double-buffered)" if self.copies > 1 else "")
         )
 

@@ -210,7 +210,7 @@ def _double(func: Any) -> Any:
         kind = kind_of_scope(str(tile.scope()))
         doubled.append(f"{kind} (x2, alternating per {loops[-1].loop_var.name})")
     if not swap:
-        return func
+        return func.with_attr("simnpu.double_buffered", "")
     func = _rebuilt(func, root, args, swap)
     return func.with_attr("simnpu.double_buffered", ", ".join(doubled))
 
