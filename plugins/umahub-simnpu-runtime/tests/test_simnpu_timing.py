@@ -306,6 +306,15 @@ _HAZARDS = {
         "(GEMM, compute) reads it: they overlapped (cycles [0, 9) and [0, 5)): a missing "
         "dependency token",
     ),
+    "weights read once per row (a stride of 0) while loaded": (
+        [
+            isa.load(isa.WGT, 0, isa.DATA_SLOT, isa.I8, 0, [(256, 0, 0, 1, 1)]),  # [0, 24)
+            isa.gemm([4], (0, 16), (0, 16), (0, 0)),  # the tile for each of 4 rows: [0, 8)
+        ],
+        "fault: hazard: instruction 0 (LOAD, load) writes WGT[0..255] while instruction 1 "
+        "(GEMM, compute) reads it: they overlapped (cycles [0, 24) and [0, 8)): a missing "
+        "dependency token",
+    ),
     "store reads accumulators compute still writes": (
         [
             isa.gemm([4], (0, 16), (0, 0), (0, 0), reset=True),  # ACC[0..63]: [0, 8)
