@@ -243,7 +243,8 @@ def test_the_runtime_opens_its_instances_and_describes_itself():
     device = runtime.open(1)
     assert device.instance == 1 and device.dram_bytes == 1 << 16
     device.close()
-    assert runtime.describe()["format_version"] == isa.VERSION
+    assert runtime.describe()["format_version"] == isa.VERSION == 2
+    assert runtime.describe()["format_versions"] == [1, 2]
 
 
 def test_fault_environment_variable_is_parsed_per_instance():

@@ -467,12 +467,14 @@ class SimNpuRuntime(DeviceRuntime):
         return SimNpuDevice(instance, self.dram_bytes, faults=faults)
 
     def describe(self) -> dict[str, Any]:
-        """Version, format, instances and each one's memories."""
+        """Version, format (the version written by default, and those read), instances and
+        each one's memories."""
         from umahub_simnpu_runtime import __version__
 
         return {
             "version": __version__,
             "format_version": isa.VERSION,
+            "format_versions": list(isa.VERSIONS),
             "instances": self.instances,
             "dram_bytes": self.dram_bytes,
             "inp_bytes": isa.INP_BYTES,

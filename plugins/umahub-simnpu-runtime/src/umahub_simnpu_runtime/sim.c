@@ -75,10 +75,11 @@ struct snpu_program {
 };
 
 /* What the hazard check keeps per on-chip element (INP/WGT byte, ACC word), in one run:
- * the last writer and the readers since it. A stale epoch means untouched in this run. */
+ * the last writer and, of the readers since it, the highest program index and the one
+ * completing last (completions are the schedule's: looked up by index). A stale epoch
+ * means untouched in this run. */
 typedef struct {
     uint32_t epoch, writer, reader_max, reader_late;
-    uint64_t writer_end, reader_late_end;
 } shadow_t;
 
 struct snpu_device {
@@ -890,7 +891,9 @@ static access_t walk_of(int buf, int write, int64_t base, const uint32_t *ext,
                         const int32_t *stride, int n, uint32_t len) {
     access_t a = {(uint8_t)buf, (uint8_t)write, base, {1, 1, 1}, len, {0, 0, 0}};
     for (int d = 0; d < n; d++) {
-        a.ext[3 - n + d] = ext[d];
+        /* a loop of stride 0 touches the same elements each time (a GEMM's weights
+         * across rows): once is enough for the hazard check */
+        a.ext[3 - n + d] = stride[d] ? ext[d] : 1;
         a.stride[3 - n + d] = stride[d];
     }
     return a;
@@ -940,7 +943,8 @@ enum { HZ_NONE, HZ_WRITER_EARLY, HZ_WRITER_OVERLAP, HZ_READER_EARLY, HZ_READER_O
 
 typedef struct {
     shadow_t *shadow;
-    uint32_t epoch, index; /* the instruction checked */
+    const uint64_t *end_of; /* completion per program index: the schedule's */
+    uint32_t epoch, index;  /* the instruction checked */
     uint64_t start, end;
     int write;
     int kind;        /* what was found first */
@@ -952,45 +956,26 @@ typedef struct {
  * Instructions of one module never conflict here: the module runs them in program order,
  * each after the previous one's completion. So an earlier writer (or reader) whose
  * completion is after h->start, or a later one that already ran, is of another module. */
-static int conflict(const hazard_t *h, int64_t x, uint32_t *other) {
+static inline int conflict(const hazard_t *h, int64_t x, uint32_t *other) {
     const shadow_t *s = &h->shadow[x];
     if (s->epoch != h->epoch) return HZ_NONE;
     if (s->writer != NONE) {
         *other = s->writer;
         if (s->writer > h->index) return HZ_WRITER_EARLY;
-        if (s->writer_end > h->start) return HZ_WRITER_OVERLAP;
+        if (h->end_of[s->writer] > h->start) return HZ_WRITER_OVERLAP;
     }
     if (h->write && s->reader_max != NONE && s->reader_max > h->index) {
         *other = s->reader_max;
         return HZ_READER_EARLY;
     }
-    if (h->write && s->reader_late != NONE && s->reader_late_end > h->start) {
+    if (h->write && s->reader_late != NONE && h->end_of[s->reader_late] > h->start) {
         *other = s->reader_late;
         return HZ_READER_OVERLAP;
     }
     return HZ_NONE;
 }
 
-static int find(hazard_t *h, int64_t x) {
-    uint32_t other = NONE;
-    int kind = conflict(h, x, &other);
-    if (kind == HZ_NONE) return 0;
-    h->kind = kind;
-    h->other = other;
-    h->lo = h->hi = x;
-    return 1;
-}
-
-static int extend(hazard_t *h, int64_t x) {
-    uint32_t other = NONE;
-    if (conflict(h, x, &other) == h->kind && other == h->other) {
-        if (x < h->lo) h->lo = x;
-        if (x > h->hi) h->hi = x;
-    }
-    return 0;
-}
-
-static int note(hazard_t *h, int64_t x) {
+static inline void note(const hazard_t *h, int64_t x) {
     shadow_t *s = &h->shadow[x];
     if (s->epoch != h->epoch) {
         s->epoch = h->epoch;
@@ -998,29 +983,40 @@ static int note(hazard_t *h, int64_t x) {
     }
     if (h->write) {
         s->writer = h->index;
-        s->writer_end = h->end;
         s->reader_max = s->reader_late = NONE;
-        return 0;
+        return;
     }
     if (s->reader_max == NONE || h->index > s->reader_max) s->reader_max = h->index;
-    if (s->reader_late == NONE || h->end >= s->reader_late_end) {
-        s->reader_late = h->index;
-        s->reader_late_end = h->end;
-    }
-    return 0;
+    if (s->reader_late == NONE || h->end >= h->end_of[s->reader_late]) s->reader_late = h->index;
 }
 
-/* Call fn on every element of a walk until it returns nonzero. */
-static int walk(const access_t *a, hazard_t *h, int (*fn)(hazard_t *, int64_t)) {
-    for (uint32_t i0 = 0; i0 < a->ext[0]; i0++)
-        for (uint32_t i1 = 0; i1 < a->ext[1]; i1++)
-            for (uint32_t i2 = 0; i2 < a->ext[2]; i2++) {
-                int64_t at = a->base + (int64_t)i0 * a->stride[0] + (int64_t)i1 * a->stride[1] +
-                             (int64_t)i2 * a->stride[2];
-                for (uint32_t l = 0; l < a->len; l++)
-                    if (fn(h, at + l)) return 1;
+/* Every element x of a walk, in a loop with `body` inside (a macro: no call per element). */
+#define FOR_EACH_ELEMENT(a, x, body)                                                        \
+    for (uint32_t i0_ = 0; i0_ < (a)->ext[0]; i0_++)                                        \
+        for (uint32_t i1_ = 0; i1_ < (a)->ext[1]; i1_++)                                    \
+            for (uint32_t i2_ = 0; i2_ < (a)->ext[2]; i2_++) {                              \
+                int64_t at_ = (a)->base + (int64_t)i0_ * (a)->stride[0] +                   \
+                              (int64_t)i1_ * (a)->stride[1] + (int64_t)i2_ * (a)->stride[2]; \
+                for (int64_t x = at_; x < at_ + (a)->len; x++) body                         \
             }
-    return 0;
+
+/* The first conflict of a walk: nonzero and h->kind, h->other, h->lo..h->hi (every
+ * element where the same conflict with the same instruction occurs). */
+static int find(hazard_t *h, const access_t *a) {
+    uint32_t other = NONE;
+    FOR_EACH_ELEMENT(a, x, {
+        int kind = conflict(h, x, &other);
+        if (kind == HZ_NONE) continue;
+        if (!h->kind) {
+            h->kind = kind;
+            h->other = other;
+            h->lo = h->hi = x;
+        } else if (kind == h->kind && other == h->other) {
+            if (x < h->lo) h->lo = x;
+            if (x > h->hi) h->hi = x;
+        }
+    })
+    return h->kind != HZ_NONE;
 }
 
 /* Instruction i about to run: fail on its first conflict with an instruction of another
@@ -1035,14 +1031,14 @@ static int hazards(snpu_device *dev, const snpu_program *prog, uint32_t i, char 
     hazard_t h;
     memset(&h, 0, sizeof h);
     h.epoch = dev->epoch;
+    h.end_of = sc->end;
     h.index = i;
     h.start = sc->start[i];
     h.end = sc->end[i];
     for (int k = 0; k < n; k++) {
         h.shadow = dev->shadow[a[k].buf];
         h.write = a[k].write;
-        if (!walk(&a[k], &h, find)) continue;
-        walk(&a[k], &h, extend);
+        if (!find(&h, &a[k])) continue;
         /* name the pair in program order */
         int other_writes = h.kind == HZ_WRITER_EARLY || h.kind == HZ_WRITER_OVERLAP;
         int early = h.kind == HZ_WRITER_EARLY || h.kind == HZ_READER_EARLY;
@@ -1074,7 +1070,7 @@ static int hazards(snpu_device *dev, const snpu_program *prog, uint32_t i, char 
             if (a[k].write != pass) continue;
             h.shadow = dev->shadow[a[k].buf];
             h.write = a[k].write;
-            walk(&a[k], &h, note);
+            FOR_EACH_ELEMENT(&a[k], x, { note(&h, x); })
         }
     return 0;
 }
