@@ -22,7 +22,9 @@ Declaring the plugin
     :data:`hookspec`, :data:`API_VERSION`, :mod:`~umahub.plugin.hookspecs`
     (the contract: every hook, when it is called, what it takes and returns),
     :class:`Accelerator`, :class:`MemoryPool`, :data:`CODEGENS`,
-    :data:`COPY_KINDS`.
+    :data:`COPY_KINDS`; the options users may set for an accelerator
+    (:class:`Option`, :mod:`~umahub.plugin.options`), which hooks read as
+    ``context.options``.
 
 A device of its own (:mod:`~umahub.plugin.device`)
     ``Accelerator(runtime=...)``; the codegen's :class:`DeviceProgram`; the
@@ -95,6 +97,7 @@ from umahub.plugin.device import (
     done,
 )
 from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
+from umahub.plugin.options import Option
 from umahub.plugin.patterns import (
     ACTIVATIONS,
     Refusal,
@@ -219,6 +222,7 @@ __all__ = [
     "Load",
     "MemoryPool",
     "Operator",
+    "Option",
     "Pending",
     "QuantParams",
     "QuantizedOperator",

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from umahub.plugin.options import Option, checked_options
+
 __all__ = ["CODEGENS", "COPY_KINDS", "Accelerator", "MemoryPool"]
 
 #: The default codegens an accelerator can name; ``"device"``: a device of its own, whose
@@ -107,6 +109,9 @@ class Accelerator:
         runtime_package: the distribution that provides ``runtime``, named
             when a library that needs it is loaded where it is not installed
             (``pip install <runtime_package>``); "": ``runtime``'s name.
+        options: the backend options users may set for this accelerator
+            (:class:`umahub.plugin.Option`, names unique), which its hooks
+            read as ``context.options`` (see :mod:`umahub.plugin.options`).
     """
 
     name: str
@@ -121,6 +126,7 @@ class Accelerator:
     operators: tuple[str, ...] = ()
     runtime: str = ""
     runtime_package: str = ""
+    options: tuple[Option, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -191,6 +197,7 @@ class Accelerator:
                     "operator name: write them as in is_op(...), e.g. 'relax.nn.conv2d', "
                     "'relax.add'"
                 )
+        object.__setattr__(self, "options", checked_options(self.name, self.options))
 
     @property
     def devices(self) -> tuple[str, ...]:
