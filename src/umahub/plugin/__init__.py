@@ -22,7 +22,9 @@ Declaring the plugin
     :data:`hookspec`, :data:`API_VERSION`, :mod:`~umahub.plugin.hookspecs`
     (the contract: every hook, when it is called, what it takes and returns),
     :class:`Accelerator`, :class:`MemoryPool`, :class:`OnChipBuffer`, :data:`CODEGENS`,
-    :data:`COPY_KINDS`.
+    :data:`COPY_KINDS`; the options users may set for an accelerator
+    (:class:`Option`, :mod:`~umahub.plugin.options`), which hooks read as
+    ``context.options``.
 
 A device of its own (:mod:`~umahub.plugin.device`)
     ``Accelerator(runtime=...)``; the codegen's :class:`DeviceProgram` (with its
@@ -103,6 +105,7 @@ from umahub.plugin.device import (
     done,
 )
 from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
+from umahub.plugin.options import Option
 from umahub.plugin.patterns import (
     ACTIVATIONS,
     Refusal,
@@ -228,6 +231,7 @@ __all__ = [
     "MemoryPool",
     "OnChipBuffer",
     "Operator",
+    "Option",
     "Pending",
     "ProgramTiming",
     "QuantParams",

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from umahub.plugin.options import Option, checked_options
+
 __all__ = ["CODEGENS", "COPY_KINDS", "Accelerator", "MemoryPool", "OnChipBuffer"]
 
 #: The default codegens an accelerator can name; ``"device"``: a device of its own, whose
@@ -160,6 +162,9 @@ class Accelerator:
             cycles of a device program (:class:`umahub.plugin.device.ProgramTiming`)
             into seconds in the report and in placement by cost; None = not said
             (cycles are shown as cycles).
+        options: the backend options users may set for this accelerator
+            (:class:`umahub.plugin.Option`, names unique), which its hooks
+            read as ``context.options`` (see :mod:`umahub.plugin.options`).
     """
 
     name: str
@@ -176,6 +181,7 @@ class Accelerator:
     runtime_package: str = ""
     buffers: tuple[OnChipBuffer, ...] = ()
     clock_hz: float | None = None
+    options: tuple[Option, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -269,6 +275,7 @@ class Accelerator:
                     "operator name: write them as in is_op(...), e.g. 'relax.nn.conv2d', "
                     "'relax.add'"
                 )
+        object.__setattr__(self, "options", checked_options(self.name, self.options))
 
     @property
     def devices(self) -> tuple[str, ...]:

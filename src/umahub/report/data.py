@@ -132,6 +132,9 @@ class ReportData:
     #: why no accelerator took it ("" where one did), and whether umahub computes it
     #: in integers (else the host computes it in float32, as written)
     quantized: list[dict[str, Any]] = field(default_factory=list)
+    #: backend options set to other values than their defaults, per accelerator
+    #: (``[tool.umahub.options]``, ``--option``); accelerators with none left out
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ summaries
 
@@ -177,6 +180,7 @@ class ReportData:
             "host_schedules": self.host_schedules,
             "auto": self.auto,
             "quantized": self.quantized,
+            "options": self.options,
         }
 
     def to_json(self, indent: int = 2) -> str:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from umahub.plugin.options import format_value
 from umahub.sizes import human_size
 
 if TYPE_CHECKING:
     from umahub.report.data import ReportData
 
-__all__ = ["cycles_text", "describe", "render", "summary_line"]
+__all__ = ["cycles_text", "describe", "options_lines", "render", "summary_line"]
 
 
 #: Groups the report's text lists by name; the rest are counted (all are in the JSON).
@@ -27,6 +28,16 @@ def summary_line(auto: Mapping[str, Any]) -> str:
         f"{len(auto['changed'])} operator(s) placed otherwise than by priority; "
         f"costs: {counts or 'none'}; {sum(auto['seconds'].values()):.1f}s"
     )
+
+
+def options_lines(options: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per accelerator on the backend options set to other values than their
+    defaults (the report's ``options``): ``options of npu: tile-rows = 8``."""
+    return [
+        f"options of {accelerator}: "
+        + ", ".join(f"{k} = {format_value(v)}" for k, v in values.items())
+        for accelerator, values in options.items()
+    ]
 
 
 def _finalist(name: str) -> str:
@@ -136,6 +147,7 @@ def render(report: ReportData) -> str:
         lines.append(f"  {o.name:<{width}}  {o.op:<{opw}}  {o.device:<{devw}}  {why}")
     counts = ", ".join(f"{d}: {n}" for d, n in sorted(report.devices_of().items()))
     lines.append(f"  operators per device: {counts}")
+    lines += options_lines(report.options)
     if report.partitions:
         lines.append("partitions:")
         for p in report.partitions:

@@ -64,23 +64,6 @@ __all__ = [
 ]
 
 
-def _accelerator_kwargs() -> dict:
-    """The keyword arguments this umahub's Accelerator takes (options, when it has them)."""
-    import dataclasses
-
-    fields = {f.name for f in dataclasses.fields(up.Accelerator)}
-    extra = {}
-    if "options" in fields and hasattr(up, "Option"):
-        extra["options"] = (
-            up.Option(
-                DOUBLE_BUFFERING,
-                True,
-                help="two copies of each on-chip tile, so that loads run ahead of compute",
-            ),
-        )
-    return extra
-
-
 @up.hookimpl
 def umahub_accelerators():
     """The simnpu: two instances, 256 MiB of DRAM each, three on-chip buffers, 1 GHz."""
@@ -100,14 +83,20 @@ def umahub_accelerators():
             merge=False,  # one quantized operator per program
             operators=("relax.nn.conv2d", "relax.matmul"),
             description="simulated int8 NPU (16x16 matrix core, vector unit, DMA), DRAM of its own",
-            **_accelerator_kwargs(),
+            options=[
+                up.Option(
+                    DOUBLE_BUFFERING,
+                    True,
+                    help="two copies of each on-chip tile, so that the next tile loads while "
+                    "this one computes",
+                )
+            ],
         )
     ]
 
 
 def _double_buffering(context) -> bool:
-    options = getattr(context, "options", None) or {}
-    return bool(options.get(DOUBLE_BUFFERING, True))
+    return bool(context.options[DOUBLE_BUFFERING])
 
 
 def quantized_ok(ctx) -> bool | up.Refusal:

@@ -316,6 +316,7 @@ def run(comp: Compilation) -> None:
             target=target,
             weights=weights.get(p.symbol, frozenset()),
             constants=constants.get(p.symbol, {}),
+            options=hub.options_of(name),
         )
         said: list[str] = []
         step = f"{i}/{len(todo)} {p.symbol} on {p.device}"
