@@ -80,7 +80,8 @@ def test_the_report_says_what_each_hook_did(cnn_both_ways):
     assert set(lanes) == {"load", "compute", "store"}
     assert max(end for spans in lanes.values() for _, end in spans) == cycles
     svg = render_svg(on.report)
-    assert "Device programs, by the vendor's cycle model" in svg
+    assert ">Device programs, by the vendor&#x27;s cycle model</text>" in svg
+    assert svg.count('<g class="program" ') == 3
     assert svg.count('class="span module"') == sum(
         len(spans) for p in on.report.partitions for spans in p.program["lanes"].values()
     )
