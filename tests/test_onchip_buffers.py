@@ -82,7 +82,7 @@ def test_a_buffer_declared_wrong_says_what_is_wrong(kwargs, message):
 
 def test_an_accelerator_checks_its_buffers_and_clock():
     buffer = OnChipBuffer("local.a.b", 8)
-    with pytest.raises(ValueError, match="two on-chip buffers have the scope 'local.a.b'"):
+    with pytest.raises(ValueError, match=r"two on-chip buffers have the scope 'local\.a\.b'"):
         up.Accelerator("a", buffers=[buffer, buffer])
     with pytest.raises(ValueError, match="clock_hz must be a positive number"):
         up.Accelerator("a", clock_hz=0)

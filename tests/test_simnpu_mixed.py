@@ -84,6 +84,12 @@ def test_placement_by_cost_takes_the_simnpus_seconds_from_its_cycle_model():
     groups = compiled.report.auto["groups"]
     on_simnpu = [g for g in groups if g["accelerator"] == "simnpu"]
     assert [g["costs"]["simnpu"]["source"] for g in on_simnpu] == ["plugin umahub_simnpu"] * 3
+    # the report says where each number came from
+    assert all(
+        g["why"].startswith(f"simnpu {g['costs']['simnpu']['seconds'] * 1e3:.3f} ms (cost model "
+                            "of umahub_simnpu), host ")
+        for g in on_simnpu
+    ), [g["why"] for g in on_simnpu]  # fmt: skip
     assert {g["costs"]["npu"]["source"] for g in groups if g["accelerator"] == "npu"} <= {
         "measured",
         "cached",

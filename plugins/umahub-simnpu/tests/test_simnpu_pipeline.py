@@ -48,9 +48,7 @@ def test_double_buffering_takes_fewer_cycles_for_the_same_integers(cnn_both_ways
     assert all(double < single for double, single in convs), convs
     # each tile twice in its buffer when double-buffered, once when not
     first_on, first_off = pairs[0][0].buffers, pairs[0][1].buffers
-    assert {s: u for s, (u, _) in first_on.items()} == {
-        s: 2 * u for s, (u, _) in first_off.items()
-    }
+    assert {s: u for s, (u, _) in first_on.items()} == {s: 2 * u for s, (u, _) in first_off.items()}
     assert first_on["local.simnpu.inp"][1] == 64 << 10
 
 
@@ -122,8 +120,12 @@ def test_tiles_the_buffers_cannot_hold_are_refused_by_the_tiling():
     from umahub_simnpu.operator import Unsupported
 
     operator, _ = _plan(mod)
-    assert tiling(operator, Capacities(inp=4096, wgt=4096, acc=4096)) == Tiling(4, 64, 256, 1024, 128, 2)
-    with pytest.raises(Unsupported, match=r"^one 16x16 weight tile does not fit WGT \(128 bytes per copy"):
+    assert tiling(operator, Capacities(inp=4096, wgt=4096, acc=4096)) == Tiling(
+        4, 64, 256, 1024, 128, 2
+    )
+    with pytest.raises(
+        Unsupported, match=r"^one 16x16 weight tile does not fit WGT \(128 bytes per copy"
+    ):
         tiling(operator, Capacities(wgt=256))
 
 
@@ -138,7 +140,6 @@ def _plan(mod):
 def test_without_its_tokens_the_program_faults_as_a_hazard():
     mod, xs = quantized_model("conv2d", x_shape=(1, 20, 9, 9))
     from test_codegen import _partition
-
     from umahub_simnpu.codegen import generate
 
     function, constants = _partition(mod)
@@ -154,7 +155,10 @@ def test_without_its_tokens_the_program_faults_as_a_hazard():
             buffers.append(device.allocate(max(array.nbytes, 1)))
             device.write(buffers[-1], memoryview(array).cast("B")).wait(10)
         out = device.allocate(20 * 9 * 9)
-        with pytest.raises(DeviceError, match=r"fault: hazard: instruction \d+ \(\w+, \w+\) .* a missing dependency token"):
+        with pytest.raises(
+            DeviceError,
+            match=r"fault: hazard: instruction \d+ \(\w+, \w+\) .* a missing dependency token",
+        ):
             device.execute(loaded, [*buffers, out]).wait(10)
     finally:
         device.close()

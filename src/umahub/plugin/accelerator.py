@@ -97,8 +97,10 @@ class OnChipBuffer:
                 f"OnChipBuffer.scope must be a TIR storage scope with a tag, like "
                 f"'local.npu.inp', got {self.scope!r}"
             )
-        if isinstance(self.size_bytes, bool) or not isinstance(self.size_bytes, int) or (
-            self.size_bytes <= 0
+        if (
+            isinstance(self.size_bytes, bool)
+            or not isinstance(self.size_bytes, int)
+            or (self.size_bytes <= 0)
         ):
             raise ValueError(
                 f"OnChipBuffer({self.scope!r}).size_bytes must be a positive int, "

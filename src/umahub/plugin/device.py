@@ -56,9 +56,9 @@ __all__ = [
     "Device",
     "DeviceError",
     "DeviceProgram",
-    "ProgramTiming",
     "DeviceRuntime",
     "Pending",
+    "ProgramTiming",
     "done",
 ]
 
@@ -70,6 +70,18 @@ class DeviceError(Exception):
     """What a runtime raises when its device fails: it rejects a program, faults
     mid-run, runs out of memory or has gone away. The message says what happened
     in the device's terms; umahub adds the accelerator, instance and partition."""
+
+
+def _span(span: Any) -> tuple[str, int, int]:
+    """``span`` as ``(module, start, end)``, checked."""
+    fields = tuple(span)
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in fields[1:])
+    if len(fields) != 3 or not isinstance(fields[0], str) or not ints:
+        raise TypeError(f"ProgramTiming.spans holds (module, start, end) cycles, got {span!r}")
+    module, start, end = fields
+    if not 0 <= start <= end:
+        raise TypeError(f"ProgramTiming.spans needs 0 <= start <= end, got {span!r}")
+    return module, start, end
 
 
 @dataclass(frozen=True)
@@ -106,19 +118,8 @@ class ProgramTiming:
                     f"ProgramTiming.busy maps module names to ints, got {module!r}: {value!r}"
                 )
         object.__setattr__(self, "busy", busy)
-        spans = tuple(tuple(s) for s in self.spans)
-        for span in spans:
-            if (
-                len(span) != 3
-                or not isinstance(span[0], str)
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in span[1:])
-                or not 0 <= span[1] <= span[2]
-            ):
-                raise TypeError(
-                    f"ProgramTiming.spans holds (module, start, end) with 0 <= start <= end, "
-                    f"got {span!r}"
-                )
-        object.__setattr__(self, "spans", spans)
+        spans = [_span(span) for span in self.spans]
+        object.__setattr__(self, "spans", tuple(spans))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
 
     @property

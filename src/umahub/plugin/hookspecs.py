@@ -382,6 +382,15 @@ def umahub_tir_passes(
         ``prim_func_pass``) run in list order at that phase, after the passes
         of plugins earlier in hook order.
 
+    For an accelerator with a device of its own (codegen ``"device"``), no TVM
+    lowering makes its program: umahub runs the passes itself, phase after
+    phase, on the scheduled S-TIR, and gives the result to
+    :func:`umahub_codegen`. That is where a device's DMA, dependency tokens and
+    double buffering go (the bundled simnpu's ``umahub_simnpu.passes``). After
+    them, the tiles allocated in the accelerator's on-chip buffers'
+    scopes (``Accelerator(buffers=...)``) are added up per scope and checked
+    against the capacities.
+
     Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
     on those accelerators only.
 
@@ -423,7 +432,9 @@ def umahub_codegen(
         inputs in order (the constant ones, ``context.weights``, resident on
         the device from load on) and then outputs; umahub calls it from the
         host through a stub and carries it in the exported library (see
-        :mod:`umahub.plugin.device`).
+        :mod:`umahub.plugin.device`). Give its ``timing``
+        (:class:`umahub.plugin.ProgramTiming`, from your cycle model) and the
+        report shows the cycles per partition and draws the device's modules.
 
     Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
     on those accelerators only.

@@ -117,7 +117,8 @@ def umahub_patterns():
 
 @up.hookimpl(accelerator=NAME)
 def umahub_relax_to_tir(function, context):
-    """The partition's program in S-TIR, tiled for the on-chip buffers (:mod:`umahub_simnpu.lowering`)."""
+    """The partition's program in S-TIR, tiled for the on-chip buffers
+    (:mod:`umahub_simnpu.lowering`)."""
     from umahub_simnpu.lowering import lower, tiling
     from umahub_simnpu.operator import plan
     from umahub_simnpu.pipeline import capacities_of
@@ -142,7 +143,8 @@ def umahub_schedule(schedule, context):
 
 @up.hookimpl(accelerator=NAME)
 def umahub_tir_passes(phase, context):
-    """Double buffering (phase 0) and the dependency tokens (phase 1) (:mod:`umahub_simnpu.passes`)."""
+    """Double buffering (phase 0) and the dependency tokens (phase 1)
+    (:mod:`umahub_simnpu.passes`)."""
     from umahub_simnpu.pipeline import phase_passes
 
     return phase_passes(phase, _double_buffering(context)) or None

@@ -147,9 +147,8 @@ class _Emitter:
                         "the simnpu's on-chip buffers (local.simnpu.inp, .wgt, .acc)"
                     )
                 return place
-        raise CodegenError(
-            f"{intrinsic} names {arg}, which is not a tile the program allocates"
-        )
+        raise CodegenError(f"{intrinsic} names {arg}, which is not a tile the program allocates")
+
     def compile_stmt(self, s: Any) -> Callable[[dict[Any, int]], None]:
         """``s`` made once into a Python function that emits its instructions for the
         variables' values it is given (loops run their iterations)."""
@@ -377,7 +376,9 @@ def _notes(func: Any) -> list[str]:
     if "simnpu.double_buffered" in attrs:
         doubled = str(attrs["simnpu.double_buffered"])
         notes.append(
-            f"double-buffered: {doubled}" if doubled else "double buffering on: one step, nothing to alternate"
+            f"double-buffered: {doubled}"
+            if doubled
+            else "double buffering on: one step, nothing to alternate"
         )
     else:
         notes.append("single-buffered")

@@ -111,7 +111,13 @@ class Tiling:
         )
 
 
-def tiling(plan: OperatorPlan, capacities: Capacities = Capacities(), copies: int = 2) -> Tiling:
+#: The simnpu's own capacities (its runtime's defaults).
+DEFAULT_CAPACITIES = Capacities()
+
+
+def tiling(
+    plan: OperatorPlan, capacities: Capacities = DEFAULT_CAPACITIES, copies: int = 2
+) -> Tiling:
     """The largest tiles of ``plan`` of which ``copies`` fit each on-chip buffer: a tile
     that does not fit is made smaller, down to one position or row.
 
@@ -280,8 +286,9 @@ class _Builder:
 
     def alu(self, op, extents, dst, src=(0, 0, 0), imm=None, residual=False) -> Any:
         """``simnpu.alu`` on ACC vectors, the block's tables as FXP's multipliers and shifts."""
+        tables = [self.mul, self.shift, self.res_shift]
         args = [op, 0 if imm is None else 1, *extents, up.data_pointer(self.acc), *dst, *src,
-                0 if imm is None else imm, self.mul, self.shift, self.res_shift, int(residual)]  # fmt: skip
+                0 if imm is None else imm, *tables, int(residual)]  # fmt: skip
         return self._block("alu", "simnpu.alu", args, [self.acc], [self.acc])
 
     def store(self, dst, dst_type, dst_offset, src_offset, dims) -> Any:

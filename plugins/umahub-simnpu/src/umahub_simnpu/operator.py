@@ -258,7 +258,9 @@ def plan_group(function: Any) -> OperatorPlan:
     return _plan(function, list(range(len(function.params))), {}, len(function.params))
 
 
-def _plan(composite: Any, where: list[int], values: dict[int, Any], outputs_at: int) -> OperatorPlan:
+def _plan(
+    composite: Any, where: list[int], values: dict[int, Any], outputs_at: int
+) -> OperatorPlan:
     """The plan of ``composite``, whose parameter ``i`` is the partition's parameter
     ``where[i]``, constants ``values`` by partition parameter, output at ``outputs_at``."""
     lookup = _lookup(composite, where, values)

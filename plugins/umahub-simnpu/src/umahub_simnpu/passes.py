@@ -178,7 +178,9 @@ def _rebuilt(func: Any, root: Any, args: dict[str, list[Any]], swap: dict[Any, A
         return block
 
     body = up.rewrite(root.block.body, up.SBlock, replace)
-    allocs = [next((n for o, n in swap.items() if o.same_as(b)), b) for b in root.block.alloc_buffers]
+    allocs = [
+        next((n for o, n in swap.items() if o.same_as(b)), b) for b in root.block.alloc_buffers
+    ]
     return up.with_root_body(func, [body], alloc_buffers=allocs)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import umahub.plugin as up
-from umahub_simnpu.lowering import Capacities, lower, tiling
+from umahub_simnpu.lowering import DEFAULT_CAPACITIES, Capacities, lower, tiling
 from umahub_simnpu.operator import OperatorPlan
 from umahub_simnpu.schedule import place_tiles
 
@@ -27,7 +27,7 @@ __all__ = ["capacities_of", "compile_program", "phase_passes"]
 
 
 def capacities_of(accelerator: Any) -> Capacities:
-    """The on-chip capacities ``accelerator`` declares (its :class:`umahub.plugin.OnChipBuffer`\\ s)."""
+    """The on-chip capacities ``accelerator`` declares (its on-chip buffers)."""
     from umahub_simnpu.schedule import SCOPES
 
     sizes = {}
@@ -53,7 +53,7 @@ def compile_program(
     plan: OperatorPlan,
     function: Any,
     symbol: str = "main",
-    capacities: Capacities = Capacities(),
+    capacities: Capacities = DEFAULT_CAPACITIES,
     double_buffering: bool = True,
 ) -> up.DeviceProgram:
     """The :class:`~umahub.plugin.DeviceProgram` of ``plan`` (the partition or group

@@ -42,9 +42,7 @@ def draw_programs(
     report: Report, top: float, width: float, colours: Mapping[str, str]
 ) -> tuple[list[str], float]:
     """The chart from ``top`` down, and its bottom; nothing when no program has cycles."""
-    programs = [
-        p for p in report.partitions if p.program.get("lanes") and not p.fallback
-    ]
+    programs = [p for p in report.partitions if p.program.get("lanes") and not p.fallback]
     if not programs:
         return [], top
     measured = _measured(report)
@@ -54,9 +52,7 @@ def draw_programs(
             M,
             top + 34,
             "One run of each program: its modules' busy spans on its own axis of cycles"
-            + (
-                f" (the first {MOST} of {len(programs)})" if len(programs) > MOST else ""
-            )
+            + (f" (the first {MOST} of {len(programs)})" if len(programs) > MOST else "")
             + "; 'host' is the wall time this machine took for the call.",
             size=10,
             fill="#666",
