@@ -69,10 +69,16 @@ def measure(name: str, runs: int) -> dict:
             raise SystemExit(f"{name}: double-buffering={double} differs from the host")
         print(f"{name} double-buffering={double}: compiled in {compile_s:.1f}s, exact")
     on, off = (compiled[d].report.partitions for d in (True, False))
+    layer_of = {
+        o.partition: o.name
+        for o in compiled[True].report.placement
+        if o.op in ("relax.nn.conv2d", "relax.matmul")
+    }
     layers = []
     for p, q in zip(on, off):
         layers.append(
             {
+                "layer": layer_of.get(p.symbol, p.symbol),
                 "partition": p.symbol,
                 "patterns": list(p.patterns),
                 "cycles_double": p.program["cycles"],
@@ -114,7 +120,7 @@ def main() -> None:
               f"serial/double {r['total_serial_over_double']}x; simulator "
               f"{r['simulated_cycles_per_second']:,} cycles/s")  # fmt: skip
         for layer in r["layers"]:
-            print(f"  {layer['partition'][:48]:<48} {layer['cycles_double']:>10,} "
+            print(f"  {layer['layer'][:28]:<28} {layer['cycles_double']:>10,} "
                   f"{layer['cycles_single']:>10,} {layer['cycles_serial']:>10,} "
                   f"{layer['single_over_double']:>6}x")  # fmt: skip
     path = write("simnpu_pipeline", {"clock_hz": 1e9, "runs": runs, "models": results})
