@@ -91,7 +91,8 @@ def test_a_cost_model_that_makes_the_host_cheaper_leaves_that_group_on_the_host(
     assert relu["chosen"] is False and relu["by_priority"] is True
     assert relu["costs"]["fast"] == {"seconds": 10.0, "source": f"plugin {_name(hub)}"}
     assert relu["costs"]["host"]["source"] == "measured"
-    assert relu["why"].startswith("fast 10000.000 ms, host ")
+    assert relu["why"].startswith(f"fast 10000.000 ms (cost model of {_name(hub)}), host ")
+    assert " ms (measured); " in relu["why"]
     assert "taking it would cost" in relu["why"]
     assert auto["costs"] == {"plugin": 2, "measured": 2, "cached": 0, "none": 0}
     assert auto["estimate_ms"] <= min(auto["baselines_ms"].values())

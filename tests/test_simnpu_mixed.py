@@ -72,6 +72,38 @@ def test_cnn_int8_mixes_the_simnpu_with_the_npu_and_the_host_under_priority_and_
     assert program["runtime"] == "simnpu" and program["resident_bytes"] == 722
 
 
+def test_placement_by_cost_takes_the_simnpus_seconds_from_its_cycle_model():
+    mod, xs = zoo.get("cnn_int8"), zoo.inputs("cnn_int8")
+    hub = umahub.Hub(
+        config={"on-error": "error", "priority": "auto"},
+        autoload=False,
+        plugins=[umahub_simnpu, umahub_npu],
+        project_config=False,
+    )
+    compiled = hub.compile(mod)
+    groups = compiled.report.auto["groups"]
+    on_simnpu = [g for g in groups if g["accelerator"] == "simnpu"]
+    assert [g["costs"]["simnpu"]["source"] for g in on_simnpu] == ["plugin umahub_simnpu"] * 3
+    # the report says where each number came from
+    assert all(
+        g["why"].startswith(f"simnpu {g['costs']['simnpu']['seconds'] * 1e3:.3f} ms (cost model "
+                            "of umahub_simnpu), host ")
+        for g in on_simnpu
+    ), [g["why"] for g in on_simnpu]  # fmt: skip
+    assert {g["costs"]["npu"]["source"] for g in groups if g["accelerator"] == "npu"} <= {
+        "measured",
+        "cached",
+    }
+    # the npu and the host are timed on this machine; the simnpu is its cycles at 1 GHz,
+    # a fraction of either: it takes every quantized operator
+    assert [q["device"].split(":")[0] for q in compiled.report.quantized] == ["simnpu"] * 3
+    programs = [p.program for p in compiled.report.partitions]
+    assert [g["costs"]["simnpu"]["seconds"] for g in on_simnpu] == [
+        p["cycles"] / 1e9 for p in programs
+    ]
+    assert np.array_equal(compiled.run(*xs), _host(mod, xs))
+
+
 @pytest.mark.slow
 def test_resnet18_int8_on_the_simnpu_is_the_hosts_integers():
     """Every quantized operator on the simnpu, the whole model's outputs the host's alone,

@@ -66,6 +66,7 @@ def _parser_kind(parse: Any) -> tuple[str, tuple[str, ...]]:
         "_positive.<locals>.parse": "number",
         "_target": "string (an LLVM target) or table (TVM's dict form)",
         "_string": "string",
+        "_options": "tables: [tool.umahub.options.<accelerator>], option = value",
     }
     kind = kinds[parse.__qualname__]
     cells = [c.cell_contents for c in parse.__closure__ or ()]

@@ -9,12 +9,14 @@ The configuration is found, in this order:
    directory upward; a broken one on the way is skipped unless it mentions
    ``tool.umahub`` (see :mod:`umahub.config_files`).
 
-A ``config=`` mapping given to :class:`umahub.Hub` overrides the file key by key.
-Keys are written as in TOML (``hook-order``); ``hook_order`` is accepted too.
+A ``config=`` mapping given to :class:`umahub.Hub` overrides the file key by key
+(``options`` option by option). Keys are written as in TOML (``hook-order``);
+``hook_order`` is accepted too (:func:`toml_key`).
 
-Names that only exist once plugins are loaded (plugins, accelerators, hooks)
-are checked by :meth:`Config.check_plugin_names` and
-:meth:`Config.check_accelerator_names`, which the hub calls while loading.
+Names that only exist once plugins are loaded (plugins, accelerators, hooks,
+backend options) are checked by :meth:`Config.check_plugin_names`,
+:meth:`Config.check_accelerator_names` and :meth:`Config.resolve_options`,
+which the hub calls while loading.
 
 What is valid but almost surely a mistake is warned about (an
 :class:`~umahub.errors.UmahubWarning` naming the key, what is wrong and what
@@ -28,7 +30,7 @@ are here, one table of them (``_PARSERS``), so that a key is added in one place.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -38,12 +40,15 @@ from umahub.errors import ConfigError, did_you_mean, warn
 
 __all__ = [
     "Config",
+    "OptionText",
     "Pin",
     "accelerator_of",
     "find_config_file",
     "glob_problem",
     "load_config",
+    "parse_option",
     "parse_pin",
+    "toml_key",
 ]
 
 HOST = "host"
@@ -61,6 +66,36 @@ class Pin:
 
     def __str__(self) -> str:
         return self.accelerator if self.instance is None else f"{self.accelerator}:{self.instance}"
+
+
+def toml_key(name: str) -> str:
+    """A key as TOML writes it: ``hook_order`` -> ``hook-order`` (``-`` and ``_`` are the same)."""
+    return name.replace("_", "-")
+
+
+class OptionText(str):
+    """A backend option's value as written on the command line (``--option ACC.KEY=VALUE``).
+
+    It is read by the type the option declares (:meth:`umahub.plugin.Option.parse`)
+    when the hub checks it, where a value from TOML or Python must already be
+    of that type.
+    """
+
+
+def parse_option(text: str) -> tuple[str, str, OptionText]:
+    """``"ACC.KEY=VALUE"`` (``--option``) as (accelerator, option, value as text).
+
+    Raises:
+        ConfigError: ``text`` is not of that form.
+    """
+    assignment, sep, value = text.partition("=")
+    accelerator, dot, key = assignment.strip().partition(".")
+    if not (sep and dot and accelerator and key):
+        raise ConfigError(
+            f"--option {text}: expected ACC.KEY=VALUE, an accelerator's option and its value "
+            "(e.g. --option npu.tile-rows=16)"
+        )
+    return accelerator, toml_key(key), OptionText(value)
 
 
 def accelerator_of(device: str) -> str:
@@ -130,6 +165,11 @@ class Config:
             dict form); None: this machine (see :mod:`umahub.targets`).
         cc: the C compiler of C partitions and the export
             (``"aarch64-linux-gnu-gcc"``); None: TVM's default.
+        options: backend options, per accelerator: ``[tool.umahub.options.npu]``
+            then ``tile-rows = 16``. Each must be an option the accelerator's
+            plugin declares (``umahub plugins`` lists them), of its type; the
+            hooks read them as ``context.options``. ``config=`` and ``--option
+            npu.tile-rows=16`` set options one by one over the file's.
         source: where the configuration came from, for messages.
     """
 
@@ -151,6 +191,7 @@ class Config:
     profile: bool = False
     target: str | Mapping[str, Any] | None = None
     cc: str | None = None
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source: str = "<defaults>"
 
     @classmethod
@@ -160,7 +201,7 @@ class Config:
             raise ConfigError(f"{source}: [tool.umahub] must be a table, got {type(data).__name__}")
         values: dict[str, Any] = {}
         for raw_key, value in data.items():
-            key = str(raw_key).replace("_", "-")
+            key = toml_key(str(raw_key))
             parse = _PARSERS.get(key)
             if parse is None:
                 raise ConfigError(
@@ -178,10 +219,15 @@ class Config:
         if not overrides:
             return self
         other = Config.from_mapping(overrides, source)
-        given = {str(k).replace("-", "_") for k in overrides}
+        given = {toml_key(str(k)).replace("-", "_") for k in overrides}
         if "priority" in given:
             given.add("placement_auto")
         changes = {f.name: getattr(other, f.name) for f in fields(self) if f.name in given}
+        if "options" in given:  # option by option, over the file's
+            options = {name: dict(values) for name, values in self.options.items()}
+            for name, values in other.options.items():
+                options.setdefault(name, {}).update(values)
+            changes["options"] = options
         return Config(
             **{
                 **{f.name: getattr(self, f.name) for f in fields(self)},
@@ -248,14 +294,65 @@ class Config:
                     f"{count} instance(s), numbered 0..{count - 1}"
                 )
 
+    def resolve_options(self, declared: Mapping[str, Sequence[Any]]) -> dict[str, dict[str, Any]]:
+        """Every declared backend option's value, per accelerator: the user's, else the default.
+
+        Args:
+            declared: accelerator name -> the options its plugin declares
+                (:class:`umahub.plugin.Option`), for every accelerator loaded.
+
+        Returns:
+            accelerator name -> option name (as declared) -> value, every
+            accelerator and every option of it included.
+
+        Raises:
+            ConfigError: an accelerator no plugin declares, an option it does
+                not declare, a value of another type or outside the choices.
+        """
+        resolved = {name: {o.name: o.default for o in opts} for name, opts in declared.items()}
+        for name, values in self.options.items():
+            if name not in declared:
+                # named where the user wrote it: the file's table, else the first --option
+                key, value = next(iter(values.items()), ("", None))
+                text = isinstance(value, OptionText)
+                where = self._option_where(name, key, value) if text else self._option_where(name)
+                raise ConfigError(f"{where}: {_unknown(name, declared, 'accelerator')}")
+            by_key = {toml_key(o.name): o for o in declared[name]}
+            for key, value in values.items():
+                text = isinstance(value, OptionText)
+                where = self._option_where(name, key, value)
+                option = by_key.get(key)
+                if option is None:
+                    listing = ", ".join(o.name for o in declared[name])
+                    raise ConfigError(
+                        f"{where}: accelerator '{name}' has no option '{key}'"
+                        f"{did_you_mean(key, by_key)}; "
+                        + (f"its options: {listing}" if listing else "it declares none")
+                    )
+                try:
+                    resolved[name][option.name] = (
+                        option.parse(value) if text else option.check(value)
+                    )
+                except ValueError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+        return resolved
+
+    def _option_where(self, accelerator: str, key: str = "", value: Any = None) -> str:
+        """Where a backend option was set, for messages: ``--option`` or the file's table."""
+        if isinstance(value, OptionText):
+            return f"--option {accelerator}.{key}={value}"
+        return f"{self.source}: [tool.umahub.options.{accelerator}]" + (f" {key}" if key else "")
+
+
+def _unknown(name: str, known, what: str) -> str:
+    """``unknown accelerator 'x' (did you mean 'y'?); known accelerators: ...``"""
+    listing = ", ".join(sorted(known)) or "none"
+    return f"unknown {what} '{name}'{did_you_mean(name, known)}; known {what}s: {listing}"
+
 
 def _known(name: str, known, where: str, what: str, source: str) -> None:
     if name not in known:
-        listing = ", ".join(sorted(known)) or "none"
-        raise ConfigError(
-            f"{source}: {where}: unknown {what} '{name}'{did_you_mean(name, known)}; "
-            f"known {what}s: {listing}"
-        )
+        raise ConfigError(f"{source}: {where}: {_unknown(name, known, what)}")
 
 
 def _type_name(value: Any) -> str:
@@ -365,6 +462,27 @@ def _hook_order(value: Any, where: str) -> dict[str, tuple[str, ...]]:
     return {str(k): _str_list(v, f"{where}.{k}") for k, v in value.items()}
 
 
+def _options(value: Any, where: str) -> dict[str, dict[str, Any]]:
+    """``[tool.umahub.options.<accelerator>]`` tables; their names and types are checked
+    against the plugins' declarations by :meth:`Config.resolve_options`."""
+    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+        raise ConfigError(
+            f"{where}: expected tables of option = value, one per accelerator "
+            f"([tool.umahub.options.<accelerator>]), got {_type_name(value)}"
+        )
+    options: dict[str, dict[str, Any]] = {}
+    for name, table in value.items():
+        options[str(name)] = {}
+        for key, v in table.items():
+            if not isinstance(v, (bool, int, float, str)):
+                raise ConfigError(
+                    f"{where}.{name}.{key}: expected true or false, a number or a string, "
+                    f"got {_type_name(v)}"
+                )
+            options[str(name)][toml_key(str(key))] = v
+    return options
+
+
 def _placement(value: Any, where: str) -> dict[str, Pin]:
     if not isinstance(value, Mapping):
         raise ConfigError(
@@ -430,6 +548,7 @@ _PARSERS = {
     "profile": _bool,
     "target": _target,
     "cc": _string,
+    "options": _options,
 }
 
 

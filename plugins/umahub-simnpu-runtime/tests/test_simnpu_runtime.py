@@ -54,6 +54,7 @@ def _dot_program(rows: int, x_type: int = isa.I8, pad: int = 0) -> tuple[bytes, 
         ],
         buffers=2,
         data=w.astype(np.int8).tobytes(),
+        version=1,
     )
     return program, w
 
@@ -150,6 +151,7 @@ def test_loads_pad_and_the_vector_unit_requantizes_exactly(device):
         ],
         buffers=2,
         data=data,
+        version=1,
     )
     loaded = device.load(DeviceProgram(program))
     src, out = _put(device, acc), device.allocate(48)
@@ -241,7 +243,8 @@ def test_the_runtime_opens_its_instances_and_describes_itself():
     device = runtime.open(1)
     assert device.instance == 1 and device.dram_bytes == 1 << 16
     device.close()
-    assert runtime.describe()["format_version"] == isa.VERSION
+    assert runtime.describe()["format_version"] == isa.VERSION == 2
+    assert runtime.describe()["format_versions"] == [1, 2]
 
 
 def test_fault_environment_variable_is_parsed_per_instance():
@@ -277,7 +280,7 @@ def test_the_runtime_runs_a_program_with_tvm_unimportable(tmp_path):
         prog = isa.program(
             [isa.load(isa.ACC, 0, 0, isa.I8, 0, [(16, 0, 0, 1, 1)]),
              isa.alu(isa.ALU_ADD, (1, 1), (0, 0, 0), imm=1),
-             isa.store(1, isa.I8, 0, 0, [(16, 1, 1)])], buffers=2)
+             isa.store(1, isa.I8, 0, 0, [(16, 1, 1)])], buffers=2, version=1)
         loaded = dev.load(DeviceProgram(prog))
         a, b = dev.allocate(16), dev.allocate(16)
         dev.write(a, memoryview(np.arange(16, dtype=np.int8))).wait(5)
@@ -369,6 +372,9 @@ def test_native_counters_match_the_header():
         "alu_cycles",
         "store_cycles",
         "macs",
+        "compute_cycles",
+        "cycles",
+        "last_cycles",
     ]
 
 
@@ -394,6 +400,7 @@ def _valid_program() -> bytes:
         ],
         buffers=2,
         data=data,
+        version=1,
     )
 
 

@@ -12,6 +12,7 @@ from tvm import tirx
 from umahub_simnpu.codegen import CodegenError, evaluate, generate
 from umahub_simnpu.lowering import lower
 from umahub_simnpu.operator import plan
+from umahub_simnpu.pipeline import compile_program
 from umahub_simnpu_runtime import SimNpuRuntime, isa
 
 import umahub
@@ -51,7 +52,9 @@ def test_tir_to_program_to_device_on_numpy_buffers():
     text = tir.script()
     for name in ("simnpu.load", "simnpu.gemm", "simnpu.alu", "simnpu.store"):
         assert name in text
-    program = generate(tir, "part")
+    with pytest.raises(CodegenError, match=r"the tile acc is in scope 'global', not one of"):
+        generate(tir, "part")  # not scheduled: the tiles are in no on-chip scope
+    program = compile_program(p, function, "part")
     assert program.data[:4] == isa.MAGIC
     assert program.metadata["buffers"] == len(function.params) + 1
     device = SimNpuRuntime(dram_bytes=1 << 22).open(3)

@@ -70,8 +70,14 @@ def test_the_program_reports_its_format_and_sizes():
     program = _compare("conv2d")
     meta = program["metadata"]
     assert program["runtime"] == "simnpu"
-    assert meta["format"] == "simnpu" and meta["version"] == 1
+    assert meta["format"] == "simnpu" and meta["version"] == 2
     assert meta["buffers"] == len(meta["buffer_bytes"]) and meta["instructions"] > 0
+    assert set(program["busy"]) == {"load", "compute", "store"}
+    assert program["serial_cycles"] == sum(program["busy"].values())
+    # the modules overlap: fewer cycles than their busy cycles added
+    assert max(program["busy"].values()) <= program["cycles"] < program["serial_cycles"]
+    assert program["seconds"] == program["cycles"] / 1e9
+    assert program["notes"][0].startswith("double-buffered: inp (x2, alternating per ")
 
 
 def _constant(expr):

@@ -103,7 +103,8 @@ def test_a_device_fault_is_umahubs_execution_error_naming_the_device():
     device.inject_fault(after_instructions=3)
     with pytest.raises(ExecutionError, match=r"simnpu:0, partition .*fault at instruction 3"):
         compiled.run(*inputs)
-    assert device.counters()["instructions"] == before + 3
+    # the modules run side by side: whatever issued before instruction 3 did, nothing after
+    assert before < device.counters()["instructions"] <= before + 3
     compiled.run(*inputs)  # a fault ends its run, not the device
 
 

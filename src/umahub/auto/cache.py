@@ -4,11 +4,12 @@ One JSON file, ``costs-1.json``, in ``$UMAHUB_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/umahub``, else ``~/.cache/umahub``. An entry's key is a
 :func:`digest` of what its cost depends on (made by
 :class:`umahub.auto.costs.Costs`): the group's structure and shapes, the
-accelerator, the plugin's distribution and version, umahub's and TVM's
-versions, the source files of umahub and of every plugin
-(:func:`code_fingerprint`: an edited plugin in a development install keeps its
-version), the target and the thread count. A plugin upgrade or edit, another
-machine or another thread count measures again.
+accelerator and its backend options in effect (``[tool.umahub.options]``),
+the plugin's distribution and version, umahub's and TVM's versions, the source
+files of umahub and of every plugin (:func:`code_fingerprint`: an edited
+plugin in a development install keeps its version), the target and the thread
+count. A plugin upgrade or edit, another option, another machine or another
+thread count measures again.
 
 The file is rewritten whole (a temporary file renamed over it), merged with
 what another process wrote meanwhile, so concurrent compiles lose at most a

@@ -264,6 +264,14 @@ def _problem(
     )
 
 
+def _source(source: str) -> str:
+    """Where a cost came from, as the report says it: ``"plugin x"`` is x's cost model
+    (its ``umahub_cost``), not a timing on this machine."""
+    return (
+        source.replace("plugin ", "cost model of ", 1) if source.startswith("plugin ") else source
+    )
+
+
 def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1e3:.3f} ms"
 
@@ -303,7 +311,8 @@ def _group_rows(
             where = "taking it" if not taken else "leaving it to the host"
             verdict = "would cost" if delta >= 0 else "would save"
             row["why"] = (
-                f"{g.accelerator} {_ms(a.seconds)}, host {_ms(h.seconds)}; {where} "
+                f"{g.accelerator} {_ms(a.seconds)} ({_source(a.source)}), host "
+                f"{_ms(h.seconds)} ({_source(h.source)}); {where} "
                 f"{verdict} {abs(delta) * 1e3:.3f} ms, copies included"
             )
         rows.append(row)

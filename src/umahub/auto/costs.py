@@ -180,6 +180,14 @@ class Costs:
         )
         code = code_fingerprint([umahub] + [p.obj for p in self.hub.plugins if p.loaded])
         self._base = (umahub.__version__, tvm.__version__, plugins, code, target, where)
+        # Backend options change what an accelerator's code does: a group's cost depends on
+        # its accelerator's, a verdict on the whole model on every accelerator's. Added only
+        # where there are options, so that the keys of the others stay as they were.
+        self._options = {
+            a.name: ";".join(f"{k}={v!r}" for k, v in sorted(self.hub.options_of(a.name).items()))
+            for a in self.hub.accelerators
+            if self.hub.options_of(a.name)
+        }
         self._seen: dict[tuple[str, str], Cost] = {}
         self.copy_samples: dict[str, list[tuple[int, float]]] = {}
         self.counts = {"plugin": 0, "measured": 0, "cached": 0, "none": 0}
@@ -187,11 +195,14 @@ class Costs:
 
     @property
     def base(self) -> tuple[Any, ...]:
-        """What every cost of this compile depends on (versions, code, target, threads)."""
-        return self._base
+        """What every cost of this compile depends on (versions, code, target, threads,
+        the backend options of every accelerator that has some)."""
+        return self._base + tuple(f"{a}:{o}" for a, o in sorted(self._options.items()))
 
     def _key(self, device: str, key: str) -> str:
-        return digest(*self._base, device, key)
+        """The cache key of a group's cost on ``device`` (an accelerator's, or the host)."""
+        options = self._options.get(device)
+        return digest(*self._base, device, key, *([options] if options else []))
 
     # ------------------------------------------------------------------ groups
 
@@ -221,6 +232,7 @@ class Costs:
             tuple(operators),
             group.patterns,
             comp.target.tvm() if comp.target is not None else None,
+            hub.options_of(acc.name),
         )
 
         def ask() -> tuple[Any, list[str]]:

@@ -36,11 +36,16 @@ __all__ = [
 def _hub(args: argparse.Namespace) -> Any:
     from umahub.hub.hub import Hub
 
+    config: dict[str, Any] = {}
     on_error = getattr(args, "on_error", None)
-    return Hub(
-        config={"on-error": on_error} if on_error else None,
-        strict=True if getattr(args, "strict", False) else None,
-    )
+    if on_error:
+        config["on-error"] = on_error
+    options: dict[str, dict[str, str]] = {}
+    for accelerator, key, value in getattr(args, "options", ()):  # --option: the last one wins
+        options.setdefault(accelerator, {})[key] = value
+    if options:
+        config["options"] = options
+    return Hub(config=config or None, strict=True if getattr(args, "strict", False) else None)
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -92,6 +97,17 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                     "operators": list(a.operators),
                     "runtime": a.runtime,
                     "runtime_package": a.package,
+                    "options": [
+                        {
+                            "name": o.name,
+                            "type": o.type.__name__,
+                            "default": o.default,
+                            "value": hub.options_of(a.name)[o.name],
+                            "help": o.help,
+                            "choices": list(o.choices) if o.choices is not None else None,
+                        }
+                        for o in a.options
+                    ],
                 }
                 for a in hub.accelerators
             ],
@@ -136,6 +152,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                 installed = a.runtime in {r["name"] for r in runtimes}
                 state = "installed" if installed else f"NOT installed: pip install {a.package}"
                 print(f"      device runtime: {a.runtime} ({state})")
+            for line in _option_lines(a, hub.options_of(a.name)):
+                print(f"      {line}")
     if runtimes:
         print(f"device runtimes (group {RUNTIME_ENTRY_POINTS}):")
         for r in runtimes:
@@ -146,6 +164,29 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         for b in backends:
             print(f"  {b['name']:<16} {b['value']}  ({b['distribution']} {b['version']})")
     return 0
+
+
+def _option_lines(accelerator: Any, values: Any) -> list[str]:
+    """``umahub plugins``' lines on an accelerator's options: name, type, default, help,
+    and the value set where it is not the default."""
+    from umahub.plugin.options import format_value
+
+    if not accelerator.options:
+        return []
+    width = max(len(o.name) for o in accelerator.options)
+    defaults = [format_value(o.default) for o in accelerator.options]
+    shown = max(len(d) for d in defaults)
+    lines = [f"options ([tool.umahub.options.{accelerator.name}], --option):"]
+    for o, default in zip(accelerator.options, defaults):
+        value = values[o.name]
+        said = [o.help] if o.help else []
+        if o.choices is not None:
+            said.append("one of " + ", ".join(format_value(c) for c in o.choices))
+        if value != o.default:
+            said.append(f"set to {format_value(value)}")
+        line = f"  {o.name:<{width}}  {o.type.__name__:<5}  default {default:<{shown}}"
+        lines.append(f"{line}  {'; '.join(said)}".rstrip())
+    return lines
 
 
 def _hook_names() -> tuple[str, ...]:

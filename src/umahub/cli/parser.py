@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("plugins", "what is installed, in what order, and what failed", commands.cmd_plugins)
     p.add_argument("--json", action="store_true", help="print JSON")
+    _backend_option(p)
 
     p = add("compile", "compile MODEL into a shared library", commands.cmd_compile)
     p.add_argument("model", help=MODEL_HELP)
@@ -142,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _board_options(p, "with --auto, time the candidate groups")
     _on_error_option(p)
+    _backend_option(p)
     p.add_argument(
         "--profile",
         action="store_true",
@@ -216,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the report as JSON ('-' prints it alone, instead of the text)",
     )
     _on_error_option(p)
+    _backend_option(p)
 
     p = add(
         "new-plugin",
@@ -256,6 +259,31 @@ def _on_error_option(p: argparse.ArgumentParser) -> None:
         help="a plugin that fails: its operators go to the host with a warning (fallback), "
         "or the command stops (error); as on-error in [tool.umahub], whose value it overrides",
     )
+
+
+def _backend_option(p: argparse.ArgumentParser) -> None:
+    """``--option ACC.KEY=VALUE``: a backend option (as [tool.umahub.options.ACC] KEY)."""
+    p.add_argument(
+        "--option",
+        action="append",
+        type=_option,
+        default=[],
+        metavar="ACC.KEY=VALUE",
+        dest="options",
+        help="set an option of accelerator ACC (umahub plugins lists them), read as the "
+        "option's type (true/false, a number, a string); repeatable; as KEY = VALUE in "
+        "[tool.umahub.options.ACC], whose value it overrides",
+    )
+
+
+def _option(text: str) -> tuple[str, str, str]:
+    from umahub.config import parse_option
+    from umahub.errors import ConfigError
+
+    try:
+        return parse_option(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--option {text}: ")) from None
 
 
 def _board_options(p: argparse.ArgumentParser, doing: str = "run") -> None:

@@ -51,6 +51,10 @@ def summary(report: Any, seconds: float) -> str:
         from umahub.report.text import summary_line
 
         lines.append(summary_line(report.auto))
+    if report.options:
+        from umahub.report.text import options_lines
+
+        lines += options_lines(report.options)
     lines.append(f"copies per inference: {_copies(report, 'inference')}")
     lines.append(f"weights copied at load: {_copies(report, 'load')}")
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items() if v >= 0.05)

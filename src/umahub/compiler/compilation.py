@@ -291,6 +291,7 @@ class Compilation:
             host_schedules=self.host_schedules,
             auto=self.auto.to_dict() if self.auto is not None else None,
             quantized=_quantized_rows(placed),
+            options=self.hub.changed_options(),
         )
 
     @property

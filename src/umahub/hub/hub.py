@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -21,6 +22,7 @@ from umahub.hub.contract import checked_accelerators
 from umahub.hub.dispatch import HOOK_NAMES, PluginManager
 from umahub.hub.loading import PluginInfo, find, load, select
 from umahub.plugin.accelerator import Accelerator
+from umahub.plugin.options import changed
 
 if TYPE_CHECKING:
     import tvm
@@ -36,7 +38,8 @@ class Hub:
 
     Args:
         config: keys of ``[tool.umahub]`` that override the file's (see
-            :mod:`umahub.config`).
+            :mod:`umahub.config`); ``{"options": {"npu": {"tile-rows": 16}}}``
+            sets backend options one by one over the file's.
         autoload: load the plugins installed under the entry-point group
             ``umahub.plugins`` (``UMAHUB_DISABLE_PLUGIN_AUTOLOAD=1`` also turns
             this off).
@@ -48,7 +51,8 @@ class Hub:
             that must not depend on the project it runs in.
 
     Raises:
-        ConfigError: an unknown key or name in the configuration.
+        ConfigError: an unknown key or name in the configuration, a backend
+            option no plugin declares or of the wrong type.
         PluginConflictError: two plugins share a plugin name (a plugin that
             declares an accelerator another plugin declared is skipped, and
             shows as failed with that reason).
@@ -97,6 +101,12 @@ class Hub:
             cfg.check_accelerator_names(
                 {name: acc.instances for name, acc in self._accelerators.items()}
             )
+            self._options = {
+                name: MappingProxyType(values)
+                for name, values in cfg.resolve_options(
+                    {name: acc.options for name, acc in self._accelerators.items()}
+                ).items()
+            }
         except ConfigError as exc:
             if not failures:
                 raise
@@ -177,6 +187,21 @@ class Hub:
     def owner(self, accelerator: str) -> str:
         """The name of the plugin that declared ``accelerator``."""
         return self._owner[accelerator]
+
+    def options_of(self, accelerator: str) -> Mapping[str, Any]:
+        """The backend options of ``accelerator`` in effect, read-only: every option its
+        plugin declares, with the user's value (``[tool.umahub.options.<name>]``,
+        ``config=``, ``--option``) or the default. Hooks see it as ``context.options``."""
+        return self._options[accelerator]
+
+    def changed_options(self) -> dict[str, dict[str, Any]]:
+        """The options set to other values than their defaults, per accelerator (an
+        accelerator with none left out): what the report shows."""
+        found = {
+            name: changed(acc.options, self._options[name])
+            for name, acc in self._accelerators.items()
+        }
+        return {name: values for name, values in found.items() if values}
 
     @property
     def hook(self) -> Any:

@@ -21,11 +21,14 @@ Declaring the plugin
     :data:`hookimpl` (``accelerator=`` for hooks of one accelerator),
     :data:`hookspec`, :data:`API_VERSION`, :mod:`~umahub.plugin.hookspecs`
     (the contract: every hook, when it is called, what it takes and returns),
-    :class:`Accelerator`, :class:`MemoryPool`, :data:`CODEGENS`,
-    :data:`COPY_KINDS`.
+    :class:`Accelerator`, :class:`MemoryPool`, :class:`OnChipBuffer`, :data:`CODEGENS`,
+    :data:`COPY_KINDS`; the options users may set for an accelerator
+    (:class:`Option`, :mod:`~umahub.plugin.options`), which hooks read as
+    ``context.options``.
 
 A device of its own (:mod:`~umahub.plugin.device`)
-    ``Accelerator(runtime=...)``; the codegen's :class:`DeviceProgram`; the
+    ``Accelerator(runtime=...)``; the codegen's :class:`DeviceProgram` (with its
+    cycles, :class:`ProgramTiming`); the
     runtime package's :class:`DeviceRuntime` and :class:`Device`, their
     :class:`Completion` (:func:`done`, :class:`Pending`) and
     :class:`DeviceError`. A runtime package imports only this module.
@@ -84,7 +87,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from umahub.plugin import compat, tir  # neither imports TVM: their names resolve when used
-from umahub.plugin.accelerator import CODEGENS, COPY_KINDS, Accelerator, MemoryPool
+from umahub.plugin.accelerator import (
+    CODEGENS,
+    COPY_KINDS,
+    Accelerator,
+    MemoryPool,
+    OnChipBuffer,
+)
 from umahub.plugin.device import (
     Completion,
     Device,
@@ -92,9 +101,11 @@ from umahub.plugin.device import (
     DeviceProgram,
     DeviceRuntime,
     Pending,
+    ProgramTiming,
     done,
 )
 from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
+from umahub.plugin.options import Option
 from umahub.plugin.patterns import (
     ACTIVATIONS,
     Refusal,
@@ -218,8 +229,11 @@ __all__ = [
     "DeviceRuntime",
     "Load",
     "MemoryPool",
+    "OnChipBuffer",
     "Operator",
+    "Option",
     "Pending",
+    "ProgramTiming",
     "QuantParams",
     "QuantizedOperator",
     "Refusal",

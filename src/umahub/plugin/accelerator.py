@@ -6,7 +6,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CODEGENS", "COPY_KINDS", "Accelerator", "MemoryPool"]
+from umahub.plugin.options import Option, checked_options
+
+__all__ = ["CODEGENS", "COPY_KINDS", "Accelerator", "MemoryPool", "OnChipBuffer"]
 
 #: The default codegens an accelerator can name; ``"device"``: a device of its own, whose
 #: plugin's ``umahub_codegen`` returns a :class:`umahub.plugin.device.DeviceProgram`.
@@ -18,6 +20,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _RUNTIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: The shape of a Relax operator's name; whether it is registered is checked with TVM.
 _OP = re.compile(r"^relax(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+#: A TVM storage scope with a tag, as ``Schedule.set_scope`` takes it: ``local.npu.inp``.
+_SCOPE = re.compile(r"^(local|shared|global)\.[A-Za-z0-9_.]+$")
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,53 @@ class MemoryPool:
             raise ValueError(
                 f"MemoryPool({self.scope!r}).bandwidth must be a positive number of bytes per "
                 f"second (or None: measured), got {self.bandwidth!r}"
+            )
+
+
+@dataclass(frozen=True)
+class OnChipBuffer:
+    """A buffer on the accelerator's chip, where its kernels keep their tiles: a TIR
+    memory scope of fixed capacity (VTA's input, weight and accumulator buffers).
+
+    A pool (:class:`MemoryPool`) holds the tensors a partition reads and writes; an
+    on-chip buffer holds the tiles its kernel works on, one partition at a time.
+    The plugin's TIR allocates its tiles in the buffer's ``scope`` (a schedule's
+    ``set_scope``, or ``T.alloc_buffer(..., scope=...)``); after the TIR passes,
+    umahub adds up each scope's allocations in the partition's PrimFunc, refuses
+    a partition whose tiles need more than ``size_bytes`` (naming the scope, what
+    is needed and what there is), and shows each buffer's use in the report.
+
+    Args:
+        scope: the TIR storage scope, a rank and a tag as TVM writes them
+            (``"local.simnpu.inp"``); unique among the accelerator's buffers.
+        size_bytes: capacity in bytes.
+        description: what it holds, for the report and ``umahub plugins``
+            (``"input tiles, int8"``).
+    """
+
+    scope: str
+    size_bytes: int
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scope, str) or not _SCOPE.match(self.scope):
+            raise ValueError(
+                f"OnChipBuffer.scope must be a TIR storage scope with a tag, like "
+                f"'local.npu.inp', got {self.scope!r}"
+            )
+        if (
+            isinstance(self.size_bytes, bool)
+            or not isinstance(self.size_bytes, int)
+            or (self.size_bytes <= 0)
+        ):
+            raise ValueError(
+                f"OnChipBuffer({self.scope!r}).size_bytes must be a positive int, "
+                f"got {self.size_bytes!r}"
+            )
+        if not isinstance(self.description, str):
+            raise ValueError(
+                f"OnChipBuffer({self.scope!r}).description must be a string, "
+                f"got {self.description!r}"
             )
 
 
@@ -107,6 +158,15 @@ class Accelerator:
         runtime_package: the distribution that provides ``runtime``, named
             when a library that needs it is loaded where it is not installed
             (``pip install <runtime_package>``); "": ``runtime``'s name.
+        buffers: its on-chip buffers (:class:`OnChipBuffer`), the memory scopes
+            its kernels' tiles live in; () = none declared (no scope is checked).
+        clock_hz: the device's clock, in cycles per second: what turns the
+            cycles of a device program (:class:`umahub.plugin.device.ProgramTiming`)
+            into seconds in the report and in placement by cost; None = not said
+            (cycles are shown as cycles).
+        options: the backend options users may set for this accelerator
+            (:class:`umahub.plugin.Option`, names unique), which its hooks
+            read as ``context.options`` (see :mod:`umahub.plugin.options`).
     """
 
     name: str
@@ -121,6 +181,9 @@ class Accelerator:
     operators: tuple[str, ...] = ()
     runtime: str = ""
     runtime_package: str = ""
+    buffers: tuple[OnChipBuffer, ...] = ()
+    clock_hz: float | None = None
+    options: tuple[Option, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -176,6 +239,29 @@ class Accelerator:
                 raise ValueError(
                     f"Accelerator {self.name!r}: memory holds {pool!r}, not a umahub.MemoryPool"
                 )
+        object.__setattr__(self, "buffers", tuple(self.buffers))
+        scopes = set()
+        for buffer in self.buffers:
+            if not isinstance(buffer, OnChipBuffer):
+                raise ValueError(
+                    f"Accelerator {self.name!r}: buffers holds {buffer!r}, not a "
+                    "umahub.plugin.OnChipBuffer"
+                )
+            if buffer.scope in scopes:
+                raise ValueError(
+                    f"Accelerator {self.name!r}: two on-chip buffers have the scope "
+                    f"{buffer.scope!r}"
+                )
+            scopes.add(buffer.scope)
+        if self.clock_hz is not None and (
+            isinstance(self.clock_hz, bool)
+            or not isinstance(self.clock_hz, (int, float))
+            or not 0 < self.clock_hz < float("inf")
+        ):
+            raise ValueError(
+                f"Accelerator {self.name!r}: clock_hz must be a positive number of cycles per "
+                f"second (or None), got {self.clock_hz!r}"
+            )
         if isinstance(self.operators, str):
             raise ValueError(
                 f"Accelerator {self.name!r}: operators must be a sequence of Relax operator "
@@ -191,6 +277,7 @@ class Accelerator:
                     "operator name: write them as in is_op(...), e.g. 'relax.nn.conv2d', "
                     "'relax.add'"
                 )
+        object.__setattr__(self, "options", checked_options(self.name, self.options))
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -206,6 +293,10 @@ class Accelerator:
     def package(self) -> str:
         """The distribution to install for its runtime (``runtime_package`` or ``runtime``)."""
         return self.runtime_package or self.runtime
+
+    def buffer(self, scope: str) -> OnChipBuffer | None:
+        """The on-chip buffer of ``scope``, or None when the accelerator has none there."""
+        return next((b for b in self.buffers if b.scope == scope), None)
 
     @property
     def pool(self) -> MemoryPool | None:

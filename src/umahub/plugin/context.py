@@ -105,6 +105,12 @@ class CompileContext:
             ``.numpy()`` gives an array): what a device's codegen folds at
             compile time (a quantized operator's scales and zero points, its
             weights laid out for the device). Added to contract 1.
+        options: the accelerator's backend options in effect, read-only:
+            every option it declares (``Accelerator(options=...)``), by its
+            declared name, with the user's value (``[tool.umahub.options.<name>]``,
+            ``--option``, ``Hub(config=...)``), already checked against the
+            option's type and choices, or the default
+            (``context.options["double-buffering"]``). Added to contract 1.
     """
 
     config: Config
@@ -117,6 +123,7 @@ class CompileContext:
     target: Any = None
     weights: frozenset[int] = frozenset()
     constants: Mapping[int, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def device(self) -> str:
@@ -141,6 +148,9 @@ class CostContext:
         operators: the group's operators (names, ops, FLOPs, output bytes), in model order.
         patterns: the patterns that matched it (``"npu.conv2d_bias_relu"``).
         target: the ``tvm.target.Target`` the model is built for; None: this machine.
+        options: the accelerator's backend options in effect, read-only, as
+            :attr:`CompileContext.options`: a cost model of a tiling option
+            reads the tiling the compile will use.
     """
 
     config: Config
@@ -148,6 +158,7 @@ class CostContext:
     operators: tuple[Operator, ...] = ()
     patterns: tuple[str, ...] = ()
     target: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def flops(self) -> int:

@@ -58,6 +58,7 @@ __all__ = [
     "DeviceProgram",
     "DeviceRuntime",
     "Pending",
+    "ProgramTiming",
     "done",
 ]
 
@@ -71,6 +72,66 @@ class DeviceError(Exception):
     in the device's terms; umahub adds the accelerator, instance and partition."""
 
 
+def _span(span: Any) -> tuple[str, int, int]:
+    """``span`` as ``(module, start, end)``, checked."""
+    fields = tuple(span)
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in fields[1:])
+    if len(fields) != 3 or not isinstance(fields[0], str) or not ints:
+        raise TypeError(f"ProgramTiming.spans holds (module, start, end) cycles, got {span!r}")
+    module, start, end = fields
+    if not 0 <= start <= end:
+        raise TypeError(f"ProgramTiming.spans needs 0 <= start <= end, got {span!r}")
+    return module, start, end
+
+
+@dataclass(frozen=True)
+class ProgramTiming:
+    """What one run of a device program takes, in the device's cycles: the vendor's
+    cycle model (a simulator's, a performance model's), not a measurement.
+
+    The report shows it per partition (in microseconds too, at the accelerator's
+    ``clock_hz``), and draws ``spans`` as one lane per module of the device.
+
+    Args:
+        cycles: the whole run, with whatever overlap the device's modules allow.
+        busy: busy cycles per module of the device (``{"load": ..., "compute": ...,
+            "store": ...}``), in the order the lanes are drawn.
+        spans: when each module was busy, ``(module, start, end)`` in cycles from
+            the start of the run; () = not given. umahub draws at most a few
+            thousand of them (neighbouring spans of a module are merged to fit).
+        notes: short facts about the program for the report (``"double-buffered:
+            INP, WGT, ACC"``).
+    """
+
+    cycles: int
+    busy: Mapping[str, int] = field(default_factory=dict)
+    spans: Sequence[tuple[str, int, int]] = ()
+    notes: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cycles, bool) or not isinstance(self.cycles, int) or self.cycles < 0:
+            raise TypeError(f"ProgramTiming.cycles must be an int >= 0, got {self.cycles!r}")
+        busy = dict(self.busy)
+        for module, value in busy.items():
+            if not isinstance(module, str) or isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(
+                    f"ProgramTiming.busy maps module names to ints, got {module!r}: {value!r}"
+                )
+        object.__setattr__(self, "busy", busy)
+        spans = [_span(span) for span in self.spans]
+        object.__setattr__(self, "spans", tuple(spans))
+        object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
+
+    @property
+    def serial_cycles(self) -> int:
+        """The cycles the run would take with no overlap: every module's busy cycles added."""
+        return sum(self.busy.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (spans left out: the picture draws them)."""
+        return {"cycles": self.cycles, "busy": dict(self.busy), "notes": list(self.notes)}
+
+
 @dataclass(frozen=True)
 class DeviceProgram:
     """A partition compiled for a device: what a device accelerator's ``umahub_codegen``
@@ -80,11 +141,14 @@ class DeviceProgram:
     compiler's binary), carried in the exported library as it is; ``metadata``
     is what the runtime needs to call it, as JSON values (str, int, float,
     bool, None, lists and dicts of them), for example the format's version or
-    the sizes of its scratch memory.
+    the sizes of its scratch memory. ``timing``: what one run takes by the
+    vendor's cycle model, when the compiler knows it (:class:`ProgramTiming`),
+    shown in the report; not carried to the runtime.
     """
 
     data: bytes
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    timing: ProgramTiming | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, (bytes, bytearray, memoryview)):
@@ -95,6 +159,11 @@ class DeviceProgram:
                 f"DeviceProgram.metadata must be a mapping, got {type(self.metadata).__name__}"
             )
         object.__setattr__(self, "metadata", dict(self.metadata))
+        if self.timing is not None and not isinstance(self.timing, ProgramTiming):
+            raise TypeError(
+                f"DeviceProgram.timing must be a ProgramTiming or None, got "
+                f"{type(self.timing).__name__}"
+            )
 
 
 class Completion:

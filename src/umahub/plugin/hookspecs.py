@@ -43,8 +43,23 @@ Implementations of one hook run in the plugin order of ``[tool.umahub]``
 
 The ``context`` argument is a :class:`umahub.CompileContext`: what earlier
 stages decided (the config, the accelerator and instance, the partition's
-operators, the memory plan so far, the target of a cross build). Hooks read
-it; they never change it.
+operators, the memory plan so far, the target of a cross build) and the
+accelerator's backend options. Hooks read it; they never change it.
+
+``context.options`` (of :class:`umahub.CompileContext` and
+:class:`umahub.CostContext`) is a read-only mapping of every option the
+accelerator declares (``Accelerator(options=[Option("tile-rows", 16)])``,
+:class:`umahub.plugin.Option`), by its declared name: the user's value from
+``[tool.umahub.options.<accelerator>]``, ``--option ACC.KEY=VALUE`` or
+``Hub(config={"options": ...})``, already checked against the option's type
+and choices, or the declared default. A hook never sees an option that was
+not declared, nor a value of another type::
+
+    @hookimpl(accelerator="my_accel")
+    def umahub_schedule(schedule, context):
+        rows = context.options["tile-rows"]
+        ...
+        return f"tiled {rows} rows"
 
 When a hook fails
 -----------------
@@ -112,7 +127,9 @@ refuses a plugin written for a contract it does not speak
     for this machine. A plugin that ignores it works for native builds; one
     that builds LLVM itself must build for it in a cross build;
   - :func:`umahub_cost` (a group's seconds for placement by cost; a group no
-    implementation costs is measured) and ``MemoryPool(bandwidth=...)``.
+    implementation costs is measured) and ``MemoryPool(bandwidth=...)``;
+  - backend options: ``Accelerator(options=...)`` and ``context.options``
+    (a plugin that declares none sees an empty mapping).
 
 Why this module is long: it is the plugin author's reference; each hook's
 contract, arguments, results and failures are written next to its signature.
@@ -241,7 +258,8 @@ def umahub_cost(
     :param function: the group alone, as a Relax function named ``main``:
         its inputs are the parameters, its weights bound as constants.
     :param context: a :class:`umahub.CostContext`: the group's operators
-        (FLOPs, bytes), the patterns that matched, the config, the target.
+        (FLOPs, bytes), the patterns that matched, the config, the target,
+        the accelerator's backend options (``context.options``).
     :return: ``None`` (no estimate: the next implementation, then a
         measurement), or the seconds of one call on one instance, copies in and
         out of the accelerator left out (umahub adds them from each pool's
@@ -364,6 +382,15 @@ def umahub_tir_passes(
         ``prim_func_pass``) run in list order at that phase, after the passes
         of plugins earlier in hook order.
 
+    For an accelerator with a device of its own (codegen ``"device"``), no TVM
+    lowering makes its program: umahub runs the passes itself, phase after
+    phase, on the scheduled S-TIR, and gives the result to
+    :func:`umahub_codegen`. That is where a device's DMA, dependency tokens and
+    double buffering go (the bundled simnpu's ``umahub_simnpu.passes``). After
+    them, the tiles allocated in the accelerator's on-chip buffers'
+    scopes (``Accelerator(buffers=...)``) are added up per scope and checked
+    against the capacities.
+
     Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
     on those accelerators only.
 
@@ -405,7 +432,9 @@ def umahub_codegen(
         inputs in order (the constant ones, ``context.weights``, resident on
         the device from load on) and then outputs; umahub calls it from the
         host through a stub and carries it in the exported library (see
-        :mod:`umahub.plugin.device`).
+        :mod:`umahub.plugin.device`). Give its ``timing``
+        (:class:`umahub.plugin.ProgramTiming`, from your cycle model) and the
+        report shows the cycles per partition and draws the device's modules.
 
     Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
     on those accelerators only.

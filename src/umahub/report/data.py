@@ -16,7 +16,7 @@ from umahub.hub.tracing import HookCall
 from umahub.plugin.context import Copy, Operator
 from umahub.plugin.memory import MemoryPlan
 
-__all__ = ["PartitionReport", "ReportData", "hooks_that_acted"]
+__all__ = ["LANE_SPANS", "PartitionReport", "ReportData", "hooks_that_acted", "program_report"]
 
 
 #: The version of the report's JSON (``"format"``): raised when a key changes meaning or
@@ -41,12 +41,65 @@ class PartitionReport:
     virtual_device: str = ""  # (device type, runtime device index, target, memory scope)
     verified: str = ""  # what verification found ("" when it did not run)
     max_error: float | None = None  # the largest error against the host, when verified
-    # a device partition's program: runtime, bytes, resident_bytes (weights at load), metadata
+    # a device partition's program: runtime, bytes, resident_bytes (weights at load),
+    # metadata, and by the vendor's cycle model (when the codegen gave it): cycles,
+    # serial_cycles, busy (per module), seconds (at the accelerator's clock), notes, lanes
     program: dict[str, Any] = field(default_factory=dict)
+    # each on-chip buffer of the accelerator: scope -> [bytes used, capacity]
+    buffers: dict[str, list[int]] = field(default_factory=dict)
+    passes: list[str] = field(default_factory=list)  # TIR passes run: "phase N: name (plugin)"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return dict(self.__dict__, patterns=list(self.patterns))
+
+
+#: The most spans per module a report keeps of a device program's timeline (the picture's
+#: lanes); neighbouring spans are merged down to it.
+LANE_SPANS = 400
+
+
+def _merged(spans: list[tuple[int, int]], most: int) -> list[list[int]]:
+    """``spans`` (sorted, not overlapping) merged across the smallest gaps down to ``most``."""
+    merged = [list(s) for s in spans]
+    while len(merged) > most:
+        gaps = sorted(merged[i + 1][0] - merged[i][1] for i in range(len(merged) - 1))
+        limit = gaps[len(merged) - most - 1]  # close every gap up to this size
+        out = [merged[0]]
+        for start, end in merged[1:]:
+            if start - out[-1][1] <= limit:
+                out[-1][1] = end
+            else:
+                out.append([start, end])
+        merged = out
+    return merged
+
+
+def program_report(call: Any, accelerator: Any) -> dict[str, Any]:
+    """The report's entry for a device partition's program (``PartitionReport.program``):
+    what it is, and what one run takes by the vendor's cycle model when the codegen
+    said (in seconds too at the accelerator's ``clock_hz``), with its lanes."""
+    program = call.program
+    entry: dict[str, Any] = {
+        "runtime": call.runtime,
+        "bytes": len(program.data),
+        "resident_bytes": call.resident_bytes,
+        "metadata": dict(program.metadata),
+    }
+    timing = program.timing
+    if timing is None:
+        return entry
+    entry.update(timing.to_dict(), serial_cycles=timing.serial_cycles)
+    clock = accelerator.clock_hz
+    entry["clock_hz"] = clock
+    entry["seconds"] = timing.cycles / clock if clock else None
+    by_module: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for module, start, end in timing.spans:
+        by_module[module].append((start, end))
+    entry["lanes"] = {
+        module: _merged(sorted(spans), LANE_SPANS) for module, spans in by_module.items()
+    }
+    return entry
 
 
 def hooks_that_acted(calls: list[HookCall]) -> dict[str, list[str]]:
@@ -79,6 +132,9 @@ class ReportData:
     #: why no accelerator took it ("" where one did), and whether umahub computes it
     #: in integers (else the host computes it in float32, as written)
     quantized: list[dict[str, Any]] = field(default_factory=list)
+    #: backend options set to other values than their defaults, per accelerator
+    #: (``[tool.umahub.options]``, ``--option``); accelerators with none left out
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ summaries
 
@@ -124,6 +180,7 @@ class ReportData:
             "host_schedules": self.host_schedules,
             "auto": self.auto,
             "quantized": self.quantized,
+            "options": self.options,
         }
 
     def to_json(self, indent: int = 2) -> str:

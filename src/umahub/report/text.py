@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from umahub.plugin.options import format_value
 from umahub.sizes import human_size
 
 if TYPE_CHECKING:
     from umahub.report.data import ReportData
 
-__all__ = ["describe", "render", "summary_line"]
+__all__ = ["cycles_text", "describe", "options_lines", "render", "summary_line"]
 
 
 #: Groups the report's text lists by name; the rest are counted (all are in the JSON).
@@ -27,6 +28,16 @@ def summary_line(auto: Mapping[str, Any]) -> str:
         f"{len(auto['changed'])} operator(s) placed otherwise than by priority; "
         f"costs: {counts or 'none'}; {sum(auto['seconds'].values()):.1f}s"
     )
+
+
+def options_lines(options: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per accelerator on the backend options set to other values than their
+    defaults (the report's ``options``): ``options of npu: tile-rows = 8``."""
+    return [
+        f"options of {accelerator}: "
+        + ", ".join(f"{k} = {format_value(v)}" for k, v in values.items())
+        for accelerator, values in options.items()
+    ]
 
 
 def _finalist(name: str) -> str:
@@ -136,6 +147,7 @@ def render(report: ReportData) -> str:
         lines.append(f"  {o.name:<{width}}  {o.op:<{opw}}  {o.device:<{devw}}  {why}")
     counts = ", ".join(f"{d}: {n}" for d, n in sorted(report.devices_of().items()))
     lines.append(f"  operators per device: {counts}")
+    lines += options_lines(report.options)
     if report.partitions:
         lines.append("partitions:")
         for p in report.partitions:
@@ -153,12 +165,26 @@ def render(report: ReportData) -> str:
                 lines.append(f"      schedule: {said}")
             for packed in p.packed:
                 lines.append(f"      packed at compile time: {packed}")
+            if p.passes and not p.fallback:
+                lines.append(f"      tir passes: {'; '.join(p.passes)}")
+            if p.buffers and not p.fallback:
+                lines.append(
+                    "      on-chip: "
+                    + ", ".join(
+                        f"{scope} {human_size(used)} of {human_size(size)}"
+                        for scope, (used, size) in p.buffers.items()
+                    )
+                )
             if p.program and not p.fallback:
                 lines.append(
                     f"      device program: {human_size(p.program['bytes'])} for runtime "
                     f"'{p.program['runtime']}', {human_size(p.program['resident_bytes'])} "
                     "of weights resident on the device"
                 )
+                if "cycles" in p.program:
+                    lines.append(f"      cycles: {cycles_text(p.program)}")
+                for note in p.program.get("notes", ()):
+                    lines.append(f"      program: {note}")
             if p.verified:
                 lines.append(f"      verify: {p.verified}")
     for when, title in (
@@ -207,3 +233,16 @@ def render(report: ReportData) -> str:
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def cycles_text(program: dict[str, Any]) -> str:
+    """One run of a device program by the vendor's cycle model, as the report says it:
+    ``"41,230 (busy: load 20,118, compute 30,400, store 1,250; 51,768 without overlap,
+    1.26x), 41.2 us at 1 GHz"``."""
+    cycles, serial = program["cycles"], program["serial_cycles"]
+    busy = ", ".join(f"{m} {c:,}" for m, c in program["busy"].items())
+    text = f"{cycles:,} (busy: {busy}; {serial:,} without overlap"
+    text += f", {serial / cycles:.2f}x)" if cycles else ")"
+    if program.get("seconds") is not None:
+        text += f", {program['seconds'] * 1e6:,.1f} us at {program['clock_hz'] / 1e9:g} GHz"
+    return text

@@ -9,7 +9,8 @@ and :mod:`umahub.plugin.device` only: no TVM, no compiler.
 * :mod:`.native`: the simulator's C core (``sim.c``), loaded with ctypes,
   built at install or compiled on first use;
 * :mod:`.memory`: the DRAM allocator (buffers are offsets);
-* :mod:`.device`: :class:`SimNpuDevice` and :class:`SimNpuRuntime`.
+* :mod:`.device`: :class:`SimNpuDevice` and :class:`SimNpuRuntime`;
+* :mod:`.timing`: a program's timeline without running it (:func:`timing`, :class:`Timing`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ from umahub_simnpu_runtime.device import (
     SimNpuDevice,
     SimNpuRuntime,
 )
+from umahub_simnpu_runtime.timing import Timing, timing
 
 __version__ = "0.1.0"
 
-__all__ = ["FAULT_ENV", "LoadedProgram", "SimNpuDevice", "SimNpuRuntime", "__version__"]
+__all__ = [
+    "FAULT_ENV",
+    "LoadedProgram",
+    "SimNpuDevice",
+    "SimNpuRuntime",
+    "Timing",
+    "__version__",
+    "timing",
+]

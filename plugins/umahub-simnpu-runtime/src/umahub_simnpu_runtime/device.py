@@ -357,9 +357,18 @@ class SimNpuDevice(Device):
     # ------------------------------------------------------------ what tests and reports read
 
     def counters(self) -> dict[str, int]:
-        """What the C core counted: instructions executed, runs, busy cycles per module
-        (``load_cycles``, ``gemm_cycles``, ``alu_cycles``, ``store_cycles``; the README's
-        cost model) and int8 multiply-accumulates (``macs``)."""
+        """What the C core counted since the device was made (the README's cycle model).
+
+        * ``instructions``: executed; ``runs``: programs run to the end;
+        * busy cycles, added per instruction executed: ``load_cycles`` (the load
+          module: LOAD into INP or WGT), ``compute_cycles`` (the compute module:
+          GEMM, ALU and LOAD into ACC), of which ``gemm_cycles`` and ``alu_cycles``,
+          and ``store_cycles``;
+        * ``cycles``: the sum over completed runs of each run's total, its modules
+          overlapping (what :func:`umahub_simnpu_runtime.timing` says of the
+          program); ``last_cycles``: the last completed run's;
+        * ``macs``: int8 multiply-accumulates.
+        """
         self._drain()
         counters = native.Counters()
         self._lib.snpu_counters_get(self._alive(), ctypes.byref(counters))
@@ -458,12 +467,14 @@ class SimNpuRuntime(DeviceRuntime):
         return SimNpuDevice(instance, self.dram_bytes, faults=faults)
 
     def describe(self) -> dict[str, Any]:
-        """Version, format, instances and each one's memories."""
+        """Version, format (the version written by default, and those read), instances and
+        each one's memories."""
         from umahub_simnpu_runtime import __version__
 
         return {
             "version": __version__,
             "format_version": isa.VERSION,
+            "format_versions": list(isa.VERSIONS),
             "instances": self.instances,
             "dram_bytes": self.dram_bytes,
             "inp_bytes": isa.INP_BYTES,

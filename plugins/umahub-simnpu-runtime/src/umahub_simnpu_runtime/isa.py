@@ -9,17 +9,19 @@ A program is little-endian bytes::
 
     header (32 bytes) | instructions (64 bytes each) | data segment
 
-* header: ``magic`` (``b"SNPU"``), ``version`` (1), ``header_bytes`` (32),
+* header: ``magic`` (``b"SNPU"``), ``version`` (1 or 2), ``header_bytes`` (32),
   ``instruction_bytes`` (64), ``buffers`` (how many DRAM buffers the program
   is run on: the partition's inputs then its outputs), ``instructions``,
   ``data_bytes``, then 12 bytes of zeros;
-* instructions: fixed 64-byte words, executed in order (version 1);
+* instructions: fixed 64-byte words: version 1 executed in order, version 2
+  as dataflow between the modules, ordered by dependency tokens;
 * data segment: bytes the codegen precomputed (weights in tile order, the
   per-channel bias, multipliers and shifts), copied to device DRAM once at
   load, and read by LOAD through slot :data:`DATA_SLOT`.
 
 The machine (after VTA, Moreau et al. 2019, in its own encoding): three
-modules (load, compute = GEMM + ALU, store) around three on-chip buffers:
+modules (load: LOAD into INP or WGT; compute: GEMM, ALU and LOAD into ACC;
+store: STORE; see :func:`module_of`) around three on-chip buffers:
 
 * ``INP``: int8 activations, addressed in bytes;
 * ``WGT``: int8 weights, addressed in bytes; a tile is 16x16 row-major
@@ -27,10 +29,14 @@ modules (load, compute = GEMM + ALU, store) around three on-chip buffers:
 * ``ACC``: int32 accumulators, addressed in 32-bit words; a vector is 16
   consecutive words.
 
-Every instruction's first byte is its opcode; the second, ``deps``, is kept
-for dependency tokens between the modules (VTA's pop/push flags, the bits of
-:data:`DEP_FLAGS`): version 1 executes in order and requires 0. The fields of
-each opcode are in the ``*_FORMAT`` structs below and in the README's table.
+Every instruction's first byte is its opcode; the second, ``deps``, holds its
+dependency tokens (VTA's pop/push flags, :data:`POP_PREV` ... :data:`PUSH_NEXT`;
+"prev" and "next" in the module order load -> compute -> store). Version 2:
+each module runs its instructions in program order; one issues when its module
+is free and each token it pops has been pushed and its pusher completed, and
+pushes its own at its completion. Version 1 executes in order and requires 0.
+The fields of each opcode are in the ``*_FORMAT`` structs below and in the
+README's tables (with the cycle model).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ __all__ = [
     "ALU_MIN",
     "DATA_SLOT",
     "DEP_FLAGS",
+    "DEP_MASK",
     "FLAG_IMM",
     "FLAG_RESET",
     "FLAG_RESIDUAL",
@@ -64,23 +71,32 @@ __all__ = [
     "LOAD",
     "LOAD_FORMAT",
     "MAGIC",
+    "MODULES",
+    "POP_NEXT",
+    "POP_PREV",
+    "PUSH_NEXT",
+    "PUSH_PREV",
     "STORE",
     "STORE_FORMAT",
     "TYPE_BYTES",
     "U8",
     "VERSION",
+    "VERSIONS",
     "WGT",
     "WGT_BYTES",
     "alu",
     "gemm",
     "load",
+    "module_of",
     "program",
     "store",
 ]
 
 MAGIC = b"SNPU"
-#: The format's version; the runtime refuses any other.
-VERSION = 1
+#: The format's version :func:`program` writes by default (2: dependency tokens).
+VERSION = 2
+#: The versions the runtime reads: 1 (in order, no tokens) and 2.
+VERSIONS = (1, 2)
 HEADER = struct.Struct("<4sHHHHII12x")
 HEADER_BYTES = HEADER.size
 INSTRUCTION_BYTES = 64
@@ -114,8 +130,29 @@ FLAG_RESIDUAL = 2
 #: GEMM: zero the addressed accumulator vectors instead of accumulating.
 FLAG_RESET = 1
 
-#: The ``deps`` byte's bits, reserved for dependency tokens (version 1: all zero).
-DEP_FLAGS = {"pop_prev": 1, "pop_next": 2, "push_prev": 4, "push_next": 8}
+#: Wait for (and consume) a token from the previous module (compute: from load;
+#: store: from compute). Not on the load module's instructions.
+POP_PREV = 1
+#: Wait for (and consume) a token from the next module (load: from compute; compute:
+#: from store). Not on the store module's instructions.
+POP_NEXT = 2
+#: At completion, push a token to the previous module (compute: to load; store: to
+#: compute). Not on the load module's instructions.
+PUSH_PREV = 4
+#: At completion, push a token to the next module (load: to compute; compute: to
+#: store). Not on the store module's instructions.
+PUSH_NEXT = 8
+#: The ``deps`` byte's bits by name (version 1: all zero).
+DEP_FLAGS = {
+    "pop_prev": POP_PREV,
+    "pop_next": POP_NEXT,
+    "push_prev": PUSH_PREV,
+    "push_next": PUSH_NEXT,
+}
+#: Every bit of ``deps`` that exists.
+DEP_MASK = POP_PREV | POP_NEXT | PUSH_PREV | PUSH_NEXT
+#: The modules, in the order "prev" and "next" refer to (``snpu_interval.module`` indexes it).
+MODULES = ("load", "compute", "store")
 
 # opcode, deps, dst_buf, src_type, src_slot, -, src_offset (bytes), dst_base, pad_value,
 # then three dims (outermost first): size, pad_before, pad_after, src_stride, dst_stride
@@ -140,6 +177,27 @@ def _dims(dims: list[tuple[int, ...]], width: int) -> list[tuple[int, ...]]:
     return [(1,) + (0,) * (width - 1)] * (3 - len(dims)) + [tuple(d) for d in dims]
 
 
+def _deps(deps: int) -> int:
+    if not 0 <= deps <= DEP_MASK:
+        raise ValueError(f"deps 0x{deps:x}: only the bits of DEP_FLAGS (0x{DEP_MASK:02x}) exist")
+    return deps
+
+
+def module_of(instruction: bytes) -> str:
+    """The module that executes an encoded instruction: ``"load"`` (LOAD into INP or
+    WGT), ``"compute"`` (GEMM, ALU, LOAD into ACC) or ``"store"`` (STORE).
+
+    Raises:
+        ValueError: not an instruction (too short, or an unknown opcode).
+    """
+    if len(instruction) < 3 or instruction[0] not in (LOAD, GEMM, ALU, STORE):
+        raise ValueError(f"not a simnpu instruction: {bytes(instruction[:4])!r}...")
+    opcode = instruction[0]
+    if opcode == LOAD:
+        return "compute" if instruction[2] == ACC else "load"
+    return "store" if opcode == STORE else "compute"
+
+
 def load(
     dst_buf: int,
     dst_base: int,
@@ -148,6 +206,8 @@ def load(
     src_offset: int,
     dims: list[tuple[int, int, int, int, int]],
     pad_value: int = 0,
+    *,
+    deps: int = 0,
 ) -> bytes:
     """LOAD: a strided DMA of up to three dimensions from DRAM into an on-chip buffer.
 
@@ -155,11 +215,12 @@ def load(
     dimension, outermost first; strides in elements. Along each dimension,
     ``pad_before`` elements of ``pad_value``, ``size`` elements read, then
     ``pad_after`` of ``pad_value``. Into INP or WGT an U8 source is made int8
-    by subtracting 128; into ACC, I8 and U8 are widened.
+    by subtracting 128; into ACC, I8 and U8 are widened. ``deps``: its dependency
+    flags (:data:`POP_PREV` ...), version 2 only.
     """
     flat = [v for d in _dims(dims, 5) for v in d]
     return LOAD_FORMAT.pack(
-        LOAD, 0, dst_buf, src_type, src_slot, 0, src_offset, dst_base, pad_value, *flat
+        LOAD, _deps(deps), dst_buf, src_type, src_slot, 0, src_offset, dst_base, pad_value, *flat
     )
 
 
@@ -169,11 +230,14 @@ def gemm(
     inp: tuple[int, ...],
     wgt: tuple[int, ...],
     reset: bool = False,
+    *,
+    deps: int = 0,
 ) -> bytes:
     """GEMM: ``ACC[a:a+16] += WGT[w] (16x16) @ INP[i:i+16]`` over up to three loops.
 
     ``extents`` outermost first; ``acc``/``inp``/``wgt`` are ``(base,
     stride, ...)`` with one stride per extent (ACC in words, INP and WGT in bytes).
+    ``deps``: its dependency flags (:data:`POP_PREV` ...), version 2 only.
     """
     n = len(extents)
     if not 1 <= n <= 3 or not len(acc) == len(inp) == len(wgt) == n + 1:
@@ -185,7 +249,7 @@ def gemm(
 
     return GEMM_FORMAT.pack(
         GEMM,
-        0,
+        _deps(deps),
         FLAG_RESET if reset else 0,
         0,
         *([1] * pad),
@@ -207,6 +271,8 @@ def alu(
     shift_base: int = 0,
     res_shift_base: int = 0,
     residual: bool = False,
+    *,
+    deps: int = 0,
 ) -> bytes:
     """ALU: a lane-wise operation on ACC vectors over two loops.
 
@@ -214,7 +280,8 @@ def alu(
     vector at ``src`` or, when ``imm`` is given, ``imm``; FXP requantizes ``dst`` with
     the multipliers at ``mul_base`` and shifts at ``shift_base`` (one per lane), with
     ``residual``: plus ``(src * imm) << rs`` before rounding, ``rs`` the lane's value
-    of the vector at ``res_shift_base``.
+    of the vector at ``res_shift_base``. ``deps``: its dependency flags
+    (:data:`POP_PREV` ...), version 2 only.
     """
     flags = 0
     if op == ALU_FXP:
@@ -223,7 +290,7 @@ def alu(
         flags = FLAG_IMM
     return ALU_FORMAT.pack(
         ALU,
-        0,
+        _deps(deps),
         op,
         flags,
         *extents,
@@ -242,21 +309,35 @@ def store(
     dst_offset: int,
     src_base: int,
     dims: list[tuple[int, int, int]],
+    *,
+    deps: int = 0,
 ) -> bytes:
     """STORE: ACC words to DRAM over up to three dimensions, saturated to ``dst_type``.
 
     ``dims``: ``(size, dst_stride, src_stride)`` per dimension, outermost first,
-    strides in elements (DRAM: of ``dst_type``; ACC: words).
+    strides in elements (DRAM: of ``dst_type``; ACC: words). ``deps``: its dependency
+    flags (:data:`POP_PREV` ...), version 2 only.
     """
     flat = []
     for size, dst_stride, src_stride in _dims(dims, 3):
         flat += [size, 0, dst_stride, src_stride]
-    return STORE_FORMAT.pack(STORE, 0, ACC, dst_type, dst_slot, 0, dst_offset, src_base, *flat)
+    return STORE_FORMAT.pack(
+        STORE, _deps(deps), ACC, dst_type, dst_slot, 0, dst_offset, src_base, *flat
+    )
 
 
-def program(instructions: list[bytes], buffers: int, data: bytes = b"") -> bytes:
-    """The program's bytes: the header, ``instructions`` and the data segment."""
+def program(
+    instructions: list[bytes], buffers: int, data: bytes = b"", version: int = VERSION
+) -> bytes:
+    """The program's bytes: the header, ``instructions`` and the data segment.
+
+    ``version`` 2 (the default) orders the modules by the instructions' dependency
+    tokens, and runs them overlapped; version 1 runs the instructions one after
+    the other, in program order, and takes no tokens.
+    """
+    if version not in VERSIONS:
+        raise ValueError(f"format version {version}: versions {VERSIONS} exist")
     header = HEADER.pack(
-        MAGIC, VERSION, HEADER_BYTES, INSTRUCTION_BYTES, buffers, len(instructions), len(data)
+        MAGIC, version, HEADER_BYTES, INSTRUCTION_BYTES, buffers, len(instructions), len(data)
     )
     return header + b"".join(instructions) + bytes(data)

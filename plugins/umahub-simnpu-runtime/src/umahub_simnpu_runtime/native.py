@@ -28,10 +28,18 @@ from pathlib import Path
 
 from umahub.plugin.device import DeviceError
 
-__all__ = ["ABI_VERSION", "ERROR_BYTES", "Counters", "library", "source_hash"]
+__all__ = [
+    "ABI_VERSION",
+    "ERROR_BYTES",
+    "Counters",
+    "Interval",
+    "TimingResult",
+    "library",
+    "source_hash",
+]
 
 #: The C core's ABI this module drives (``SNPU_ABI_VERSION`` in sim.h).
-ABI_VERSION = 1
+ABI_VERSION = 2
 #: Size of the buffer the C core writes its messages into.
 ERROR_BYTES = 512
 
@@ -54,11 +62,37 @@ class Counters(ctypes.Structure):
         ("alu_cycles", ctypes.c_uint64),
         ("store_cycles", ctypes.c_uint64),
         ("macs", ctypes.c_uint64),
+        ("compute_cycles", ctypes.c_uint64),
+        ("cycles", ctypes.c_uint64),
+        ("last_cycles", ctypes.c_uint64),
     ]
 
     def to_dict(self) -> dict[str, int]:
         """The counters by name."""
         return {name: int(getattr(self, name)) for name, _ in self._fields_}
+
+
+class TimingResult(ctypes.Structure):
+    """``snpu_timing_t`` of sim.h: a program's timeline in totals; arrays indexed by module
+    (load, compute, store)."""
+
+    _fields_ = [
+        ("cycles", ctypes.c_uint64),
+        ("busy", ctypes.c_uint64 * 3),
+        ("instructions", ctypes.c_uint64 * 3),
+        ("trace_len", ctypes.c_uint64),
+    ]
+
+
+class Interval(ctypes.Structure):
+    """``snpu_interval`` of sim.h: when one instruction ran, cycles ``[start, end)``."""
+
+    _fields_ = [
+        ("index", ctypes.c_uint32),
+        ("module", ctypes.c_uint8),
+        ("start", ctypes.c_uint64),
+        ("end", ctypes.c_uint64),
+    ]
 
 
 def source_hash(directory: Path = _HERE) -> str | None:
@@ -167,6 +201,20 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             ),
         ),
         "snpu_counters_get": (None, (c.c_void_p, c.POINTER(Counters))),
+        "snpu_timing": (
+            c.c_int,
+            (
+                c.c_char_p,
+                c.c_uint64,
+                c.c_uint32,
+                c.c_uint32,
+                c.c_uint32,
+                c.POINTER(TimingResult),
+                c.POINTER(Interval),
+                c.c_uint64,
+                *err,
+            ),
+        ),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)

@@ -3,11 +3,16 @@
 :func:`generate` evaluates the PrimFunc's body: loops of constant extents run
 their iterations, ``LetStmt`` binds, sequences run in order, an ``if`` whose
 condition is known takes its branch, and every intrinsic call
-(:mod:`umahub_simnpu.lowering` lists them) becomes one instruction
-(:mod:`umahub_simnpu_runtime.isa`) with its arguments evaluated. What it cannot
-translate (a loop of unknown extent, an unknown call, a value out of a field's
-range) raises :class:`CodegenError` naming it; umahub then runs the partition
-on the host.
+(:mod:`umahub_simnpu.intrinsics` lists them) becomes one instruction
+(:mod:`umahub_simnpu_runtime.isa`) with its arguments evaluated: the tiles'
+pointers become the on-chip buffer their scope names and a base in it, the
+dependency tokens the passes set become the instruction's ``deps``. What it
+cannot translate (a loop of unknown extent, an unknown call, a tile in no
+simnpu scope, a value out of a field's range) raises :class:`CodegenError`
+naming it; umahub then runs the partition on the host.
+
+The program's cycles come from the runtime's own cycle model
+(:func:`umahub_simnpu_runtime.timing`): the vendor's numbers, not a measurement.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import numpy as np
 from umahub_simnpu_runtime import isa
 
 import umahub.plugin as up
-from umahub_simnpu.lowering import DATA, DATA_ATTR
+from umahub_simnpu.intrinsics import BY_NAME, DATA, kind_of_scope
+from umahub_simnpu.lowering import DATA_ATTR
 
 __all__ = ["CodegenError", "compile_expr", "evaluate", "generate"]
 
@@ -118,6 +124,7 @@ class _Emitter:
         self.buffers = [b for b in up.param_buffers(func) if b is not None]
         self.instructions: list[bytes] = []
         self.limit = limit
+        self.tiles = _tiles(func)
 
     def slot(self, arg: Any, intrinsic: str) -> int:
         """The DRAM slot an intrinsic's buffer argument names (a parameter or the data)."""
@@ -126,16 +133,21 @@ class _Emitter:
                 return isa.DATA_SLOT
             raise CodegenError(f"{intrinsic} names {arg.value!r}, not a buffer or {DATA!r}")
         for i, buffer in enumerate(self.buffers):
-            if arg.same_as(buffer.data):
-                return i
-            # TVM 0.26+: buffer.data is tirx.buffer_data(buffer), made anew at each use
-            if (
-                type(arg).__name__ == "Call"
-                and getattr(arg.op, "name", "") == "tirx.buffer_data"
-                and arg.args[0].same_as(buffer)
-            ):
+            if _points_to(arg, buffer):
                 return i
         raise CodegenError(f"{intrinsic} reads {arg}, which is not a parameter's buffer")
+
+    def tile(self, arg: Any, intrinsic: str) -> tuple[int, int]:
+        """The on-chip buffer (INP, WGT, ACC) and base an intrinsic's tile pointer names."""
+        for buffer, place in self.tiles:
+            if _points_to(arg, buffer):
+                if place is None:
+                    raise CodegenError(
+                        f"the tile {buffer.name} is in scope {buffer.scope()!r}, not one of "
+                        "the simnpu's on-chip buffers (local.simnpu.inp, .wgt, .acc)"
+                    )
+                return place
+        raise CodegenError(f"{intrinsic} names {arg}, which is not a tile the program allocates")
 
     def compile_stmt(self, s: Any) -> Callable[[dict[Any, int]], None]:
         """``s`` made once into a Python function that emits its instructions for the
@@ -184,8 +196,8 @@ class _Emitter:
         if kind in ("SBlockRealize", "BlockRealize"):
             return self.compile_stmt(s.block)
         if kind in ("SBlock", "Block"):
-            if s.init is not None or list(s.alloc_buffers):
-                raise CodegenError("a block with an init or allocations in the program's TIR")
+            if s.init is not None:
+                raise CodegenError("a block with an init in the program's TIR")
             return self.compile_stmt(s.body)
         if kind in ("AttrStmt", "DeclBuffer"):
             return self.compile_stmt(s.body)
@@ -201,20 +213,25 @@ class _Emitter:
             raise CodegenError(f"{value}: not an intrinsic of the simnpu")
         name, *args = value.args
         name = str(name.value)
-        counts = {"simnpu.load": 21, "simnpu.gemm": 16, "simnpu.alu": 15, "simnpu.store": 13}
-        if name not in counts:
-            raise CodegenError(f"{name} is not an intrinsic of the simnpu ({', '.join(counts)})")
-        if len(args) != counts[name]:
-            raise CodegenError(f"{name} takes {counts[name]} arguments, got {len(args)}")
-        # the buffer argument resolved to its slot once; every other argument compiled
-        at = {"simnpu.load": 2, "simnpu.store": 0}.get(name)
-        parts: list[Callable[[dict[Any, int]], Any]] = []
-        for i, arg in enumerate(args):
-            if i == at:
-                slot = self.slot(arg, name)
-                parts.append(lambda env, slot=slot: slot)
-            else:
-                parts.append(compile_expr(arg))
+        if name not in BY_NAME:
+            raise CodegenError(f"{name} is not an intrinsic of the simnpu ({', '.join(BY_NAME)})")
+        intrinsic = BY_NAME[name]
+        if len(args) != intrinsic.arity:
+            raise CodegenError(f"{name} takes {intrinsic.arity} arguments, got {len(args)}")
+        # pointers resolved once: a DRAM one to its slot, a tile's to its buffer, whose
+        # base is added to each of its offsets; every other argument compiled
+        pointers = {at for at, _ in intrinsic.pointers} | {intrinsic.dram}
+        parts: list[Callable[[dict[Any, int]], Any]] = [
+            (lambda env: None) if i in pointers else compile_expr(a) for i, a in enumerate(args)
+        ]
+        if intrinsic.dram is not None:
+            slot = self.slot(args[intrinsic.dram], name)
+            parts[intrinsic.dram] = lambda env, slot=slot: slot
+        for position, offsets in intrinsic.pointers:
+            buffer, base = self.tile(args[position], name)
+            parts[position] = lambda env, buffer=buffer: buffer
+            for at in offsets:
+                parts[at] = lambda env, f=parts[at], base=base: f(env) + base
         encode = _ENCODERS[name]
         instructions, limit = self.instructions, self.limit
 
@@ -230,8 +247,40 @@ class _Emitter:
         return emit
 
 
+def _points_to(arg: Any, buffer: Any) -> bool:
+    """Whether ``arg`` is ``buffer``'s data pointer (TVM 0.26+ makes ``buffer.data`` a
+    ``tirx.buffer_data(buffer)`` call anew at each use)."""
+    if arg.same_as(buffer.data):
+        return True
+    return (
+        type(arg).__name__ == "Call"
+        and getattr(arg.op, "name", "") == "tirx.buffer_data"
+        and arg.args[0].same_as(buffer)
+    )
+
+
+_BUFFER_IDS = {"inp": isa.INP, "wgt": isa.WGT, "acc": isa.ACC}
+
+
+def _tiles(func: Any) -> list[tuple[Any, tuple[int, int] | None]]:
+    """Each tile the program allocates, with its on-chip buffer and base (elements), or
+    None where it is in no simnpu scope: the tiles of one scope laid out one after the
+    other, in allocation order."""
+    placed: list[tuple[Any, tuple[int, int] | None]] = []
+    used = dict.fromkeys(_BUFFER_IDS, 0)
+    for block in up.blocks(func):
+        for buffer in block.alloc_buffers:
+            kind = kind_of_scope(str(buffer.scope()))
+            if kind is None:
+                placed.append((buffer, None))
+                continue
+            placed.append((buffer, (_BUFFER_IDS[kind], used[kind])))
+            used[kind] += int(np.prod([int(d) for d in buffer.shape]))
+    return placed
+
+
 def _load(v: list[int]) -> bytes:
-    dst_buf, dst_base, slot, src_type, offset, pad, *dims = v
+    deps, dst_buf, dst_base, slot, src_type, offset, pad, *dims = v
     return isa.load(
         dst_buf,
         dst_base,
@@ -240,42 +289,47 @@ def _load(v: list[int]) -> bytes:
         offset * isa.TYPE_BYTES[src_type],
         [dims[0:5], dims[5:10], dims[10:15]],
         pad,
+        deps=deps,
     )
 
 
 def _store(v: list[int]) -> bytes:
-    slot, dst_type, offset, src_base, *dims = v
+    deps, slot, dst_type, offset, _acc, src_base, *dims = v
     return isa.store(
         slot,
         dst_type,
         offset * isa.TYPE_BYTES[dst_type],
         src_base,
         [dims[0:3], dims[3:6], dims[6:9]],
+        deps=deps,
     )
 
 
 def _gemm(v: list[int]) -> bytes:
-    reset, *extents = v[:4]
-    return isa.gemm(extents, tuple(v[4:8]), tuple(v[8:12]), tuple(v[12:16]), reset=bool(reset))
+    deps, reset, *extents = v[:5]
+    operands = [tuple(v[at + 1 : at + 5]) for at in (5, 10, 15)]  # base, three strides
+    return isa.gemm(extents, *operands, reset=bool(reset), deps=deps)
 
 
 def _alu(v: list[int]) -> bytes:
-    op, use_imm, e0, e1 = v[:4]
-    imm, mul, shift, res_shift, residual = v[10:15]
+    deps, op, use_imm, e0, e1, _acc = v[:6]
+    dst, src = tuple(v[6:9]), tuple(v[9:12])
+    imm, mul, shift, res_shift, residual = v[12:17]
     return isa.alu(
         op,
         (e0, e1),
-        tuple(v[4:7]),
-        tuple(v[7:10]),
+        dst,
+        src,
         imm if (use_imm or residual) else None,
         mul,
         shift,
         res_shift,
         bool(residual),
+        deps=deps,
     )
 
 
-#: How each intrinsic's evaluated arguments (the buffer's as its slot) become an instruction.
+#: How each intrinsic's evaluated arguments (pointers as slots and buffers) become an instruction.
 _ENCODERS = {"simnpu.load": _load, "simnpu.store": _store, "simnpu.gemm": _gemm, "simnpu.alu": _alu}
 
 
@@ -311,4 +365,33 @@ def generate(module: Any, symbol: str) -> up.DeviceProgram:
             "instructions": len(emitter.instructions),
             "data_bytes": len(data),
         },
+        timing=program_timing(program, _notes(func)),
+    )
+
+
+def _notes(func: Any) -> list[str]:
+    """What the lowering and the passes left on the PrimFunc, for the report."""
+    attrs = func.attrs or {}
+    notes = []
+    if "simnpu.double_buffered" in attrs:
+        doubled = str(attrs["simnpu.double_buffered"])
+        notes.append(
+            f"double-buffered: {doubled}"
+            if doubled
+            else "double buffering on: one step, nothing to alternate"
+        )
+    else:
+        notes.append("single-buffered")
+    if "simnpu.tokens" in attrs:
+        notes.append(f"dependency tokens: {int(attrs['simnpu.tokens'])} producer/consumer pair(s)")
+    return notes
+
+
+def program_timing(program: bytes, notes: list[str] = ()) -> up.ProgramTiming:  # type: ignore[assignment]
+    """The runtime's cycle model of one run of ``program``, with each module's spans."""
+    from umahub_simnpu_runtime import timing
+
+    t = timing(program, trace=True)
+    return up.ProgramTiming(
+        cycles=t.cycles, busy=dict(t.busy), spans=t.intervals, notes=list(notes)
     )

@@ -1,70 +1,179 @@
 """A quantized operator as the simnpu's program in TIR: tiled loops around its intrinsics.
 
-:func:`lower` turns an :class:`~umahub_simnpu.operator.OperatorPlan` into a
-PrimFunc whose parameters are the partition's inputs then its output, and
-whose body is loops of constant extents around ``T.call_extern`` calls of the
-four intrinsics, one per instruction (the arguments are PrimExprs in the loop
-variables; :mod:`umahub_simnpu.codegen` evaluates them):
+:func:`lower` turns an :class:`~umahub_simnpu.operator.OperatorPlan` into an
+S-TIR PrimFunc whose parameters are the partition's inputs then its output.
+Its root block allocates the three on-chip tiles (``inp``, ``wgt``, ``acc``,
+sized by :func:`tiling` for the on-chip buffers' capacities); its body is loops
+of constant extents around blocks, one per instruction, each a call of an
+intrinsic (:mod:`umahub_simnpu.intrinsics` lists them) on the tiles and the
+DRAM buffers. The program is written for one of each tile, in the order a
+single machine would run it; the tiles' scopes, double buffering and the
+dependency tokens between the load, compute and store modules are the
+schedule's and the TIR passes' (:mod:`umahub_simnpu.schedule`,
+:mod:`umahub_simnpu.passes`).
 
-* ``simnpu.load(dst_buf, dst_base, src, src_type, src_offset, pad_value,
-  size0, before0, after0, src_stride0, dst_stride0, ...x3)``;
-* ``simnpu.gemm(reset, extent0, extent1, extent2, acc_base, acc_stride0..2,
-  inp_base, inp_stride0..2, wgt_base, wgt_stride0..2)``;
-* ``simnpu.alu(op, use_imm, extent0, extent1, dst_base, dst_stride0,
-  dst_stride1, src_base, src_stride0, src_stride1, imm, mul_base, shift_base,
-  res_shift_base, residual)``;
-* ``simnpu.store(dst, dst_type, dst_offset, src_base, size0, dst_stride0,
-  src_stride0, ...x3)``.
+The program's data segment is attached to the PrimFunc as the attribute
+``simnpu.data`` (a uint8 tensor) and read as the string ``"simnpu.data"``. It
+holds, per block of 16 output channels, four int32 vectors (bias, multiplier,
+shift, residual shift: :data:`TABLE_BYTES`), then the weights in the matrix
+core's tile order (``w - w_zp``, laid out at compile time: the weight
+parameter itself is not read by the program).
 
-``src``/``dst`` is a parameter's data (``buffer.data``) or the string
-``"simnpu.data"``: the program's data segment, attached to the PrimFunc as the
-attribute ``simnpu.data`` (a uint8 tensor). The data segment holds, per block
-of 16 output channels, four int32 vectors (bias, multiplier, shift, residual
-shift: :data:`TABLE_BYTES`), then the weights in the matrix core's tile order
-(``w - w_zp``, laid out at compile time: the weight parameter itself is not
-read by the program).
-
-The schedule, per block of 16 output channels and tile of output positions
-(one row of a convolution's output, at most :data:`TILE` positions; at most
-:data:`TILE` rows of a matmul's): the per-channel tables and the bias
-(broadcast) into ACC; per block of 16 input channels (a chunk of the
-reduction), the input window into INP (padding = the input's zero point) and
-the weight tiles into WGT, then one GEMM; the residual into ACC; then the
-vector unit (requantize, zero point, clamp) and one STORE.
+The schedule of the work, per block of 16 output channels and tile of output
+positions (part of one row of a convolution's output; rows of a matmul): the
+block's tables and bias (broadcast) into ACC; per block of 16 input channels
+(a step of the reduction), the input window into INP (padding = the input's
+zero point) and the weight tiles into WGT, then one GEMM; the residual into
+ACC; then the vector unit (requantize, zero point, clamp) and one STORE.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from umahub_simnpu_runtime import isa
 
 import umahub.plugin as up
+from umahub_simnpu.intrinsics import DATA
 from umahub_simnpu.operator import OperatorPlan, Unsupported
 
-__all__ = ["DATA", "DATA_ATTR", "TABLE_BYTES", "TILE", "data_segment", "lower"]
+__all__ = [
+    "DATA",
+    "DATA_ATTR",
+    "TABLE_BYTES",
+    "TILE",
+    "Capacities",
+    "Tiling",
+    "data_segment",
+    "lower",
+    "tiling",
+]
 
 #: Lanes of a vector (the matrix core is LANES x LANES).
 LANES = isa.LANES
-#: The string naming the data segment as an intrinsic's source.
-DATA = "simnpu.data"
 #: The PrimFunc attribute holding the data segment (a uint8 tensor).
 DATA_ATTR = "simnpu.data"
+#: The PrimFunc attribute holding the tiling (what the report's schedule line says).
+TILING_ATTR = "simnpu.tiling"
 #: Bytes of one block's per-channel tables: bias, multiplier, shift, residual shift.
 TABLE_BYTES = 4 * LANES * 4
 #: Most output positions (or matmul rows) one tile holds.
 TILE = 256
-
-#: Where the tables go in ACC: its top 64 words.
-TABLES = isa.ACC_WORDS - 4 * LANES
-BIAS, MUL, SHIFT, RES_SHIFT = (TABLES + i * LANES for i in range(4))
+#: Words of the tables in an ACC tile (at its top).
+TABLE_WORDS = 4 * LANES
 
 _TYPES = {"int8": isa.I8, "uint8": isa.U8, "int32": isa.I32}
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Capacities:
+    """The on-chip buffers' capacities the tiles must fit: INP and WGT in bytes, ACC in
+    32-bit words (the accelerator's declared :class:`umahub.plugin.OnChipBuffer` sizes)."""
+
+    inp: int = isa.INP_BYTES
+    wgt: int = isa.WGT_BYTES
+    acc: int = isa.ACC_WORDS
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How an operator is cut to fit the on-chip buffers.
+
+    Attributes:
+        positions: output positions (a convolution's, along a row) or matmul rows
+            per tile.
+        chunk: reduction elements per step (a matmul's; a convolution's step is
+            one block of 16 input channels).
+        inp, wgt: bytes of one INP and one WGT tile; acc: words of one ACC tile
+            (accumulators, the residual, the tables).
+        copies: tiles of each kind the buffers must hold at once (2: double-buffered).
+    """
+
+    positions: int
+    chunk: int
+    inp: int
+    wgt: int
+    acc: int
+    copies: int
+
+    def describe(self) -> str:
+        """One line for the report: the tile and each buffer's share."""
+        return (
+            f"tiles of {self.positions} output position{'s' if self.positions > 1 else ''} x 16 "
+            f"channels: INP {self.inp} B, WGT {self.wgt} B, ACC {self.acc} words"
+            + (f", x{self.copies} (double-buffered)" if self.copies > 1 else "")
+        )
+
+
+#: The simnpu's own capacities (its runtime's defaults).
+DEFAULT_CAPACITIES = Capacities()
+
+
+def tiling(
+    plan: OperatorPlan, capacities: Capacities = DEFAULT_CAPACITIES, copies: int = 2
+) -> Tiling:
+    """The largest tiles of ``plan`` of which ``copies`` fit each on-chip buffer: a tile
+    that does not fit is made smaller, down to one position or row.
+
+    Raises:
+        Unsupported: not even the smallest tile fits (the message names the buffer).
+    """
+    inp, wgt, acc = (c // copies for c in (capacities.inp, capacities.wgt, capacities.acc))
+    note = " per copy, double-buffered" if copies > 1 else ""
+    residual = plan.residual is not None
+
+    def acc_words(positions: int) -> int:
+        return positions * LANES * (2 if residual else 1) + TABLE_WORDS
+
+    if plan.kind == "conv2d":
+        _, _, kh, kw = plan.weight.shape
+        sw, dw = plan.strides[1], plan.dilation[1]
+        ow = plan.y_shape[3]
+
+        def window(positions: int) -> int:
+            return kh * ((positions - 1) * sw + (kw - 1) * dw + 1) * LANES
+
+        weights = kh * kw * LANES * LANES
+        if kh * kw > 0xFFFF:
+            raise Unsupported(f"a {kh}x{kw} kernel (more taps than a GEMM loop counts)")
+        if weights > wgt:
+            raise Unsupported(
+                f"a {kh}x{kw} kernel's weight tiles ({weights} bytes per 16 input channels) "
+                f"do not fit WGT ({wgt} bytes{note})"
+            )
+        positions = min(ow, TILE)
+        while positions > 1 and (window(positions) > inp or acc_words(positions) > acc):
+            positions = _ceil(positions, 2)
+        if window(positions) > inp:
+            raise Unsupported(
+                f"a {kh}x{kw} kernel's input window ({window(1)} bytes for one position) does "
+                f"not fit INP ({inp} bytes{note})"
+            )
+        if acc_words(positions) > acc:
+            raise Unsupported(f"one output position does not fit ACC ({acc} words{note})")
+        return Tiling(positions, LANES, window(positions), weights, acc_words(positions), copies)
+    k = plan.x_shape[-1]
+    rows = int(np.prod(plan.x_shape[:-1]))
+    kb = _ceil(k, LANES)
+    blocks = min(kb, wgt // (LANES * LANES))
+    if blocks < 1:
+        raise Unsupported(f"one 16x16 weight tile does not fit WGT ({wgt} bytes{note})")
+    chunk = blocks * LANES
+    positions = max(1, min(rows, TILE, inp // chunk))
+    while positions > 1 and acc_words(positions) > acc:
+        positions = _ceil(positions, 2)
+    if chunk > inp:
+        raise Unsupported(f"one row of {chunk} inputs does not fit INP ({inp} bytes{note})")
+    if acc_words(positions) > acc:
+        raise Unsupported(f"one row does not fit ACC ({acc} words{note})")
+    return Tiling(positions, chunk, positions * chunk, blocks * LANES * LANES,
+                  acc_words(positions), copies)  # fmt: skip
 
 
 def data_segment(plan: OperatorPlan) -> np.ndarray:
@@ -105,12 +214,21 @@ def data_segment(plan: OperatorPlan) -> np.ndarray:
 
 
 class _Builder:
-    """Statements of the program's TIR, with helpers for loops and intrinsics."""
+    """Statements of the program's TIR: loops, and one block per intrinsic call on the
+    tiles ``inp``, ``wgt``, ``acc`` and the DRAM buffers."""
 
-    def __init__(self) -> None:
+    def __init__(self, t: Tiling) -> None:
         from tvm import tirx
 
         self.tirx = tirx
+        self.inp = tirx.decl_buffer((t.inp,), "int8", "inp")
+        self.wgt = tirx.decl_buffer((t.wgt,), "int8", "wgt")
+        self.acc = tirx.decl_buffer((t.acc,), "int32", "acc")
+        #: where the block's tables sit in the ACC tile
+        self.tables = t.acc - TABLE_WORDS
+        self.mul, self.shift, self.res_shift = (self.tables + i * LANES for i in (1, 2, 3))
+        self.dram: dict[Any, Any] = {}  # a DRAM pointer -> its buffer (the block's region)
+        self.count = 0
 
     def loop(self, name: str, extent: int, body: Any) -> Any:
         """``for name in range(extent): body(var)`` (a unit extent: body(0), no loop)."""
@@ -128,42 +246,57 @@ class _Builder:
         flat = [s for s in stmts if s is not None]
         return flat[0] if len(flat) == 1 else self.tirx.SeqStmt(flat)
 
-    def call(self, name: str, *args: Any) -> Any:
-        """One intrinsic call, ``T.call_extern("int32", name, *args)``."""
-        tirx = self.tirx
-        return tirx.Evaluate(tirx.call_extern("int32", name, *args))
+    def _block(self, role: str, name: str, args: list[Any], reads: list[Any], writes: list[Any]):
+        """The block ``<role>_<n>`` holding ``T.call_extern("int32", name, 0, *args)``."""
+        self.count += 1
+        call = self.tirx.call_extern("int32", name, 0, *args)
+        block = up.SBlock(
+            [],
+            [up.full_region(b) for b in reads],
+            [up.full_region(b) for b in writes],
+            f"{role}_{self.count}",
+            self.tirx.Evaluate(call),
+        )
+        return up.SBlockRealize([], True, block)
 
-    def load(self, dst_buf, dst_base, src, src_type, src_offset, dims, pad=0) -> Any:
-        """``simnpu.load``; ``dims`` outermost first, filled to three with unit ones."""
+    def _source(self, src: Any) -> tuple[Any, list[Any]]:
+        """A DRAM source: its pointer argument and the buffers the block reads."""
+        if isinstance(src, str):
+            return src, []  # call_extern makes it a string immediate
+        return up.data_pointer(src), [src]
+
+    def load(self, tile, offset, src, src_type, src_offset, dims, pad=0) -> Any:
+        """``simnpu.load`` into ``tile``; ``dims`` outermost first, filled to three."""
         dims = [(1, 0, 0, 0, 0)] * (3 - len(dims)) + list(dims)
-        return self.call(
-            "simnpu.load", dst_buf, dst_base, src, src_type, src_offset, pad,
-            *[v for d in dims for v in d],
-        )  # fmt: skip
+        pointer, reads = self._source(src)
+        args = [up.data_pointer(tile), offset, pointer, src_type, src_offset, pad]
+        role = f"load_{tile.name}"
+        return self._block(role, "simnpu.load", args + [v for d in dims for v in d], reads, [tile])
 
     def gemm(self, extents, acc, inp, wgt) -> Any:
-        """``simnpu.gemm``; ``acc``/``inp``/``wgt`` are a base and one stride per extent."""
+        """``simnpu.gemm``; ``acc``/``inp``/``wgt`` are an offset and one stride per extent."""
         pad = 3 - len(extents)
 
-        def operand(o):
-            return [o[0], *([0] * pad), *o[1:]]
+        def operand(tile, o):
+            return [up.data_pointer(tile), o[0], *([0] * pad), *o[1:]]
 
-        return self.call(
-            "simnpu.gemm", 0, *([1] * pad), *extents, *operand(acc), *operand(inp), *operand(wgt)
-        )
+        args = [0, *([1] * pad), *extents, *operand(self.acc, acc), *operand(self.inp, inp),
+                *operand(self.wgt, wgt)]  # fmt: skip
+        return self._block("gemm", "simnpu.gemm", args, [self.acc, self.inp, self.wgt], [self.acc])
 
     def alu(self, op, extents, dst, src=(0, 0, 0), imm=None, residual=False) -> Any:
         """``simnpu.alu`` on ACC vectors, the block's tables as FXP's multipliers and shifts."""
-        return self.call(
-            "simnpu.alu", op, 0 if imm is None else 1, *extents, *dst, *src,
-            0 if imm is None else imm, MUL, SHIFT, RES_SHIFT, int(residual),
-        )  # fmt: skip
+        tables = [self.mul, self.shift, self.res_shift]
+        args = [op, 0 if imm is None else 1, *extents, up.data_pointer(self.acc), *dst, *src,
+                0 if imm is None else imm, *tables, int(residual)]  # fmt: skip
+        return self._block("alu", "simnpu.alu", args, [self.acc], [self.acc])
 
-    def store(self, dst, dst_type, dst_offset, src_base, dims) -> Any:
-        """``simnpu.store``; ``dims`` outermost first, filled to three with unit ones."""
+    def store(self, dst, dst_type, dst_offset, src_offset, dims) -> Any:
+        """``simnpu.store`` from ACC; ``dims`` outermost first, filled to three."""
         dims = [(1, 0, 0)] * (3 - len(dims)) + list(dims)
-        return self.call(
-            "simnpu.store", dst, dst_type, dst_offset, src_base, *[v for d in dims for v in d]
+        args = [up.data_pointer(dst), dst_type, dst_offset, up.data_pointer(self.acc), src_offset]
+        return self._block(
+            "store", "simnpu.store", args + [v for d in dims for v in d], [self.acc], [dst]
         )
 
 
@@ -193,16 +326,17 @@ def _epilogue(b: _Builder, plan: OperatorPlan, positions: Any, residual: Any) ->
 
 
 def _tables(b: _Builder, ob: Any, positions: Any) -> list[Any]:
-    """The block's tables into ACC's top, and its bias broadcast to ``positions`` vectors."""
+    """The block's tables into the ACC tile's top, and its bias broadcast to ``positions``
+    vectors at its bottom."""
     words = ob * (TABLE_BYTES // 4)  # offsets are in elements of the source's type
     broadcast = [(positions, 0, 0, 0, LANES), (LANES, 0, 0, 1, 1)]  # source stride 0
     return [
-        b.load(isa.ACC, TABLES, DATA, isa.I32, words, [(4 * LANES, 0, 0, 1, 1)]),
-        b.load(isa.ACC, 0, DATA, isa.I32, words, broadcast),
+        b.load(b.acc, b.tables, DATA, isa.I32, words, [(TABLE_WORDS, 0, 0, 1, 1)]),
+        b.load(b.acc, 0, DATA, isa.I32, words, broadcast),
     ]
 
 
-def _conv(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
+def _conv(b: _Builder, plan: OperatorPlan, params: list[Any], t: Tiling) -> Any:
     from tvm import tirx
 
     n_, c, h, w = plan.x_shape
@@ -212,17 +346,11 @@ def _conv(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
     pt, pl, _, _ = plan.padding
     dh, dw = plan.dilation
     cb_, ob_ = _ceil(c, LANES), _ceil(o, LANES)
-    if kh * kw > 255:
-        raise Unsupported(f"a {kh}x{kw} kernel (at most 255 taps fit the weight buffer)")
-    tile = min(ow_, TILE)
-    while tile > 1 and kh * ((tile - 1) * sw + (kw - 1) * dw + 1) * LANES > isa.INP_BYTES:
-        tile //= 2
+    tile = t.positions
     width = (tile - 1) * sw + (kw - 1) * dw + 1  # input columns one tile reads
-    if kh * width * LANES > isa.INP_BYTES:
-        raise Unsupported(f"a {kh}x{kw} kernel's window does not fit the input buffer")
     tiles = _ceil(ow_, tile)
-    x, y = params[plan.data].data, params[plan.output].data
-    r = params[plan.residual].data if plan.residual is not None else None
+    x, y = params[plan.data], params[plan.output]
+    r = params[plan.residual] if plan.residual is not None else None
     x_type = _TYPES[plan.x_dtype]
     weights = ob_ * TABLE_BYTES
     res_base = tile * LANES
@@ -252,7 +380,7 @@ def _conv(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
             offset = ((n * c + cb * LANES) * h + (row0 + before * dh)) * w + (col0 + left)
             return b.seq(
                 b.load(
-                    isa.INP, 0, x, x_type, tirx.max(offset, 0),
+                    b.inp, 0, x, x_type, tirx.max(offset, 0),
                     [
                         (rows, before, after, dh * w, width * LANES),
                         (cols, left, right, 1, LANES),
@@ -261,7 +389,7 @@ def _conv(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
                     pad=plan.x_zero,
                 ),
                 b.load(
-                    isa.WGT, 0, DATA, isa.I8, weights + (ob * cb_ + cb) * kh * kw * LANES * LANES,
+                    b.wgt, 0, DATA, isa.I8, weights + (ob * cb_ + cb) * kh * kw * LANES * LANES,
                     [(kh * kw, 0, 0, LANES * LANES, LANES * LANES), (LANES * LANES, 0, 0, 1, 1)],
                 ),
                 b.gemm(
@@ -278,7 +406,7 @@ def _conv(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
         if r is not None:
             steps.append(
                 b.load(
-                    isa.ACC, res_base, r, _TYPES[plan.residual_dtype], at,
+                    b.acc, res_base, r, _TYPES[plan.residual_dtype], at,
                     [(ot, 0, 0, 1, LANES), (lanes_out, 0, LANES - lanes_out, oh_ * ow_, 1)],
                 )
             )  # fmt: skip
@@ -295,7 +423,7 @@ def _conv(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
     return b.loop("n", n_, lambda n: b.loop("oh", oh_, lambda oh: row(n, oh)))
 
 
-def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
+def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any], t: Tiling) -> Any:
     from tvm import tirx
 
     k = plan.x_shape[-1]
@@ -304,12 +432,12 @@ def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
     if int(np.prod(plan.y_shape[:-1])) != rows_:
         raise Unsupported("a matmul whose input is broadcast against the output")
     kb_, nb_ = _ceil(k, LANES), _ceil(n_, LANES)
-    chunk = min(kb_, isa.WGT_BYTES // (LANES * LANES)) * LANES  # reduction elements per pass
+    chunk = t.chunk  # reduction elements per step
     chunks = _ceil(k, chunk)
-    tile = max(1, min(rows_, TILE, isa.INP_BYTES // chunk))
+    tile = t.positions
     tiles = _ceil(rows_, tile)
-    x, y = params[plan.data].data, params[plan.output].data
-    r = params[plan.residual].data if plan.residual is not None else None
+    x, y = params[plan.data], params[plan.output]
+    r = params[plan.residual] if plan.residual is not None else None
     weights = nb_ * TABLE_BYTES
     res_base = tile * LANES
 
@@ -323,12 +451,12 @@ def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
             blocks = tirx.floordiv(size + (LANES - 1), LANES)
             return b.seq(
                 b.load(
-                    isa.INP, 0, x, _TYPES[plan.x_dtype], t * tile * k + kc * chunk,
+                    b.inp, 0, x, _TYPES[plan.x_dtype], t * tile * k + kc * chunk,
                     [(rows, 0, 0, k, chunk), (size, 0, blocks * LANES - size, 1, 1)],
                     pad=plan.x_zero,
                 ),
                 b.load(
-                    isa.WGT, 0, DATA, isa.I8,
+                    b.wgt, 0, DATA, isa.I8,
                     weights + (nb * kb_ + kc * (chunk // LANES)) * LANES * LANES,
                     [(blocks, 0, 0, LANES * LANES, LANES * LANES), (LANES * LANES, 0, 0, 1, 1)],
                 ),
@@ -341,7 +469,7 @@ def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
         if r is not None:
             steps.append(
                 b.load(
-                    isa.ACC, res_base, r, _TYPES[plan.residual_dtype], at,
+                    b.acc, res_base, r, _TYPES[plan.residual_dtype], at,
                     [(rows, 0, 0, n_, LANES), (lanes_out, 0, LANES - lanes_out, 1, 1)],
                 )
             )  # fmt: skip
@@ -355,8 +483,10 @@ def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any]) -> Any:
     return b.loop("t", tiles, lambda t: b.loop("nb", nb_, lambda nb: block(t, nb)))
 
 
-def lower(plan: OperatorPlan, function: Any, symbol: str) -> Any:
-    """The IRModule holding the PrimFunc ``symbol``: the partition ``function``'s program.
+def lower(plan: OperatorPlan, function: Any, symbol: str, cut: Tiling | None = None) -> Any:
+    """The IRModule holding the S-TIR PrimFunc ``symbol``: the partition ``function``'s
+    program, cut as ``cut`` says (default: :func:`tiling` for the default capacities,
+    double-buffered).
 
     Raises:
         Unsupported: a shape the simnpu's buffers do not take.
@@ -364,6 +494,7 @@ def lower(plan: OperatorPlan, function: Any, symbol: str) -> Any:
     import tvm
     from tvm import te
 
+    cut = cut or tiling(plan)
     placeholders = [
         te.placeholder(
             tuple(int(d) for d in up.shape_of(p)), up.dtype_of(p), up.name_of(p) or f"p{i}"
@@ -375,9 +506,13 @@ def lower(plan: OperatorPlan, function: Any, symbol: str) -> Any:
     )  # a placeholder body: replaced below
     func = te.create_prim_func([*placeholders, out])
     params = up.param_buffers(func)
-    b = _Builder()
-    body = _conv(b, plan, params) if plan.kind == "conv2d" else _matmul(b, plan, params)
-    func = up.with_root_body(func, [body], alloc_buffers=[])
+    b = _Builder(cut)
+    body = _conv(b, plan, params, cut) if plan.kind == "conv2d" else _matmul(b, plan, params, cut)
+    func = up.with_root_body(func, [body], alloc_buffers=[b.inp, b.wgt, b.acc])
     data = data_segment(plan)
-    func = func.with_attr("global_symbol", symbol).with_attr(DATA_ATTR, tvm.runtime.tensor(data))
+    func = (
+        func.with_attr("global_symbol", symbol)
+        .with_attr(DATA_ATTR, tvm.runtime.tensor(data))
+        .with_attr(TILING_ATTR, cut.describe())
+    )
     return tvm.IRModule({symbol: func})

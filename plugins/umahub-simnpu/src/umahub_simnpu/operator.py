@@ -35,7 +35,14 @@ import numpy as np
 
 import umahub.plugin as up
 
-__all__ = ["OperatorPlan", "Unsupported", "composite_of", "plan", "weight_values"]
+__all__ = [
+    "OperatorPlan",
+    "Unsupported",
+    "composite_of",
+    "plan",
+    "plan_group",
+    "weight_values",
+]
 
 _INT32_MAX = 2**31 - 1
 
@@ -238,6 +245,24 @@ def plan(function: Any, constants: dict[int, Any]) -> OperatorPlan:
         i: (v.numpy() if hasattr(v, "numpy") else np.asarray(v)) for i, v in constants.items()
     }
     composite, where = composite_of(function)
+    return _plan(composite, where, values, len(function.params))
+
+
+def plan_group(function: Any) -> OperatorPlan:
+    """The :class:`OperatorPlan` of a candidate group as placement by cost gives it to
+    ``umahub_cost``: the composite's body alone, its constants bound.
+
+    Raises:
+        Unsupported: what the simnpu does not compute (the reason).
+    """
+    return _plan(function, list(range(len(function.params))), {}, len(function.params))
+
+
+def _plan(
+    composite: Any, where: list[int], values: dict[int, Any], outputs_at: int
+) -> OperatorPlan:
+    """The plan of ``composite``, whose parameter ``i`` is the partition's parameter
+    ``where[i]``, constants ``values`` by partition parameter, output at ``outputs_at``."""
     lookup = _lookup(composite, where, values)
     try:
         op = up.describe_quantized(_root(composite), lookup)
@@ -303,7 +328,7 @@ def plan(function: Any, constants: dict[int, Any]) -> OperatorPlan:
         kind=op.kind,
         data=parameter("data"),
         residual=residual,
-        output=len(function.params),
+        output=outputs_at,
         x_shape=x_shape,
         y_shape=y_shape,
         x_dtype=op.data.dtype,

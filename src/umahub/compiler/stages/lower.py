@@ -16,14 +16,14 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from umahub.compiler import codegen
+from umahub.compiler import codegen, onchip
 from umahub.compiler.compilation import Compilation, Partition, written
 from umahub.compiler.lowering import default_relax_to_tir
 from umahub.compiler.tir_phases import PHASES, use_phase_passes
@@ -41,21 +41,41 @@ from umahub.hub.timelimit import within
 from umahub.hub.tracing import last_returned, recording, returned_by
 from umahub.plugin.context import CompileContext
 from umahub.plugin.memory import MemoryPlan, PoolUse
+from umahub.report.data import program_report
 from umahub.report.report import hooks_that_acted
 from umahub.runtime import devices
 
 __all__ = ["run"]
 
 
+@dataclass
+class _Lowered:
+    """What lowering one partition gave.
+
+    Attributes:
+        module: the runtime module (for a device partition: the host's stub).
+        said: what the schedule hooks said they did.
+        default: the default lowering's TIR when it was used (the verify stage's
+            reference, unscheduled), else None.
+        packings: the weights the kernel takes packed (:mod:`umahub.host.prepack`).
+        buffers: ``{scope: (bytes used, capacity)}`` of the accelerator's on-chip buffers.
+        passes: the TIR passes run, ``"phase N: name (plugin)"``.
+        call: a device partition's :class:`~umahub.runtime.devices.DeviceCall`, else None.
+    """
+
+    module: Any
+    said: list[str]
+    default: tvm.IRModule | None
+    packings: dict[int, Packing]
+    buffers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    passes: list[str] = field(default_factory=list)
+    call: Any = None
+
+
 def _lower_one(
     hub: Any, ctx: CompileContext, func: relax.Function, cc: str | None = None
-) -> tuple[Any, list[str], tvm.IRModule | None, dict[int, Packing]]:
-    """relax_to_tir -> schedule -> tir_passes -> codegen for one partition.
-
-    Returns the runtime module, what the schedule hooks said, the default
-    lowering's TIR when it was used (the verify stage's reference, unscheduled),
-    and the weights the kernel takes packed (:mod:`umahub.host.prepack`).
-    """
+) -> _Lowered:
+    """relax_to_tir -> schedule -> tir_passes -> codegen for one partition."""
     acc = ctx.accelerator
     tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
     default = None
@@ -75,22 +95,25 @@ def _lower_one(
         ctx, "umahub_schedule", prepack.split, schedule.mod, ctx.symbol, func, ctx.weights
     )
     phase_passes: dict[int, list[Any]] = {}
+    passes: list[str] = []
     failed: list[str] = []  # the plugin whose pass raised: no blame crosses TVM's FFI with it
     for phase in PHASES:
         results = hub.traced_hook.umahub_tir_passes(accelerator=acc, phase=phase, context=ctx)
-        phase_passes[phase] = [
-            _attributed(p, plugin, failed)
-            for plugin, passes in _checked_each(
-                ctx, "umahub_tir_passes", checked_passes, results, phase
-            )
-            for p in passes
-        ]
+        phase_passes[phase] = []
+        for plugin, given in _checked_each(
+            ctx, "umahub_tir_passes", checked_passes, results, phase
+        ):
+            for p in given:
+                phase_passes[phase].append(_attributed(p, plugin, failed))
+                passes.append(f"phase {phase}: {p.info.name} ({plugin})")
+    lowered = _Lowered(None, said, default, packings, passes=passes)
+    if acc.has_device:
+        return _lower_device(hub, ctx, func, scheduled, phase_passes, failed, lowered)
+    lowered.buffers = onchip.check(acc, scheduled[ctx.symbol], ctx.symbol)
     with use_phase_passes(phase_passes) as pipeline:
         ctx = replace(ctx, tir_pipeline=pipeline)
         try:
             module = hub.traced_hook.umahub_codegen(accelerator=acc, module=scheduled, context=ctx)
-            if acc.has_device:
-                return _device_stub(hub, ctx, func, scheduled, module), said, default, packings
             if module is None:  # valid C already (see codegen.prepend_c)
                 module = codegen.build_default(acc, scheduled, ctx.symbol, pipeline, ctx.target)
             else:
@@ -123,7 +146,39 @@ def _lower_one(
             if culprit is not None:
                 raise PluginFailure(culprit, "umahub_codegen", exc, ctx.symbol) from exc
             raise
-    return module, said, default, packings
+    lowered.module = module
+    return lowered
+
+
+def _lower_device(
+    hub: Any,
+    ctx: CompileContext,
+    func: relax.Function,
+    scheduled: tvm.IRModule,
+    phase_passes: dict[int, list[Any]],
+    failed: list[str],
+    lowered: _Lowered,
+) -> _Lowered:
+    """The rest of a device partition's lowering: no TVM build makes a device's
+    program, so the plugin's TIR passes run here, phase after phase, on the scheduled
+    TIR; its tiles are checked against the on-chip buffers; its codegen gives the
+    program, called from the host through a stub."""
+    acc = ctx.accelerator
+    module = scheduled
+    try:
+        for phase in PHASES:
+            if phase_passes[phase]:
+                module = tvm.transform.Sequential(phase_passes[phase])(module)
+    except Exception as exc:
+        if failed:
+            cause = exc.cause if isinstance(exc, PluginFailure) else exc
+            raise PluginFailure(failed[0], "umahub_tir_passes", cause, ctx.symbol) from cause
+        raise
+    lowered.buffers = onchip.check(acc, module[ctx.symbol], ctx.symbol)
+    program = hub.traced_hook.umahub_codegen(accelerator=acc, module=module, context=ctx)
+    stub = _device_stub(hub, ctx, func, module, program)
+    lowered.module, lowered.call = stub.module, stub.call
+    return lowered
 
 
 def _device_stub(
@@ -261,33 +316,31 @@ def run(comp: Compilation) -> None:
             target=target,
             weights=weights.get(p.symbol, frozenset()),
             constants=constants.get(p.symbol, {}),
+            options=hub.options_of(name),
         )
         said: list[str] = []
         step = f"{i}/{len(todo)} {p.symbol} on {p.device}"
         with comp.clock.stage("lower", step), recording() as calls:
             start = time.perf_counter()
             try:
-                module, said, default, packings = within(
+                done = within(
                     hub.config.hook_timeout,
                     functools.partial(_lower_one, hub, ctx, functions[p.symbol], cc),
                     f"lowering {p.symbol}",
                 )
-                if isinstance(module, _WithCall):
-                    comp.device_calls[p.symbol] = module.call
-                    report.program = {
-                        "runtime": module.call.runtime,
-                        "bytes": len(module.call.program.data),
-                        "resident_bytes": module.call.resident_bytes,
-                        "metadata": dict(module.call.program.metadata),
-                    }
-                    module = module.module
-                comp.modules[p.symbol] = module
-                if default is not None:
-                    comp.reference_tir[p.symbol] = default
-                comp.packers.packings[p.symbol] = packings
+                said = done.said
+                if done.call is not None:
+                    comp.device_calls[p.symbol] = done.call
+                    report.program = program_report(done.call, acc)
+                comp.modules[p.symbol] = done.module
+                if done.default is not None:
+                    comp.reference_tir[p.symbol] = done.default
+                comp.packers.packings[p.symbol] = done.packings
                 report.packed = [
-                    prepack.describe(functions[p.symbol], i, k) for i, k in packings.items()
+                    prepack.describe(functions[p.symbol], i, k) for i, k in done.packings.items()
                 ]
+                report.buffers = {scope: list(use) for scope, use in done.buffers.items()}
+                report.passes = done.passes
             except Exception as exc:
                 comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
             report.seconds["lower"] = time.perf_counter() - start

@@ -2,8 +2,10 @@
 
 One SVG, top to bottom: a heading (operators, partitions, copies per inference,
 weights copied at load), the legend, the placement graph
-(:mod:`umahub.report.picture.graph`), the timeline estimate of one inference and the
-memory bars (:mod:`umahub.report.picture.charts`). The HTML page holds the same SVG
+(:mod:`umahub.report.picture.graph`), the timeline estimate of one inference (and
+the measured one), the device programs' module lanes in cycles
+(:mod:`umahub.report.picture.programs`) and the memory bars
+(:mod:`umahub.report.picture.charts`). The HTML page holds the same SVG
 with a legend and the report's text table.
 """
 
@@ -24,6 +26,7 @@ from umahub.report.picture.groups import (
     split,
 )
 from umahub.report.picture.layout import CGAP, GW, M
+from umahub.report.picture.programs import draw_programs
 from umahub.report.picture.svg import DEFS, FONT, device_colours, esc, fmt_bytes, text
 from umahub.report.picture.timeline import (
     BANDWIDTH,
@@ -111,6 +114,8 @@ def render_svg(
             heading="Measured: one inference on the concurrent executor",
         )  # fmt: skip
         body += chart
+    programs, bottom = draw_programs(report, bottom + 10, width, colours)
+    body += programs
     memory, bottom = draw_memory(report, bottom + 10, width, colours)
     body += memory
     height = bottom + M
