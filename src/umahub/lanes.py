@@ -43,6 +43,7 @@ __all__ = [
     "device_of",
     "dma_lane",
     "is_dma",
+    "ordered",
 ]
 
 #: What a DMA lane's name adds to its device's: ``"npu:0 DMA"``.
@@ -80,6 +81,20 @@ def copy_label(tensor: str, src: str, dst: str) -> str:
     """A copy's label on its lane, the same in the estimates and in a measured run:
     ``"copy lv1 npu:0->dsp:0"``."""
     return f"copy {tensor} {src}->{dst}"
+
+
+def ordered(lanes: Iterable[str], devices: Iterable[str] = ()) -> list[str]:
+    """``lanes`` as a timeline shows them: each device's lane followed by its DMA lane,
+    devices in the order of ``devices``, then of ``lanes``; each lane once.
+
+    The measured timeline of the report's picture and the Chrome trace
+    (:mod:`umahub.runtime.trace`) order their lanes by it.
+    """
+    lanes = list(dict.fromkeys(lanes))
+    out: list[str] = []
+    for device in dict.fromkeys([*devices, *(device_of(lane) for lane in lanes)]):
+        out += [lane for lane in (device, dma_lane(device)) if lane in lanes]
+    return out
 
 
 class Lanes:

@@ -8,7 +8,9 @@ the board's, for a remote run). A remote run also gives the time of ``main``
 on the board alone (``board_latency_ms``): the difference is the transfer of
 inputs and outputs and the RPC round trip. A local model run by the
 concurrent executor gives each device's busy time in its median run
-(``device_ms``); the VM cannot tell it (``device_ms_why`` says so).
+(``device_ms``); the VM cannot tell it (``device_ms_why`` says so). The runs
+that measure it can be written as a Chrome trace (``trace=``,
+:mod:`umahub.runtime.trace`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from umahub.errors import UmahubError
 
 __all__ = ["bench", "machine_info", "summarize"]
 
@@ -68,6 +72,7 @@ def bench(
     repeat: int = 50,
     warmup: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    trace: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Time ``model.run(*arrays)``: ``warmup`` runs (more while the ``"auto"``
     executor is still choosing, see :meth:`umahub.LoadedModel.warm_up`), then
@@ -77,16 +82,24 @@ def bench(
         model: a :class:`umahub.LoadedModel` or :class:`umahub.Compiled`, or a
             :class:`umahub.boards.rpc.RemoteModel`.
         progress: called ``progress(done, repeat)`` after each timed run.
+        trace: write the runs that measure each device's time to this file as
+            a Chrome trace (a local model on the concurrent executor only).
 
     Returns:
         JSON-ready: ``latency_ms`` (min, median, p90, max, mean), ``repeat``,
         ``warmup`` (the untimed runs made), ``machine`` (this one), for a remote
         model ``board`` (its machine) and ``board_latency_ms``, for a local one
         ``device_ms`` or ``device_ms_why``.
+
+    Raises:
+        UmahubError: (before any run) ``trace`` for a model on a board, or for
+            one that runs on the VM alone: neither times its steps.
     """
     if repeat < 1:
         raise ValueError(f"repeat must be 1 or more, not {repeat}")
     remote = hasattr(model, "board_seconds")
+    if trace is not None:
+        _check_traceable(model, remote)
     if hasattr(model, "warm_up"):  # and, under "auto", until the executor is chosen
         warmup = model.warm_up(*arrays, at_least=warmup)
     else:
@@ -113,13 +126,29 @@ def bench(
         result["board_latency_ms"] = summarize(on_board)
         result["board"] = model.board.info
     else:
-        result.update(_device_times(model, arrays))
+        result.update(_device_times(model, arrays, trace))
     return result
 
 
-def _device_times(model: Any, arrays: Sequence[Any]) -> dict[str, Any]:
+def _check_traceable(model: Any, remote: bool) -> None:
+    """Refuse a trace that the run would not give, before the run."""
+    if remote:
+        raise UmahubError(
+            "a trace is for a run here: a board runs the model on TVM's VM, which times no "
+            "steps; bench the library on this machine for its trace"
+        )
+    why = model.step_graph.unsupported
+    if why:
+        from umahub.runtime.trace import vm_alone
+
+        raise vm_alone(why)
+
+
+def _device_times(
+    model: Any, arrays: Sequence[Any], trace: str | os.PathLike | None = None
+) -> dict[str, Any]:
     """Each device's busy milliseconds in the concurrent executor's median run."""
-    profiled = model.profile(*arrays, runs=5)
+    profiled = model.profile(*arrays, runs=5, trace=trace)
     if profiled.get("executor") != "concurrent":
         return {"device_ms_why": f"runs on the VM: {profiled.get('why', 'one device')}"}
     busy: dict[str, float] = {}

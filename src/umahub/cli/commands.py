@@ -387,13 +387,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.json and args.json != "-":
         check_writable(args.json, "--json")
+    if args.trace:
+        check_writable(args.trace, "--trace")
     arrays = read_inputs(args.inputs) if args.inputs else None
     model = _model(args)
     if arrays is None:
         arrays = example_inputs(model.input_info, seed=0)
     bar = _Bar(quiet=args.quiet)
     try:
-        result = bench(model, arrays, repeat=args.repeat, warmup=args.warmup, progress=bar)
+        result = bench(
+            model, arrays, repeat=args.repeat, warmup=args.warmup, progress=bar, trace=args.trace
+        )
     finally:
         bar.done()
         if hasattr(model, "board"):
@@ -414,6 +418,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _say(args, f"  {device}: {busy:.3f} ms busy")
     if result.get("device_ms_why"):
         _say(args, f"per-device time: not measured ({result['device_ms_why']})")
+    if args.trace:
+        _say(args, f"wrote {args.trace} (open it in https://ui.perfetto.dev)")
     text = json.dumps(result, indent=2)
     if args.json == "-":
         print(text)

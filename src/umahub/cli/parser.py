@@ -200,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="untimed runs first, more while the auto executor is choosing (default: 1)",
     )
     p.add_argument("--json", metavar="FILE", help="write the numbers as JSON ('-' prints them)")
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="write the profiled runs as a Chrome trace (JSON for Perfetto or chrome://tracing): "
+        "a track per device and per DMA lane, copies included (a run here, on the "
+        "concurrent executor)",
+    )
     _board_options(p)
 
     p = add("explain", "placement, copies and memory, without building", commands.cmd_explain)

@@ -329,13 +329,19 @@ class Compiled(Running):
         if isinstance(self._executors, _NotHere):
             raise UmahubError(self._executors.why)
 
-    def profile(self, *arrays: Any, runs: int = 5) -> dict[str, Any]:
+    def profile(
+        self, *arrays: Any, runs: int = 5, trace: str | os.PathLike | None = None
+    ) -> dict[str, Any]:
         """:meth:`LoadedModel.profile`, also kept in ``report.measured`` (JSON, picture)."""
         self._here()
-        measured = super().profile(*arrays, runs=runs)
+        return super().profile(*arrays, runs=runs, trace=trace)
+
+    def _keep_measured(self, measured: dict[str, Any]) -> None:
         if self.report is not None:
             self.report.measured = measured
-        return measured
+
+    def _trace_name(self) -> str:
+        return str(getattr(self.report, "model", "") or "")
 
     def profile_into_report(self, runs: int = 5) -> None:
         """Profile on random inputs of the model's signature (``[tool.umahub] profile``);

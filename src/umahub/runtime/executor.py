@@ -42,11 +42,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from umahub.errors import ExecutionError, last_line
 from umahub.lanes import dma_lane, is_dma
 from umahub.runtime.steps import Step, StepGraph
 
-__all__ = ["ExecutionError", "Executor", "Inference", "Measured"]
+__all__ = ["ExecutionError", "Executor", "Inference", "Measured", "tensor_bytes"]
 
 #: Seconds a worker waits for work before its thread ends.
 IDLE_SECONDS = 2.0
@@ -55,17 +57,27 @@ IDLE_SECONDS = 2.0
 @dataclass(frozen=True)
 class Measured:
     """One step of a real run: on which lane, from when to when (seconds since the inference
-    started), what it was (``kind``: ``"compute"``, ``"sync"``, ``"async"``)."""
+    started), what it was (``kind``: ``"compute"``, ``"sync"``, ``"async"``) and, for a copy,
+    the bytes it moved (0 for compute)."""
 
     lane: str
     start: float
     end: float
     label: str
     kind: str
+    bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return dict(self.__dict__)
+
+
+def tensor_bytes(tensor: Any) -> int:
+    """Bytes of a TVM tensor, from its shape and dtype (0 when it is no tensor)."""
+    try:
+        return int(np.prod([int(d) for d in tensor.shape])) * np.dtype(str(tensor.dtype)).itemsize
+    except (AttributeError, TypeError, ValueError):
+        return 0
 
 
 def _cores() -> list[int]:
@@ -272,9 +284,13 @@ class _Lane:
                 inference.fail(ExecutionError(f"{_what(step)} failed: {last_line(exc)}"))
                 continue
             if inference.profile:
-                kind = step.mode if step.kind == "copy" else "compute"
+                kind, size = "compute", 0
+                if step.kind == "copy":
+                    kind, size = step.mode, tensor_bytes(args[0])
                 t0 = inference.started
-                inference.spans.append(Measured(self.name, start - t0, end - t0, step.label, kind))
+                inference.spans.append(
+                    Measured(self.name, start - t0, end - t0, step.label, kind, size)
+                )
             try:
                 for ready in inference.complete(index, outputs):
                     self.executor.dispatch(inference, ready)

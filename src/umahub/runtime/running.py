@@ -29,6 +29,7 @@ would reach into the others' state.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -38,6 +39,7 @@ import numpy as np
 
 from umahub.config import EXECUTORS
 from umahub.errors import UmahubError
+from umahub.runtime.executor import tensor_bytes
 from umahub.runtime.threadpool import spin_briefly
 
 __all__ = [
@@ -214,7 +216,7 @@ class Executors:
             if recording[0]:
                 seconds.setdefault(name, []).append(spent)
                 if name == "vm.builtin.to_device" and inputs:
-                    copies.append((_nbytes(inputs[0]), spent))
+                    copies.append((tensor_bytes(inputs[0]), spent))
             return 0
 
         vm.set_instrument(instrument)
@@ -298,7 +300,8 @@ class Executors:
             yield to_numpy(inference.result())
 
     def profile(self, arrays: Sequence[Any], runs: int) -> dict[str, Any]:
-        """Time both executors on ``arrays``; the concurrent one's steps of its median run."""
+        """Time both executors on ``arrays``; the concurrent one's steps of every run
+        (``inferences``) and of its median run (``spans``)."""
         self.runner(*arrays)  # warm up both: the first calls make VMs and threads
         if not self.graph.unsupported:
             self.concurrent().run(self.runner.tensors(arrays))
@@ -317,23 +320,27 @@ class Executors:
             inference = ex.submit(tensors, profile=True)
             inference.result()
             done.append(inference)
-        done.sort(key=lambda i: i.seconds)
-        median = done[len(done) // 2]
+        median = sorted(done, key=lambda i: i.seconds)[len(done) // 2]
         return {
             **result,
             "executor": "concurrent",
             "concurrent_seconds": median.seconds,
             "lanes": {lane: ex.cores[lane] for lane in ex.lanes},
-            "spans": [m.to_dict() for m in sorted(median.spans, key=lambda m: m.start)],
+            "spans": _spans(median),
+            "inferences": [
+                {
+                    "start": i.started - done[0].started,
+                    "seconds": i.seconds,
+                    "spans": _spans(i),
+                }
+                for i in done
+            ],
         }
 
 
-def _nbytes(tensor: Any) -> int:
-    """Bytes of a TVM tensor, from its shape and dtype (0 when it is no tensor)."""
-    try:
-        return int(np.prod([int(d) for d in tensor.shape])) * np.dtype(str(tensor.dtype)).itemsize
-    except (AttributeError, TypeError, ValueError):
-        return 0
+def _spans(inference: Any) -> list[dict[str, Any]]:
+    """The measured steps of a profiled inference, JSON-ready, in the order they started."""
+    return [m.to_dict() for m in sorted(inference.spans, key=lambda m: m.start)]
 
 
 def _choice(executor: str) -> str:
@@ -453,14 +460,45 @@ class Running:
         """
         return self._executors.stream(inputs, self.input_info, executor, depth)
 
-    def profile(self, *arrays: Any, runs: int = 5) -> dict[str, Any]:
+    def profile(
+        self, *arrays: Any, runs: int = 5, trace: str | os.PathLike | None = None
+    ) -> dict[str, Any]:
         """Run ``arrays`` ``runs`` times on each executor; the measured timeline.
 
+        Args:
+            runs: inferences timed on each executor (after one to warm up).
+            trace: also write the timeline to this file as a Chrome trace (the
+                Trace Event Format JSON that Perfetto and ``chrome://tracing``
+                open): a track per device and per DMA lane, every timed run
+                one after the other (:mod:`umahub.runtime.trace`).
+
         Returns:
-            ``vm_seconds`` and ``concurrent_seconds`` (medians), ``lanes`` (the
-            cores of each worker), and ``spans``: every step of the concurrent
-            executor's median run (lane, start, end, label, kind; seconds from
-            the start of the inference).
+            ``runs``, ``executor`` (``"concurrent"``, or ``"vm"`` with ``why``
+            when the model runs on the VM only), ``vm_seconds`` and
+            ``concurrent_seconds`` (medians), ``lanes`` (the cores of each
+            worker), ``spans``: every step of the concurrent executor's median
+            run (lane, start, end, label, kind, bytes of a copy; seconds from
+            the start of the inference), and ``inferences``: every timed run
+            in the order it ran (``start``, seconds after the first began;
+            ``seconds``; its ``spans``).
+
+        Raises:
+            UmahubError: wrong inputs; with ``trace``, a model the VM alone
+                runs (no timeline of steps), or a file that cannot be written.
         """
         check_inputs(self.input_info, arrays)
-        return self._executors.profile(arrays, max(1, runs))
+        measured = self._executors.profile(arrays, max(1, runs))
+        self._keep_measured(measured)
+        if trace is not None:
+            from umahub.runtime.trace import save_trace
+
+            save_trace(measured, trace, name=self._trace_name())
+        return measured
+
+    def _keep_measured(self, measured: dict[str, Any]) -> None:
+        """Where a model keeps what :meth:`profile` measured (nowhere, unless it has a report)."""
+
+    def _trace_name(self) -> str:
+        """The model's name in a trace (its process): the library's file name, if any."""
+        path = getattr(self, "path", "")
+        return os.path.basename(str(path)) if path else ""

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from umahub.config import HOST, accelerator_of
-from umahub.lanes import Lanes, copy_label, copy_lane, device_of, dma_lane, is_dma
+from umahub.lanes import Lanes, copy_label, copy_lane, device_of, dma_lane, ordered
 from umahub.report.picture.groups import groups, has_edges, split
 
 if TYPE_CHECKING:
@@ -230,21 +230,15 @@ def lanes(report: Report, items: Sequence[Item]) -> list[str]:
         for p in (report.memory.pools if report.memory else ())
         if p.copy == "async" and p.device in devices
     }
-    dma |= {device_of(i.lane) for i in items if is_dma(i.lane)}
-    out: list[str] = []
-    for d in devices:
-        out.append(d)
-        if d in dma:
-            out.append(dma_lane(d))
-    out += [i.lane for i in items if i.lane not in out]
-    return list(dict.fromkeys(out))
+    every = [*devices, *(dma_lane(d) for d in dma), *(i.lane for i in items)]
+    return ordered(every, devices)
 
 
 def measured(report: Report) -> list[Item]:
     """The measured run of ``report.measured`` as items to draw ([] when there is none).
 
-    A copy's bytes are those of the report's copy of the same tensor between
-    the same devices.
+    A copy's bytes are those it measured, or (a run measured by an older umahub)
+    those of the report's copy of the same tensor between the same devices.
     """
     spans = (getattr(report, "measured", None) or {}).get("spans", [])
     sizes = {copy_label(c.tensor, c.src, c.dst): c.bytes for c in report.copies}
@@ -253,7 +247,7 @@ def measured(report: Report) -> list[Item]:
         lane, label, kind = s["lane"], s["label"], s["kind"]
         took = f"{(s['end'] - s['start']) * 1e3:.3g} ms"
         detail = f"{label} on {lane}, measured: {took}"
-        device, size = device_of(lane), sizes.get(label, 0)
+        device, size = device_of(lane), s.get("bytes") or sizes.get(label, 0)
         items.append(Item(lane, s["start"], s["end"], label, kind, device, detail, size))
     return items
 
