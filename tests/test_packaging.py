@@ -37,7 +37,6 @@ def _name(root: Path) -> str:
 REPOSITORY = "https://github.com/umahub/umahub"
 #: The plugins whose README is left to the simnpu's own work (issue 32): they still link
 #: to files of the repository, which a package index cannot show.
-README_TO_REWRITE = {"umahub-simnpu", "umahub-simnpu-runtime"}
 
 
 @pytest.mark.parametrize("root", PROJECTS, ids=_name)
@@ -62,19 +61,7 @@ def test_every_package_links_to_its_source_and_issues(root):
     assert all(u.startswith(REPOSITORY) for u in urls.values())
 
 
-@pytest.mark.parametrize(
-    "root",
-    [
-        pytest.param(
-            p,
-            marks=pytest.mark.xfail(strict=True, reason="README left to the simnpu's work"),
-        )
-        if p.name in README_TO_REWRITE
-        else p
-        for p in PLUGINS
-    ],
-    ids=_name,
-)
+@pytest.mark.parametrize("root", PLUGINS, ids=_name)
 def test_a_plugin_s_readme_reads_on_its_own(root):
     """A package index shows the README alone: no link into the repository's files, how to
     install it, what it takes, where to read more."""
