@@ -56,21 +56,21 @@ def test_the_report_says_what_each_hook_did(cnn_both_ways):
     on = cnn_both_ways[0]
     conv = on.report.partitions[0]
     assert conv.schedule == [
-        "tiles of 16 output positions x 16 channels: INP 864 B, WGT 2304 B, ACC 320 words, x2 "
-        "(double-buffered); tiles placed: inp -> local.simnpu.inp, wgt -> local.simnpu.wgt, "
-        "acc -> local.simnpu.acc"
+        "tiles of 4 rows x 16 output positions x 16 channels: INP 1728 B, WGT 2304 B, "
+        "ACC 1088 words, x2 (double-buffered); tiles placed: inp -> local.simnpu.inp, "
+        "wgt -> local.simnpu.wgt, acc -> local.simnpu.acc"
     ]
     assert conv.passes == [
         "phase 0: simnpu.double_buffer (umahub_simnpu)",
         "phase 1: simnpu.dependency_tokens (umahub_simnpu)",
     ]
     assert conv.buffers == {
-        "local.simnpu.inp": [1728, 65536],
+        "local.simnpu.inp": [3456, 65536],
         "local.simnpu.wgt": [4608, 65536],
-        "local.simnpu.acc": [2560, 65536],
+        "local.simnpu.acc": [8704, 65536],
     }
     text = str(on.report)
-    assert "      on-chip: local.simnpu.inp 1.7 KiB of 64 KiB" in text
+    assert "      on-chip: local.simnpu.inp 3.4 KiB of 64 KiB" in text
     cycles = conv.program["cycles"]
     assert f"      cycles: {cycles:,} (busy: load " in text
     assert f", {cycles / 1e3:,.1f} us at 1 GHz" in text
@@ -162,3 +162,13 @@ def test_without_its_tokens_the_program_faults_as_a_hazard():
             device.execute(loaded, [*buffers, out]).wait(10)
     finally:
         device.close()
+
+
+def test_whole_rows_share_a_weight_tile_while_the_pipeline_keeps_steps():
+    # 7x7 output, 64 channels in and out: every row in one tile, so each weight tile is
+    # loaded once for all 49 positions; 16 steps of the reduction remain to pipeline
+    deep, _ = _plan(quantized_model("conv2d", x_shape=(1, 64, 7, 7), out_channels=64)[0])
+    assert (tiling(deep).rows, tiling(deep).positions) == (7, 7)
+    # 9x9 output, 5 channels in, 20 out: 2 blocks of one step each; rows of 3 give 6 steps
+    small, _ = _plan(quantized_model("conv2d")[0])
+    assert (tiling(small).rows, tiling(small).positions) == (3, 9)

@@ -59,8 +59,13 @@ DATA_ATTR = "simnpu.data"
 TILING_ATTR = "simnpu.tiling"
 #: Bytes of one block's per-channel tables: bias, multiplier, shift, residual shift.
 TABLE_BYTES = 4 * LANES * 4
-#: Most output positions (or matmul rows) one tile holds.
+#: Most output positions of one row (or matmul rows) one tile holds.
 TILE = 256
+#: Most output positions one tile of several whole rows holds.
+ROWS_TILE = 1024
+#: Fewest reduction steps a double-buffered convolution is cut into (while rows can
+#: be split): a single step has nothing to overlap its loads with.
+PIPELINE_STEPS = 4
 #: Words of the tables in an ACC tile (at its top).
 TABLE_WORDS = 4 * LANES
 
@@ -88,6 +93,8 @@ class Tiling:
     Attributes:
         positions: output positions (a convolution's, along a row) or matmul rows
             per tile.
+        rows: a convolution's output rows per tile (more than one only when a tile
+            holds whole rows; it divides the output's height).
         chunk: reduction elements per step (a matmul's; a convolution's step is
             one block of 16 input channels).
         inp, wgt: bytes of one INP and one WGT tile; acc: words of one ACC tile
@@ -101,12 +108,14 @@ class Tiling:
     wgt: int
     acc: int
     copies: int
+    rows: int = 1
 
     def describe(self) -> str:
         """One line for the report: the tile and each buffer's share."""
+        rows = f"{self.rows} rows x " if self.rows > 1 else ""
         return (
-            f"tiles of {self.positions} output position{'s' if self.positions > 1 else ''} x 16 "
-            f"channels: INP {self.inp} B, WGT {self.wgt} B, ACC {self.acc} words"
+            f"tiles of {rows}{self.positions} output position{'s' if self.positions > 1 else ''}"
+            f" x 16 channels: INP {self.inp} B, WGT {self.wgt} B, ACC {self.acc} words"
             + (f", x{self.copies} (double-buffered)" if self.copies > 1 else "")
         )
 
@@ -119,7 +128,10 @@ def tiling(
     plan: OperatorPlan, capacities: Capacities = DEFAULT_CAPACITIES, copies: int = 2
 ) -> Tiling:
     """The largest tiles of ``plan`` of which ``copies`` fit each on-chip buffer: a tile
-    that does not fit is made smaller, down to one position or row.
+    that does not fit is made smaller, down to one position or row. A convolution's
+    tile whose whole output row fits grows to several rows (a divisor of the output's
+    height), so that a weight tile serves every row of it, but to no fewer than
+    :data:`PIPELINE_STEPS` steps of the reduction where the rows allow.
 
     Raises:
         Unsupported: not even the smallest tile fits (the message names the buffer).
@@ -133,11 +145,12 @@ def tiling(
 
     if plan.kind == "conv2d":
         _, _, kh, kw = plan.weight.shape
-        sw, dw = plan.strides[1], plan.dilation[1]
-        ow = plan.y_shape[3]
+        (sh, sw), (dh, dw) = plan.strides, plan.dilation
+        oh, ow = plan.y_shape[2:]
 
-        def window(positions: int) -> int:
-            return kh * ((positions - 1) * sw + (kw - 1) * dw + 1) * LANES
+        def window(positions: int, rows: int = 1) -> int:
+            height = (rows - 1) * sh + (kh - 1) * dh + 1
+            return height * ((positions - 1) * sw + (kw - 1) * dw + 1) * LANES
 
         weights = kh * kw * LANES * LANES
         if kh * kw > 0xFFFF:
@@ -157,7 +170,23 @@ def tiling(
             )
         if acc_words(positions) > acc:
             raise Unsupported(f"one output position does not fit ACC ({acc} words{note})")
-        return Tiling(positions, LANES, window(positions), weights, acc_words(positions), copies)
+        rows = 1
+        # the steps of the reduction: a pipeline needs a few to overlap (the same rule
+        # single-buffered, so that the option changes the overlap, not the tiles)
+        blocks = plan.x_shape[0] * _ceil(plan.weight.shape[0], LANES)
+        steps = blocks * _ceil(plan.weight.shape[1], LANES)
+        least = PIPELINE_STEPS
+        if positions == ow:  # whole rows: as many as fit, dividing the output's height
+            for more in range(oh, 1, -1):
+                fits = window(ow, more) <= inp and acc_words(more * ow) <= acc
+                enough = steps * (oh // more) >= least
+                if oh % more == 0 and more * ow <= ROWS_TILE and fits and enough:
+                    rows = more
+                    break
+        return Tiling(
+            positions, LANES, window(positions, rows), weights, acc_words(rows * positions),
+            copies, rows,
+        )  # fmt: skip
     k = plan.x_shape[-1]
     rows = int(np.prod(plan.x_shape[:-1]))
     kb = _ceil(k, LANES)
@@ -346,14 +375,15 @@ def _conv(b: _Builder, plan: OperatorPlan, params: list[Any], t: Tiling) -> Any:
     pt, pl, _, _ = plan.padding
     dh, dw = plan.dilation
     cb_, ob_ = _ceil(c, LANES), _ceil(o, LANES)
-    tile = t.positions
+    tile, rows_ = t.positions, t.rows  # rows_ > 1: whole rows (tile == ow_), dividing oh_
     width = (tile - 1) * sw + (kw - 1) * dw + 1  # input columns one tile reads
+    height = (rows_ - 1) * sh + (kh - 1) * dh + 1  # input rows one tile reads
     tiles = _ceil(ow_, tile)
     x, y = params[plan.data], params[plan.output]
     r = params[plan.residual] if plan.residual is not None else None
     x_type = _TYPES[plan.x_dtype]
     weights = ob_ * TABLE_BYTES
-    res_base = tile * LANES
+    res_base = rows_ * tile * LANES
 
     def clamp(v, lo, hi):
         return tirx.max(lo, tirx.min(hi, v))
@@ -362,27 +392,36 @@ def _conv(b: _Builder, plan: OperatorPlan, params: list[Any], t: Tiling) -> Any:
         return tirx.floordiv(a + (d - 1), d)
 
     def block(n, oh, t, ob):
+        # ``oh``: the tile's first output row; ``rows_`` rows of ``ot`` positions each
         ot = tirx.min(tile, ow_ - t * tile)
+        positions = ot * rows_
         lanes_out = tirx.min(LANES, o - ob * LANES)
-        steps = _tables(b, ob, ot)
+        steps = _tables(b, ob, positions)
         row0 = oh * sh - pt
-        before = clamp(ceildiv(-row0, dh), 0, kh)
-        after = kh - clamp(ceildiv(h - row0, dh), 0, kh)
-        rows = kh - before - after
+        top = clamp(-row0, 0, height)
+        bottom = clamp(row0 + height - h, 0, height)
         col0 = t * tile * sw - pl
         span = (ot - 1) * sw + (kw - 1) * dw + 1
         left = clamp(-col0, 0, span)
         right = clamp(col0 + span - w, 0, span)
         cols = span - left - right
 
+        def gemm(r):  # output row r of the tile: its positions, its input rows
+            return b.gemm(
+                [ot, kh, kw],
+                (r * tile * LANES, LANES, 0, 0),
+                (r * sh * width * LANES, sw * LANES, dh * width * LANES, dw * LANES),
+                (0, 0, kw * LANES * LANES, LANES * LANES),
+            )
+
         def reduce(cb):
             lanes_in = tirx.min(LANES, c - cb * LANES)
-            offset = ((n * c + cb * LANES) * h + (row0 + before * dh)) * w + (col0 + left)
+            offset = ((n * c + cb * LANES) * h + (row0 + top)) * w + (col0 + left)
             return b.seq(
                 b.load(
                     b.inp, 0, x, x_type, tirx.max(offset, 0),
                     [
-                        (rows, before, after, dh * w, width * LANES),
+                        (height - top - bottom, top, bottom, w, width * LANES),
                         (cols, left, right, 1, LANES),
                         (lanes_in, 0, LANES - lanes_in, h * w, 1),
                     ],
@@ -392,12 +431,7 @@ def _conv(b: _Builder, plan: OperatorPlan, params: list[Any], t: Tiling) -> Any:
                     b.wgt, 0, DATA, isa.I8, weights + (ob * cb_ + cb) * kh * kw * LANES * LANES,
                     [(kh * kw, 0, 0, LANES * LANES, LANES * LANES), (LANES * LANES, 0, 0, 1, 1)],
                 ),
-                b.gemm(
-                    [ot, kh, kw],
-                    (0, LANES, 0, 0),
-                    (0, sw * LANES, width * LANES, dw * LANES),
-                    (0, 0, kw * LANES * LANES, LANES * LANES),
-                ),
+                b.loop("r", rows_, gemm),
             )  # fmt: skip
 
         steps.append(b.loop("cb", cb_, reduce))
@@ -407,20 +441,23 @@ def _conv(b: _Builder, plan: OperatorPlan, params: list[Any], t: Tiling) -> Any:
             steps.append(
                 b.load(
                     b.acc, res_base, r, _TYPES[plan.residual_dtype], at,
-                    [(ot, 0, 0, 1, LANES), (lanes_out, 0, LANES - lanes_out, oh_ * ow_, 1)],
+                    [(positions, 0, 0, 1, LANES),
+                     (lanes_out, 0, LANES - lanes_out, oh_ * ow_, 1)],
                 )
             )  # fmt: skip
             residual = res_base
-        steps += _epilogue(b, plan, ot, residual)
+        steps += _epilogue(b, plan, positions, residual)
         steps.append(
-            b.store(y, _TYPES[plan.y_dtype], at, 0, [(lanes_out, oh_ * ow_, 1), (ot, 1, LANES)])
+            b.store(
+                y, _TYPES[plan.y_dtype], at, 0, [(lanes_out, oh_ * ow_, 1), (positions, 1, LANES)]
+            )
         )
         return b.seq(*steps)
 
     def row(n, oh):
         return b.loop("t", tiles, lambda t: b.loop("ob", ob_, lambda ob: block(n, oh, t, ob)))
 
-    return b.loop("n", n_, lambda n: b.loop("oh", oh_, lambda oh: row(n, oh)))
+    return b.loop("n", n_, lambda n: b.loop("oh", oh_ // rows_, lambda i: row(n, i * rows_)))
 
 
 def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any], t: Tiling) -> Any:
@@ -439,7 +476,7 @@ def _matmul(b: _Builder, plan: OperatorPlan, params: list[Any], t: Tiling) -> An
     x, y = params[plan.data], params[plan.output]
     r = params[plan.residual] if plan.residual is not None else None
     weights = nb_ * TABLE_BYTES
-    res_base = tile * LANES
+    res_base = rows_ * tile * LANES
 
     def block(t, nb):
         rows = tirx.min(tile, rows_ - t * tile)
