@@ -242,6 +242,9 @@ def test_cli_run_and_bench_on_a_board(farm, cnn, capsys, tmp_path):
     assert 0 < lat["min"] <= lat["median"] <= lat["p90"] <= lat["max"]
     assert 0 < board["min"] <= board["max"]
     assert result["board"]["apache-tvm"] == result["machine"]["apache-tvm"]
+    capsys.readouterr()
+    assert main(["bench", cnn["path"], "--repeat", "2", "--json", "-", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["repeat"] == 2  # JSON alone, no "on board ..."
 
 
 def test_cli_errors_are_one_line(farm, cnn, capsys):

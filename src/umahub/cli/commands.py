@@ -319,7 +319,8 @@ def _board(args: argparse.Namespace, auto: bool = True) -> Any:
     from umahub.boards.rpc import connect
 
     board = connect(tracker=args.rpc, server=args.rpc_server, key=args.key, timeout=args.timeout)
-    _say(args, f"on {board.name} ({board.info.get('machine', '?')})")
+    if getattr(args, "json", None) != "-":  # --json -: JSON alone on stdout
+        _say(args, f"on {board.name} ({board.info.get('machine', '?')})")
     return board
 
 
