@@ -8,8 +8,9 @@ builds it and runs this file; CI runs that). The zoo's models are built here for
 ``llvm -mtriple=aarch64-linux-gnu`` across the bundled plugins with Debian's cross
 compiler, and again for this machine; the aarch64 library is uploaded, loaded and run
 on the board through umahub's RPC client and the command line, and its outputs are
-compared with the native library's run here: floats within a relative error (the two
-architectures' code need not round alike), the int8 models' integers exactly.
+compared with the native library's run here (and the CNN's with plain ``tvm.compile``'s):
+floats within a relative error (the two architectures' code need not round alike), the
+int8 model's outputs (its quantized integers, dequantized) exactly.
 
 Without the board's environment or the cross compiler the tests skip, saying what to
 run, except in CI (``CI`` set), where they fail.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import host_reference
 
 import umahub
 from umahub.boards.rpc import RemoteError
@@ -165,6 +167,8 @@ def test_cnn_across_the_bundled_plugins_matches_the_native_run(board, cnn):
     scale = float(np.abs(native).max())
     assert scale > 0.1  # real numbers, not zeros
     np.testing.assert_allclose(outputs, native, rtol=1e-5, atol=1e-5 * scale)
+    # and the reference: the model built by plain tvm.compile for this machine
+    np.testing.assert_allclose(outputs, host_reference("cnn"), rtol=1e-5, atol=1e-5 * scale)
 
 
 def test_cnn_int8_on_the_board_equals_the_native_run_bit_for_bit(board, cnn_int8):
