@@ -312,6 +312,16 @@ def test_placement_by_cost_times_the_candidate_groups_on_the_board(farm):
         assert group["costs"]["host"]["source"] == "measured"
 
 
+def test_explain_and_compile_by_cost_on_a_board_print_their_json_alone(farm, capsys, tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.umahub]\nplugins = ["dsp"]\n')
+    board = ["mlp", "--auto", "--rpc", farm["tracker"], "--key", KEY]
+    assert main(["explain", *board, "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == 1  # no "on board ..." line first
+    argv = ["compile", *board, "-o", "mlp.so", "--report", "-", "--report-format", "json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == 1
+
+
 def test_compile_with_a_board_needs_auto(farm, capsys):
     status = main(["compile", "cnn", "--rpc", farm["tracker"], "--key", KEY])
     assert status == 2
