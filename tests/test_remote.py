@@ -242,6 +242,9 @@ def test_cli_run_and_bench_on_a_board(farm, cnn, capsys, tmp_path):
     assert 0 < lat["min"] <= lat["median"] <= lat["p90"] <= lat["max"]
     assert 0 < board["min"] <= board["max"]
     assert result["board"]["apache-tvm"] == result["machine"]["apache-tvm"]
+    capsys.readouterr()
+    assert main(["bench", cnn["path"], "--repeat", "2", "--json", "-", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["repeat"] == 2  # JSON alone, no "on board ..."
 
 
 def test_cli_errors_are_one_line(farm, cnn, capsys):
@@ -307,6 +310,16 @@ def test_placement_by_cost_times_the_candidate_groups_on_the_board(farm):
     for group in on_board["groups"]:
         assert group["costs"]["dsp_cpu"]["seconds"] > 0
         assert group["costs"]["host"]["source"] == "measured"
+
+
+def test_explain_and_compile_by_cost_on_a_board_print_their_json_alone(farm, capsys, tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.umahub]\nplugins = ["dsp"]\n')
+    board = ["mlp", "--auto", "--rpc", farm["tracker"], "--key", KEY]
+    assert main(["explain", *board, "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == 1  # no "on board ..." line first
+    argv = ["compile", *board, "-o", "mlp.so", "--report", "-", "--report-format", "json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == 1
 
 
 def test_compile_with_a_board_needs_auto(farm, capsys):

@@ -360,7 +360,11 @@ def _board(args: argparse.Namespace, auto: bool = True) -> Any:
     from umahub.boards.rpc import connect
 
     board = connect(tracker=args.rpc, server=args.rpc_server, key=args.key, timeout=args.timeout)
-    _say(args, f"on {board.name} ({board.info.get('machine', '?')})")
+    json_alone = getattr(args, "json", None) == "-" or (
+        getattr(args, "report", None) == "-" and getattr(args, "report_format", None) == "json"
+    )
+    if not json_alone:  # --json - or --report - in JSON: the JSON alone on stdout
+        _say(args, f"on {board.name} ({board.info.get('machine', '?')})")
     return board
 
 
