@@ -17,6 +17,7 @@ import umahub
 import umahub.models as zoo
 from umahub.plugin.device import DeviceError
 from umahub.report.picture import render_svg
+from umahub.report.picture.svg import fmt_time
 
 SINGLE = {"options": {"simnpu": {"double-buffering": False}}}
 
@@ -79,10 +80,16 @@ def test_the_report_says_what_each_hook_did(cnn_both_ways):
     assert max(end for spans in lanes.values() for _, end in spans) == cycles
     svg = render_svg(on.report)
     assert ">Device programs, by the vendor&#x27;s cycle model</text>" in svg
+    assert "; host " not in svg  # nothing measured yet
     assert svg.count('<g class="program" ') == 3
     assert svg.count('class="span module"') == sum(
         len(spans) for p in on.report.partitions for spans in p.program["lanes"].values()
     )
+    # next to the model's cycles, what this machine took for each call, once measured
+    measured = on.profile(*cnn_both_ways[2], runs=3)
+    took = {s["label"]: s["end"] - s["start"] for s in measured["spans"] if s["kind"] == "compute"}
+    assert f"; measured here: {took[conv.symbol] * 1e3:.3f} ms for the call" in str(on.report)
+    assert f"; host {fmt_time(took[conv.symbol])}</text>" in render_svg(on.report)
 
 
 def test_a_wide_convolution_is_tiled_smaller_and_stays_exact():

@@ -16,7 +16,14 @@ from umahub.hub.tracing import HookCall
 from umahub.plugin.context import Copy, Operator
 from umahub.plugin.memory import MemoryPlan
 
-__all__ = ["LANE_SPANS", "PartitionReport", "ReportData", "hooks_that_acted", "program_report"]
+__all__ = [
+    "LANE_SPANS",
+    "PartitionReport",
+    "ReportData",
+    "hooks_that_acted",
+    "measured_calls",
+    "program_report",
+]
 
 
 #: The version of the report's JSON (``"format"``): raised when a key changes meaning or
@@ -100,6 +107,16 @@ def program_report(call: Any, accelerator: Any) -> dict[str, Any]:
         module: _merged(sorted(spans), LANE_SPANS) for module, spans in by_module.items()
     }
     return entry
+
+
+def measured_calls(measured: dict[str, Any] | None) -> dict[str, float]:
+    """Seconds of each step of a measured run (``report.measured``) by its label (a
+    partition's symbol), one inference; {} without a measured run."""
+    took: dict[str, float] = {}
+    for span in (measured or {}).get("spans", []):
+        if span.get("kind") == "compute":
+            took[span["label"]] = took.get(span["label"], 0.0) + span["end"] - span["start"]
+    return took
 
 
 def hooks_that_acted(calls: list[HookCall]) -> dict[str, list[str]]:

@@ -135,6 +135,9 @@ def _quantized(rows: list[dict[str, Any]]) -> list[str]:
 
 def render(report: ReportData) -> str:
     """The report as the text a person reads: ``str(report)``."""
+    from umahub.report.data import measured_calls
+
+    calls = measured_calls(getattr(report, "measured", None))
     lines = ["placement:"]
     width = max([len(o.name) for o in report.placement] + [4])
     opw = max([len(o.op) for o in report.placement] + [2])
@@ -182,7 +185,10 @@ def render(report: ReportData) -> str:
                     "of weights resident on the device"
                 )
                 if "cycles" in p.program:
-                    lines.append(f"      cycles: {cycles_text(p.program)}")
+                    line = f"      cycles: {cycles_text(p.program)}"
+                    if p.symbol in calls:
+                        line += f"; measured here: {calls[p.symbol] * 1e3:.3f} ms for the call"
+                    lines.append(line)
                 for note in p.program.get("notes", ()):
                     lines.append(f"      program: {note}")
             if p.verified:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from umahub.report.data import measured_calls
 from umahub.report.picture.layout import M
 from umahub.report.picture.svg import HOST_COLOUR, esc, fmt_time, text
 
@@ -28,16 +29,6 @@ _LANE = 14
 _LABEL_W = 300
 
 
-def _measured(report: Report) -> dict[str, float]:
-    """Seconds the host measured per partition (by its symbol), from a measured run."""
-    spans = (getattr(report, "measured", None) or {}).get("spans", [])
-    took: dict[str, float] = {}
-    for s in spans:
-        if s.get("kind") == "compute":
-            took[s["label"]] = took.get(s["label"], 0.0) + s["end"] - s["start"]
-    return took
-
-
 def draw_programs(
     report: Report, top: float, width: float, colours: Mapping[str, str]
 ) -> tuple[list[str], float]:
@@ -45,7 +36,7 @@ def draw_programs(
     programs = [p for p in report.partitions if p.program.get("lanes") and not p.fallback]
     if not programs:
         return [], top
-    measured = _measured(report)
+    measured = measured_calls(getattr(report, "measured", None))
     out = [
         text(M, top + 16, "Device programs, by the vendor's cycle model", size=15, weight="bold"),
         text(
