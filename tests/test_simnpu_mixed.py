@@ -201,6 +201,30 @@ def _random_pins(draw_pins, mod):
     return {n: p for n, p in zip(kernels, draw_pins) if p is not None}
 
 
+def test_a_dequantize_copied_for_a_convolution_keeps_its_name_so_pins_do_not_collide():
+    """A residual block's input is dequantized once for its convolution and its sum;
+    umahub gives the convolution a dequantize of its own, named as the shared one (a
+    builder's fresh name, "lv", was the first convolution's: pins on both convolutions
+    to two instances were refused as a conflict). Found by the slow random test."""
+    layers = (
+        Layer(channels=4, kernel=1, stride=1, padding=0, bias=False, activation="relu"),
+        Layer(channels=4, kernel=1, stride=1, padding=0, bias=False, activation="relu",
+              residual=True),
+    )  # fmt: skip
+    graph = QuantizedGraph(
+        shape=(1, 3, 12, 12), layers=layers, dense=0, activation_dtype="uint8",
+        per_channel=False, seed=0,
+    )  # fmt: skip
+    mod, xs = quantized_model(graph), inputs(graph)[0]
+    pins = {"lv": "simnpu:0", "lv2": "simnpu:1"}
+    compiled = _hub(priority=["simnpu", "npu"], placement=pins).compile(mod)
+    devices_of = {o.name: o.device for o in compiled.report.placement}
+    assert (devices_of["lv"], devices_of["lv2"]) == ("simnpu:0", "simnpu:1")
+    names = [o.name for o in compiled.report.placement if o.op == "relax.dequantize"]
+    assert names.count("lv1_dq") == 2 and "lv" not in names  # the shared one and its copy
+    assert np.array_equal(compiled.run(*xs), _host(mod, xs))
+
+
 @pytest.mark.slow
 @settings(
     max_examples=40,

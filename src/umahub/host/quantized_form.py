@@ -16,6 +16,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
+from umahub.ir import name_of, name_span, span_name
 from umahub.plugin.patterns import shape_of
 
 __all__ = ["canonicalize_quantized", "keep_quantized_weights"]
@@ -45,8 +46,10 @@ class _LayoutUnder(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
         self.count = 0
+        self.names = _names(mod["main"])
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
+        name = span_name(call) or self.names.get(call)
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _LAYOUT):
             return call
@@ -67,8 +70,10 @@ class _LayoutUnder(relax.PyExprMutator):
             axis = _moved_axis(call, before, after, int(dq.attrs.axis) % max(len(before), 1))
             if axis is None:
                 return call
+        span = name_span(name) if name else call.span  # the layout operator's own name
         moved = self.builder_.emit(
-            relax.Call(call.op, [dq.args[0], *call.args[1:]], call.attrs, span=call.span)
+            relax.Call(call.op, [dq.args[0], *call.args[1:]], call.attrs, span=span),
+            name or "",
         )
         self.count += 1
         out = relax.op.dequantize(
@@ -79,6 +84,15 @@ class _LayoutUnder(relax.PyExprMutator):
 
 
 _OPERAND_OF = ("relax.nn.conv2d", "relax.matmul")
+
+
+def _names(func: relax.Function) -> dict:
+    """Each operator call of ``func`` -> the name of the variable it is bound to."""
+    names = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            names[binding.value] = name_of(binding.var)
+    return names
 
 
 def _calls(mod: tvm.IRModule, op_name: str) -> bool:
@@ -138,7 +152,11 @@ class _OwnDequantize(relax.PyExprMutator):
                 and isinstance(dq.op, tvm.ir.Op)
                 and dq.op.name == "relax.dequantize"
             ):
-                args[i] = self.builder_.emit(relax.Call(dq.op, list(dq.args), dq.attrs))
+                # named as the dequantize it copies: a fresh name ("lv") could be a
+                # real node's, and the pins and the report go by names
+                name = span_name(dq) or name_of(arg)
+                copy = relax.Call(dq.op, list(dq.args), dq.attrs, span=name_span(name))
+                args[i] = self.builder_.emit(copy, name)
                 self.count += 1
         if args == list(call.args):
             return call
