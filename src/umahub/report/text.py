@@ -11,7 +11,14 @@ from umahub.sizes import human_size
 if TYPE_CHECKING:
     from umahub.report.data import ReportData
 
-__all__ = ["cycles_text", "describe", "options_lines", "render", "summary_line"]
+__all__ = [
+    "cycles_text",
+    "describe",
+    "options_lines",
+    "refused_lines",
+    "render",
+    "summary_line",
+]
 
 
 #: Groups the report's text lists by name; the rest are counted (all are in the JSON).
@@ -38,6 +45,17 @@ def options_lines(options: Mapping[str, Mapping[str, Any]]) -> list[str]:
         + ", ".join(f"{k} = {format_value(v)}" for k, v in values.items())
         for accelerator, values in options.items()
     ]
+
+
+def refused_lines(placement: list[Any]) -> list[str]:
+    """The report's section on what accelerators' pattern checks refused, one line per
+    operator and accelerator (``Operator.refused``): ``  lv3: npu: 3 input channels, ...``."""
+    rows = [
+        f"  {o.name}: {accelerator}: {reason or 'its check gives no reason'}"
+        for o in placement
+        for accelerator, reason in o.refused.items()
+    ]
+    return ["refused by accelerators' checks (node: accelerator: reason):", *rows] if rows else []
 
 
 def _finalist(name: str) -> str:
@@ -150,6 +168,7 @@ def render(report: ReportData) -> str:
         lines.append(f"  {o.name:<{width}}  {o.op:<{opw}}  {o.device:<{devw}}  {why}")
     counts = ", ".join(f"{d}: {n}" for d, n in sorted(report.devices_of().items()))
     lines.append(f"  operators per device: {counts}")
+    lines += refused_lines(report.placement)
     lines += options_lines(report.options)
     if report.partitions:
         lines.append("partitions:")

@@ -137,8 +137,19 @@ def partition(
     def operator(row: Row, device: str = "host", symbol: str = "") -> Operator:
         hit = pins.resolve(row.node, row.op, row.pattern)
         pinned = hit[0] if hit else ""
+        where = device.partition(":")[0]
+        refused = {a: r for a, r in refusals.checks.get(row.node, {}).items() if a != where}
         return Operator(
-            row.node, row.op, device, row.pattern, symbol, pinned, row.inputs, row.flops, row.bytes
+            row.node,
+            row.op,
+            device,
+            row.pattern,
+            symbol,
+            pinned,
+            row.inputs,
+            row.flops,
+            row.bytes,
+            refused,
         )
 
     # One walk over main, in model order: partitions get their instance (pinned,
