@@ -128,3 +128,60 @@ def test_verify_is_not_silently_dropped():
     message = "verify = true is not applied inside tvm.compile"
     with pytest.warns(umahub.UmahubWarning, match=message):
         tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline=hub.relax_pipeline())
+
+
+@pytest.fixture
+def simnpu_runtime():
+    """The simnpu's runtime, whether or not its package is installed (a source checkout)."""
+    from umahub_simnpu_runtime import SimNpuRuntime
+
+    from umahub.runtime import devices
+
+    devices.register_runtime(SimNpuRuntime())
+
+
+def _device_warnings(caught):
+    return [str(w.message) for w in caught if "device partition" in str(w.message)]
+
+
+def test_by_name_a_device_partition_warns_that_tvms_export_cannot_carry_it(
+    isolated, simnpu_runtime
+):
+    import umahub_simnpu  # noqa: F401  (the bundled device plugin, codegen "device")
+
+    (isolated / "pyproject.toml").write_text('[tool.umahub]\nplugins = ["simnpu"]\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        executable = tvm.compile(zoo.get("cnn_int8"), target="llvm", relax_pipeline="umahub")
+    assert _device_warnings(caught) == [
+        "umahub: device partitions simnpu_0_dequantize_dequantize_conv2d_dequantize_add_relu_etc, "
+        "simnpu_1_dequantize_dequantize_conv2d_dequantize_add_relu_etc, "
+        "simnpu_2_dequantize_dequantize_matmul_dequantize_add_quan_etc run on programs "
+        "bound in this process only: TVM's export_library cannot carry them (the exported "
+        "file fails elsewhere with 'Cannot find function umahub.device...'); for a library "
+        "that carries them use umahub.Hub().compile(mod) and compiled.export_library(path)"
+    ]
+    vm = relax.VirtualMachine(executable, tvm.cpu())  # in this process it runs
+    vm["main"](*[tvm.runtime.tensor(x) for x in zoo.inputs("cnn_int8")])
+
+
+def test_with_a_pipeline_the_warning_names_pipeline_load(simnpu_runtime):
+    import umahub_simnpu
+
+    hub = umahub.Hub(config={"on-error": "error"}, autoload=False, plugins=[umahub_simnpu])
+    pipeline = hub.relax_pipeline()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tvm.compile(zoo.get("cnn_int8"), target="llvm", relax_pipeline=pipeline)
+    (said,) = _device_warnings(caught)
+    assert said.endswith(
+        "for a library that carries them use pipeline.load(executable).export_library(path)"
+    )
+
+
+def test_without_device_partitions_nothing_is_said_of_them():
+    hub = umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline=hub.relax_pipeline())
+    assert _device_warnings(caught) == []
