@@ -62,6 +62,11 @@ def _tvm_vm(library):
     return vm["main"](*[tvm.runtime.tensor(x) for x in zoo.inputs("cnn")]).numpy()
 
 
+def _partitions_called(executable):
+    """The accelerators' partitions an executable of the cnn calls, by symbol."""
+    return sorted(set(re.findall(r"(?:npu|vanilla_accel|dsp_cpu)_\d+_\w+", executable.as_text())))
+
+
 def test_tvm_compile_by_name_works_with_tvms_own_vm_and_export(isolated):
     # All three bundled plugins: the vanilla's C kernels with their header and
     # library, the npu's LLVM, the dsp's second instance; one device, tvm.cpu().
@@ -71,13 +76,21 @@ def test_tvm_compile_by_name_works_with_tvms_own_vm_and_export(isolated):
         executable = tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline="umahub")
         pipeline = relax.get_pipeline("umahub")
     assert type(pipeline).__name__ == "RelaxPipeline"
+    # Placed on all three (a host-only executable would pass the rest): the partitions
+    # the executable calls, one or more for each of npu, vanilla_accel and dsp_cpu.
+    assert _partitions_called(executable) == [
+        "dsp_cpu_1_relu",
+        "npu_2_conv2d_add_relu",
+        "npu_3_matmul_add",
+        "vanilla_accel_0_conv2d_add",
+    ]
     np.testing.assert_allclose(_tvm_vm(executable), host_reference("cnn"), rtol=1e-5, atol=1e-5)
     executable.export_library(str(isolated / "model.so"))
     exported = _tvm_vm(tvm.runtime.load_module(str(isolated / "model.so")))
     np.testing.assert_allclose(exported, host_reference("cnn"), rtol=1e-5, atol=1e-5)
 
 
-def test_tvm_compile_by_name_places_on_all_three_plugins(three):
+def test_tvm_compile_with_a_hubs_relax_pipeline_places_on_all_three_plugins(three):
     hub, reference = three
     pipeline = hub.relax_pipeline()
     tvm.compile(zoo.get("cnn"), target="llvm", relax_pipeline=pipeline)
