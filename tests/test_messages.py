@@ -198,7 +198,7 @@ def test_the_npu_takes_a_smaller_match_when_a_larger_one_holds_a_host_pin():
 def test_report_text_gives_sizes_in_kib():
     hub = umahub.Hub(config={**BUNDLED, "priority": ["npu", "vanilla_accel", "dsp_cpu"]})
     text = str(hub.explain(zoo.get("cnn")))
-    assert "  host -> vanilla_accel:0: 1 copies, 3 KiB, sync" in text
+    assert "  host -> vanilla_accel:0: 1 copy, 3 KiB, sync" in text
     assert "  npu:0 npu.dram: " in text and " of 1 GiB used (" in text
     assert " bytes" not in text
 
@@ -280,3 +280,34 @@ def test_the_accelerator_an_operator_runs_on_is_not_listed_as_refusing_it():
         "dsp_cpu": "its tensors take 24 KiB, more than a quarter of the 64 KiB TCM (16 KiB)"
     }
     assert refused["conv2"] == {} and refused["fc"] == {}
+
+
+def test_counts_in_the_report_and_the_summary_agree_with_their_nouns():
+    from umahub.cli.summary import summary
+    from umahub.sizes import counted
+
+    assert [counted(1, "copy", "copies"), counted(2, "copy", "copies")] == ["1 copy", "2 copies"]
+    assert [counted(0, "op"), counted(1, "op"), counted(3, "op")] == ["0 ops", "1 op", "3 ops"]
+    hub = umahub.Hub(
+        config={**BUNDLED, "priority": ["npu", "vanilla_accel", "dsp_cpu"]},
+        project_config=False,
+    )
+    report = hub.explain(zoo.get("cnn"))
+    lines = str(report).splitlines()
+    assert "  host -> vanilla_accel:0: 1 copy, 3 KiB, sync" in lines
+    assert "  npu:0 -> host: 2 copies, 8 KiB, async" in lines
+    assert (
+        "  npu_2_matmul_add  [npu:0 (cpu,1,llvm,npu.dram)]  2 ops, patterns npu.matmul_bias"
+        in lines
+    )
+    assert not [line for line in lines if "1 copies" in line or "(s)" in line]
+    one = umahub.Hub(config={"plugins": ["dsp"]}, project_config=False).explain(
+        chain(shape=(1, 8), ops=("relu",))
+    )
+    assert summary(one, 0.0).splitlines()[0] == (
+        "placement: 1 of 1 operator on accelerators (dsp_cpu:0 1), 0 on the host"
+    )
+    assert (
+        "  dsp_cpu_0_relu  [dsp_cpu:0 (cpu,1,c,dsp.tcm)]  1 op, patterns dsp_cpu.relu"
+        in str(one).splitlines()
+    )

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from umahub.plugin.options import format_value
-from umahub.sizes import human_size
+from umahub.sizes import counted, human_size
 
 if TYPE_CHECKING:
     from umahub.report.data import ReportData
@@ -32,7 +32,7 @@ def summary_line(auto: Mapping[str, Any]) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in auto["costs"].items() if n)
     return (
         f"placement by cost: estimated {auto['estimate_ms']:.2f} ms{versus}, "
-        f"{len(auto['changed'])} operator(s) placed otherwise than by priority; "
+        f"{counted(len(auto['changed']), 'operator')} placed otherwise than by priority; "
         f"costs: {counts or 'none'}; {sum(auto['seconds'].values()):.1f}s"
     )
 
@@ -99,7 +99,7 @@ def describe(auto: Mapping[str, Any]) -> list[str]:
     lines.extend(_finalists(auto))
     changed = auto["changed"]
     if changed:
-        lines.append(f"  placed otherwise than by priority: {len(changed)} operator(s)")
+        lines.append(f"  placed otherwise than by priority: {counted(len(changed), 'operator')}")
         for node, (before, after) in list(changed.items())[:SHOWN_GROUPS]:
             lines.append(f"    {node}: {before} -> {after}")
         if len(changed) > SHOWN_GROUPS:
@@ -179,7 +179,8 @@ def render(report: ReportData) -> str:
                 else f"{p.device} {p.virtual_device}".strip()
             )
             lines.append(
-                f"  {p.symbol}  [{state}]  {p.operators} op(s), patterns {', '.join(p.patterns)}"
+                f"  {p.symbol}  [{state}]  {counted(p.operators, 'op')}, "
+                f"patterns {', '.join(p.patterns)}"
             )
             for hook, plugins in p.hooks.items():
                 lines.append(f"      {hook}: {', '.join(plugins)}")
@@ -221,7 +222,7 @@ def render(report: ReportData) -> str:
             lines.append(title)
         for e in edges:
             lines.append(
-                f"  {e['src']} -> {e['dst']}: {e['count']} copies, "
+                f"  {e['src']} -> {e['dst']}: {counted(e['count'], 'copy', 'copies')}, "
                 f"{human_size(e['bytes'])}, {e['kind']}"
             )
     if report.memory is not None:
