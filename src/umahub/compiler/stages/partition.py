@@ -105,7 +105,9 @@ def partition(
 
     A pattern check that raises refuses its match and is recorded in
     ``failures``; why matches holding pinned operators were refused goes to
-    ``refusals`` (see :meth:`PlannedPattern.fusion_pattern`).
+    ``refusals`` (see :meth:`PlannedPattern.fusion_pattern`), and what each
+    accelerator's checks refused to ``refusals.checks``, which every operator
+    carries as ``Operator.refused`` (the accelerator it runs on left out).
     """
     mod = name_nodes(relax.transform.ConvertToDataflow()(mod))
     parts = quantized_parts(mod["main"])

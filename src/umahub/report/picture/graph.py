@@ -143,10 +143,8 @@ def _op_title(op: Operator, moved: tuple[str, ...] | None = None) -> str:
 
 
 def _load_title(weights: Sequence[Copy]) -> str:
-    return (
-        f"{counted(len(weights), 'weight tensor')} copied once, when the model is loaded: "
-        + ", ".join(f"{c.src} -> {c.dst} {fmt_bytes(c.bytes)} {c.kind}" for c in weights)
-    )
+    each = ", ".join(f"{c.src} -> {c.dst} {fmt_bytes(c.bytes)} {c.kind}" for c in weights)
+    return f"{counted(len(weights), 'weight tensor')} copied once, at load: {each}"
 
 
 def _draw_group(
