@@ -227,7 +227,7 @@ def test_explain_auto_shows_the_choice_without_building(capsys, tmp_path):
     assert report.built is False
     line = summary(report, 1.0).splitlines()[2]
     assert line.startswith("placement by cost: estimated ")
-    assert "2 operator(s) placed otherwise than by priority; costs: 2 plugin, 2 measured" in line
+    assert "2 operators placed otherwise than by priority; costs: 2 plugin, 2 measured" in line
     svg = report.save_picture(str(tmp_path / "auto.svg"))
     assert 'data-priority-device="fast"' in (tmp_path / "auto.svg").read_text()
     assert svg

@@ -311,9 +311,17 @@ def test_suite_subclass_and_fixtures_catch_a_wrong_accelerator(pytester, monkeyp
     target = pytester.path / "report.json"
     result = pytester.runpytest("-p", "no:cacheprovider", f"--umahub-conformance-report={target}")
     # partition, compile and takes_operators pass; host match, reload, the pin and random
-    # graphs fail.
-    result.assert_outcomes(passed=4, failed=4)
-    result.stdout.fnmatch_lines(["wrong_accel (plugin wrong_plugin): FAILED"])
+    # graphs fail. The checks of a device of its own do not apply: deselected, and said so
+    # (not collected, then missing from the counts).
+    result.assert_outcomes(passed=4, failed=4, deselected=3)
+    result.stdout.fnmatch_lines(
+        [
+            "wrong_accel (plugin wrong_plugin): FAILED",
+            "*",
+            "3 device checks deselected: no accelerator under test has a device of its own "
+            "(Accelerator(runtime=...))",
+        ]
+    )
     wrong = json.loads(target.read_text())["accelerators"]["wrong_accel"]
     mlp = wrong["models"]["mlp"]
     assert mlp["passed"] is False and mlp["operators_taken"] == 1

@@ -7,6 +7,8 @@ as giving no reason; every byte count a user reads is in B/KiB/MiB/GiB.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from graphs import chain
 
@@ -196,6 +198,116 @@ def test_the_npu_takes_a_smaller_match_when_a_larger_one_holds_a_host_pin():
 def test_report_text_gives_sizes_in_kib():
     hub = umahub.Hub(config={**BUNDLED, "priority": ["npu", "vanilla_accel", "dsp_cpu"]})
     text = str(hub.explain(zoo.get("cnn")))
-    assert "  host -> vanilla_accel:0: 1 copies, 3 KiB, sync" in text
+    assert "  host -> vanilla_accel:0: 1 copy, 3 KiB, sync" in text
     assert "  npu:0 npu.dram: " in text and " of 1 GiB used (" in text
     assert " bytes" not in text
+
+
+def _refusing(name, check):
+    """An accelerator ``name`` whose relu pattern's check is ``check``."""
+
+    class Plugin:
+        UMAHUB_API = 1
+
+        @umahub.hookimpl
+        def umahub_accelerators(self):
+            return [umahub.Accelerator(name)]
+
+        @umahub.hookimpl(accelerator=name)
+        def umahub_patterns(self):
+            from tvm.relax.dpl import is_op, wildcard
+
+            return [(f"{name}.relu", is_op("relax.nn.relu")(wildcard()), {}, check)]
+
+    Plugin.__name__ = f"Refusing_{name}"
+    return Plugin()
+
+
+def test_explain_says_why_each_accelerator_refused_an_operator_not_pinned():
+    hub = umahub.Hub(
+        config={"on-error": "error", "priority": ["alpha", "beta"]},
+        autoload=False,
+        plugins=[
+            _refusing("alpha", lambda ctx: Refusal("no relu on Tuesdays")),
+            _refusing("beta", lambda ctx: False),
+        ],
+    )
+    report = hub.explain(chain(ops=("relu", "add")))
+    lines = str(report).splitlines()
+    start = lines.index("refused by accelerators' checks (node: accelerator: reason):")
+    assert lines[start - 1 : start + 3] == [
+        "  operators per device: host: 2",
+        "refused by accelerators' checks (node: accelerator: reason):",
+        "  n0: alpha: no relu on Tuesdays",
+        "  n0: beta: its check gives no reason",
+    ]
+    assert lines[start + 3] == "memory:"
+    placement = json.loads(report.to_json())["placement"]
+    assert [(o["name"], o["device"], o["refused"]) for o in placement] == [
+        ("n0", "host", {"alpha": "no relu on Tuesdays", "beta": ""}),
+        ("n1", "host", {}),
+    ]
+
+
+def test_an_operator_placed_elsewhere_keeps_the_refusal_of_the_accelerator_that_refused_it():
+    hub = umahub.Hub(
+        config={"on-error": "error", "priority": ["alpha", "beta"]},
+        autoload=False,
+        plugins=[
+            _refusing("alpha", lambda ctx: Refusal("no relu on Tuesdays")),
+            _refusing("beta", lambda ctx: True),
+        ],
+    )
+    report = hub.explain(chain(ops=("relu", "add")))
+    assert [(o.name, o.device, dict(o.refused)) for o in report.placement] == [
+        ("n0", "beta:0", {"alpha": "no relu on Tuesdays"}),
+        ("n1", "host", {}),
+    ]
+    assert "  n0: alpha: no relu on Tuesdays" in str(report).splitlines()
+
+
+def test_the_accelerator_an_operator_runs_on_is_not_listed_as_refusing_it():
+    # The bundled npu refuses conv1 (3 input channels): vanilla_accel takes it; the
+    # dsp refuses the residual add (its TCM is too small): it stays on the host.
+    hub = umahub.Hub(
+        config={**BUNDLED, "priority": ["npu", "vanilla_accel", "dsp_cpu"]},
+        project_config=False,
+    )
+    refused = {o.name: dict(o.refused) for o in hub.explain(zoo.get("cnn")).placement}
+    channels = "3 input channels, not a multiple of the npu's 8-wide array"
+    assert refused["conv1"] == {"npu": channels}
+    assert refused["residual"] == {
+        "dsp_cpu": "its tensors take 24 KiB, more than a quarter of the 64 KiB TCM (16 KiB)"
+    }
+    assert refused["conv2"] == {} and refused["fc"] == {}
+
+
+def test_counts_in_the_report_and_the_summary_agree_with_their_nouns():
+    from umahub.cli.summary import summary
+    from umahub.sizes import counted
+
+    assert [counted(1, "copy", "copies"), counted(2, "copy", "copies")] == ["1 copy", "2 copies"]
+    assert [counted(0, "op"), counted(1, "op"), counted(3, "op")] == ["0 ops", "1 op", "3 ops"]
+    hub = umahub.Hub(
+        config={**BUNDLED, "priority": ["npu", "vanilla_accel", "dsp_cpu"]},
+        project_config=False,
+    )
+    report = hub.explain(zoo.get("cnn"))
+    lines = str(report).splitlines()
+    assert "  host -> vanilla_accel:0: 1 copy, 3 KiB, sync" in lines
+    assert "  npu:0 -> host: 2 copies, 8 KiB, async" in lines
+    assert (
+        "  npu_2_matmul_add  [npu:0 (cpu,1,llvm,npu.dram)]  2 ops, patterns npu.matmul_bias"
+        in lines
+    )
+    assert not [line for line in lines if "1 copies" in line or "(s)" in line]
+    one = umahub.Hub(config={"plugins": ["dsp"]}, project_config=False).explain(
+        chain(shape=(1, 8), ops=("relu",))
+    )
+    assert summary(one, 0.0).splitlines()[0] == (
+        "placement: 1 of 1 operator on accelerators (dsp_cpu:0 1), 0 on the host"
+    )
+    assert (
+        "  dsp_cpu_0_relu  [dsp_cpu:0 (cpu,1,c,dsp.tcm)]  1 op, patterns dsp_cpu.relu"
+        in str(one).splitlines()
+    )

@@ -296,7 +296,7 @@ def test_weights_loaded_once_stay_out_of_the_inference():
     markers = [g.get("data-tensor") for g in root.iter(f"{SVG}g") if g.get("class") == "copy"]
     assert "weight" not in markers
     text = " ".join(root.itertext())
-    assert "4 copies (4.9 MiB) per inference (+1 weights, 121 KiB, copied once at load)" in text
+    assert "4 copies (4.9 MiB) per inference (+1 weight, 121 KiB, copied once at load)" in text
     assert "npu:0 (1 op, weights 121 KiB)" in text
     assert not [g for g in root.iter(f"{SVG}g") if g.get("class") == "load-copy"]
     # a load copy that names its partition is shown on that partition's box
@@ -315,7 +315,7 @@ def test_fallbacks_are_named_and_an_empty_report_still_draws():
         PartitionReport("p_gone", "dsp", "dsp:1", ("dsp.add",), 2, fallback="needs 9 bytes, 1 free")
     )
     text = " ".join(parse(render_svg(report)).itertext())
-    assert "1 partition(s) fell back" in text and "needs 9 bytes, 1 free" in text
+    assert "1 partition fell back" in text and "needs 9 bytes, 1 free" in text
     empty = parse(render_svg(Report([], [], ["host"])))
     assert "total 0" in " ".join(empty.itertext())
 

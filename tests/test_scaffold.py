@@ -157,10 +157,82 @@ def test_the_pyprojects_are_valid(tmp_path):
     plugin = pyprojecttoml.read_configuration(tmp_path / "my-accel/pyproject.toml")["project"]
     assert plugin["license"] == "Apache-2.0"
     assert plugin["entry-points"] == {"umahub.plugins": {"my_accel": "my_accel"}}
+    assert plugin["urls"] == {
+        "Homepage": "https://github.com/YOUR-ORG/my-accel",
+        "Source": "https://github.com/YOUR-ORG/my-accel",
+        "Issues": "https://github.com/YOUR-ORG/my-accel/issues",
+    }
     runtime = pyprojecttoml.read_configuration(tmp_path / "my-accel-runtime/pyproject.toml")
     assert runtime["project"]["entry-points"] == {
         "umahub.runtimes": {"my_accel": "my_accel_runtime:Runtime"}
     }
+    assert runtime["project"]["license"] == "Apache-2.0"
+    assert runtime["project"]["urls"]["Source"] == "https://github.com/YOUR-ORG/my-accel-runtime"
+    for package in ("my-accel", "my-accel-runtime"):
+        # no LICENSE file is written (the license is the vendor's to choose), so none is
+        # named; the comment says how to name one
+        assert not (tmp_path / package / "LICENSE").exists()
+        text = (tmp_path / package / "pyproject.toml").read_text()
+        assert "\nlicense-files" not in text
+        assert '# license-files = ["LICENSE"].' in text
+
+
+def test_the_guides_are_linked_by_url_not_by_a_path_a_pip_user_lacks(tmp_path, capsys):
+    from umahub.cli.scaffold_templates import DOCS
+
+    assert DOCS == "https://github.com/umahub/umahub/blob/main/docs"
+    for device in (False, True):
+        name = f"linked{int(device)}"
+        assert main(["new-plugin", name, "--dir", str(tmp_path), *(["--device"] * device)]) == 0
+        out = capsys.readouterr().out
+        guide = "device.md" if device else "writing.md"
+        assert out.endswith(f"with the guide\n      '{_guide(device)}', {DOCS}/plugins/{guide}\n")
+        texts = {
+            p: p.read_text()
+            for p in tmp_path.glob(f"{name}*/**/*")
+            if p.is_file() and p.suffix in (".md", ".py")
+        }
+        for path, text in [*texts.items(), ("next steps", out)]:
+            bare = text.replace(f"{DOCS}/", "")
+            assert "docs/" not in bare, f"{path}: a guide by a repository path"
+        readme = texts[tmp_path / name / "README.md"]
+        assert f"[hook reference]({DOCS}/plugins/hooks.rst)" in readme
+        assert f"{DOCS}/plugins/writing.md" in texts[tmp_path / name / f"src/{name}/__init__.py"]
+
+
+def _guide(device):
+    return "A device of its own" if device else "Writing a plugin"
+
+
+def test_the_generated_plugin_declares_an_option_its_schedule_reads(tmp_path, monkeypatch):
+    import umahub.models as zoo
+
+    _generate(tmp_path, "optioned-accel")
+    monkeypatch.syspath_prepend(str(tmp_path / "optioned-accel/src"))
+    plugin = importlib.import_module("optioned_accel")
+    try:
+        said = {}
+        for lanes in (1, 16):
+            hub = umahub.Hub(
+                config={
+                    "on-error": "error",
+                    "options": {"optioned_accel": {"vector_lanes": lanes}},
+                },
+                autoload=False,
+                plugins=[plugin],
+                project_config=False,
+            )
+            (option,) = hub.accelerator("optioned_accel").options
+            assert (option.name, option.default, option.choices) == (
+                "vector-lanes",
+                1,
+                (1, 4, 8, 16),
+            )
+            (partition,) = hub.compile(zoo.get("mlp")).report.partitions
+            said[lanes] = partition.schedule
+        assert said == {1: [], 16: ["vectorized 1 block(s) by 16 lanes"]}
+    finally:
+        sys.modules.pop("optioned_accel", None)
 
 
 def test_the_generated_code_is_lint_clean(tmp_path):
@@ -261,6 +333,10 @@ def test_the_plugin_passes_its_own_tests_from_its_source_tree(tmp_path):
     out = _pytest(tmp_path / "scaffolded-accel", args=["-k", "not cnn"])
     assert "scaffolded_accel (plugin scaffolded_accel): passed" in out
     assert "failed" not in out
+    # The counts add up: 18 collected = 10 run + 5 of the cnn + 3 checks of a device of
+    # its own, which this accelerator does not have (deselected by the kit, and said).
+    assert "3 device checks deselected: no accelerator under test has a device" in out
+    assert "\n10 passed, 8 deselected in " in out
 
 
 def test_the_device_plugin_and_its_runtime_pass_their_own_tests(tmp_path):

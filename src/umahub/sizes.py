@@ -2,12 +2,13 @@
 
 :func:`human_size` is the only place a byte count becomes text for a user
 (``"16 KiB"``, ``"3.8 MiB"``); plugins use it too, in the reasons their
-pattern checks give (``umahub.Refusal``).
+pattern checks give (``umahub.Refusal``). :func:`counted` puts a count of
+things in words (``"1 copy"``, ``"2 copies"``).
 """
 
 from __future__ import annotations
 
-__all__ = ["human_size"]
+__all__ = ["counted", "human_size"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -27,3 +28,9 @@ def human_size(n: float) -> str:
         return f"{int(value)} B"
     number = f"{value:.1f}" if abs(value) < 10 else f"{value:.0f}"
     return f"{number.removesuffix('.0')} {_UNITS[k]}"
+
+
+def counted(n: int, one: str, many: str | None = None) -> str:
+    """``n`` things in words, singular for one: ``counted(1, "copy", "copies") == "1 copy"``,
+    ``counted(3, "op") == "3 ops"`` (``many`` is ``one + "s"`` unless given)."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"

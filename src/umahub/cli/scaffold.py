@@ -172,7 +172,7 @@ def next_steps(scaffold: Scaffold) -> str:
     here = scaffold.directory
     what = f"the plugin {scaffold.module} (accelerator {scaffold.accelerator}) in {here}"
     install = f'pip install -e "{_local(here)}[test]"'
-    guide = "'Writing a plugin' (docs/plugins/writing.md)"
+    guide = f"'Writing a plugin', {templates.DOCS}/plugins/writing.md"
     if scaffold.runtime_directory is not None:
         what = (
             f"the plugin {scaffold.module} (accelerator {scaffold.accelerator}, a device of its "
@@ -180,11 +180,12 @@ def next_steps(scaffold: Scaffold) -> str:
             f"{scaffold.runtime_directory}"
         )
         install = f'pip install -e {_local(scaffold.runtime_directory)} -e "{_local(here)}[test]"'
-        guide = "'A device of its own' (docs/plugins/device.md)"
+        guide = f"'A device of its own', {templates.DOCS}/plugins/device.md"
     return (
         f"wrote {what}\n"
         f"next: {install}\n"
         f"      umahub plugins     (lists it)\n"
         f"      cd {here} && pytest   (its tests, umahub's conformance kit among them)\n"
-        f"      then make it yours: src/{scaffold.module}/__init__.py, with the guide {guide}\n"
+        f"      then make it yours: src/{scaffold.module}/__init__.py, with the guide\n"
+        f"      {guide}\n"
     ).rstrip("\n")

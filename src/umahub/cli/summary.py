@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from umahub.sizes import human_size
+from umahub.sizes import counted, human_size
 
 __all__ = ["summary"]
 
@@ -33,7 +33,7 @@ def summary(report: Any, seconds: float) -> str:
     placed = sum(per_device.values())
     where = ", ".join(f"{d} {n}" for d, n in sorted(per_device.items()))
     lines = [
-        f"placement: {placed} of {len(report.placement)} operators on accelerators"
+        f"placement: {placed} of {counted(len(report.placement), 'operator')} on accelerators"
         + (f" ({where})" if where else "")
         + f", {host} on the host"
     ]

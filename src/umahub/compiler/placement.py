@@ -351,7 +351,13 @@ def _guard(
         why = _taken(accepted, ctx)
         if why is None:
             try:
-                why = _refused(planned, pins, ctx)
+                why = _pinned_out(planned, pins, ctx)
+                if why is None and planned.check is not None:
+                    why = refusal_reason(planned.check(ctx))
+                    if why is not None and refusals is not None:
+                        refusals.add_check(
+                            planned.accelerator.name, [n for n, _ in matched_operators(ctx)], why
+                        )
             except Exception as exc:  # a plugin's check: never let it through TVM's pass
                 if failures is not None:
                     failures.add(planned, [n for n, _ in matched_operators(ctx)], exc)
@@ -432,12 +438,9 @@ def _wanted(planned: PlannedPattern, pins: Pins, ctx: Any) -> bool:
     return False
 
 
-def _refused(planned: PlannedPattern, pins: Pins, ctx: Any) -> str | None:
-    """Pins first (a match holding an operator pinned elsewhere is refused), then the check.
-
-    Returns None when the match is taken, else why not ("" when a plugin's
-    check refused without a reason).
-    """
+def _pinned_out(planned: PlannedPattern, pins: Pins, ctx: Any) -> str | None:
+    """Why the pins refuse the match (one holding an operator pinned elsewhere, or
+    placed elsewhere by cost), or None: then the pattern's check decides."""
     accel = planned.accelerator.name
     wanted = False
     if pins.chosen is not None:
@@ -460,9 +463,7 @@ def _refused(planned: PlannedPattern, pins: Pins, ctx: Any) -> str | None:
                 wanted = True
     if not planned.claims and not wanted:
         return "its accelerator takes only what is pinned to it"
-    if planned.check is None:
-        return None
-    return refusal_reason(planned.check(ctx))
+    return None
 
 
 class Refusals(dict):
@@ -472,7 +473,27 @@ class Refusals(dict):
     are recorded (those are the ones a user asked for), each (pattern,
     reason) once per node. The reason is "" when a plugin's check refused
     without giving one.
+
+    Besides, :attr:`checks` keeps what the accelerators' pattern checks refused,
+    pinned or not: node -> {accelerator: reason}, the first refused match's
+    reason per accelerator (what the report shows as ``Operator.refused``).
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: node -> {accelerator: the reason its first refused match's check gave}.
+        self.checks: dict[str, dict[str, str]] = {}
+
+    def add_check(self, accelerator: str, nodes: Sequence[str], reason: str) -> None:
+        """Record that ``accelerator``'s check refused a match over ``nodes`` for ``reason``
+        (kept only where that accelerator has no reason for the node yet)."""
+        for node in nodes:
+            self.checks.setdefault(node, {}).setdefault(accelerator, reason)
+
+    def clear(self) -> None:
+        """Forget every refusal (the checks run again)."""
+        super().clear()
+        self.checks.clear()
 
     def add(self, pattern: str, nodes: Sequence[str], reason: str) -> None:
         """Record that a match of ``pattern`` over ``nodes`` was refused for ``reason``."""

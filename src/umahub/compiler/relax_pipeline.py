@@ -46,10 +46,16 @@ builds the module, not umahub:
 - ``verify`` does not run (it rebuilds the model when a partition is wrong);
   with ``verify = true`` the pipeline warns and goes on.
 
-And one for partitions on devices of their own (``Accelerator(runtime=...)``):
-their programs are loaded into their runtimes in the process that compiled
-them, so TVM's VM runs them there; TVM's own ``export_library`` does not
-carry the programs, ``pipeline.load(executable).export_library(path)`` does.
+And one for partitions on devices of their own (``Accelerator(runtime=...)``,
+codegen ``"device"``, the bundled simnpu's): their programs are loaded into
+their runtimes in the process that compiled them (the packed functions
+``umahub.device.<key>``), so TVM's VM runs them there; TVM's own
+``export_library`` does not carry the programs, and the file it writes fails
+in another process ("Cannot find function umahub.device.…"). The pipeline
+says so when it runs, in one :class:`umahub.UmahubWarning` naming those
+partitions and what carries them: ``pipeline.load(executable).export_library(path)``,
+or, by name, ``umahub.Hub().compile(mod)`` and ``compiled.export_library(path)``.
+A warning, not an error: the executable is right in this process.
 """
 
 from __future__ import annotations
@@ -94,11 +100,15 @@ class RelaxPipeline:
         placement: Mapping[str, str] | None = None,
         progress: Progress | None = None,
         then: str | Any = "default",
+        by_name: bool = False,
     ):
         self.hub = hub
         self.placement = placement
         self.progress = progress
         self.then = then
+        #: Made by ``relax.get_pipeline("umahub")`` (``relax_pipeline="umahub"``): the
+        #: user holds no pipeline to ``load`` the executable with.
+        self.by_name = by_name
         self.compilation: Compilation | None = None
 
     def transform_module(self, mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -129,6 +139,7 @@ class RelaxPipeline:
         """Load the device partitions' programs into their runtimes, in this process."""
         if not comp.device_calls:
             return
+        warn(_in_process_only(list(comp.device_calls), self.by_name))
         from umahub.runtime.devices import bind
 
         try:
@@ -170,6 +181,29 @@ class RelaxPipeline:
         compiled = build.load(comp, executable, kernels_linked=True)
         compiled.report = comp.report()
         return compiled
+
+
+#: Device partitions the warning of :func:`_in_process_only` names; the rest are counted.
+_NAMED_PARTITIONS = 3
+
+
+def _in_process_only(symbols: list[str], by_name: bool) -> str:
+    """The one line that says an executable's device partitions run only in this process."""
+    named = ", ".join(symbols[:_NAMED_PARTITIONS])
+    if len(symbols) > _NAMED_PARTITIONS:
+        named += f" and {len(symbols) - _NAMED_PARTITIONS} more"
+    instead = (
+        "umahub.Hub().compile(mod) and compiled.export_library(path)"
+        if by_name
+        else "pipeline.load(executable).export_library(path)"
+    )
+    several = len(symbols) > 1
+    return (
+        f"device partition{'s' if several else ''} {named} run{'' if several else 's'} "
+        "on programs bound in this process only: TVM's export_library cannot carry them "
+        "(the exported file fails elsewhere with 'Cannot find function umahub.device...'); "
+        f"for a library that carries them use {instead}"
+    )
 
 
 def _linkable(mod: tvm.IRModule, comp: Compilation) -> tvm.IRModule:

@@ -39,8 +39,9 @@ def _by_name(**options: Any) -> Any:
     ``options`` are :class:`umahub.Hub`'s keyword arguments, ``placement`` and
     ``then`` (:meth:`umahub.Hub.relax_pipeline`'s).
     """
+    from umahub.compiler.relax_pipeline import RelaxPipeline
     from umahub.hub.hub import Hub
 
     placement = options.pop("placement", None)
     then = options.pop("then", "default")
-    return Hub(**options).relax_pipeline(placement=placement, then=then)
+    return RelaxPipeline(Hub(**options), placement, then=then, by_name=True)

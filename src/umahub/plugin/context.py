@@ -30,6 +30,11 @@ class Operator:
         flops: floating-point operations of one call, from static shapes (0
             when unknown).
         bytes: the size of its output, from static shapes (0 when unknown).
+        refused: why accelerators did not take it, accelerator -> reason: for
+            each accelerator a pattern of which matched the operator but whose
+            check refused the match, the reason the first such check gave
+            (``umahub.Refusal``; "" when it returned a plain false). The
+            accelerator it runs on is left out.
     """
 
     name: str
@@ -41,6 +46,7 @@ class Operator:
     inputs: tuple[str, ...] = ()
     flops: int = 0
     bytes: int = 0
+    refused: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,19 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from umahub.plugin.options import format_value
-from umahub.sizes import human_size
+from umahub.sizes import counted, human_size
 
 if TYPE_CHECKING:
     from umahub.report.data import ReportData
 
-__all__ = ["cycles_text", "describe", "options_lines", "render", "summary_line"]
+__all__ = [
+    "cycles_text",
+    "describe",
+    "options_lines",
+    "refused_lines",
+    "render",
+    "summary_line",
+]
 
 
 #: Groups the report's text lists by name; the rest are counted (all are in the JSON).
@@ -25,7 +32,7 @@ def summary_line(auto: Mapping[str, Any]) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in auto["costs"].items() if n)
     return (
         f"placement by cost: estimated {auto['estimate_ms']:.2f} ms{versus}, "
-        f"{len(auto['changed'])} operator(s) placed otherwise than by priority; "
+        f"{counted(len(auto['changed']), 'operator')} placed otherwise than by priority; "
         f"costs: {counts or 'none'}; {sum(auto['seconds'].values()):.1f}s"
     )
 
@@ -38,6 +45,17 @@ def options_lines(options: Mapping[str, Mapping[str, Any]]) -> list[str]:
         + ", ".join(f"{k} = {format_value(v)}" for k, v in values.items())
         for accelerator, values in options.items()
     ]
+
+
+def refused_lines(placement: list[Any]) -> list[str]:
+    """The report's section on what accelerators' pattern checks refused, one line per
+    operator and accelerator (``Operator.refused``): ``  lv3: npu: 3 input channels, ...``."""
+    rows = [
+        f"  {o.name}: {accelerator}: {reason or 'its check gives no reason'}"
+        for o in placement
+        for accelerator, reason in o.refused.items()
+    ]
+    return ["refused by accelerators' checks (node: accelerator: reason):", *rows] if rows else []
 
 
 def _finalist(name: str) -> str:
@@ -81,7 +99,7 @@ def describe(auto: Mapping[str, Any]) -> list[str]:
     lines.extend(_finalists(auto))
     changed = auto["changed"]
     if changed:
-        lines.append(f"  placed otherwise than by priority: {len(changed)} operator(s)")
+        lines.append(f"  placed otherwise than by priority: {counted(len(changed), 'operator')}")
         for node, (before, after) in list(changed.items())[:SHOWN_GROUPS]:
             lines.append(f"    {node}: {before} -> {after}")
         if len(changed) > SHOWN_GROUPS:
@@ -150,6 +168,7 @@ def render(report: ReportData) -> str:
         lines.append(f"  {o.name:<{width}}  {o.op:<{opw}}  {o.device:<{devw}}  {why}")
     counts = ", ".join(f"{d}: {n}" for d, n in sorted(report.devices_of().items()))
     lines.append(f"  operators per device: {counts}")
+    lines += refused_lines(report.placement)
     lines += options_lines(report.options)
     if report.partitions:
         lines.append("partitions:")
@@ -160,7 +179,8 @@ def render(report: ReportData) -> str:
                 else f"{p.device} {p.virtual_device}".strip()
             )
             lines.append(
-                f"  {p.symbol}  [{state}]  {p.operators} op(s), patterns {', '.join(p.patterns)}"
+                f"  {p.symbol}  [{state}]  {counted(p.operators, 'op')}, "
+                f"patterns {', '.join(p.patterns)}"
             )
             for hook, plugins in p.hooks.items():
                 lines.append(f"      {hook}: {', '.join(plugins)}")
@@ -202,7 +222,7 @@ def render(report: ReportData) -> str:
             lines.append(title)
         for e in edges:
             lines.append(
-                f"  {e['src']} -> {e['dst']}: {e['count']} copies, "
+                f"  {e['src']} -> {e['dst']}: {counted(e['count'], 'copy', 'copies')}, "
                 f"{human_size(e['bytes'])}, {e['kind']}"
             )
     if report.memory is not None:

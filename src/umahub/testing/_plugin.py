@@ -46,6 +46,9 @@ _WHOLE_CHECKS = frozenset({"takes_operators"})
 #: The accelerators (joined by "+") of a cross-accelerator test item.
 _CROSS_KEY = pytest.StashKey[str]()
 
+#: How many device checks a run deselected (no accelerator under test has a device).
+_NOT_APPLICABLE_KEY = pytest.StashKey[int]()
+
 _REPORT_NAME = "umahub-conformance.json"
 #: The node id of the added test module: ``umahub-conformance::TestConformance::test_...``.
 _SUITE_NODEID = "umahub-conformance"
@@ -165,7 +168,13 @@ def pytest_collection_modifyitems(
     first, so that ``-k``, ``-m`` and other plugins see the added tests as if
     they had been collected from a file.
     """
-    items[:] = [item for item in items if not _not_applicable(item)]  # a vendor's subclass too
+    dropped = [item for item in items if _not_applicable(item)]  # a vendor's subclass too
+    if dropped:
+        # Deselected, as pytest counts them: "collected 16 items / 3 deselected", not
+        # 16 collected and 13 passed with nothing said of the other 3.
+        items[:] = [item for item in items if not _not_applicable(item)]
+        config.hook.pytest_deselected(items=dropped)
+        config.stash[_NOT_APPLICABLE_KEY] = len(dropped)
     state = config.stash[SESSION_KEY]
     if not state.names:
         return
@@ -189,7 +198,7 @@ def pytest_collection_modifyitems(
 
 def _not_applicable(item: pytest.Item) -> bool:
     """A check of a device of its own when no accelerator under test has one (pytest's
-    placeholder for an empty parametrization): not collected, rather than skipped."""
+    placeholder for an empty parametrization): deselected, rather than skipped."""
     from umahub.testing._device_checks import DEVICE_CHECKS
 
     params = getattr(getattr(item, "callspec", None), "params", {})
@@ -314,6 +323,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             f"{entry.get('pins', 0)} pin(s) ({entry.get('pins_unhonoured', 0)} not honourable), "
             f"largest error {'-' if error is None else f'{error:.2g}'}, "
             f"{'passed' if entry['passed'] else 'FAILED: ' + '; '.join(entry['failures'])}"
+        )
+    dropped = config.stash.get(_NOT_APPLICABLE_KEY, 0)
+    if dropped:
+        terminalreporter.write_line(
+            f"{dropped} device check{'s' if dropped > 1 else ''} deselected: no accelerator "
+            "under test has a device of its own (Accelerator(runtime=...))"
         )
     if state.report_path is not None:
         terminalreporter.write_line(f"report: {state.report_path}")

@@ -105,7 +105,9 @@ def partition(
 
     A pattern check that raises refuses its match and is recorded in
     ``failures``; why matches holding pinned operators were refused goes to
-    ``refusals`` (see :meth:`PlannedPattern.fusion_pattern`).
+    ``refusals`` (see :meth:`PlannedPattern.fusion_pattern`), and what each
+    accelerator's checks refused to ``refusals.checks``, which every operator
+    carries as ``Operator.refused`` (the accelerator it runs on left out).
     """
     mod = name_nodes(relax.transform.ConvertToDataflow()(mod))
     parts = quantized_parts(mod["main"])
@@ -137,8 +139,19 @@ def partition(
     def operator(row: Row, device: str = "host", symbol: str = "") -> Operator:
         hit = pins.resolve(row.node, row.op, row.pattern)
         pinned = hit[0] if hit else ""
+        where = device.partition(":")[0]
+        refused = {a: r for a, r in refusals.checks.get(row.node, {}).items() if a != where}
         return Operator(
-            row.node, row.op, device, row.pattern, symbol, pinned, row.inputs, row.flops, row.bytes
+            row.node,
+            row.op,
+            device,
+            row.pattern,
+            symbol,
+            pinned,
+            row.inputs,
+            row.flops,
+            row.bytes,
+            refused,
         )
 
     # One walk over main, in model order: partitions get their instance (pinned,

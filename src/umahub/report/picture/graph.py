@@ -46,6 +46,7 @@ from umahub.report.picture.svg import (
     ink,
     text,
 )
+from umahub.sizes import counted
 
 if TYPE_CHECKING:
     from umahub.plugin.context import Copy, Operator
@@ -142,9 +143,8 @@ def _op_title(op: Operator, moved: tuple[str, ...] | None = None) -> str:
 
 
 def _load_title(weights: Sequence[Copy]) -> str:
-    return f"{len(weights)} weight tensor(s) copied once, when the model is loaded: " + ", ".join(
-        f"{c.src} -> {c.dst} {fmt_bytes(c.bytes)} {c.kind}" for c in weights
-    )
+    each = ", ".join(f"{c.src} -> {c.dst} {fmt_bytes(c.bytes)} {c.kind}" for c in weights)
+    return f"{counted(len(weights), 'weight tensor')} copied once, at load: {each}"
 
 
 def _draw_group(
@@ -167,7 +167,7 @@ def _draw_group(
     out = [
         f'<g class="group" data-device="{esc(g.device)}" data-partition="{esc(g.partition)}">',
         f"<title>{esc(g.partition or 'host operators')} on {esc(g.device)}, "
-        f"{len(g.ops)} operator(s)"
+        f"{counted(len(g.ops), 'operator')}"
         f"{esc(', patterns ' + patterns[g.partition]) if patterns.get(g.partition) else ''}"
         "</title>",
         f'<rect x="{x:.1f}" y="{y:.1f}" width="{GW}" height="{p.height:.1f}" rx="6" '
@@ -310,7 +310,7 @@ def _draw_fallbacks(report: Report, bottom: float, width: float) -> tuple[list[s
             text(
                 M,
                 bottom,
-                f"{len(fallen)} partition(s) fell back to the host "
+                f"{counted(len(fallen), 'partition')} fell back to the host "
                 "(their operators are drawn on the host):",
                 size=10.5,
                 fill="#c0392b",

@@ -36,6 +36,7 @@ from umahub.report.picture.timeline import (
     measured_text,
     schedule,
 )
+from umahub.sizes import counted
 
 if TYPE_CHECKING:
     from umahub.report.data import ReportData as Report
@@ -55,7 +56,7 @@ def _heading(report: Report, title: str) -> str:
     weights = [c for c in report.copies if at_load(c)]
     at_load_text = (
         (
-            f" (+{len(weights)} weights, {fmt_bytes(sum(c.bytes for c in weights))}, "
+            f" (+{counted(len(weights), 'weight')}, {fmt_bytes(sum(c.bytes for c in weights))}, "
             "copied once at load)"
         )
         if weights
@@ -64,8 +65,9 @@ def _heading(report: Report, title: str) -> str:
     heading = f"{title}: " if title else ""
     fell = f" (+{n_fallen} fell back)" if n_fallen else ""
     return (
-        f"{heading}{len(report.placement)} operators, {n_parts} "
-        f"partitions{fell}, {len(inference)} copies ({fmt_bytes(moved)}) "
+        f"{heading}{counted(len(report.placement), 'operator')}, "
+        f"{counted(n_parts, 'partition')}{fell}, "
+        f"{counted(len(inference), 'copy', 'copies')} ({fmt_bytes(moved)}) "
         f"per inference{at_load_text}"
     )
 
