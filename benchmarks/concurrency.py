@@ -11,6 +11,14 @@ Three models, each compiled once with the bundled plugins and run both ways:
 * ``resnet18``: the zoo model through the three plugins, a chain whose
   partitions alternate between the npu and the vanilla accelerator: nothing
   to overlap within an inference, which shows what the executor costs.
+* ``balanced``: issue 34's two balanced branches, a chain of elementwise
+  operators on 1x64x128x128 tensors on ``dsp_cpu:0`` and the same on
+  ``dsp_cpu:1`` (the DSP's TCM enlarged for it), joined on the host: each
+  branch alone (the model without the other branch), both on the VM, both
+  concurrently, and the floor: the two branches alone in two processes at
+  once. The bound: concurrent <= 1.2 x the slower branch alone + 0.5 ms.
+  Each figure in a process of its own, the four alternated in rounds; each
+  round says how many cores other processes kept busy.
 
 Latency is the median of single inferences, the two executors timed
 alternately; throughput is inferences per second over a stream. Each of
@@ -30,6 +38,7 @@ concurrent executor needs both, the VM one, so such rounds understate it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -42,7 +51,7 @@ import numpy as np
 from tvm import relax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write
+from _common import RESULTS, write
 
 import umahub
 import umahub.models as zoo
@@ -237,11 +246,156 @@ def measure(name, mod, pins, runs, repeat, stream_len):
     return result
 
 
+BALANCED_SHAPE = (1, 64, 128, 128)
+BALANCED_LAYERS = 12
+#: The bound of issue 34: concurrent <= FACTOR x the slower branch alone + SLACK seconds.
+BOUND_FACTOR, BOUND_SLACK = 1.2, 0.5e-3
+
+_BALANCED_WORKER = r"""
+import json, os, statistics, sys, time
+import numpy as np
+import umahub
+path, executor, runs, at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+model = umahub.load(path)
+x = umahub.runtime.compiled.example_inputs(model.input_info)[0]
+for _ in range(3):
+    out = model.run(x, executor=executor)
+while time.time() < at:  # two processes start timing together
+    time.sleep(0.001)
+hz = os.sysconf("SC_CLK_TCK")
+def busy():
+    with open("/proc/stat") as f:
+        v = list(map(int, f.readline().split()[1:9]))
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / hz
+b, own, wall = busy(), sum(os.times()[:2]), time.perf_counter()
+times = []
+for _ in range(runs):
+    start = time.perf_counter()
+    model.run(x, executor=executor)
+    times.append(time.perf_counter() - start)
+wall = time.perf_counter() - wall
+own = sum(os.times()[:2]) - own
+other = max(0.0, (busy() - b - own) / wall)
+np.save(path + f".{executor}.npy", out)
+print(json.dumps({"seconds": statistics.median(times), "min": min(times), "other_load_cores": other,
+                  "load1": os.getloadavg()[0]}))
+"""
+
+
+def balanced(layers: int = BALANCED_LAYERS, cores=(0, 1), seed=3):
+    """x -> [dsp_cpu:0: add, multiply ...] + [dsp_cpu:1: the same] -> add on the host, on
+    1x64x128x128 tensors; a branch left out of ``cores`` is x itself (the same join)."""
+    rng = np.random.default_rng(seed)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType(BALANCED_SHAPE, "float32"))
+    pins = {}
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ends = []
+            for core in (0, 1):
+                h = x
+                for i in range(layers):
+                    c = relax.const(rng.standard_normal(BALANCED_SHAPE).astype("float32"))
+                    if core in cores:
+                        op = (relax.op.add, relax.op.multiply)[i % 2]
+                        h = bb.emit(op(h, c), name_hint=f"d{core}_{i}")
+                        pins[f"d{core}_{i}"] = f"dsp_cpu:{core}"
+                ends.append(h)
+            out = bb.emit_output(relax.op.add(*ends), name_hint="out")
+        bb.emit_func_output(out)
+    return bb.get(), {**pins, "out": "host"}
+
+
+def measure_balanced(runs: int, repeat: int, workdir: Path) -> dict:
+    """Issue 34's balanced branches: alone, both on the VM, both concurrent, the floor."""
+    import subprocess
+
+    import umahub_dsp
+    from _common import worker_env
+
+    # 4 MiB tensors: the TCM (and a match's budget) made big enough to hold them
+    umahub_dsp.MATCH_BUDGET = umahub_dsp.TCM_BYTES = 1 << 30
+    hub = umahub.Hub(config={"plugins": ["dsp"]}, project_config=False)
+    libs = {}
+    for name, cores in (("both", (0, 1)), ("alone0", (0,)), ("alone1", (1,))):
+        mod, pins = balanced(cores=cores)
+        compiled = hub.compile(mod, placement=pins)
+        libs[name] = str(workdir / f"balanced_{name}.so")
+        compiled.export_library(libs[name])
+    env = worker_env(1)
+
+    def start(name, executor, at):
+        return subprocess.Popen(
+            [sys.executable, "-c", _BALANCED_WORKER, libs[name], executor, str(runs), str(at)],
+            stdout=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+
+    def result(proc):
+        out, _ = proc.communicate()
+        return json.loads(out.strip().splitlines()[-1])
+
+    rounds = []
+    for _ in range(repeat):
+        r = {}
+        for key, name, executor in (
+            ("alone0", "alone0", "vm"),
+            ("alone1", "alone1", "vm"),
+            ("vm", "both", "vm"),
+            ("concurrent", "both", "concurrent"),
+        ):
+            r[key] = result(start(name, executor, 0.0))
+        at = time.time() + 3.0  # both processes loaded and warm by then
+        pair = [start("alone0", "vm", at), start("alone1", "vm", at)]
+        r["floor"] = [result(p) for p in pair]
+        r["other_load_cores"] = max(
+            [r[k]["other_load_cores"] for k in ("alone0", "alone1", "vm", "concurrent")]
+            + [f["other_load_cores"] for f in r["floor"]]
+        )
+        slower = max(r["alone0"]["seconds"], r["alone1"]["seconds"])
+        r["bound_seconds"] = BOUND_FACTOR * slower + BOUND_SLACK
+        r["floor_seconds"] = max(f["seconds"] for f in r["floor"])
+        r["within_bound"] = r["concurrent"]["seconds"] <= r["bound_seconds"]
+        rounds.append(r)
+        print(
+            f"balanced   alone {r['alone0']['seconds'] * 1e3:6.2f} / "
+            f"{r['alone1']['seconds'] * 1e3:6.2f} ms  vm {r['vm']['seconds'] * 1e3:6.2f} ms  "
+            f"concurrent {r['concurrent']['seconds'] * 1e3:6.2f} ms  "
+            f"(bound {r['bound_seconds'] * 1e3:6.2f}, floor of two processes "
+            f"{r['floor_seconds'] * 1e3:6.2f})  others used {r['other_load_cores']:.2f} cores"
+        )
+    vm_out = np.load(libs["both"] + ".vm.npy")
+    concurrent_out = np.load(libs["both"] + ".concurrent.npy")
+    quiet = min(rounds, key=lambda r: r["other_load_cores"])
+    return {
+        "model": f"{BALANCED_LAYERS} elementwise operators per branch on "
+        f"{'x'.join(map(str, BALANCED_SHAPE))} float32, branch k on dsp_cpu:k, joined by an add "
+        "on the host; a branch alone is the model with the other branch replaced by x",
+        "bound": f"concurrent <= {BOUND_FACTOR} x slower branch alone + {BOUND_SLACK * 1e3} ms",
+        "outputs_identical": bool(np.array_equal(vm_out, concurrent_out)),
+        "quietest_round": quiet,
+        "within_bound_in_quietest_round": quiet["within_bound"],
+        "rounds": rounds,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer runs")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per figure (median)")
+    parser.add_argument(
+        "--only", choices=["balanced"], help="measure only this case (others keep their results)"
+    )
     args = parser.parse_args()
+    if args.only == "balanced":
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            case = measure_balanced(15, args.repeat, Path(tmp))
+        old = json.loads((RESULTS / "concurrency.json").read_text())
+        old.pop("machine", None)
+        old["results"]["balanced"] = case
+        print(f"wrote {write('concurrency', old)}")
+        return
     runs, stream_len = (5, 10) if args.quick else (15, 40)
     results = {
         "npu+host": measure(
@@ -250,6 +404,10 @@ def main() -> None:
         "dsp0+dsp1": measure("dsp0+dsp1", *dsp_branches(), runs, args.repeat, stream_len),
         "pipeline": measure("pipeline", *two_stages(256, 18, 24, 3), runs, args.repeat, stream_len),
     }
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        results["balanced"] = measure_balanced(runs, args.repeat, Path(tmp))
     if not args.quick:
         runs_zoo, len_zoo = max(3, runs // 3), max(4, stream_len // 4)
         results["resnet18"] = measure(

@@ -17,7 +17,7 @@ import umahub
 import umahub.models as zoo
 from umahub._tvm import TensorType
 from umahub.errors import ConfigError, UmahubError
-from umahub.runtime.executor import ExecutionError, plan_cores
+from umahub.runtime.executor import ExecutionError, only_reference, plan_cores
 from umahub.runtime.running import AUTO_TRIALS
 
 BUNDLED = {"plugins": ["npu", "vanilla", "dsp"]}
@@ -339,6 +339,57 @@ def test_many_calls_from_several_threads(dsp_model, npu_model):
     assert errors == [] and wrong == []
 
 
+# ------------------------------------------------------------------ copies' destinations
+
+
+def test_only_reference_sees_every_other_holder():
+    tensor = tvm.runtime.empty((4, 4), "float32", tvm.cpu())
+    assert only_reference(tensor)
+    view = np.from_dlpack(tensor)  # numpy over the same memory holds the tensor
+    assert not only_reference(tensor)
+    del view
+    assert only_reference(tensor)
+    held = tvm.runtime.convert([tensor])  # so does a TVM container
+    assert not only_reference(tensor)
+    del held
+    assert not only_reference(object())
+
+
+def test_a_copy_writes_into_the_destination_of_an_earlier_inference(hub):
+    """A copy's destination, once its inference no longer needs it, is the next copy's:
+    no new buffer (page-faulted in as the copy writes it) at every inference."""
+    compiled = hub.compile(branches(), placement=pins("dsp_cpu:0", "dsp_cpu:1"))
+    ex = compiled._executors.concurrent()
+    copies = [i for i, s in enumerate(ex.graph.steps) if s.kind == "copy"]
+    xs = inputs(compiled)
+    want = compiled.run(*xs, executor="vm")
+    assert same(compiled.run(*xs, executor="concurrent"), want)
+    kept = {i: [t.data_ptr for t in ex.spares.kept.get(i, [])] for i in copies}
+    assert all(len(pointers) == 1 for pointers in kept.values()), kept  # all four copies
+    for seed in range(3):
+        xs = inputs(compiled, seed)
+        assert same(compiled.run(*xs, executor="concurrent"), compiled.run(*xs, executor="vm"))
+        assert {i: [t.data_ptr for t in ex.spares.kept[i]] for i in copies} == kept
+
+
+def test_a_copy_that_is_an_output_keeps_no_destination(hub):
+    """A model output made by a copy (the last op on a DSP core, copied to the host) is
+    the caller's: it is never written again by a later inference."""
+    compiled = hub.compile(branches(), placement=pins("dsp_cpu:0", "dsp_cpu:1", "dsp_cpu:0"))
+    ex = compiled._executors.concurrent()
+    graph = ex.graph
+    outputs = set(graph.output if isinstance(graph.output, list) else [graph.output])
+    last = [i for i, s in enumerate(graph.steps) if s.kind == "copy" and s.outputs[0] in outputs]
+    assert last, [s.label for s in graph.steps]
+    args = [tvm.runtime.tensor(x) for x in inputs(compiled)]
+    first = ex.run(args).numpy().copy()
+    held = ex.run(args)
+    for seed in range(1, 4):
+        ex.run([tvm.runtime.tensor(x) for x in inputs(compiled, seed)])
+    assert np.array_equal(held.numpy(), first)
+    assert all(not ex.spares.kept.get(i) for i in last)
+
+
 # ------------------------------------------------------------------ failures
 
 
@@ -382,10 +433,11 @@ def test_a_failing_copy_names_itself(npu_model, monkeypatch):
     copy = next(s for s in npu_model.step_graph.steps if s.kind == "copy" and s.dst == "npu:0")
     original = tvm.runtime.Tensor.copyto
 
-    def copyto(tensor, device, *args, **kwargs):
-        if device.index == copy.dst_index:
+    def copyto(tensor, target, *args, **kwargs):
+        # a device, or the kept destination of an earlier inference's copy (a tensor)
+        if getattr(target, "device", target).index == copy.dst_index:
             raise RuntimeError("DMA descriptor ring full")
-        return original(tensor, device, *args, **kwargs)
+        return original(tensor, target, *args, **kwargs)
 
     monkeypatch.setattr(tvm.runtime.Tensor, "copyto", copyto)
     xs = inputs(npu_model)

@@ -23,6 +23,19 @@ and the host keeps TVM's default number of threads. TVM pins a thread that
 first starts its thread pool to core 0 (and a thread inherits its creator's
 pinning), so every worker sets its affinity after starting TVM's pool.
 
+A copy writes into a tensor of its own (its destination), and a copy
+allocating a new one at every inference pays for the memory again: a fresh
+buffer is page-faulted in as the copy writes it, a thousand faults for 4 MiB,
+and two workers of one process faulting at once wait on each other in the
+kernel, so the copies of two devices working side by side took several times
+their time alone. The executor keeps the destination of a copy once its
+inference no longer needs it (:class:`_Spares`) and the next inference's copy
+writes into it, as the VM's pooled allocator does for the tensors its
+functions allocate. A destination is kept only when nothing else holds it:
+not a model output, and referenced by nothing but the executor (TVM's
+reference count: a view, a numpy array over it or a tensor a function
+returned keep it out).
+
 A step that raises fails its inference: the caller gets an
 :class:`ExecutionError` naming the partition and device (or the copy), the
 other steps of that inference are dropped, other inferences go on. A worker
@@ -32,6 +45,7 @@ executor that is no longer used holds no thread.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import queue
@@ -52,6 +66,8 @@ __all__ = ["ExecutionError", "Executor", "Inference", "Measured", "tensor_bytes"
 
 #: Seconds a worker waits for work before its thread ends.
 IDLE_SECONDS = 2.0
+#: Destinations kept per copy step for the next inferences (one per inference in flight).
+SPARES_PER_COPY = 4
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,47 @@ def tensor_bytes(tensor: Any) -> int:
         return int(np.prod([int(d) for d in tensor.shape])) * np.dtype(str(tensor.dtype)).itemsize
     except (AttributeError, TypeError, ValueError):
         return 0
+
+
+def only_reference(tensor: Any) -> bool:
+    """Whether the Python object ``tensor`` holds the only reference to its TVM tensor.
+
+    Reads the strong count of the object's header (the first 32 bits of
+    ``TVMFFIObject``, tvm-ffi's stable C ABI); anything it cannot read counts
+    as shared.
+    """
+    try:
+        handle = tensor.__chandle__()
+        return bool(handle) and ctypes.c_uint64.from_address(handle).value & 0xFFFFFFFF == 1
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+class _Spares:
+    """Destinations of copies that their inferences no longer need, by copy step."""
+
+    def __init__(self, limit: int = SPARES_PER_COPY):
+        self.limit = limit
+        self.kept: dict[int, list[Any]] = {}
+        self.lock = threading.Lock()
+
+    def give(self, step: int, tensor: Any) -> bool:
+        """Keep ``tensor`` (the output of copy ``step``) for a later copy, when nothing
+        else references it; returns whether it was kept."""
+        if not only_reference(tensor):
+            return False
+        with self.lock:
+            kept = self.kept.setdefault(step, [])
+            if len(kept) >= self.limit:
+                return False
+            kept.append(tensor)
+        return True
+
+    def take(self, step: int) -> Any:
+        """A kept destination of copy ``step``, or None."""
+        with self.lock:
+            kept = self.kept.get(step)
+            return kept.pop() if kept else None
 
 
 def _cores() -> list[int]:
@@ -180,7 +237,10 @@ class Inference:
                 for v in set(step.inputs):
                     self.uses[v] -= 1
                     if self.uses[v] == 0 and v not in executor.kept:
-                        self.values[v] = None  # nothing reads it any more: free it
+                        value, self.values[v] = self.values[v], None  # nothing reads it any more
+                        if v in executor.copied_by and value is not None:
+                            executor.spares.give(executor.copied_by[v], value)
+                        del value
                 self.remaining -= 1
                 for v in step.outputs:
                     for c in executor.consumers[v]:
@@ -270,7 +330,7 @@ class _Lane:
                 args = [inference.values[v] for v in step.inputs]
                 start = time.perf_counter()
                 if step.kind == "copy":
-                    outputs = [args[0].copyto(self.executor.devices[step.dst_index])]
+                    outputs = [self.executor.copy(index, step, args[0])]
                 else:
                     fn = functions.get(step.function)
                     if fn is None:
@@ -332,6 +392,9 @@ class Executor:
                     self.consumers[v].append(i)
                     self.waits[i] += 1
         self.kept = set(_flat(graph.output))
+        # a copy's output, by the copy step that makes it (its destination may be reused)
+        self.copied_by = {s.outputs[0]: i for i, s in enumerate(graph.steps) if s.kind == "copy"}
+        self.spares = _Spares()
         self.starts = [i for i, w in enumerate(self.waits) if w == 0]
         host = graph.devices[0]
         lanes = graph.lanes
@@ -349,6 +412,13 @@ class Executor:
         if step.kind == "copy" and step.mode == "async":
             return dma_lane(step.device)
         return step.device
+
+    def copy(self, index: int, step: Step, tensor: Any) -> Any:
+        """Run copy step ``index``: ``tensor`` into a kept destination, or a new one."""
+        dst = self.spares.take(index)
+        if dst is None:
+            return tensor.copyto(self.devices[step.dst_index])
+        return tensor.copyto(dst)
 
     def dispatch(self, inference: Inference, index: int) -> None:
         """Queue step ``index`` of ``inference`` on its lane."""
