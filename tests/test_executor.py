@@ -17,8 +17,9 @@ import umahub
 import umahub.models as zoo
 from umahub._tvm import TensorType
 from umahub.errors import ConfigError, UmahubError
-from umahub.runtime.executor import ExecutionError, only_reference, plan_cores
+from umahub.runtime.executor import ExecutionError, plan_cores
 from umahub.runtime.running import AUTO_TRIALS
+from umahub.runtime.spares import only_reference
 
 BUNDLED = {"plugins": ["npu", "vanilla", "dsp"]}
 

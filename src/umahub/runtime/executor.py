@@ -23,18 +23,13 @@ and the host keeps TVM's default number of threads. TVM pins a thread that
 first starts its thread pool to core 0 (and a thread inherits its creator's
 pinning), so every worker sets its affinity after starting TVM's pool.
 
-A copy writes into a tensor of its own (its destination), and a copy
-allocating a new one at every inference pays for the memory again: a fresh
-buffer is page-faulted in as the copy writes it, a thousand faults for 4 MiB,
-and two workers of one process faulting at once wait on each other in the
-kernel, so the copies of two devices working side by side took several times
-their time alone. The executor keeps the destination of a copy once its
-inference no longer needs it (:class:`_Spares`) and the next inference's copy
-writes into it, as the VM's pooled allocator does for the tensors its
-functions allocate. A destination is kept only when nothing else holds it:
-not a model output, and referenced by nothing but the executor (TVM's
-reference count: a view, a numpy array over it or a tensor a function
-returned keep it out).
+A copy writes into the destination of the same copy of an earlier inference
+once nothing else holds it (:mod:`umahub.runtime.spares` says why).
+
+Why this module is long: an inference's bookkeeping, the lanes' workers and
+the executor that dispatches between them share one set of state (the values,
+the waits, the spans) under one lock discipline; split, each piece would have
+to expose it to the others.
 
 A step that raises fails its inference: the caller gets an
 :class:`ExecutionError` naming the partition and device (or the copy), the
@@ -45,7 +40,6 @@ executor that is no longer used holds no thread.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 import queue
@@ -60,14 +54,13 @@ import numpy as np
 
 from umahub.errors import ExecutionError, last_line
 from umahub.lanes import dma_lane, is_dma
+from umahub.runtime.spares import Spares
 from umahub.runtime.steps import Step, StepGraph
 
 __all__ = ["ExecutionError", "Executor", "Inference", "Measured", "tensor_bytes"]
 
 #: Seconds a worker waits for work before its thread ends.
 IDLE_SECONDS = 2.0
-#: Destinations kept per copy step for the next inferences (one per inference in flight).
-SPARES_PER_COPY = 4
 
 
 @dataclass(frozen=True)
@@ -94,47 +87,6 @@ def tensor_bytes(tensor: Any) -> int:
         return int(np.prod([int(d) for d in tensor.shape])) * np.dtype(str(tensor.dtype)).itemsize
     except (AttributeError, TypeError, ValueError):
         return 0
-
-
-def only_reference(tensor: Any) -> bool:
-    """Whether the Python object ``tensor`` holds the only reference to its TVM tensor.
-
-    Reads the strong count of the object's header (the first 32 bits of
-    ``TVMFFIObject``, tvm-ffi's stable C ABI); anything it cannot read counts
-    as shared.
-    """
-    try:
-        handle = tensor.__chandle__()
-        return bool(handle) and ctypes.c_uint64.from_address(handle).value & 0xFFFFFFFF == 1
-    except (AttributeError, TypeError, ValueError):
-        return False
-
-
-class _Spares:
-    """Destinations of copies that their inferences no longer need, by copy step."""
-
-    def __init__(self, limit: int = SPARES_PER_COPY):
-        self.limit = limit
-        self.kept: dict[int, list[Any]] = {}
-        self.lock = threading.Lock()
-
-    def give(self, step: int, tensor: Any) -> bool:
-        """Keep ``tensor`` (the output of copy ``step``) for a later copy, when nothing
-        else references it; returns whether it was kept."""
-        if not only_reference(tensor):
-            return False
-        with self.lock:
-            kept = self.kept.setdefault(step, [])
-            if len(kept) >= self.limit:
-                return False
-            kept.append(tensor)
-        return True
-
-    def take(self, step: int) -> Any:
-        """A kept destination of copy ``step``, or None."""
-        with self.lock:
-            kept = self.kept.get(step)
-            return kept.pop() if kept else None
 
 
 def _cores() -> list[int]:
@@ -394,7 +346,7 @@ class Executor:
         self.kept = set(_flat(graph.output))
         # a copy's output, by the copy step that makes it (its destination may be reused)
         self.copied_by = {s.outputs[0]: i for i, s in enumerate(graph.steps) if s.kind == "copy"}
-        self.spares = _Spares()
+        self.spares = Spares()
         self.starts = [i for i, w in enumerate(self.waits) if w == 0]
         host = graph.devices[0]
         lanes = graph.lanes
