@@ -109,8 +109,9 @@ def two_stages(n: int, npu_layers: int, host_rank: int, host_layers: int, seed=1
     return bb.get(), pins
 
 
-def dsp_branches(shape=(16, 64), layers=3, seed=2):
-    """x -> [dsp_cpu:0: add, multiply ...] + [dsp_cpu:1: the same] -> add on the host."""
+def dsp_branches(shape=(16, 64), layers=3, seed=2, cores=(0, 1)):
+    """x -> [dsp_cpu:0: add, multiply ...] + [dsp_cpu:1: the same] -> add on the host; a
+    branch left out of ``cores`` is x itself (the same join, the same constants drawn)."""
     rng = np.random.default_rng(seed)
     bb = relax.BlockBuilder()
     x = relax.Var("x", TensorType(shape, "float32"))
@@ -122,9 +123,10 @@ def dsp_branches(shape=(16, 64), layers=3, seed=2):
                 h = x
                 for i in range(layers):
                     c = relax.const(rng.standard_normal(shape).astype("float32"))
-                    op = (relax.op.add, relax.op.multiply)[i % 2]
-                    h = bb.emit(op(h, c), name_hint=f"d{core}_{i}")
-                    pins[f"d{core}_{i}"] = f"dsp_cpu:{core}"
+                    if core in cores:
+                        op = (relax.op.add, relax.op.multiply)[i % 2]
+                        h = bb.emit(op(h, c), name_hint=f"d{core}_{i}")
+                        pins[f"d{core}_{i}"] = f"dsp_cpu:{core}"
                 ends.append(h)
             out = bb.emit_output(relax.op.add(*ends), name_hint="out")
         bb.emit_func_output(out)
@@ -283,27 +285,8 @@ print(json.dumps({"seconds": statistics.median(times), "min": min(times), "other
 
 
 def balanced(layers: int = BALANCED_LAYERS, cores=(0, 1), seed=3):
-    """x -> [dsp_cpu:0: add, multiply ...] + [dsp_cpu:1: the same] -> add on the host, on
-    1x64x128x128 tensors; a branch left out of ``cores`` is x itself (the same join)."""
-    rng = np.random.default_rng(seed)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", TensorType(BALANCED_SHAPE, "float32"))
-    pins = {}
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            ends = []
-            for core in (0, 1):
-                h = x
-                for i in range(layers):
-                    c = relax.const(rng.standard_normal(BALANCED_SHAPE).astype("float32"))
-                    if core in cores:
-                        op = (relax.op.add, relax.op.multiply)[i % 2]
-                        h = bb.emit(op(h, c), name_hint=f"d{core}_{i}")
-                        pins[f"d{core}_{i}"] = f"dsp_cpu:{core}"
-                ends.append(h)
-            out = bb.emit_output(relax.op.add(*ends), name_hint="out")
-        bb.emit_func_output(out)
-    return bb.get(), {**pins, "out": "host"}
+    """:func:`dsp_branches` on 1x64x128x128 tensors: issue 34's balanced branches."""
+    return dsp_branches(BALANCED_SHAPE, layers, seed, cores)
 
 
 def measure_balanced(runs: int, repeat: int, workdir: Path) -> dict:

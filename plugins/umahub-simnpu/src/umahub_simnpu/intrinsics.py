@@ -25,8 +25,9 @@ DRAM type.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["BY_NAME", "DATA", "KINDS", "MODULES", "Intrinsic", "kind_of_scope"]
+__all__ = ["BY_NAME", "DATA", "KINDS", "MODULES", "Intrinsic", "kind_of_scope", "points_to"]
 
 #: The string naming the program's data segment as a load's source.
 DATA = "simnpu.data"
@@ -68,6 +69,18 @@ STORE = Intrinsic("simnpu.store", 15, ((4, (5,)),), dram=1)
 
 #: Every intrinsic by its name.
 BY_NAME = {i.name: i for i in (LOAD, GEMM, ALU, STORE)}
+
+
+def points_to(arg: Any, buffer: Any) -> bool:
+    """Whether the intrinsic argument ``arg`` is ``buffer``'s data pointer (TVM 0.26+
+    makes ``buffer.data`` a ``tirx.buffer_data(buffer)`` call anew at each use)."""
+    if arg.same_as(buffer.data):
+        return True
+    return (
+        type(arg).__name__ == "Call"
+        and getattr(arg.op, "name", "") == "tirx.buffer_data"
+        and arg.args[0].same_as(buffer)
+    )
 
 
 def kind_of_scope(scope: str) -> str | None:

@@ -36,7 +36,7 @@ from typing import Any
 from umahub_simnpu_runtime import isa
 
 import umahub.plugin as up
-from umahub_simnpu.intrinsics import BY_NAME, MODULES, Intrinsic, kind_of_scope
+from umahub_simnpu.intrinsics import BY_NAME, MODULES, Intrinsic, kind_of_scope, points_to
 
 __all__ = ["dependency_tokens", "double_buffer"]
 
@@ -55,16 +55,7 @@ class _Site:
 
 def _buffer_of_pointer(arg: Any, tiles: list[Any]) -> Any:
     """The tile whose pointer ``arg`` is (``buffer.data``), or None."""
-    for tile in tiles:
-        if arg.same_as(tile.data):
-            return tile
-        if (
-            type(arg).__name__ == "Call"
-            and getattr(arg.op, "name", "") == "tirx.buffer_data"
-            and arg.args[0].same_as(tile)
-        ):
-            return tile
-    return None
+    return next((tile for tile in tiles if points_to(arg, tile)), None)
 
 
 def _sites(func: Any) -> tuple[Any, list[Any], list[_Site]]:
