@@ -173,7 +173,7 @@ def _engines(data: dict[str, Any]) -> list[str]:
     header += ["umahub / PyTorch", "umahub / ONNX Runtime"]
     if baseline:
         header.append("umahub / baseline")
-    header.append("compile + import (umahub)")
+    header += ["relative error against PyTorch: ORT, umahub", "compile + import (umahub)"]
     rows = []
     for name, row in models.items():
         u = row.get("umahub", {})
@@ -188,9 +188,19 @@ def _engines(data: dict[str, Any]) -> list[str]:
         cells += [_ratio(row.get("umahub_over_torch")), _ratio(row.get("umahub_over_ort"))]
         if baseline:
             cells.append(_ratio(row.get("umahub_over_before")))
+        cells.append(f"{_error(row.get('ort', {}))}, {_error(u)}")
         cells.append(f"{_s(u.get('compile_s'))} + {_s(u.get('import_s'))}")
         rows.append(cells)
     return _table(header, rows, "Latency, median of the best round")
+
+
+def _error(result: dict[str, Any]) -> str:
+    """An engine's relative error against PyTorch, ``invalid`` past the benchmark's bound
+    (results from before it recorded the relative error: "-")."""
+    rel = result.get("rel_error")
+    if rel is None:
+        return "-"
+    return f"{rel:.1e}" + ("" if result.get("valid", True) else " (invalid)")
 
 
 def _auto(data: dict[str, Any]) -> list[str]:
