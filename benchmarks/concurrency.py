@@ -57,7 +57,7 @@ import umahub
 import umahub.models as zoo
 from umahub._tvm import TensorType
 from umahub.report.picture.timeline import timeline
-from umahub.runtime.running import AUTO_TRIALS
+from umahub.runtime.choosing import AUTO_TRIALS
 
 PLUGINS = {"plugins": ["npu", "vanilla", "dsp"]}
 
