@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import umahub.models as zoo
-from umahub.runtime.choosing import AUTO_TRIALS
+from umahub.runtime.choosing import AUTO_TRIAL_CALLS
 
 UMAHUB = str(Path(sys.executable).parent / "umahub")  # the console script pip installed
 HOW = "write one with numpy.savez(path, x0, x1, ...) or numpy.save(path, x)"
@@ -266,7 +266,7 @@ def test_bench_times_only_once_the_auto_executor_has_chosen(workdir):
     result = umahub("bench", "mlp.so", "--repeat", "3", "--json", "-", cwd=workdir)
     assert result.returncode == 0, result.stderr
     timed = json.loads(result.stdout)  # JSON alone on stdout
-    assert (timed["repeat"], timed["warmup"]) == (3, 2 * (AUTO_TRIALS + 1))
+    assert (timed["repeat"], timed["warmup"]) == (3, AUTO_TRIAL_CALLS)
     assert 0 < timed["latency_ms"]["min"] <= timed["latency_ms"]["max"]
     executor = timed["executor"]
     assert executor["in_use"] in ("vm", "concurrent")
@@ -280,12 +280,13 @@ def test_run_prints_the_latency(workdir):
     result = umahub("run", "mlp.so", "--repeat", "3", cwd=workdir)
     assert re.search(
         r"^latency: median \d+\.\d{3} ms, min \d+\.\d{3} ms, max \d+\.\d{3} ms "
-        rf"over 3 runs after {2 * (AUTO_TRIALS + 1)} warm-up runs$",
+        rf"over 3 runs after {AUTO_TRIAL_CALLS} warm-up runs$",
         result.stdout,
         re.M,
     ), result.stdout
     assert re.search(
-        r"^executor: (vm|concurrent), chosen by auto: timed on the first calls: concurrent ",
+        r"^executor: (vm|concurrent), chosen by auto: timed on the first calls, in blocks of "
+        r"3: concurrent ",
         result.stdout,
         re.M,
     ), result.stdout

@@ -38,12 +38,11 @@ import numpy as np
 
 from umahub.config import EXECUTORS
 from umahub.errors import UmahubError
-from umahub.runtime.choosing import AUTO_TRIALS, ExecutorChoice, compare
+from umahub.runtime.choosing import AUTO_TRIAL_CALLS, ExecutorChoice, compare
 from umahub.runtime.executor import tensor_bytes
 from umahub.runtime.threadpool import spin_briefly
 
 __all__ = [
-    "AUTO_TRIALS",
     "Executors",
     "InputInfo",
     "Runner",
@@ -443,7 +442,7 @@ class Running:
         runs on the concurrent executor, and a model timed then looks slower (or
         faster) than it will run.
         """
-        runs, most = 0, at_least + 2 * (AUTO_TRIALS + 1)
+        runs, most = 0, at_least + AUTO_TRIAL_CALLS
         while runs < at_least or (self._executors.resolve(executor) == "auto" and runs < most):
             self.run(*arrays, executor=executor)
             runs += 1
