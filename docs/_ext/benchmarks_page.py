@@ -585,7 +585,30 @@ def _generic(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _executors(data: dict[str, Any]) -> list[str]:
+    header = ["model", "machine", "VM", "concurrent", "auto", "auto chose", "auto / VM", "verdict"]
+    rows = []
+    for name, row in data.get("models", {}).items():
+        for condition in ("idle", "busy"):
+            cell = row.get(condition)
+            if not cell:
+                continue
+            auto = cell.get("auto", {})
+            rows.append(
+                [
+                    name,
+                    condition,
+                    *[_ms(cell.get(e, {}).get("median_ms")) for e in ("vm", "concurrent", "auto")],
+                    ", ".join(auto.get("chosen", [])) or "-",
+                    _ratio(cell.get("auto_over_vm")),
+                    cell.get("verdict", "-"),
+                ]
+            )
+    return _table(header, rows, "Median latency of each executor, idle and beside a busy process")
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "executors": _executors,
     "engines": _engines,
     "engines_recheck": _engines,
     "auto": _auto,
@@ -620,6 +643,7 @@ ORDER = (
     "npu_kernels",
     "auto",
     "concurrency",
+    "executors",
     "thread_spin",
     "compile_overhead",
     "verify_cost",
@@ -638,6 +662,7 @@ TITLES = {
     "npu_kernels": "The npu's schedules, kernel by kernel",
     "auto": "Placement by cost",
     "concurrency": "The VM against the concurrent executor",
+    "executors": "The default executor against the VM, idle and beside a busy process",
     "thread_spin": "TVM's thread-pool spin count",
     "compile_overhead": "umahub's own compile time",
     "verify_cost": "What verify costs",
