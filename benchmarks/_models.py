@@ -30,23 +30,53 @@ def torchvision_models() -> Any:
 
 def random_torchvision(name: str) -> tuple[Any, Any]:
     """(module in eval mode, input) of torchvision's ``name`` with random weights
-    (seed 0) and a random image (seed 1).
+    (seed 0), batch norms calibrated on random images (seed 2), and a random
+    image (seed 1).
 
-    torchvision starts some classifiers at zero (ViT's head, for fine-tuning):
-    every output would then be 0 whatever the network computes, and a
-    comparison of engines' outputs would check nothing. Such a layer gets
-    small random weights too.
+    The outputs are of order one, so that comparing engines' outputs checks
+    something: torchvision starts some classifiers at zero (ViT's head, for
+    fine-tuning; every output would be 0 whatever the network computes) or
+    with a small spread (MobileNetV3's, std 0.01); a linear layer whose
+    weights spread less than half of ``1/sqrt(fan_in)`` gets that spread
+    (variance kept from its input to its output).
     """
     import torch
 
     torch.manual_seed(0)
     module = getattr(torchvision_models(), name)(weights=None).eval()
     for layer in module.modules():
-        if isinstance(layer, torch.nn.Linear) and not layer.weight.detach().any():
-            torch.nn.init.normal_(layer.weight, std=0.02)
-            if layer.bias is not None:
-                torch.nn.init.normal_(layer.bias, std=0.02)
+        if isinstance(layer, torch.nn.Linear):
+            spread = 1.0 / layer.in_features**0.5
+            if float(layer.weight.detach().std()) < spread / 2:
+                torch.nn.init.normal_(layer.weight, std=spread)
+                if layer.bias is not None:
+                    torch.nn.init.normal_(layer.bias, std=0.02)
+    _calibrate_norms(
+        module, torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    )
     return module, torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+
+
+def _calibrate_norms(module: Any, images: Any) -> None:
+    """Each batch norm's running statistics measured on ``images``, as one training step would.
+
+    With random weights and torchvision's initial statistics (mean 0, variance
+    1), each block scales its input by whatever its random weights happen to
+    give, and deep networks end far from 1: efficientnet_b0's outputs were of
+    order 1e-20, where a comparison of engines' outputs checks nothing and
+    denormals decide the speed. Normalized by what they really see, every
+    layer's output is of order one, as in a trained network.
+    """
+    import torch
+
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a plain average over the batches seen: here, one
+        norm.train()  # only the norms: dropout and stochastic depth stay as in inference
+    with torch.no_grad():
+        module(images)
+    module.eval()
 
 
 def relax_model(name: str) -> tuple[Any, list[Any]]:

@@ -57,7 +57,7 @@ import umahub
 import umahub.models as zoo
 from umahub._tvm import TensorType
 from umahub.report.picture.timeline import timeline
-from umahub.runtime.running import AUTO_TRIALS
+from umahub.runtime.choosing import AUTO_TRIAL_CALLS
 
 PLUGINS = {"plugins": ["npu", "vanilla", "dsp"]}
 
@@ -196,7 +196,7 @@ def measure(name, mod, pins, runs, repeat, stream_len):
     compiled = hub.compile(mod, placement=pins)
     assert compiled.step_graph.unsupported == "", compiled.step_graph.unsupported
     x = umahub.runtime.compiled.example_inputs(compiled.input_info)[0]
-    for _ in range(2 * (AUTO_TRIALS + 1)):
+    for _ in range(AUTO_TRIAL_CALLS):
         compiled.run(x)  # auto times both executors and keeps the faster
     auto = compiled.executor_in_use
     assert np.array_equal(compiled.run(x, executor="vm"), compiled.run(x, executor="concurrent"))

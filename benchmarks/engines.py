@@ -18,7 +18,12 @@ Runtime and TVM's LLVM code neither. Every worker calls
 ``torch.set_flush_denormal(True)`` before its engine makes a thread (threads
 inherit the setting), so all engines run with flush-to-zero, and ONNX Runtime
 is also told ``session.set_denormal_as_zero``. Outputs are compared with
-PyTorch's (largest absolute error, in the results).
+PyTorch's: the results keep each engine's largest absolute difference
+(``max_error``), the scale of PyTorch's output (``reference_scale``, its
+largest magnitude) and their ratio (``rel_error``); a row above 1e-3 is
+marked ``INVALID`` (``valid``: false, with ``why``) and gets no ratio. The
+torchvision models' random weights give outputs of order one
+(``_models.random_torchvision``), so that the comparison checks something.
 
 Models: the zoo's (``resnet18``, ``mobilenetv2``, ``bert``, ``bert2``; PyTorch
 twins with the same weights from ``umahub.models.torch_zoo``) and torchvision
@@ -158,6 +163,41 @@ def measure(name: str, engine: str, repeat: int, workdir: str, env: dict) -> dic
     return run_worker(_WORKER, args, env, cwd=workdir)
 
 
+#: Largest relative error against PyTorch's outputs (of the largest output in size) for
+#: which an engine's time counts: above it, the engine computed something else.
+VALID_REL_ERROR = 1e-3
+
+
+def agreement(got, want) -> dict:
+    """How far an engine's outputs are from PyTorch's: the largest absolute difference, the
+    scale of the reference (its largest magnitude) and their ratio; ``valid`` when the
+    ratio is at most :data:`VALID_REL_ERROR` and the reference is not all zeros (a
+    comparison with zeros checks nothing)."""
+    import numpy as np
+
+    if got.shape != want.shape:
+        return {"valid": False, "why": f"output shape {got.shape}, PyTorch's {want.shape}"}
+    error = float(np.abs(got.astype(np.float64) - want).max())
+    scale = float(np.abs(want).max())
+    rel = error / scale if scale > 0 else float("inf")
+    result = {"max_error": error, "reference_scale": scale, "rel_error": rel}
+    result["valid"] = bool(np.isfinite(got).all()) and rel <= VALID_REL_ERROR
+    if not result["valid"]:
+        result["why"] = (
+            "PyTorch's outputs are all zero: nothing to compare"
+            if scale == 0
+            else f"relative error {rel:.2g} against PyTorch, above {VALID_REL_ERROR:g}"
+        )
+    return result
+
+
+def _cell(engine: str, result: dict) -> str:
+    if "median_ms" not in result:
+        return f"{engine} failed"
+    mark = "" if result.get("valid", True) else " INVALID"
+    return f"{engine} {result['median_ms']:8.1f} ms{mark}"
+
+
 def _fastest(results: list[dict]) -> dict:
     """The round with the lowest median (an error if every round failed), and every
     round's median when there were several."""
@@ -216,18 +256,16 @@ def main() -> None:
             for e, result in row.items():
                 out = Path(workdir) / f"{name}.{e}.npy"
                 if "error" not in result and reference.exists() and out.exists():
-                    got, want = np.load(out), np.load(reference)
-                    result["max_error"] = float(np.abs(got - want).max())
+                    result.update(agreement(np.load(out), np.load(reference)))
             ours = row.get("umahub", {}).get("median_ms")
+            if not row.get("umahub", {}).get("valid", True):
+                ours = None  # a time for other numbers is no comparison
             for e in ("torch", "ort", "before"):
                 theirs = row.get(e, {}).get("median_ms")
-                if ours and theirs:
+                if ours and theirs and row[e].get("valid", True):
                     row[f"umahub_over_{e}"] = ours / theirs
             rows[name] = row
-            cells = "  ".join(
-                f"{e} {row[e]['median_ms']:8.1f} ms" if "median_ms" in row[e] else f"{e} failed"
-                for e in engines
-            )
+            cells = "  ".join(_cell(e, row[e]) for e in engines)
             ratios = "  ".join(
                 f"/{e} {row[f'umahub_over_{e}']:.2f}"
                 for e in ("torch", "ort", "before")

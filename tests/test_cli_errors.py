@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import umahub.models as zoo
+from umahub.runtime.choosing import AUTO_TRIAL_CALLS
 
 UMAHUB = str(Path(sys.executable).parent / "umahub")  # the console script pip installed
 HOW = "write one with numpy.savez(path, x0, x1, ...) or numpy.save(path, x)"
@@ -265,23 +266,33 @@ def test_bench_times_only_once_the_auto_executor_has_chosen(workdir):
     result = umahub("bench", "mlp.so", "--repeat", "3", "--json", "-", cwd=workdir)
     assert result.returncode == 0, result.stderr
     timed = json.loads(result.stdout)  # JSON alone on stdout
-    assert (timed["repeat"], timed["warmup"]) == (3, 8)
+    assert (timed["repeat"], timed["warmup"]) == (3, AUTO_TRIAL_CALLS)
     assert 0 < timed["latency_ms"]["min"] <= timed["latency_ms"]["max"]
+    executor = timed["executor"]
+    assert executor["in_use"] in ("vm", "concurrent")
+    assert executor["why"].startswith(f"{executor['in_use']}, chosen by auto: timed on the first")
 
 
 def test_run_prints_the_latency(workdir):
     result = umahub("run", "mlp.so", cwd=workdir)
     assert re.search(r"^latency: \d+\.\d{3} ms \(the first run", result.stdout, re.M)
-    # npu and host: the auto executor times both on the first 8 runs, none of them timed here
+    # npu and host: the auto executor times both on its first runs, none of them timed here
     result = umahub("run", "mlp.so", "--repeat", "3", cwd=workdir)
     assert re.search(
         r"^latency: median \d+\.\d{3} ms, min \d+\.\d{3} ms, max \d+\.\d{3} ms "
-        r"over 3 runs after 8 warm-up runs$",
+        rf"over 3 runs after {AUTO_TRIAL_CALLS} warm-up runs$",
+        result.stdout,
+        re.M,
+    ), result.stdout
+    assert re.search(
+        r"^executor: (vm|concurrent), chosen by auto: timed on the first calls, in blocks of "
+        r"3: concurrent ",
         result.stdout,
         re.M,
     ), result.stdout
     result = umahub("run", "mlp.so", "--repeat", "3", "--executor", "vm", cwd=workdir)
     assert re.search(r" over 3 runs after one warm-up run$", result.stdout, re.M), result.stdout
+    assert "\nexecutor: vm: asked for (executor = 'vm')\n" in result.stdout
     result = umahub("run", "mlp.so", "--executor", "vm", "--stream", "5", cwd=workdir)
     assert re.search(r"^stream: 5 inferences in \d+\.\d{3} s, [\d.]+/s \(executor vm\)$",
                      result.stdout, re.M), result.stdout  # fmt: skip

@@ -17,8 +17,8 @@ import umahub
 import umahub.models as zoo
 from umahub._tvm import TensorType
 from umahub.errors import ConfigError, UmahubError
+from umahub.runtime.choosing import AUTO_TRIAL_CALLS, AUTO_TRIALS, compare
 from umahub.runtime.executor import ExecutionError, plan_cores
-from umahub.runtime.running import AUTO_TRIALS
 from umahub.runtime.spares import only_reference
 
 BUNDLED = {"plugins": ["npu", "vanilla", "dsp"]}
@@ -144,15 +144,23 @@ def test_auto_times_both_then_keeps_the_faster_and_vm_for_one_device(hub):
     assert (compiled.executor, compiled.executor_in_use) == ("auto", "auto")
     xs = inputs(compiled)
     want = compiled.run(*xs, executor="vm")
-    for _ in range(2 * (AUTO_TRIALS + 1)):
+    for _ in range(AUTO_TRIAL_CALLS):
         assert same(compiled.run(*xs), want)
-    timed = compiled._executors._timed
-    assert [len(timed["vm"]), len(timed["concurrent"])] == [AUTO_TRIALS + 1] * 2
-    faster = min(timed, key=lambda k: np.median(timed[k][1:]))
-    assert compiled.executor_in_use == compiled._executors.chosen == faster
+    timed = compiled._executors.auto._trials
+    assert [len(timed["vm"]), len(timed["concurrent"])] == [AUTO_TRIALS] * 2
+    chosen, why = compare(timed["vm"], timed["concurrent"])
+    assert compiled.executor_in_use == compiled._executors.auto.chosen == chosen
+    assert (
+        compiled.executor_why()
+        == f"{chosen}, chosen by auto: timed on the first calls, in blocks of 3: {why}"
+    )
+    assert compiled.executor_why("vm") == "vm: asked for (executor = 'vm')"
     alone = hub.compile(branches(), placement={"*": "host"})
     assert alone.devices == ["host"]
     assert alone.executor_in_use == "vm"
+    assert alone.executor_why() == (
+        "the VM: the concurrent executor cannot run this model (one device only)"
+    )
     with pytest.raises(UmahubError) as info:
         alone.run(*inputs(alone), executor="concurrent")
     assert str(info.value) == (
@@ -165,7 +173,7 @@ def test_warm_up_runs_until_auto_has_chosen_and_once_otherwise(hub):
     xs = inputs(compiled)
     assert compiled.warm_up(*xs, executor="vm") == 1  # a chosen executor: the first run
     assert compiled.executor_in_use == "auto"
-    assert compiled.warm_up(*xs) == 2 * (AUTO_TRIALS + 1)  # every trial of both executors
+    assert compiled.warm_up(*xs) == AUTO_TRIAL_CALLS  # every trial of both executors
     assert compiled.executor_in_use in ("vm", "concurrent")
     assert compiled.warm_up(*xs, at_least=3) == 3
     assert compiled.warm_up(*xs, at_least=0) == 0
@@ -511,6 +519,10 @@ def test_profile_puts_the_measured_timeline_in_the_report_and_picture(hub, tmp_p
     assert sorted((s["lane"], s["label"]) for s in measured["spans"]) == want
     assert all(0 <= s["start"] <= s["end"] for s in measured["spans"])
     assert "measured: vm " in str(compiled.report)
+    auto = measured["auto"]
+    assert auto["executor"] in ("vm", "concurrent")
+    assert auto["why"].startswith("concurrent ") and "(medians of 5 and 5)" in auto["why"]
+    assert f'executor "auto" keeps: {auto["executor"]}: {auto["why"]}' in str(compiled.report)
     from umahub.report.picture.timeline import measured as measured_items
 
     items = measured_items(compiled.report)

@@ -173,7 +173,7 @@ def _engines(data: dict[str, Any]) -> list[str]:
     header += ["umahub / PyTorch", "umahub / ONNX Runtime"]
     if baseline:
         header.append("umahub / baseline")
-    header.append("compile + import (umahub)")
+    header += ["relative error against PyTorch: ORT, umahub", "compile + import (umahub)"]
     rows = []
     for name, row in models.items():
         u = row.get("umahub", {})
@@ -188,9 +188,19 @@ def _engines(data: dict[str, Any]) -> list[str]:
         cells += [_ratio(row.get("umahub_over_torch")), _ratio(row.get("umahub_over_ort"))]
         if baseline:
             cells.append(_ratio(row.get("umahub_over_before")))
+        cells.append(f"{_error(row.get('ort', {}))}, {_error(u)}")
         cells.append(f"{_s(u.get('compile_s'))} + {_s(u.get('import_s'))}")
         rows.append(cells)
     return _table(header, rows, "Latency, median of the best round")
+
+
+def _error(result: dict[str, Any]) -> str:
+    """An engine's relative error against PyTorch, ``invalid`` past the benchmark's bound
+    (results from before it recorded the relative error: "-")."""
+    rel = result.get("rel_error")
+    if rel is None:
+        return "-"
+    return f"{rel:.1e}" + ("" if result.get("valid", True) else " (invalid)")
 
 
 def _auto(data: dict[str, Any]) -> list[str]:
@@ -575,7 +585,30 @@ def _generic(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _executors(data: dict[str, Any]) -> list[str]:
+    header = ["model", "machine", "VM", "concurrent", "auto", "auto chose", "auto / VM", "verdict"]
+    rows = []
+    for name, row in data.get("models", {}).items():
+        for condition in ("idle", "busy"):
+            cell = row.get(condition)
+            if not cell:
+                continue
+            auto = cell.get("auto", {})
+            rows.append(
+                [
+                    name,
+                    condition,
+                    *[_ms(cell.get(e, {}).get("median_ms")) for e in ("vm", "concurrent", "auto")],
+                    ", ".join(auto.get("chosen", [])) or "-",
+                    _ratio(cell.get("auto_over_vm")),
+                    cell.get("verdict", "-"),
+                ]
+            )
+    return _table(header, rows, "Median latency of each executor, idle and beside a busy process")
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "executors": _executors,
     "engines": _engines,
     "engines_recheck": _engines,
     "auto": _auto,
@@ -610,6 +643,7 @@ ORDER = (
     "npu_kernels",
     "auto",
     "concurrency",
+    "executors",
     "thread_spin",
     "compile_overhead",
     "verify_cost",
@@ -628,6 +662,7 @@ TITLES = {
     "npu_kernels": "The npu's schedules, kernel by kernel",
     "auto": "Placement by cost",
     "concurrency": "The VM against the concurrent executor",
+    "executors": "The default executor against the VM, idle and beside a busy process",
     "thread_spin": "TVM's thread-pool spin count",
     "compile_overhead": "umahub's own compile time",
     "verify_cost": "What verify costs",

@@ -89,7 +89,8 @@ def bench(
         JSON-ready: ``latency_ms`` (min, median, p90, max, mean), ``repeat``,
         ``warmup`` (the untimed runs made), ``machine`` (this one), for a remote
         model ``board`` (its machine) and ``board_latency_ms``, for a local one
-        ``device_ms`` or ``device_ms_why``.
+        ``executor`` (``in_use`` and ``why``: what ran the timed runs and why)
+        and ``device_ms`` or ``device_ms_why``.
 
     Raises:
         UmahubError: (before any run) ``trace`` for a model on a board, or for
@@ -126,6 +127,7 @@ def bench(
         result["board_latency_ms"] = summarize(on_board)
         result["board"] = model.board.info
     else:
+        result["executor"] = {"in_use": model.executor_in_use, "why": model.executor_why()}
         result.update(_device_times(model, arrays, trace))
     return result
 

@@ -313,6 +313,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     else:
         _say(args, f"latency: {first * 1e3:.3f} ms (the first run; --repeat N for a median)")
+    if not remote:
+        _say(args, f"executor: {model.executor_why(args.executor)}")
     if args.stream:
         start = time.perf_counter()
         for _ in model.stream((arrays for _ in range(args.stream)), executor=args.executor):
@@ -418,6 +420,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if "board_latency_ms" in result:
         on = result["board_latency_ms"]
         _say(args, f"main on the board alone: median {on['median']:.3f} ms, min {on['min']:.3f}")
+    if "executor" in result:
+        _say(args, f"executor: {result['executor']['why']}")
     for device, busy in result.get("device_ms", {}).items():
         _say(args, f"  {device}: {busy:.3f} ms busy")
     if result.get("device_ms_why"):

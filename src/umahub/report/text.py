@@ -254,6 +254,8 @@ def render(report: ReportData) -> str:
             f"measured: vm {m['vm_seconds'] * 1e3:.2f}ms, concurrent "
             f"{m['concurrent_seconds'] * 1e3:.2f}ms per inference (median of {m['runs']})"
         )
+        if m.get("auto"):
+            lines.append(f'executor "auto" keeps: {m["auto"]["executor"]}: {m["auto"]["why"]}')
     if report.auto:
         lines += describe(report.auto)
     for note in report.notes:

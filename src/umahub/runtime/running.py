@@ -10,13 +10,12 @@ ways to run one library:
 * ``"concurrent"``: the model's step graph (:mod:`umahub.runtime.steps`, carried by the
   library) with a worker per device (:mod:`umahub.runtime.executor`), made at its first use.
 * ``"auto"`` (the default): the VM when the library has no step graph (the
-  model runs on one device); otherwise the faster of the two on this model:
-  the first calls of ``run`` alternate between them, timed, and once each has
-  run :data:`AUTO_TRIALS` times (after one to warm up) the faster is kept.
-  The concurrent executor pays for every step a handoff between threads, so
-  a model of tiny kernels stays on the VM and a model whose devices can
-  overlap long kernels goes concurrent. A stream
-  under "auto" runs concurrently unless auto has chosen the VM.
+  model runs on one device); otherwise the faster of the two on this model,
+  timed on the first calls of ``run`` and checked while it runs
+  (:mod:`umahub.runtime.choosing`). The concurrent executor pays for every
+  step a handoff between threads, so a model of tiny kernels stays on the VM
+  and a model whose devices can overlap long kernels goes concurrent. A
+  stream under "auto" runs concurrently unless auto has chosen the VM.
 
 :meth:`Executors.call_seconds` and :meth:`Executors.step_seconds` time what
 each executor runs, call by call and step by step (placement by cost times
@@ -39,11 +38,11 @@ import numpy as np
 
 from umahub.config import EXECUTORS
 from umahub.errors import UmahubError
+from umahub.runtime.choosing import AUTO_TRIAL_CALLS, ExecutorChoice, compare
 from umahub.runtime.executor import tensor_bytes
 from umahub.runtime.threadpool import spin_briefly
 
 __all__ = [
-    "AUTO_TRIALS",
     "Executors",
     "InputInfo",
     "Runner",
@@ -52,9 +51,6 @@ __all__ = [
     "host_tensor",
     "to_numpy",
 ]
-
-#: Timed calls of ``run`` on each executor (after one to warm up) before "auto" keeps the faster.
-AUTO_TRIALS = 3
 
 # One input: its shape (a dimension is an int, or the name of a size known only
 # at run time; None: any rank) and its dtype.
@@ -151,9 +147,7 @@ class Executors:
         self._graph: Any = None
         self._concurrent: Any = None
         self._lock = threading.Lock()
-        self._trials = 0
-        self._timed: dict[str, list[float]] = {"vm": [], "concurrent": []}
-        self.chosen = ""  # what "auto" chose, once it has timed both
+        self.auto = ExecutorChoice()
 
     @property
     def graph(self) -> Any:
@@ -172,7 +166,7 @@ class Executors:
         ``"auto"`` while auto is still timing both."""
         choice = _choice(executor or self.executor)
         if choice == "auto":
-            return "vm" if self.graph.unsupported else self.chosen or "auto"
+            return "vm" if self.graph.unsupported else self.auto.chosen or "auto"
         if choice == "concurrent" and self.graph.unsupported:
             raise UmahubError(
                 f"the concurrent executor cannot run this model: {self.graph.unsupported}; "
@@ -253,31 +247,31 @@ class Executors:
                 seconds.setdefault(span.label, []).append(span.end - span.start)
         return seconds
 
+    def why(self, executor: str | None = None) -> str:
+        """Why :meth:`run` runs on the executor it does (``executor``, or the default)."""
+        choice = _choice(executor or self.executor)
+        if self.graph.unsupported:
+            why = self.graph.unsupported
+            return f"the VM: the concurrent executor cannot run this model ({why})"
+        if choice != "auto":
+            return f"{choice}: asked for (executor = {choice!r})"
+        if not self.auto.chosen:
+            return f"auto, not chosen yet: {self.auto.progress()}"
+        return f"{self.auto.chosen}, chosen by auto: {self.auto.why}"
+
     def run(self, arrays: Sequence[Any], executor: str | None, timeout: float | None) -> Any:
-        which = self.resolve(executor)
-        if which != "auto":
-            return self._run(which, arrays, timeout)
-        with self._lock:
-            which = ("vm", "concurrent")[self._trials % 2]
-            self._trials += 1
+        if _choice(executor or self.executor) != "auto" or self.graph.unsupported:
+            return self._run(self.resolve(executor), arrays, timeout)
+        which = self.auto.next()
         start = time.perf_counter()
         out = self._run(which, arrays, timeout)
-        self._timed_run(which, time.perf_counter() - start)
+        self.auto.record(which, time.perf_counter() - start)
         return out
 
     def _run(self, which: str, arrays: Sequence[Any], timeout: float | None) -> Any:
         if which == "vm":
             return self.runner(*arrays)
         return to_numpy(self.concurrent().run(self.runner.tensors(arrays), timeout))
-
-    def _timed_run(self, which: str, seconds: float) -> None:
-        """Keep the time of one of auto's trials; choose once both have enough."""
-        with self._lock:
-            self._timed[which].append(seconds)
-            trials = [t[1:] for t in self._timed.values()]  # the first of each warms up
-            if not self.chosen and all(len(t) >= AUTO_TRIALS for t in trials):
-                vm, concurrent = (float(np.median(t)) for t in trials)
-                self.chosen = "concurrent" if concurrent < vm else "vm"
 
     def stream(
         self, batches: Iterable[Any], info: Sequence[InputInfo], executor: str | None,
@@ -305,27 +299,27 @@ class Executors:
         self.runner(*arrays)  # warm up both: the first calls make VMs and threads
         if not self.graph.unsupported:
             self.concurrent().run(self.runner.tensors(arrays))
-        vm_times = []
-        for _ in range(runs):
+        vm_times: list[float] = []
+        done: list[Any] = []
+        for _ in range(runs):  # alternated, so that a change of load hits both alike
             start = time.perf_counter()
             self.runner(*arrays)
             vm_times.append(time.perf_counter() - start)
+            if not self.graph.unsupported:
+                inference = self.concurrent().submit(self.runner.tensors(arrays), profile=True)
+                inference.result()
+                done.append(inference)
         result: dict[str, Any] = {"runs": runs, "vm_seconds": float(np.median(vm_times))}
         if self.graph.unsupported:
             return {**result, "executor": "vm", "why": self.graph.unsupported, "spans": []}
-        ex = self.concurrent()
-        tensors = self.runner.tensors(arrays)
-        done = []
-        for _ in range(runs):
-            inference = ex.submit(tensors, profile=True)
-            inference.result()
-            done.append(inference)
+        auto, why = compare(vm_times, [i.seconds for i in done])
         median = sorted(done, key=lambda i: i.seconds)[len(done) // 2]
         return {
             **result,
             "executor": "concurrent",
+            "auto": {"executor": auto, "why": why},
             "concurrent_seconds": median.seconds,
-            "lanes": {lane: ex.cores[lane] for lane in ex.lanes},
+            "lanes": {lane: self.concurrent().cores[lane] for lane in self.concurrent().lanes},
             "spans": _spans(median),
             "inferences": [
                 {
@@ -412,6 +406,12 @@ class Running:
         while auto is still timing both."""
         return self._executors.resolve(None)
 
+    def executor_why(self, executor: str | None = None) -> str:
+        """Why :meth:`run` runs on the executor it does, given ``executor`` (default:
+        :attr:`executor`): asked for, the one a model on one device runs on, or what
+        "auto" timed (and, if it switched since, when and why)."""
+        return self._executors.why(executor)
+
     @property
     def step_graph(self) -> Any:
         """The :class:`umahub.runtime.steps.StepGraph` the concurrent executor runs."""
@@ -442,7 +442,7 @@ class Running:
         runs on the concurrent executor, and a model timed then looks slower (or
         faster) than it will run.
         """
-        runs, most = 0, at_least + 2 * (AUTO_TRIALS + 1)
+        runs, most = 0, at_least + AUTO_TRIAL_CALLS
         while runs < at_least or (self._executors.resolve(executor) == "auto" and runs < most):
             self.run(*arrays, executor=executor)
             runs += 1
@@ -475,7 +475,9 @@ class Running:
         Returns:
             ``runs``, ``executor`` (``"concurrent"``, or ``"vm"`` with ``why``
             when the model runs on the VM only), ``vm_seconds`` and
-            ``concurrent_seconds`` (medians), ``lanes`` (the cores of each
+            ``concurrent_seconds`` (medians; the runs of the two alternate),
+            ``auto``: what ``executor = "auto"`` would keep by these runs
+            (``executor``, ``why``), ``lanes`` (the cores of each
             worker), ``spans``: every step of the concurrent executor's median
             run (lane, start, end, label, kind, bytes of a copy; seconds from
             the start of the inference), and ``inferences``: every timed run

@@ -1,0 +1,200 @@
+"""The default executor against the VM, on an idle machine and beside a busy neighbour.
+
+``executor = "auto"`` is what every user gets; it must never be slower than the
+VM by more than the noise (issue 34). For each model, compiled once with the
+bundled plugins and their default priority and exported, every figure is
+taken in a process of its own that loads the library (``umahub.load``):
+
+* ``vm``: ``executor="vm"``;
+* ``concurrent``: ``executor="concurrent"``;
+* ``auto``: the default, timed only after ``warm_up`` (auto has chosen), with
+  the executor it chose and why (``executor_why()``); the timed calls include
+  auto's checks of its choice.
+
+Each under two conditions: ``idle`` (this benchmark alone) and ``busy``: a
+CPU-bound neighbour process (a Python loop, one core's worth) started before
+the worker, so that auto also makes its choice beside it, as on a shared
+machine. ``--rounds N`` runs the whole set N times, round-robin, and keeps
+each figure's median over the rounds. A figure's verdict: ``auto`` is "not
+slower" when its median is at most the VM's plus the noise, the spread
+(max - min) of the VM's round medians, or 5% where there is one round.
+
+Models: the zoo's resnet18, mobilenetv2 and bert, the int8 mobilenetv2 and
+resnet18, and torchvision's mobilenet_v3_small and efficientnet_b0 (random
+weights; squeeze-and-excitation blocks) when PyTorch is installed.
+
+    python benchmarks/executors.py [MODEL ...] [--repeat N] [--rounds N]
+
+Writes benchmarks/results/executors.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from _common import run_worker, worker_env, write
+
+MODELS = [
+    "resnet18",
+    "mobilenetv2",
+    "bert",
+    "mobilenetv2_int8",
+    "resnet18_int8",
+    "mobilenet_v3_small",
+    "efficientnet_b0",
+]
+EXECUTORS = ["vm", "concurrent", "auto"]
+CONDITIONS = ["idle", "busy"]
+PLUGINS = {"plugins": ["npu", "vanilla", "dsp"]}
+
+_COMPILE = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import numpy as np
+import umahub
+from _models import relax_model
+name, path, PLUGINS = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+mod, arrays = relax_model(name)
+hub = umahub.Hub(config=PLUGINS, project_config=False)
+compiled = hub.compile(mod)
+compiled.export_library(path)
+np.savez(path + ".inputs.npz", *arrays)
+print(json.dumps({"devices": compiled.devices}))
+"""
+
+_RUN = r"""
+import json, statistics, sys, time
+import numpy as np
+import umahub
+path, executor, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with np.load(path + ".inputs.npz") as f:
+    arrays = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+model = umahub.load(path)
+kw = {} if executor == "auto" else {"executor": executor}
+model.warm_up(*arrays, at_least=2, **kw)
+times = []
+for _ in range(repeat):
+    start = time.perf_counter()
+    model.run(*arrays, **kw)
+    times.append(time.perf_counter() - start)
+print(json.dumps({
+    "median_ms": statistics.median(times) * 1e3,
+    "min_ms": min(times) * 1e3,
+    "in_use": model.executor_in_use,
+    "why": model.executor_why(None if executor == "auto" else executor),
+}))
+"""
+
+_NEIGHBOUR = "while True:\n    pass\n"
+
+
+def _available(name: str) -> bool:
+    import umahub.models as zoo
+
+    if name in zoo.names():
+        return True
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def verdict(vm_rounds: list[float], auto_rounds: list[float]) -> dict:
+    """``auto`` against the VM: the medians over the rounds, the noise, and "not slower"
+    when auto's median is within the VM's plus the noise."""
+    vm, auto = statistics.median(vm_rounds), statistics.median(auto_rounds)
+    noise = (max(vm_rounds) - min(vm_rounds)) if len(vm_rounds) > 1 else 0.05 * vm
+    noise = max(noise, 0.02 * vm)
+    return {
+        "auto_over_vm": auto / vm,
+        "noise_ms": noise,
+        "verdict": "not slower" if auto <= vm + noise else "slower",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=MODELS)
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    env = worker_env(args.threads)
+    rows: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="umahub-executors-") as workdir:
+        libraries = {}
+        for name in args.models:
+            if not _available(name):
+                rows[name] = {"skipped": "needs torchvision"}
+                continue
+            path = os.path.join(workdir, f"{name}.so")
+            built = run_worker(_COMPILE, [name, path, json.dumps(PLUGINS)], env, cwd=workdir)
+            if "error" in built:
+                rows[name] = {"error": built["error"]}
+                continue
+            libraries[name] = path
+            rows[name] = {"devices": built["devices"]}
+        results: dict[tuple[str, str, str], list[dict]] = {}
+        for _ in range(max(1, args.rounds)):
+            for name, path in libraries.items():
+                for condition in CONDITIONS:
+                    neighbour = None
+                    if condition == "busy":
+                        neighbour = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR])
+                    try:
+                        for executor in EXECUTORS:
+                            got = run_worker(_RUN, [path, executor, str(args.repeat)], env)
+                            results.setdefault((name, condition, executor), []).append(got)
+                    finally:
+                        if neighbour is not None:
+                            neighbour.kill()
+                            neighbour.wait()
+        for name in libraries:
+            for condition in CONDITIONS:
+                cell: dict = {}
+                for executor in EXECUTORS:
+                    runs = results[(name, condition, executor)]
+                    timed = [r["median_ms"] for r in runs if "median_ms" in r]
+                    if not timed:
+                        cell[executor] = {"error": runs[-1].get("error", "no run")}
+                        continue
+                    cell[executor] = {"median_ms": statistics.median(timed), "rounds_ms": timed}
+                    if executor == "auto":
+                        cell[executor]["chosen"] = [r["in_use"] for r in runs if "in_use" in r]
+                        cell[executor]["why"] = runs[-1].get("why", "")
+                if all("rounds_ms" in cell[e] for e in ("vm", "auto")):
+                    cell.update(verdict(cell["vm"]["rounds_ms"], cell["auto"]["rounds_ms"]))
+                rows[name][condition] = cell
+                shown = "  ".join(
+                    f"{e} {cell[e]['median_ms']:7.2f} ms" if "median_ms" in cell[e] else f"{e} -"
+                    for e in EXECUTORS
+                )
+                chosen = ",".join(cell.get("auto", {}).get("chosen", []))
+                print(
+                    f"{name:20} {condition:5} {shown}  auto chose {chosen or '-'}  "
+                    f"{cell.get('verdict', '')}",
+                    flush=True,
+                )
+    path = write(
+        "executors",
+        {
+            "threads": args.threads,
+            "repeat": args.repeat,
+            "rounds": args.rounds,
+            "neighbour": "busy: one Python process in a busy loop (one core's worth) from "
+            "before the worker starts until it ends",
+            "models": rows,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
