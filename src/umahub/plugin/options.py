@@ -56,6 +56,16 @@ def _given(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
+def _suggested(default: Any, kind: type) -> str:
+    """``default`` written as a value of ``kind`` when it reads as one (``"16"`` -> ``16``),
+    else ``a <kind>``."""
+    try:
+        value = kind(default) if kind is not bool else None
+    except (TypeError, ValueError):
+        value = None
+    return repr(value) if value is not None else f"a {kind.__name__} value"
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of an accelerator, declared by its plugin.
@@ -107,6 +117,15 @@ class Option:
             raise ValueError(
                 f"Option {self.name!r}: choices is empty; list the values allowed, or leave "
                 "it out (None: any value)"
+            )
+        kinds = {type(c) for c in choices}
+        if len(kinds) == 1 and not self._of_type(choices[0]):
+            # every choice agrees and the default does not: the default is the likely mistake
+            (kind,) = kinds
+            raise ValueError(
+                f"Option {self.name!r}: the default {_given(self.default)} is not of the "
+                f"choices' type {kind.__name__}; the option's type is its default's: write "
+                f"default={_suggested(self.default, kind)}"
             )
         for choice in choices:
             if not self._of_type(choice):
