@@ -56,14 +56,20 @@ def _given(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
-def _suggested(default: Any, kind: type) -> str:
-    """``default`` written as a value of ``kind`` when it reads as one (``"16"`` -> ``16``),
-    else ``a <kind>``."""
+def _suggested(default: Any, kind: type, choices: tuple[Any, ...]) -> str:
+    """What to write instead of ``default``: itself as a value of ``kind`` when that is a
+    choice (``"16"`` -> ``default=16``), else one of the choices."""
     try:
         value = kind(default) if kind is not bool else None
     except (TypeError, ValueError):
         value = None
-    return repr(value) if value is not None else f"a {kind.__name__} value"
+    if value is not None and value in choices:
+        return f"default={value!r}"
+    return f"the default as one of {', '.join(repr(c) for c in choices)}"
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
 @dataclass(frozen=True)
@@ -125,13 +131,13 @@ class Option:
             raise ValueError(
                 f"Option {self.name!r}: the default {_given(self.default)} is not of the "
                 f"choices' type {kind.__name__}; the option's type is its default's: write "
-                f"default={_suggested(self.default, kind)}"
+                f"{_suggested(self.default, kind, choices)}"
             )
         for choice in choices:
             if not self._of_type(choice):
                 raise ValueError(
-                    f"Option {self.name!r}: choices holds {_given(choice)}, not a "
-                    f"{self.type.__name__} like the default {self.default!r}"
+                    f"Option {self.name!r}: choices holds {_given(choice)}, not "
+                    f"{_a(self.type.__name__)} like the default {self.default!r}"
                 )
         if self.default not in choices:
             raise ValueError(

@@ -1,11 +1,14 @@
-"""``ProgramTiming``: a device program's cycles, checked when it is made, each impossible
-timing refused with a ValueError naming the field (a wrong type stays a TypeError)."""
+"""What a device accelerator's codegen returns, checked: ``ProgramTiming`` when it is made
+(each impossible timing a ValueError naming the field, a wrong type a TypeError), and the
+program's metadata when umahub receives it (the key JSON cannot hold named)."""
 
 from __future__ import annotations
 
 import pytest
 
 import umahub.plugin as up
+from umahub.errors import PluginOutputError
+from umahub.hub.contract import checked_device_program
 
 
 @pytest.mark.parametrize(
@@ -76,3 +79,21 @@ def test_a_possible_timing_is_kept_as_given():
     assert timing.spans == (("load", 0, 4), ("compute", 0, 10))
     assert timing.serial_cycles == 14
     assert timing.to_dict() == {"cycles": 10, "busy": {"load": 4, "compute": 10}, "notes": []}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "where", "what"),
+    [
+        ({"format": 1, "made": {1, 2}}, "metadata['made']", "set {1, 2}"),
+        ({"tiles": [1, 2, float("nan")]}, "metadata['tiles'][2]", "float nan"),
+        ({"sizes": {(1, 2): 3}}, "metadata['sizes'] key", "tuple (1, 2)"),
+    ],
+)
+def test_metadata_json_cannot_hold_is_named_by_its_key(metadata, where, what):
+    with pytest.raises(PluginOutputError) as caught:
+        checked_device_program(up.DeviceProgram(b"TNPU", metadata), "tinynpu")
+    assert str(caught.value) == (
+        f"umahub_codegen returned a DeviceProgram whose {where} is {what}, which JSON cannot "
+        "hold: metadata takes str, int, float (finite), bool, None, and lists and dicts (str "
+        "keys) of them"
+    )
