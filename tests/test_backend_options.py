@@ -121,7 +121,17 @@ def test_an_options_type_is_its_defaults_and_values_are_checked_by_it():
         ),
         (
             lambda: Option("rows", 16, choices=(8, "16")),
-            "Option 'rows': choices holds str '16', not a int like the default 16",
+            "Option 'rows': choices holds str '16', not an int like the default 16",
+        ),
+        (
+            lambda: Option("mac-array", "16", choices=(8, 16, 32)),
+            "Option 'mac-array': the default str '16' is not of the choices' type int; the "
+            "option's type is its default's: write default=16",
+        ),
+        (
+            lambda: Option("mode", 1, choices=("a", "b")),
+            "Option 'mode': the default int 1 is not of the choices' type str; the option's "
+            "type is its default's: write the default as one of 'a', 'b'",
         ),
         (
             lambda: Option("rows", 16, choices=(8, 32)),
@@ -277,6 +287,9 @@ def test_a_wrong_option_in_pyproject_is_an_error_naming_it(tunable, isolated, li
     [
         ([8], "[tool.umahub] options: expected tables of option = value, one per accelerator "
               "([tool.umahub.options.<accelerator>]), got list [8]"),
+        ({"tinynpu": 8},
+         "[tool.umahub] options: tinynpu = 8 is not a table: write the accelerator's options "
+         "under [tool.umahub.options.tinynpu], one option = value a line"),
         ({"tunable": {"tile-rows": [8]}},
          "[tool.umahub] options.tunable.tile-rows: expected true or false, a number or a "
          "string, got list [8]"),

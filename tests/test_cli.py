@@ -87,3 +87,25 @@ def test_plugins_shows_the_operators_an_accelerator_declares():
     by_name = {a["name"]: a for a in accelerators}
     assert by_name["vanilla_accel"]["operators"] == ops.split(", ")
     assert by_name["alpha_accel"]["operators"] == []
+
+
+def test_plugins_shows_an_accelerators_memory_on_chip_buffers_and_clock():
+    lines = run("plugins").stdout.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("  simnpu "))
+    assert lines[row].startswith("  simnpu           device x2  from simnpu")
+    assert lines[row + 3 : row + 9] == [
+        "      memory pool: simnpu.dram 256 MiB (async copies)",
+        "      on-chip buffers:",
+        "        local.simnpu.inp    64 KiB  input tiles, int8",
+        "        local.simnpu.wgt    64 KiB  weight tiles, int8",
+        "        local.simnpu.acc    64 KiB  accumulators and tables, int32",
+        "      clock: 1 GHz",
+    ]
+    accelerators = json.loads(run("plugins", "--json").stdout)["accelerators"]
+    simnpu = {a["name"]: a for a in accelerators}["simnpu"]
+    assert simnpu["clock_hz"] == 1e9
+    assert simnpu["buffers"][0] == {
+        "scope": "local.simnpu.inp",
+        "size_bytes": 65536,
+        "description": "input tiles, int8",
+    }

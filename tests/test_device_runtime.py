@@ -75,6 +75,11 @@ def test_partitions_run_on_the_device_with_their_weights_resident(runtime):
     compiled.run(X)
     assert (zero.writes, zero.reads, zero.runs) == (3, 2, 2)
     assert (one.writes, one.reads, one.runs) == (2, 2, 2)
+    # a device of its own has no TVM target: its codegen is shown as "device"
+    assert [p.virtual_device for p in report.partitions] == [
+        "(cpu,1,device,toy.dram)",
+        "(cpu,2,device,toy.dram)",
+    ]
     program = {p.symbol: p.program for p in report.partitions}
     assert program["toy_0_add"] == {
         "runtime": "toy",
@@ -90,6 +95,38 @@ def test_partitions_run_on_the_device_with_their_weights_resident(runtime):
         ("host", "toy:1", 128, "inference", False),
         ("toy:1", "host", 128, "inference", False),
     ]
+
+
+def test_a_value_between_two_partitions_of_one_device_is_counted_as_it_crosses(runtime):
+    @tvm.script.ir_module
+    class Chained:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32")) -> R.Tensor((4, 8), "float32"):
+            with R.dataflow():
+                a = R.add(x, R.const(WEIGHT))
+                c = R.multiply(a, a)
+                R.output(c)
+            return c
+
+    hub = umahub.Hub(autoload=False, plugins=[toy_device.plugin])
+    compiled = hub.compile(Chained, placement={"c": "toy:0"})  # both partitions on toy:0
+    per_inference = [
+        (c.src, c.dst, c.bytes, c.producer, c.consumer)
+        for c in compiled.report.copies
+        if c.when == "inference"
+    ]
+    # toy's runtime reads a back after the add and writes it again for the multiply
+    assert per_inference == [
+        ("host", "toy:0", 128, "", "toy_0_add"),
+        ("toy:0", "host", 128, "toy_0_add", "toy_1_multiply"),
+        ("host", "toy:0", 128, "toy_0_add", "toy_1_multiply"),
+        ("toy:0", "host", 128, "toy_1_multiply", ""),
+    ]
+    np.testing.assert_allclose(compiled.run(X), (X + WEIGHT) ** 2, rtol=1e-6)
+    device = runtime.opened[0]
+    writes, reads = device.writes, device.reads
+    compiled.run(X)
+    assert (device.writes - writes, device.reads - reads) == (2, 2)  # the report's 2 and 2
 
 
 def test_both_executors_and_many_threads_give_the_same_numbers(runtime):

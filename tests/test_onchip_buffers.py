@@ -20,6 +20,9 @@ class Staging:
 
     UMAHUB_API = 1
 
+    def __init__(self, scope: str = "local.stage.buf"):
+        self.scope = scope  # where the schedule puts the tile: the declared scope, or a typo
+
     @up.hookimpl
     def umahub_accelerators(self):
         buffer = up.OnChipBuffer("local.stage.buf", 1024, "staged inputs")
@@ -33,12 +36,12 @@ class Staging:
     def umahub_schedule(self, schedule):
         (block,) = [b for b in up.blocks(schedule.mod[schedule.func_working_on.name_hint])
                     if b.name_hint != "root"]  # fmt: skip
-        schedule.cache_read(schedule.get_sblock(block.name_hint), 0, "local.stage.buf")
+        schedule.cache_read(schedule.get_sblock(block.name_hint), 0, self.scope)
         return "input staged"
 
 
-def _compile(shape, **config):
-    hub = umahub.Hub(autoload=False, plugins=[Staging()], config=config, project_config=False)
+def _compile(shape, scope="local.stage.buf", **config):
+    hub = umahub.Hub(autoload=False, plugins=[Staging(scope)], config=config, project_config=False)
     return hub.compile(chain(shape=shape, ops=("relu",)))
 
 
@@ -68,16 +71,71 @@ def test_tiles_that_do_not_fit_are_refused_naming_the_buffer():
     assert np.array_equal(compiled.run(x), np.maximum(x, 0))
 
 
+UNDECLARED = (
+    "partition stage_0_relu allocates 256 B in scope local.stage.bfu, which no on-chip buffer "
+    "of 'stage' declares (it declares local.stage.buf) (did you mean 'local.stage.buf'?): its "
+    "capacity cannot be checked; the plugin must use a declared scope or declare this one as "
+    "an OnChipBuffer"
+)
+
+
+def test_a_tile_in_a_scope_of_the_accelerator_it_does_not_declare_is_refused():
+    with pytest.raises(CompileError) as info:
+        _compile((4, 16), scope="local.stage.bfu", **{"on-error": "error"})
+    assert str(info.value) == UNDECLARED
+    with pytest.warns(umahub.UmahubWarning, match="no on-chip buffer of 'stage' declares"):
+        compiled = _compile((4, 16), scope="local.stage.bfu")
+    (part,) = compiled.report.partitions
+    assert part.fallback == UNDECLARED
+
+
+def test_a_tile_in_a_scope_of_no_accelerator_is_left_alone():
+    compiled = _compile((4, 16), scope="local.mine", **{"on-error": "error"})
+    (part,) = compiled.report.partitions
+    assert not part.fallback and part.buffers == {"local.stage.buf": [0, 1024]}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"scope": "stage.buf", "size_bytes": 8}, "must be a TIR storage scope with a tag"),
-        ({"scope": "local.a", "size_bytes": 0}, "size_bytes must be a positive int, got 0"),
+        (
+            {"scope": "stage.buf", "size_bytes": 8},
+            "OnChipBuffer.scope must be a TIR storage scope: a rank (local, shared, global), "
+            "then the accelerator's name and the buffer's, like 'local.npu.inp'; got 'stage.buf'",
+        ),
+        (
+            {"scope": "local.a", "size_bytes": 0},
+            "OnChipBuffer('local.a').size_bytes must be a positive int, got 0",
+        ),
     ],
 )
 def test_a_buffer_declared_wrong_says_what_is_wrong(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError) as caught:
         OnChipBuffer(**kwargs)
+    assert str(caught.value) == message
+
+
+def test_a_buffer_is_tagged_with_its_accelerators_name():
+    with pytest.raises(ValueError) as caught:
+        up.Accelerator("tinynpu", buffers=[OnChipBuffer("local.simnpu.inp", 8)])
+    assert str(caught.value) == (
+        "Accelerator 'tinynpu': on-chip buffer 'local.simnpu.inp' is not tagged with the "
+        "accelerator's name: write '<rank>.tinynpu.<buffer>' with rank local, shared or global "
+        "(e.g. 'local.tinynpu.inp')"
+    )
+    assert up.Accelerator("tinynpu", buffers=[OnChipBuffer("shared.tinynpu", 8)]).buffers
+
+
+def test_buffers_given_as_one_buffer_say_to_write_a_list():
+    buffer = OnChipBuffer("local.a.b", 8)
+    with pytest.raises(ValueError) as caught:
+        up.Accelerator("a", buffers=buffer)
+    assert str(caught.value) == (
+        "Accelerator 'a': Accelerator.buffers must be a list of OnChipBuffer, got "
+        "OnChipBuffer(scope='local.a.b', size_bytes=8, description=''); write buffers=[...]"
+    )
+    with pytest.raises(ValueError, match=r"^Accelerator 'a': Accelerator\.memory must be a list"):
+        up.Accelerator("a", memory=up.MemoryPool("a.sram", 8))
 
 
 def test_an_accelerator_checks_its_buffers_and_clock():

@@ -276,3 +276,14 @@ def test_the_base_error_is_at_the_top_level_as_the_warning_is():
     assert issubclass(CompileError, umahub.UmahubError)
     assert issubclass(PluginFailure, umahub.UmahubError)
     assert "UmahubError" in umahub.__all__
+
+
+def test_tensor_bytes_takes_an_operand_as_shape_of_does():
+    import numpy as np
+    from tvm import relax
+
+    weight = relax.const(np.zeros((16, 8), "float32"))  # a constant operand of a match
+    x = relax.Var("x", up.TensorType((4, 16), "int8"))
+    assert (up.shape_of(weight), up.tensor_bytes(weight)) == ((16, 8), 512)
+    assert up.tensor_bytes(x) == 64 == up.tensor_bytes(up.type_of(x))
+    assert up.tensor_bytes(relax.Tuple([x, weight])) == 576

@@ -359,6 +359,15 @@ def _type_name(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
+def _toml(value: Any) -> str:
+    """``value`` as TOML writes it, for a message quoting the user's line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
 def _str_list(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: expected a list of strings, got {_type_name(value)}")
@@ -465,11 +474,17 @@ def _hook_order(value: Any, where: str) -> dict[str, tuple[str, ...]]:
 def _options(value: Any, where: str) -> dict[str, dict[str, Any]]:
     """``[tool.umahub.options.<accelerator>]`` tables; their names and types are checked
     against the plugins' declarations by :meth:`Config.resolve_options`."""
-    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+    if not isinstance(value, Mapping):
         raise ConfigError(
             f"{where}: expected tables of option = value, one per accelerator "
             f"([tool.umahub.options.<accelerator>]), got {_type_name(value)}"
         )
+    for name, table in value.items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(
+                f"{where}: {name} = {_toml(table)} is not a table: write the accelerator's "
+                f"options under [tool.umahub.options.{name}], one option = value a line"
+            )
     options: dict[str, dict[str, Any]] = {}
     for name, table in value.items():
         options[str(name)] = {}

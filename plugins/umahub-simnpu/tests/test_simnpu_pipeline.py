@@ -3,6 +3,8 @@ scopes, double-buffered, ordered by dependency tokens, and the cycles it takes."
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import tvm
@@ -109,12 +111,15 @@ def test_a_wide_convolution_is_tiled_smaller_and_stays_exact():
 def test_a_kernel_whose_weights_cannot_fit_is_refused_with_the_reason():
     # 12x12 taps: 36,864 bytes of weight tiles per 16 input channels; a WGT copy has 32,768
     mod, xs = quantized_model("conv2d", x_shape=(1, 3, 14, 14), kernel=(12, 12))
-    with pytest.warns(umahub.UmahubWarning):
-        compiled = umahub.Hub(autoload=False, plugins=[__import__("umahub_simnpu")]).compile(mod)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", umahub.UmahubWarning)  # a refusal, not a failure
+        hub = umahub.Hub(autoload=False, plugins=[__import__("umahub_simnpu")])
+        compiled = hub.compile(mod)
     (part,) = compiled.report.partitions
-    assert part.fallback.endswith(
-        "Unsupported: a 12x12 kernel's weight tiles (36864 bytes per 16 input channels) do not "
-        "fit WGT (32768 bytes per copy, double-buffered)"
+    assert part.fallback == (
+        f"plugin 'umahub_simnpu' refused partition {part.symbol} in umahub_relax_to_tir: a "
+        "12x12 kernel's weight tiles (36864 bytes per 16 input channels) do not fit WGT "
+        "(32768 bytes per copy, double-buffered)"
     )
     assert np.array_equal(compiled.run(*xs), host_hub().compile(mod).run(*xs))
     _, (fits,) = _compile(mod, **SINGLE)  # a single copy has all 65,536 bytes

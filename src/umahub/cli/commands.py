@@ -20,7 +20,7 @@ from typing import Any
 
 from umahub.cli.files import check_writable, read_inputs
 from umahub.cli.progress import Progress
-from umahub.cli.summary import summary
+from umahub.cli.summary import accelerator_lines, summary
 from umahub.errors import UmahubError
 
 __all__ = [
@@ -93,6 +93,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                     "codegen": a.codegen,
                     "instances": a.instances,
                     "memory": [vars(p) for p in a.memory],
+                    "buffers": [vars(b) for b in a.buffers],
+                    "clock_hz": a.clock_hz,
                     "description": a.description,
                     "operators": list(a.operators),
                     "runtime": a.runtime,
@@ -141,13 +143,15 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         claimants = {a.name for a in hub.claimants}
         for a in hub.accelerators:
             note = "" if a.name in claimants else "  (not in priority: claims nothing)"
-            print(f"  {a.name:<16} {a.codegen:<5} x{a.instances}  from {hub.owner(a.name)}{note}")
+            print(f"  {a.name:<16} {a.codegen:<6} x{a.instances}  from {hub.owner(a.name)}{note}")
             if a.description:
                 print(f"      {a.description}")
             if a.operators:
                 print(f"      operators: {', '.join(a.operators)}")
                 for problem in unknown_operators(a):
                     print(f"      error: {problem}")
+            for line in accelerator_lines(a):
+                print(f"      {line}")
             if a.runtime:
                 installed = a.runtime in {r["name"] for r in runtimes}
                 state = "installed" if installed else f"NOT installed: pip install {a.package}"

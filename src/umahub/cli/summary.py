@@ -7,7 +7,7 @@ from typing import Any
 
 from umahub.sizes import counted, human_size
 
-__all__ = ["summary"]
+__all__ = ["accelerator_lines", "summary"]
 
 
 def _copies(report: Any, when: str) -> str:
@@ -62,3 +62,22 @@ def summary(report: Any, seconds: float) -> str:
     lines += [f"note: {n}" for n in report.notes]
     lines.append("the full report: --report - (text) or --report FILE (JSON)")
     return "\n".join(lines)
+
+
+def accelerator_lines(accelerator: Any) -> list[str]:
+    """``umahub plugins``' lines on an accelerator's memory: its pools, its on-chip
+    buffers (scope, size, what they hold) and its clock."""
+    lines = [
+        f"memory pool: {p.scope} {human_size(p.size_bytes)} ({p.copy} copies)"
+        for p in accelerator.memory
+    ]
+    if accelerator.buffers:
+        width = max(len(b.scope) for b in accelerator.buffers)
+        lines.append("on-chip buffers:")
+        for b in accelerator.buffers:
+            said = f"  {b.description}" if b.description else ""
+            lines.append(f"  {b.scope:<{width}}  {human_size(b.size_bytes):>8}{said}")
+    if accelerator.clock_hz is not None:
+        hz = accelerator.clock_hz
+        lines.append(f"clock: {hz / 1e9:g} GHz" if hz >= 1e9 else f"clock: {hz / 1e6:g} MHz")
+    return lines

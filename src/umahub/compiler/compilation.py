@@ -258,6 +258,13 @@ class Compilation:
             message, error, cause, then="its partition runs on the host"
         )
 
+    def refused(self, symbol: str, message: str) -> None:
+        """A partition its plugin refused while lowering it (``umahub.plugin.Unsupported``):
+        it goes back to the host, noted in the report; a decision, not a failure, so
+        ``on-error`` does not apply."""
+        self.reports[symbol].fallback = message
+        self.notes.append(message)
+
     @property
     def fallen(self) -> set[str]:
         """Symbols of the partitions that went back to the host."""

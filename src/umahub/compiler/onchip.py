@@ -9,8 +9,11 @@ planner's part for tiles: a tile that does not fit is a compile-time refusal
 (the partition goes back to the host, or the compile stops with
 ``on-error = "error"``), never an overflow on the device.
 
-Scopes the accelerator does not declare are not checked (a plugin that uses
-TVM's ``local`` or ``shared`` for its own reasons is left alone).
+A scope tagged with the accelerator's name (``local.<name>.<buffer>``) that no
+buffer of the accelerator declares is refused too, naming the declared ones:
+such a scope is the plugin's own, so it is a typo or a buffer left undeclared,
+and its capacity could not be checked. Other scopes are not checked (a plugin
+that uses TVM's ``local`` or ``shared`` for its own reasons is left alone).
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from umahub.errors import CompileError
+from umahub.errors import CompileError, did_you_mean
 from umahub.plugin import compat
 from umahub.plugin.accelerator import Accelerator
 from umahub.sizes import human_size
 
-__all__ = ["check", "use"]
+__all__ = ["check", "owned_by", "use"]
 
 
 def _bytes(shape: Any, dtype: Any) -> int:
@@ -54,16 +57,43 @@ def use(func: Any) -> dict[str, int]:
     return dict(used)
 
 
+def owned_by(scope: str, name: str) -> bool:
+    """Whether storage scope ``scope`` is tagged with accelerator ``name``: its tag
+    (what follows the rank) is ``name`` or starts with ``name.``."""
+    _, _, tag = scope.partition(".")
+    return tag.split(".", 1)[0] == name
+
+
+def _undeclared(acc: Accelerator, used: dict[str, int], symbol: str) -> None:
+    """Raise for the first scope in ``used`` tagged with ``acc``'s name that it does not declare."""
+    declared = [b.scope for b in acc.buffers]
+    for scope, need in used.items():
+        if owned_by(scope, acc.name) and scope not in declared:
+            has = (
+                f"it declares {', '.join(declared)}"
+                if declared
+                else "it declares none (Accelerator(buffers=...))"
+            )
+            raise CompileError(
+                f"partition {symbol} allocates {human_size(need)} in scope {scope}, which no "
+                f"on-chip buffer of '{acc.name}' declares ({has}){did_you_mean(scope, declared)}: "
+                "its capacity cannot be checked; the plugin must use a declared scope or "
+                "declare this one as an OnChipBuffer"
+            )
+
+
 def check(acc: Accelerator, func: Any, symbol: str) -> dict[str, tuple[int, int]]:
     """``{scope: (bytes used, capacity)}`` for each on-chip buffer of ``acc``.
 
     Raises:
         CompileError: the tiles of partition ``symbol`` need more of a scope than
-            the accelerator has.
+            the accelerator has, or are in a scope tagged with its name that none
+            of its buffers declares.
     """
+    used = use(func)
+    _undeclared(acc, used, symbol)
     if not acc.buffers:
         return {}
-    used = use(func)
     result = {}
     for buffer in acc.buffers:
         need = used.get(buffer.scope, 0)

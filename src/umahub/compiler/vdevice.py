@@ -149,13 +149,20 @@ class VirtualDevice:
         return ", ".join(parts)
 
     def __str__(self) -> str:
+        return self.describe()
+
+    def describe(self, shown_target: str | None = None) -> str:
+        """``(device type,id,target kind,memory scope)``, ``-`` for what is unconstrained;
+        ``shown_target`` in place of the target kind (``"device"``: a device of its own,
+        whose code is no TVM target)."""
         dtype = (
             "-"
             if self.device_type is None
             else _DEVICE_NAMES.get(self.device_type, str(self.device_type))
         )
         vid = "-" if self.virtual_device_id is None else str(self.virtual_device_id)
-        return f"({dtype},{vid},{_target_kind(self.target)},{self.memory_scope or '-'})"
+        kind = shown_target or _target_kind(self.target)
+        return f"({dtype},{vid},{kind},{self.memory_scope or '-'})"
 
 
 def _target_kind(target: str | None) -> str:

@@ -307,10 +307,39 @@ def checked_device_program(result: Any, accelerator: str) -> Any:
     try:
         json.dumps(result.metadata, allow_nan=False)
     except (TypeError, ValueError) as exc:
+        where, value = _not_json(result.metadata, "metadata") or ("metadata", result.metadata)
         raise PluginOutputError(
-            f"umahub_codegen returned a DeviceProgram whose metadata is not JSON: {exc}"
+            f"umahub_codegen returned a DeviceProgram whose {where} is {_what(value)}, "
+            "which JSON cannot hold: metadata takes str, int, float (finite), bool, None, and "
+            "lists and dicts (str keys) of them"
         ) from exc
     return result
+
+
+def _not_json(value: Any, where: str) -> tuple[str, Any] | None:
+    """The first place in ``value`` that JSON cannot hold, as ``(path, value)``
+    (``metadata["made"]``), or None when it all can."""
+    import math
+
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, value)
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = _not_json(item, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not (key is None or isinstance(key, (str, int, float))):  # json.dumps's keys
+                return f"{where} key", key
+            found = _not_json(item, f"{where}[{key!r}]")
+            if found:
+                return found
+        return None
+    return where, value
 
 
 def _implements(module: Any, name: str) -> bool:

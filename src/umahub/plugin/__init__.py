@@ -50,9 +50,11 @@ What the hooks are given
     :class:`Copy`.
 
 Lowering (``umahub_relax_to_tir``)
-    :func:`default_relax_to_tir`, :func:`single_primfunc`, and the host's
-    lowering of a max pooling, :func:`max_pool2d`. A quantized operator's
-    integers (:func:`describe_quantized`, :func:`bound_value`, :func:`requantization`,
+    :class:`Unsupported` (raised by any lowering hook: the partition goes back
+    to the host with its message), :func:`default_relax_to_tir`,
+    :func:`single_primfunc`, and the host's lowering of a max pooling,
+    :func:`max_pool2d`. A quantized operator's integers
+    (:func:`describe_quantized`, :func:`bound_value`, :func:`requantization`,
     :func:`requantize`: the arithmetic every device must give bit for bit).
 
 Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
@@ -109,6 +111,7 @@ from umahub.plugin.options import Option
 from umahub.plugin.patterns import (
     ACTIVATIONS,
     Refusal,
+    Unsupported,
     activated,
     bias_add,
     calls,
@@ -243,6 +246,7 @@ __all__ = [
     "SBlockRealize",
     "TensorType",
     "TupleType",
+    "Unsupported",
     "activated",
     "bias_add",
     "blocks",

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from umahub.plugin.options import Option, checked_options
 
-__all__ = ["CODEGENS", "COPY_KINDS", "Accelerator", "MemoryPool", "OnChipBuffer"]
+__all__ = [
+    "CODEGENS",
+    "COPY_KINDS",
+    "SCOPE_RANKS",
+    "Accelerator",
+    "MemoryPool",
+    "OnChipBuffer",
+]
 
 #: The default codegens an accelerator can name; ``"device"``: a device of its own, whose
 #: plugin's ``umahub_codegen`` returns a :class:`umahub.plugin.device.DeviceProgram`.
@@ -20,6 +28,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _RUNTIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: The shape of a Relax operator's name; whether it is registered is checked with TVM.
 _OP = re.compile(r"^relax(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+#: The ranks an on-chip buffer's storage scope may have (TVM's, before the tag).
+SCOPE_RANKS = ("local", "shared", "global")
 #: A TVM storage scope with a tag, as ``Schedule.set_scope`` takes it: ``local.npu.inp``.
 _SCOPE = re.compile(r"^(local|shared|global)\.[A-Za-z0-9_.]+$")
 
@@ -80,8 +90,11 @@ class OnChipBuffer:
     is needed and what there is), and shows each buffer's use in the report.
 
     Args:
-        scope: the TIR storage scope, a rank and a tag as TVM writes them
-            (``"local.simnpu.inp"``); unique among the accelerator's buffers.
+        scope: the TIR storage scope, a rank (``local``, ``shared`` or ``global``)
+            and a tag as TVM writes them, the tag starting with the accelerator's
+            name (``"local.simnpu.inp"`` on accelerator ``simnpu``); unique among
+            the accelerator's buffers. A scope tagged with the accelerator's name
+            that its TIR allocates in but no buffer declares is refused.
         size_bytes: capacity in bytes.
         description: what it holds, for the report and ``umahub plugins``
             (``"input tiles, int8"``).
@@ -94,8 +107,9 @@ class OnChipBuffer:
     def __post_init__(self) -> None:
         if not isinstance(self.scope, str) or not _SCOPE.match(self.scope):
             raise ValueError(
-                f"OnChipBuffer.scope must be a TIR storage scope with a tag, like "
-                f"'local.npu.inp', got {self.scope!r}"
+                f"OnChipBuffer.scope must be a TIR storage scope: a rank "
+                f"({', '.join(SCOPE_RANKS)}), then the accelerator's name and the buffer's, "
+                f"like 'local.npu.inp'; got {self.scope!r}"
             )
         if (
             isinstance(self.size_bytes, bool)
@@ -231,21 +245,31 @@ class Accelerator:
                 f"Accelerator {self.name!r}: instances must be an int >= 1, got {self.instances!r}"
             )
         # Accept lists from plugin authors but store tuples, so the value is hashable.
-        object.__setattr__(self, "memory", tuple(self.memory))
-        object.__setattr__(self, "c_sources", tuple(str(Path(p)) for p in self.c_sources))
-        object.__setattr__(self, "include_dirs", tuple(str(Path(p)) for p in self.include_dirs))
+        object.__setattr__(self, "memory", self._sequence("memory", "MemoryPool"))
+        sources = self._sequence("c_sources", "path")
+        object.__setattr__(self, "c_sources", tuple(str(Path(p)) for p in sources))
+        dirs = self._sequence("include_dirs", "path")
+        object.__setattr__(self, "include_dirs", tuple(str(Path(p)) for p in dirs))
         for pool in self.memory:
             if not isinstance(pool, MemoryPool):
                 raise ValueError(
                     f"Accelerator {self.name!r}: memory holds {pool!r}, not a umahub.MemoryPool"
                 )
-        object.__setattr__(self, "buffers", tuple(self.buffers))
+        object.__setattr__(self, "buffers", self._sequence("buffers", "OnChipBuffer"))
         scopes = set()
         for buffer in self.buffers:
             if not isinstance(buffer, OnChipBuffer):
                 raise ValueError(
                     f"Accelerator {self.name!r}: buffers holds {buffer!r}, not a "
                     "umahub.plugin.OnChipBuffer"
+                )
+            _, _, tag = buffer.scope.partition(".")
+            if tag.split(".", 1)[0] != self.name:
+                raise ValueError(
+                    f"Accelerator {self.name!r}: on-chip buffer {buffer.scope!r} is not tagged "
+                    f"with the accelerator's name: write '<rank>.{self.name}.<buffer>' with "
+                    f"rank {', '.join(SCOPE_RANKS[:-1])} or {SCOPE_RANKS[-1]} "
+                    f"(e.g. 'local.{self.name}.{tag.rsplit('.', 1)[-1]}')"
                 )
             if buffer.scope in scopes:
                 raise ValueError(
@@ -278,6 +302,18 @@ class Accelerator:
                     "'relax.add'"
                 )
         object.__setattr__(self, "options", checked_options(self.name, self.options))
+
+    def _sequence(self, key: str, kind: str) -> tuple:
+        """Field ``key`` as a tuple, or ValueError when it is one value instead of a list."""
+        value = getattr(self, key)
+        if isinstance(value, (str, bytes, Path, MemoryPool, OnChipBuffer)) or not isinstance(
+            value, Iterable
+        ):
+            raise ValueError(
+                f"Accelerator {self.name!r}: Accelerator.{key} must be a list of {kind}, got "
+                f"{value!r}; write {key}=[...]"
+            )
+        return tuple(value)
 
     @property
     def devices(self) -> tuple[str, ...]:

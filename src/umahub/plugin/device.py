@@ -72,15 +72,17 @@ class DeviceError(Exception):
     in the device's terms; umahub adds the accelerator, instance and partition."""
 
 
-def _span(span: Any) -> tuple[str, int, int]:
-    """``span`` as ``(module, start, end)``, checked."""
-    fields = tuple(span)
+def _span(span: Any, cycles: int) -> tuple[str, int, int]:
+    """``span`` as ``(module, start, end)``, checked against the run's ``cycles``."""
+    fields = tuple(span) if isinstance(span, (tuple, list)) else ()
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in fields[1:])
     if len(fields) != 3 or not isinstance(fields[0], str) or not ints:
         raise TypeError(f"ProgramTiming.spans holds (module, start, end) cycles, got {span!r}")
     module, start, end = fields
-    if not 0 <= start <= end:
-        raise TypeError(f"ProgramTiming.spans needs 0 <= start <= end, got {span!r}")
+    if not 0 <= start <= end <= cycles:
+        raise ValueError(
+            f"ProgramTiming.spans needs 0 <= start <= end <= cycles ({cycles}), got {span!r}"
+        )
     return module, start, end
 
 
@@ -95,12 +97,19 @@ class ProgramTiming:
     Args:
         cycles: the whole run, with whatever overlap the device's modules allow.
         busy: busy cycles per module of the device (``{"load": ..., "compute": ...,
-            "store": ...}``), in the order the lanes are drawn.
+            "store": ...}``), in the order the lanes are drawn; each at most ``cycles``.
         spans: when each module was busy, ``(module, start, end)`` in cycles from
-            the start of the run; () = not given. umahub draws at most a few
+            the start of the run, ``0 <= start <= end <= cycles``, each module one
+            that ``busy`` names; () = not given. umahub draws at most a few
             thousand of them (neighbouring spans of a module are merged to fit).
         notes: short facts about the program for the report (``"double-buffered:
             INP, WGT, ACC"``).
+
+    Raises:
+        TypeError: a field of the wrong type.
+        ValueError: an impossible timing (negative cycles, a module busy longer
+            than the run, a span past its end or of a module ``busy`` does not name),
+            the message naming the field.
     """
 
     cycles: int
@@ -109,16 +118,30 @@ class ProgramTiming:
     notes: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.cycles, bool) or not isinstance(self.cycles, int) or self.cycles < 0:
-            raise TypeError(f"ProgramTiming.cycles must be an int >= 0, got {self.cycles!r}")
+        if isinstance(self.cycles, bool) or not isinstance(self.cycles, int):
+            raise TypeError(f"ProgramTiming.cycles must be an int, got {self.cycles!r}")
+        if self.cycles < 0:
+            raise ValueError(f"ProgramTiming.cycles must be >= 0, got {self.cycles}")
         busy = dict(self.busy)
         for module, value in busy.items():
             if not isinstance(module, str) or isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(
                     f"ProgramTiming.busy maps module names to ints, got {module!r}: {value!r}"
                 )
+            if not 0 <= value <= self.cycles:
+                raise ValueError(
+                    f"ProgramTiming.busy[{module!r}] = {value} must be between 0 and the "
+                    f"run's cycles ({self.cycles}): a module is busy at most the whole run"
+                )
         object.__setattr__(self, "busy", busy)
-        spans = [_span(span) for span in self.spans]
+        spans = [_span(span, self.cycles) for span in self.spans]
+        for module in dict.fromkeys(m for m, _, _ in spans):
+            if module not in busy:
+                named = ", ".join(map(repr, busy)) or "nothing"
+                raise ValueError(
+                    f"ProgramTiming.spans has a span of module {module!r}, which busy does "
+                    f"not name (busy names {named}): give its busy cycles too"
+                )
         object.__setattr__(self, "spans", tuple(spans))
         object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
 

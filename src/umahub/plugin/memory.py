@@ -115,14 +115,22 @@ def symbolic_sizes(struct_info: Any) -> set[str]:
 
 
 def tensor_bytes(struct_info: Any, unknown: int = 0) -> int:
-    """Bytes of a tensor type (or the sum over a tuple).
+    """Bytes of a tensor type (or the sum over a tuple), or of a Relax expression's type.
 
+    ``struct_info`` is a type (``TensorType``, ``TupleType``) or an expression
+    that has one: a pattern check may pass an operand as it is (``call.args[1]``,
+    a variable or a constant) as it does to :func:`~umahub.plugin.shape_of`.
     A size known only at run time counts by its upper bound while inside
     :func:`bounded`; without one, the tensor counts as ``unknown`` bytes (0 by
     default: the report's sizes; :data:`UNBOUNDED` where a check must not
     assume that a tensor fits).
     """
-    from umahub._tvm import TensorType, TupleType
+    from tvm import relax
+
+    from umahub._tvm import TensorType, TupleType, type_of
+
+    if isinstance(struct_info, relax.Expr):  # an operand: its type (not a type: no Expr)
+        struct_info = type_of(struct_info)
 
     if isinstance(struct_info, TupleType):
         return sum(tensor_bytes(f, unknown) for f in struct_info.fields)

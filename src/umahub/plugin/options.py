@@ -56,6 +56,22 @@ def _given(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
+def _suggested(default: Any, kind: type, choices: tuple[Any, ...]) -> str:
+    """What to write instead of ``default``: itself as a value of ``kind`` when that is a
+    choice (``"16"`` -> ``default=16``), else one of the choices."""
+    try:
+        value = kind(default) if kind is not bool else None
+    except (TypeError, ValueError):
+        value = None
+    if value is not None and value in choices:
+        return f"default={value!r}"
+    return f"the default as one of {', '.join(repr(c) for c in choices)}"
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of an accelerator, declared by its plugin.
@@ -108,11 +124,20 @@ class Option:
                 f"Option {self.name!r}: choices is empty; list the values allowed, or leave "
                 "it out (None: any value)"
             )
+        kinds = {type(c) for c in choices}
+        if len(kinds) == 1 and not self._of_type(choices[0]):
+            # every choice agrees and the default does not: the default is the likely mistake
+            (kind,) = kinds
+            raise ValueError(
+                f"Option {self.name!r}: the default {_given(self.default)} is not of the "
+                f"choices' type {kind.__name__}; the option's type is its default's: write "
+                f"{_suggested(self.default, kind, choices)}"
+            )
         for choice in choices:
             if not self._of_type(choice):
                 raise ValueError(
-                    f"Option {self.name!r}: choices holds {_given(choice)}, not a "
-                    f"{self.type.__name__} like the default {self.default!r}"
+                    f"Option {self.name!r}: choices holds {_given(choice)}, not "
+                    f"{_a(self.type.__name__)} like the default {self.default!r}"
                 )
         if self.default not in choices:
             raise ValueError(

@@ -28,6 +28,7 @@ from typing import Any
 __all__ = [
     "ACTIVATIONS",
     "Refusal",
+    "Unsupported",
     "activated",
     "bias_add",
     "calls",
@@ -73,6 +74,28 @@ class Refusal:
 
     def __str__(self) -> str:
         return self.reason
+
+
+class Unsupported(Exception):
+    """A lowering hook's "no" to its partition, with the reason: the partition goes
+    back to the host with that message, as a pattern check's :class:`Refusal` does
+    before partitioning.
+
+    Raise it from ``umahub_relax_to_tir``, ``umahub_schedule``, ``umahub_tir_passes``
+    or ``umahub_codegen`` when a partition turns out to be one the accelerator
+    cannot take (a shape whose tiles cannot fit its buffers, an attribute its
+    instructions lack)::
+
+        raise up.Unsupported(f"a 12x12 kernel's weight tiles ({need} bytes) do not fit WGT")
+
+    Unlike any other exception, which is the plugin's failure (a warning, and
+    the end of the compile with ``on-error = "error"``), a refusal is a decision:
+    the report shows the partition on the host, saying ``plugin '<name>' refused
+    partition <symbol> in <hook>: <reason>``, with ``on-error = "error"`` too.
+    Raise it from the hook's own Python code: TVM does not carry the type out of
+    a pass it runs. The message is one phrase, no final period, like a
+    :class:`Refusal`'s reason; subclass it for a type of your own.
+    """
 
 
 def refusal_reason(result: Any) -> str | None:

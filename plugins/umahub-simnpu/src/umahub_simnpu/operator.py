@@ -47,9 +47,10 @@ __all__ = [
 _INT32_MAX = 2**31 - 1
 
 
-class Unsupported(ValueError):
+class Unsupported(up.Unsupported, ValueError):
     """A partition the simnpu does not compute (the message says why): its lowering
-    raises it, and umahub puts the partition back on the host."""
+    raises it, and umahub puts the partition back on the host with that message
+    (a refusal, :class:`umahub.plugin.Unsupported`, not a failure)."""
 
 
 @dataclass(frozen=True)

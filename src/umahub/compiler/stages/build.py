@@ -18,6 +18,7 @@ made each value. It is most of the stage; the rest builds on its result.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import tvm
@@ -200,6 +201,8 @@ class DevicePlacer:
         self.made_by: dict = {}
         #: the operator or partition being emitted: the consumer of its copies
         self.reader = ""
+        #: values a device of its own read back to the host for another of its partitions
+        self.read_back: set = set()
 
     def place(self, realize: bool = True) -> tuple[tvm.IRModule, list[Copy], list[int]]:
         """The placed module, its copies and each weight parameter's device index."""
@@ -299,6 +302,26 @@ class DevicePlacer:
         )
         return self.fetched[key]
 
+    def _through_host(self, expr: relax.Expr, device: str) -> None:
+        """Record the crossings of a tensor that a device partition reads where an earlier
+        partition on the same device of its own left it: its runtime read it back to the
+        host after that partition (once) and writes it to the device again for this one."""
+        if self.where.get(expr) != device or not isinstance(type_of(expr), TensorType):
+            return
+        copy = Copy(
+            tensor=name_of(expr) if isinstance(expr, relax.Var) else "constant",
+            src=device,
+            dst=HOST,
+            bytes=tensor_bytes(type_of(expr)),
+            kind=self.copy_kind.get(device, "sync"),
+            producer=self.made_by.get(expr, ""),
+            consumer=self.reader,
+        )
+        if expr not in self.read_back:
+            self.read_back.add(expr)
+            self.copies.append(copy)
+        self.copies.append(replace(copy, src=HOST, dst=device))
+
     def _resident_args(self, symbol: str, device: str, args: Sequence[relax.Expr]) -> list:
         """The arguments a device partition is passed: its resident inputs (written to the
         device at load, each recorded as such a copy) left out."""
@@ -351,6 +374,8 @@ class DevicePlacer:
             device = self.device_of[symbol]
             if symbol in self.resident:
                 call_args = self._resident_args(symbol, device, call_args)
+                for arg in call_args:
+                    self._through_host(self.remap.get(arg, arg), device)
             args = [self.fetch(self.remap.get(a, a), device) for a in call_args]
             out_ty = _dps_outputs(_on(type_of(value), self.vdevices[self.index[device]]))
             new = call_dps_packed(relax.ExternFunc(symbol), relax.Tuple(args), out_ty)
@@ -382,9 +407,10 @@ def _virtual_devices(hub: Any, reports: Any, devices: list[str]) -> None:
             continue
         acc = hub.accelerator(r.accelerator)
         scope = acc.pool.scope if acc.pool else None
-        # a device of its own is called from the host through its stub (LLVM)
-        target = "llvm" if acc.has_device else acc.codegen
-        r.virtual_device = str(VirtualDevice("cpu", devices.index(r.device), target, scope))
+        # a device of its own runs its runtime's programs, no TVM target: shown as "device"
+        target = None if acc.has_device else acc.codegen
+        where = VirtualDevice("cpu", devices.index(r.device), target, scope)
+        r.virtual_device = where.describe("device" if acc.has_device else None)
 
 
 def _devices(hub: Any, part: Partitioned) -> tuple[list[str], dict[str, str], dict[str, str]]:

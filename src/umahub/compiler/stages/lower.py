@@ -41,6 +41,7 @@ from umahub.hub.timelimit import within
 from umahub.hub.tracing import last_returned, recording, returned_by
 from umahub.plugin.context import CompileContext
 from umahub.plugin.memory import MemoryPlan, PoolUse
+from umahub.plugin.patterns import Unsupported
 from umahub.report.data import program_report
 from umahub.report.report import hooks_that_acted
 from umahub.runtime import devices
@@ -263,6 +264,14 @@ def _blame(ctx: CompileContext, hook: str, check: Callable[..., Any], *args: Any
         raise
 
 
+def _refusal(exc: BaseException, p: Partition) -> str | None:
+    """The message of a plugin's :class:`~umahub.plugin.Unsupported` (its refusal of the
+    partition), or None when ``exc`` is a failure."""
+    if isinstance(exc, PluginFailure) and isinstance(exc.cause, Unsupported):
+        return f"plugin '{exc.plugin}' refused partition {p.symbol} in {exc.hook}: {exc.cause}"
+    return None
+
+
 def _lowering_failure(
     exc: BaseException, p: Partition, acc: Any
 ) -> tuple[str, type, BaseException]:
@@ -342,7 +351,11 @@ def run(comp: Compilation) -> None:
                 report.buffers = {scope: list(use) for scope, use in done.buffers.items()}
                 report.passes = done.passes
             except Exception as exc:
-                comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
+                refusal = _refusal(exc, p)
+                if refusal is not None:
+                    comp.refused(p.symbol, refusal)
+                else:
+                    comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
             report.seconds["lower"] = time.perf_counter() - start
         comp.clock.count(list(calls))
         report.hooks = hooks_that_acted(list(calls))
