@@ -671,3 +671,19 @@ def test_the_choice_is_not_measured_against_a_plugins_cost_model_or_pins(isolate
     assert measured.compile(mod, placement="auto").report.auto["finalists"] == {
         "skipped": "operators are pinned (the claiming orders would ignore the pins)"
     }
+
+
+def test_measured_costs_are_kept_apart_per_cpu(monkeypatch):
+    # a home directory shared by an Intel and an AMD machine: each measures its own
+    from types import SimpleNamespace
+
+    from umahub.auto import costs as auto_costs
+    from umahub.targets import host_target
+
+    hub = SimpleNamespace(plugins=[], accelerators=[], options_of=lambda name: {})
+    comp = SimpleNamespace(hub=hub, board=None, foreign=False, target=None)
+    here = auto_costs.Costs(comp, build=None).base
+    assert f"{host_target().get('mcpu', 'generic')} " in here[-1]
+    monkeypatch.setattr(auto_costs, "_this_cpu", lambda: "testcpu An Imaginary CPU")
+    there = auto_costs.Costs(comp, build=None).base
+    assert there[-1].endswith("threads, testcpu An Imaginary CPU") and here != there

@@ -151,6 +151,15 @@ def _threads() -> str:
     return os.environ.get("TVM_NUM_THREADS") or str(os.cpu_count() or 1)
 
 
+def _this_cpu() -> str:
+    """This machine's CPU as a cost depends on it: LLVM's name for it (what the kernels
+    are built for: ``znver3``, ``sapphirerapids``) and the model the kernel reports."""
+    from umahub.boards.bench import machine_info
+    from umahub.targets import host_target
+
+    return f"{host_target().get('mcpu', 'generic')} {machine_info().get('cpu', '')}".strip()
+
+
 class Costs:
     """The costs of one compile's candidate groups (see the module's documentation)."""
 
@@ -176,7 +185,7 @@ class Costs:
                 {"machine": "?", "cpu": "", "cpus": "?", **self.board.info}
             )
             if self.board is not None
-            else _threads()
+            else f"{_threads()} threads, {_this_cpu()}"
         )
         code = code_fingerprint([umahub] + [p.obj for p in self.hub.plugins if p.loaded])
         self._base = (umahub.__version__, tvm.__version__, plugins, code, target, where)
