@@ -691,3 +691,48 @@ def test_measured_costs_are_kept_apart_per_cpu(monkeypatch):
     monkeypatch.setattr(auto_costs, "_this_cpu", lambda: "testcpu An Imaginary CPU")
     there = auto_costs.Costs(comp, build=None).base
     assert there[-1].endswith("threads, testcpu An Imaginary CPU") and here != there
+
+
+def _hardswish_model():
+    """x -> relu (named "stem") -> hardswish as PyTorch's import names it: an add, a clip,
+    a multiply and a divide, all named "act" (the source module's name)."""
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+    from umahub.ir import name_span
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 8, 16, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+
+            def named(call, name):
+                return bb.emit(relax.Call(call.op, call.args, call.attrs, span=name_span(name)))
+
+            y = named(relax.op.nn.relu(x), "stem")
+            a = named(relax.op.add(y, relax.const(3.0, "float32")), "act")
+            c = named(relax.op.clip(a, 0.0, 6.0), "act")
+            m = named(relax.op.multiply(y, c), "act")
+            out = bb.emit_output(named(relax.op.divide(m, relax.const(6.0, "float32")), "act"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_operators_of_one_name_are_one_node_of_the_choice():
+    # placement places by name: the four operators of "act" were four nodes, each costed
+    # and copied as the whole (mobilenet_v3_small was estimated 5x slower than it ran)
+    from umahub.auto.candidates import Group
+    from umahub.auto.choose import _host_seconds, _operators
+
+    ops, outputs = _operators(_hardswish_model())
+    assert [(o.name, o.op, o.inputs) for o in ops] == [
+        ("stem", "relax.nn.relu", ()),
+        ("act", "relax.divide", ("stem",)),
+    ]
+    elements = 8 * 16 * 16
+    assert ops[1].flops == 4 * elements and ops[1].bytes == 4 * elements
+    assert outputs == {"act"}
+    nodes = ("stem", "act", "act", "act", "act")
+    group = Group("npu", nodes, (), (), None, key="k", host_key="h")
+    host = _host_seconds(ops, [(group, 5e-6)])
+    assert host == pytest.approx({"stem": 1e-6, "act": 4e-6})
