@@ -7,8 +7,10 @@ One JSON file, ``costs-1.json``, in ``$UMAHUB_CACHE_DIR``, else
 accelerator and its backend options in effect (``[tool.umahub.options]``),
 the plugin's distribution and version, umahub's and TVM's versions, the source
 files of umahub and of every plugin (:func:`code_fingerprint`: an edited
-plugin in a development install keeps its version), the target and the thread
-count. A plugin upgrade or edit, another option, another machine or another
+plugin in a development install keeps its version), the target, the thread
+count and this machine's CPU (LLVM's name for it and its model: a home
+directory shared by an Intel and an AMD machine keeps the costs of each
+apart). A plugin upgrade or edit, another option, another CPU or another
 thread count measures again.
 
 The file is rewritten whole (a temporary file renamed over it), merged with

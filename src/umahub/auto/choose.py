@@ -93,11 +93,27 @@ class AutoChoice:
 
 
 def _operators(mod: Any) -> tuple[list[Operator], frozenset[str]]:
-    """Every operator of ``main`` named as partitioning names them, and the model's outputs."""
+    """Every operator of ``main`` named as partitioning names them, and the model's outputs.
+
+    Names need not be unique: an imported model names every operator a source node
+    became after that node (PyTorch's ``features.0.2``, a Hardswish, is an add, a clip,
+    a multiply and a divide). Placement places by name, so operators of one name are
+    one node of the choice: its FLOPs summed, its inputs those from other nodes, its
+    output the last one's. Counted apart, each was costed and copied as the whole.
+    """
     named = name_nodes(relax.transform.ConvertToDataflow()(mod))
     rows, out = walk(named["main"], named, pattern_of)
-    ops = [Operator(r.node, r.op, inputs=r.inputs, flops=r.flops, bytes=r.bytes) for r in rows]
-    return ops, frozenset(out)
+    merged: dict[str, Operator] = {}
+    for r in rows:
+        seen = merged.get(r.node)
+        if seen is None:
+            merged[r.node] = Operator(r.node, r.op, inputs=r.inputs, flops=r.flops, bytes=r.bytes)
+            continue
+        inputs = (*seen.inputs, *(x for x in r.inputs if x != r.node and x not in seen.inputs))
+        merged[r.node] = replace(
+            seen, op=r.op, inputs=inputs, flops=seen.flops + r.flops, bytes=r.bytes
+        )
+    return list(merged.values()), frozenset(out)
 
 
 def _weight(op: Operator) -> float:
@@ -113,10 +129,11 @@ def _host_seconds(
     shares: dict[str, list[float]] = {}
     rates = []
     for group, seconds in measured:
-        weights = [_weight(by_name[n]) for n in group.nodes if n in by_name]
+        nodes = [n for n in dict.fromkeys(group.nodes) if n in by_name]  # a name once
+        weights = [_weight(by_name[n]) for n in nodes]
         total = sum(weights) or 1.0
         rates.append(seconds / total)
-        for n, w in zip((n for n in group.nodes if n in by_name), weights):
+        for n, w in zip(nodes, weights):
             shares.setdefault(n, []).append(seconds * w / total)
     rate = sorted(rates)[len(rates) // 2] if rates else 0.0
     return {
@@ -253,7 +270,7 @@ def _problem(
         bytes={o.name: o.bytes for o in operators},
         host=host,
         candidates=[
-            Candidate(g.accelerator, g.nodes, c.seconds or 0.0, g.forced)
+            Candidate(g.accelerator, tuple(dict.fromkeys(g.nodes)), c.seconds or 0.0, g.forced)
             for g, c in zip(groups, on_accel)
         ],
         copy_seconds=copy_model.seconds,

@@ -55,6 +55,8 @@ from umahub.plugin.context import CostContext, Operator
 
 __all__ = ["CopyModel", "Cost", "Costs"]
 
+#: Copies of fewer bytes tell a copy's latency, not the bandwidth (see ``_fit``).
+BANDWIDTH_BYTES = 64 << 10
 #: A measurement runs at least this many times, and more until about SECONDS.
 RUNS = 5
 SECONDS = 0.02
@@ -127,14 +129,18 @@ def _fit(samples: Sequence[tuple[int, float]]) -> tuple[float, float]:
     """(latency, bandwidth) of ``seconds = latency + bytes / bandwidth`` over the samples.
 
     The latency is what the smallest copies take (a fixed cost: a call, a thread
-    handing over); the bandwidth, the median of what the others move beyond it.
-    A least-squares line would let a few large, noisy copies set the latency,
-    even below zero.
+    handing over); the bandwidth, the median of what the copies of at least
+    :data:`BANDWIDTH_BYTES` move beyond it. A least-squares line would let a few
+    large, noisy copies set the latency, even below zero; and a copy of a few
+    kilobytes moves them in a fraction of the latency's own noise: its "rate"
+    measures the noise (a DSP's copies of at most 4 KiB once gave 0.08 GB/s,
+    and every large copy to it was then costed at that). Without a large copy
+    the bandwidth is unknown (``inf``; the caller takes a host memcpy's).
     """
     ordered = sorted(samples)
     small = [t for _, t in ordered[: max(1, len(ordered) // 4)]]
     latency = float(np.median(small))
-    rates = [s / (t - latency) for s, t in ordered if t > latency * 1.5 and s > 0]
+    rates = [s / (t - latency) for s, t in ordered if s >= BANDWIDTH_BYTES and t > latency * 1.5]
     return latency, float(np.median(rates)) if rates else math.inf
 
 
@@ -149,6 +155,15 @@ def _more_runs(times: Sequence[float]) -> int:
 
 def _threads() -> str:
     return os.environ.get("TVM_NUM_THREADS") or str(os.cpu_count() or 1)
+
+
+def _this_cpu() -> str:
+    """This machine's CPU as a cost depends on it: LLVM's name for it (what the kernels
+    are built for: ``znver3``, ``sapphirerapids``) and the model the kernel reports."""
+    from umahub.boards.bench import machine_info
+    from umahub.targets import host_target
+
+    return f"{host_target().get('mcpu', 'generic')} {machine_info().get('cpu', '')}".strip()
 
 
 class Costs:
@@ -176,7 +191,7 @@ class Costs:
                 {"machine": "?", "cpu": "", "cpus": "?", **self.board.info}
             )
             if self.board is not None
-            else _threads()
+            else f"{_threads()} threads, {_this_cpu()}"
         )
         code = code_fingerprint([umahub] + [p.obj for p in self.hub.plugins if p.loaded])
         self._base = (umahub.__version__, tvm.__version__, plugins, code, target, where)
