@@ -136,13 +136,13 @@ def from_exported_program(program: Any) -> Any:
             operator); the message says which.
     """
     from umahub.frontends.torch_quantized import check_program, converters
-    from umahub.frontends.torch_rewrites import merge_aliased_constants, rewrite_program
+    from umahub.frontends.torch_rewrites import prepared, rewrite_program
 
     try:
         with quiet_torch():
             importer = _torch_importer()
             # decomposed here (not only by TVM): the rewrites work on the decomposed program
-            program = merge_aliased_constants(program).run_decompositions()
+            program = prepared(program).run_decompositions()
             lifted = rewrite_program(program)
             check_program(program)
             custom = converters(program)

@@ -2,7 +2,8 @@
 or gets wrong, each fixing a class of programs PyTorch accepts.
 
 Run by :func:`umahub.frontends.torch_import.from_exported_program`. Before
-``run_decompositions``, on a copy of the user's program (made only when needed):
+``run_decompositions``, on a copy of the user's program (made only when needed;
+:func:`prepared`):
 
 - :func:`merge_aliased_constants`: a tensor reached both as a registered
   buffer and through another attribute (a ``transformers`` ``StaticCache``
@@ -10,6 +11,11 @@ Run by :func:`umahub.frontends.torch_import.from_exported_program`. Before
   non-strict export, once as a buffer, once as a constant; PyTorch's own
   ``run_decompositions`` then fails ("expected compiled_fn to be GraphModule").
   The constant's uses take the buffer.
+- :func:`without_guards`: the guards on the inputs that ``torch.export`` keeps
+  with a program (run by a ``_guards_fn`` call when PyTorch retraces it to
+  decompose it) fail if the export had a constant input (``use_cache=True``:
+  "name 'L' is not defined"); TVM needs no guards (the compiled model checks
+  its inputs' shapes), so they are removed.
 
 After ``run_decompositions`` (on the program the import owns, in place),
 before TVM sees it:
@@ -35,11 +41,13 @@ from typing import Any
 __all__ = [
     "LiftedState",
     "merge_aliased_constants",
+    "prepared",
     "drop_constant_inputs",
     "full_index_puts",
     "lift_mutated_buffers",
     "promote_empty_concat_inputs",
     "rewrite_program",
+    "without_guards",
 ]
 
 
@@ -56,38 +64,44 @@ class LiftedState:
     initial: Any
 
 
-def merge_aliased_constants(program: Any) -> Any:
-    """The program with every constant that aliases a buffer replaced by that buffer.
+def prepared(program: Any) -> Any:
+    """The user's program with the rewrites that must precede ``run_decompositions``.
 
-    Returns ``program`` itself when there is none, else a copy (the user's
-    program is left as it was).
+    ``program`` itself when none applies, else a copy.
     """
-    import copy
+    if _guard_calls(program) or _aliases(program):
+        import copy
 
-    from torch.export.graph_signature import InputKind
+        program = copy.deepcopy(program)
+        without_guards(program)
+        merge_aliased_constants(program)
+    return program
 
-    def aliases(program: Any) -> dict[str, str]:
-        """Placeholder name of each aliasing constant -> placeholder name of its buffer."""
-        signature = program.graph_signature
-        buffers = dict(program.named_buffers())
-        owner = {}
-        for spec in signature.input_specs:
-            if spec.kind is InputKind.BUFFER:
-                owner.setdefault(_storage(buffers[spec.target]), spec)
-        found = {}
-        for spec in signature.input_specs:
-            if spec.kind is not InputKind.CONSTANT_TENSOR:
-                continue
-            value = program.constants.get(spec.target)
-            buffer = owner.get(_storage(value)) if value is not None else None
-            if buffer is not None and _same_view(value, buffers[buffer.target]):
-                found[spec.arg.name] = buffer.arg.name
+
+def _guard_calls(program: Any) -> list:
+    calls = [n for n in program.graph.nodes if n.op == "call_module" and n.target == "_guards_fn"]
+    return calls + list(getattr(program, "_guards_code", None) or ())
+
+
+def without_guards(program: Any) -> None:
+    """Remove a program's guards on its inputs, in place."""
+    calls = [n for n in program.graph.nodes if n.op == "call_module" and n.target == "_guards_fn"]
+    for node in calls:
+        program.graph.erase_node(node)
+    if calls:
+        program.graph_module.recompile()
+    if getattr(program, "_guards_code", None):
+        program._guards_code = []
+
+
+def merge_aliased_constants(program: Any) -> dict[str, str]:
+    """Replace every constant that aliases a buffer by that buffer, in place.
+
+    Returns the merged constants' placeholder names, each with its buffer's.
+    """
+    found = _aliases(program)
+    if not found:
         return found
-
-    if not aliases(program):
-        return program
-    program = copy.deepcopy(program)
-    found = aliases(program)
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     for constant, buffer in found.items():
         placeholders[constant].replace_all_uses_with(placeholders[buffer])
@@ -97,7 +111,28 @@ def merge_aliased_constants(program: Any) -> Any:
         program.constants.pop(spec.target, None)
     signature.input_specs[:] = [s for s in signature.input_specs if s.arg.name not in found]
     program.graph_module.recompile()
-    return program
+    return found
+
+
+def _aliases(program: Any) -> dict[str, str]:
+    """Placeholder name of each constant aliasing a buffer -> placeholder name of the buffer."""
+    from torch.export.graph_signature import InputKind
+
+    signature = program.graph_signature
+    buffers = dict(program.named_buffers())
+    owner = {}
+    for spec in signature.input_specs:
+        if spec.kind is InputKind.BUFFER:
+            owner.setdefault(_storage(buffers[spec.target]), spec)
+    found = {}
+    for spec in signature.input_specs:
+        if spec.kind is not InputKind.CONSTANT_TENSOR:
+            continue
+        value = program.constants.get(spec.target)
+        buffer = owner.get(_storage(value)) if value is not None else None
+        if buffer is not None and _same_view(value, buffers[buffer.target]):
+            found[spec.arg.name] = buffer.arg.name
+    return found
 
 
 def _storage(tensor: Any) -> Any:
