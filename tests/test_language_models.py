@@ -44,7 +44,7 @@ def _config(kind: str):
         return transformers.GPT2LMHeadModel(
             transformers.GPT2Config(
                 n_layer=2, n_embd=64, n_head=4, vocab_size=VOCABULARY, n_positions=256,
-                bos_token_id=0, eos_token_id=0,
+                bos_token_id=0, eos_token_id=0, initializer_range=0.3,
             )
         )
     if kind == "llama":
@@ -105,9 +105,12 @@ def test_greedy_tokens_equal_pytorchs_for_32_steps(kind, decoders):
     assert expected.shape == (1, PROMPT + NEW_TOKENS)
     assert len(set(expected[0, PROMPT:].tolist())) > 1, "PyTorch repeats one token: no test"
     np.testing.assert_array_equal(decoder.generate(ids, max_new_tokens=NEW_TOKENS), expected)
-    for function in (decoder.prefill, decoder.decode):
-        devices = {o.device.split(":")[0] for o in function.report.placement}
-        assert devices - {"host"}, f"{kind}: nothing of {function.report.model} on an accelerator"
+    # the decode step's matrix-vector products on the npu (the prefill's symbolic
+    # length keeps them on the host: the npu takes static shapes only)
+    assert any(
+        o.op == "relax.matmul" and o.device.startswith("npu")
+        for o in decoder.decode.report.placement
+    )
     assert decoder.prefill.input_info[0][0][1] == decoder.prefill.input_info[1][0][0]
     assert isinstance(decoder.prefill.input_info[0][0][1], str)  # the symbolic length
     assert decoder.decode.input_info[0][0] == (1, 1)
