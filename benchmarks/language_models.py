@@ -22,6 +22,12 @@ step. Every engine's 32 greedy tokens are compared with PyTorch's
 (``max|a - b| / max|b|``).
 
     python benchmarks/language_models.py [MODEL ...] [--engines torch,tvm,umahub] [--repeat N]
+        [--rounds N]
+
+On a machine shared with other work, ``--rounds N`` runs every engine N
+times, round-robin (each round a new process), and keeps each engine's round
+with the fastest decode: a round another job disturbed does not count against
+one engine only. PyTorch's thread pool suffers most from a busy neighbour.
 
 Needs torch and transformers. Results: ``results/language_models.json``; the
 table is printed.
@@ -153,12 +159,26 @@ print(json.dumps({
 """
 
 
+def _fastest(results: list[dict]) -> dict:
+    """The round with the fastest decode (an error if every round failed), with every
+    round's decode and prefill when there were several."""
+    timed = [r for r in results if "decode_ms" in r]
+    if not timed:
+        return results[-1]
+    best = dict(min(timed, key=lambda r: r["decode_ms"]))
+    if len(results) > 1:
+        best["round_decode_ms"] = [r.get("decode_ms") for r in results]
+        best["round_prefill_ms"] = [r.get("prefill_ms") for r in results]
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=MODELS)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     from pathlib import Path
 
@@ -169,10 +189,13 @@ def main() -> None:
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="umahub-llm-") as workdir:
         for name in args.models:
-            row = {
-                e: run_worker(_WORKER, [name, e, str(args.repeat), workdir], env, cwd=workdir)
-                for e in engines
-            }
+            rounds: dict[str, list[dict]] = {e: [] for e in engines}
+            for _ in range(max(1, args.rounds)):
+                for e in engines:
+                    rounds[e].append(
+                        run_worker(_WORKER, [name, e, str(args.repeat), workdir], env, cwd=workdir)
+                    )
+            row = {e: _fastest(results) for e, results in rounds.items()}
             reference = row.get("torch", {})
             want_path = Path(workdir) / f"{name}.torch.npy"
             for e, result in row.items():
@@ -204,6 +227,7 @@ def main() -> None:
         {
             "threads": args.threads,
             "repeat": args.repeat,
+            "rounds": args.rounds,
             "prompt_tokens": PROMPT,
             "new_tokens": NEW_TOKENS,
             "max_context": CONTEXT,

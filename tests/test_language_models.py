@@ -135,14 +135,24 @@ def test_a_prompt_that_does_not_fit_the_cache_is_refused(decoders):
     )
 
 
-def test_an_exported_decoder_generates_the_same_tokens(decoders, tmp_path):
+def test_an_exported_decoder_generates_the_same_tokens_and_benches(decoders, tmp_path, capsys):
+    import json
+
     import umahub
+    from umahub.cli import main
 
     model, decoder = decoders("gpt2")
     decoder.export_library(tmp_path / "gpt2")
     loaded = umahub.load_decoder(tmp_path / "gpt2")
     ids = prompt()
     np.testing.assert_array_equal(loaded.generate(ids, 16), decoder.generate(ids, 16))
+    capsys.readouterr()
+    argv = ["bench", str(tmp_path / "gpt2"), "--json", "-", "--repeat", "2"]
+    assert main([*argv, "--prompt-tokens", "40", "--new-tokens", "4"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["prompt_tokens"], result["new_tokens"], result["repeat"]) == (40, 4, 2)
+    assert result["decode_tokens_per_s"] == pytest.approx(1e3 / result["decode_ms"])
+    assert result["prefill_tokens_per_s"] == pytest.approx(40e3 / result["prefill_ms"])
 
 
 def _plain_tvm(mod, *arrays):
