@@ -103,11 +103,13 @@ else:
             mod = to_relax(program)
             vm = tvm.relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
             return vm["main"], state_of(mod)
-        (prefill_main, names), (decode_main, _) = function(programs.prefill), function(programs.decode)
+        (prefill_main, names) = function(programs.prefill)
+        (decode_main, _) = function(programs.decode)
         def wrap(main):
             def step(tokens, first, state):
                 positions = np.arange(first, first + tokens.shape[1], dtype="int64")
-                out = to_numpy(main(*[host_tensor(a, tvm.cpu()) for a in (tokens, positions, *state)]))
+                arrays = (tokens, positions, *state)
+                out = to_numpy(main(*[host_tensor(a, tvm.cpu()) for a in arrays]))
                 return out[0], out[1:]
             return step
         prefill, decode = wrap(prefill_main), wrap(decode_main)

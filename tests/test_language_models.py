@@ -43,8 +43,14 @@ def _config(kind: str):
     if kind == "gpt2":
         return transformers.GPT2LMHeadModel(
             transformers.GPT2Config(
-                n_layer=2, n_embd=64, n_head=4, vocab_size=VOCABULARY, n_positions=256,
-                bos_token_id=0, eos_token_id=0, initializer_range=0.3,
+                n_layer=2,
+                n_embd=64,
+                n_head=4,
+                vocab_size=VOCABULARY,
+                n_positions=256,
+                bos_token_id=0,
+                eos_token_id=0,
+                initializer_range=0.3,
             )
         )
     if kind == "llama":

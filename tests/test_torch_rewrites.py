@@ -105,7 +105,10 @@ def _static_reference(steps):
 
 
 def test_a_written_buffer_becomes_an_input_and_an_output():
-    steps = [(torch.randn(1, 2, 3, 4), torch.arange(3)), (torch.randn(1, 2, 1, 4), torch.tensor([3]))]
+    steps = [
+        (torch.randn(1, 2, 3, 4), torch.arange(3)),
+        (torch.randn(1, 2, 1, 4), torch.tensor([3])),
+    ]
     torch.manual_seed(0)
     module = _StaticCache().eval()
     n = torch.export.Dim("n", min=1, max=8)

@@ -442,7 +442,9 @@ def _bench_decoder(args: argparse.Namespace) -> int:
     from umahub.boards.bench import machine_info
     from umahub.runtime.generation import load_decoder, time_decoder
 
-    given = [o for o, v in (("--rpc", args.rpc), ("--trace", args.trace), ("--inputs", args.inputs)) if v]
+    given = [
+        o for o, v in (("--rpc", args.rpc), ("--trace", args.trace), ("--inputs", args.inputs)) if v
+    ]
     if given:
         raise UmahubError(
             f"{args.library} is a decoder (prefill and decode step): {given[0]} is for a "

@@ -78,7 +78,9 @@ def export_decoder(model: Any, *, max_context: int = 128) -> DecoderPrograms:
             (the message gives PyTorch's or ``transformers``' reason).
     """
     if max_context < 2:
-        raise UmahubError(f"max_context must be 2 or more (a prompt and a token), not {max_context}")
+        raise UmahubError(
+            f"max_context must be 2 or more (a prompt and a token), not {max_context}"
+        )
     try:
         import torch
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache

@@ -40,11 +40,11 @@ from typing import Any
 
 __all__ = [
     "LiftedState",
-    "merge_aliased_constants",
-    "prepared",
     "drop_constant_inputs",
     "full_index_puts",
     "lift_mutated_buffers",
+    "merge_aliased_constants",
+    "prepared",
     "promote_empty_concat_inputs",
     "rewrite_program",
     "without_guards",
@@ -120,7 +120,7 @@ def _aliases(program: Any) -> dict[str, str]:
 
     signature = program.graph_signature
     buffers = dict(program.named_buffers())
-    owner = {}
+    owner: dict[Any, Any] = {}
     for spec in signature.input_specs:
         if spec.kind is InputKind.BUFFER:
             owner.setdefault(_storage(buffers[spec.target]), spec)

@@ -12,9 +12,9 @@ import pluggy
 from umahub.config import Config, load_config
 from umahub.errors import (
     ConfigError,
-    UmahubError,
     PluginLoadError,
     PluginOutputError,
+    UmahubError,
     UmahubWarning,
     did_you_mean,
     warn,

@@ -181,8 +181,7 @@ def load_decoder(path: str | os.PathLike) -> CompiledDecoder:
     path = Path(path)
     if not is_decoder_library(path):
         raise UmahubError(
-            f"{path} is not a decoder written by CompiledDecoder.export_library "
-            f"(no {_META} in it)"
+            f"{path} is not a decoder written by CompiledDecoder.export_library (no {_META} in it)"
         )
     try:
         meta = json.loads((path / _META).read_text())
