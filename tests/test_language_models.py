@@ -141,9 +141,7 @@ def test_a_prompt_that_does_not_fit_the_cache_is_refused(decoders):
     )
 
 
-def test_an_exported_decoder_generates_the_same_tokens_and_benches(
-    decoders, tmp_path, capsys
-):
+def test_an_exported_decoder_generates_the_same_tokens_and_benches(decoders, tmp_path, capsys):
     import json
 
     import umahub
