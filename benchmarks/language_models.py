@@ -85,8 +85,8 @@ if engine == "torch":
         return out.numpy(), state
     prefill = decode = step
     def fresh():
-        for _, buffer in wrapper.named_buffers():
-            if buffer.dtype.is_floating_point:
+        for key, buffer in wrapper.named_buffers():
+            if "." not in key and buffer.dtype.is_floating_point:  # the cache, not rope's
                 buffer.zero_()
         return None
     compile_s = 0.0
