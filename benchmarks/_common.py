@@ -36,6 +36,7 @@ def machine() -> dict[str, Any]:
         ("torchvision", "torchvision"),
         ("onnxruntime", "onnxruntime"),
         ("onnx", "onnx"),
+        ("transformers", "transformers"),
     ):
         try:
             versions[name] = importlib.metadata.version(dist)

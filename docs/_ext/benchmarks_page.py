@@ -203,6 +203,53 @@ def _error(result: dict[str, Any]) -> str:
     return f"{rel:.1e}" + ("" if result.get("valid", True) else " (invalid)")
 
 
+def _language_models(data: dict[str, Any]) -> list[str]:
+    engines = (("torch", "PyTorch eager"), ("tvm", "plain TVM"), ("umahub", "umahub"))
+    prompt = data.get("prompt_tokens", "")
+    header = ["model", "engine", f"prefill, {prompt} tokens", "decode, tokens/s", "tokens equal"]
+    header += ["prefill error", "compile"]
+    rows = []
+    for name, row in data.get("models", {}).items():
+        for key, label in engines:
+            r = row.get(key)
+            if r is None:
+                continue
+            if "error" in r:
+                rows.append([name, label, f"failed: {r['error']}", "", "", "", ""])
+                continue
+            equal = r.get("tokens_equal")
+            rows.append(
+                [
+                    name,
+                    label,
+                    _ms(r.get("prefill_ms")),
+                    f"{r['decode_tokens_per_s']:.1f}",
+                    "-" if equal is None else ("yes" if equal else "no"),
+                    _err(r.get("relative_error")),
+                    _s(r.get("compile_s")),
+                ]
+            )
+    lines = _table(header, rows, "Prefill and decode, the fastest round of each engine")
+    ratios = [
+        [
+            name,
+            _ratio(row.get("prefill_umahub_over_torch")),
+            _ratio(row.get("decode_umahub_over_torch")),
+            _ratio(row.get("prefill_umahub_over_tvm")),
+            _ratio(row.get("decode_umahub_over_tvm")),
+        ]
+        for name, row in data.get("models", {}).items()
+    ]
+    header = [
+        "model",
+        "prefill time / PyTorch's",
+        "decode tokens/s / PyTorch's",
+        "prefill time / plain TVM's",
+        "decode tokens/s / plain TVM's",
+    ]
+    return lines + _table(header, ratios, "umahub against the others")
+
+
 def _auto(data: dict[str, Any]) -> list[str]:
     header = [
         "model",
@@ -611,6 +658,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "executors": _executors,
     "engines": _engines,
     "engines_recheck": _engines,
+    "language_models": _language_models,
     "auto": _auto,
     "concurrency": _concurrency,
     "compile_overhead": _compile_overhead,
@@ -638,6 +686,7 @@ SCRIPTS = {
 ORDER = (
     "engines",
     "engines_recheck",
+    "language_models",
     "zoo",
     "quantized",
     "npu_kernels",
@@ -657,6 +706,7 @@ ORDER = (
 TITLES = {
     "engines": "umahub against PyTorch and ONNX Runtime",
     "engines_recheck": "The smallest models again, more rounds",
+    "language_models": "Language models: prefill and decode against PyTorch and plain TVM",
     "zoo": "The zoo: plain TVM, umahub without and with plugins",
     "quantized": "int8: umahub against ONNX Runtime, and against its own float32",
     "npu_kernels": "The npu's schedules, kernel by kernel",

@@ -9,6 +9,8 @@ The public API (everything else is internal)::
     outputs = compiled.run(*arrays)    # numpy in, numpy out
     compiled.export_library("model.so")
     umahub.load("model.so").run(*arrays)
+    decoder = hub.compile_decoder(llm)  # a transformers decoder: prefill and decode step
+    decoder.generate(ids, max_new_tokens=32)
     with umahub.remote(tracker="farm:9190", key="rk3588") as board:   # TVM's RPC
         board.load("model.so").run(*arrays)
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
     from umahub.plugin.patterns import Refusal
     from umahub.runtime.compiled import Compiled, load
+    from umahub.runtime.generation import CompiledDecoder, load_decoder
 
 __version__ = "0.1.0"
 
@@ -51,6 +54,7 @@ __all__ = [
     "Accelerator",
     "CompileContext",
     "Compiled",
+    "CompiledDecoder",
     "CostContext",
     "Hub",
     "MemoryPool",
@@ -64,6 +68,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "load",
+    "load_decoder",
     "remote",
 ]
 
@@ -82,6 +87,8 @@ _LAZY = {
     "Refusal": "umahub.plugin.patterns",
     "Compiled": "umahub.runtime.compiled",
     "load": "umahub.runtime.compiled",
+    "CompiledDecoder": "umahub.runtime.generation",
+    "load_decoder": "umahub.runtime.generation",
     "CompileContext": "umahub.plugin.context",
     "CostContext": "umahub.plugin.context",
     "VirtualDevice": "umahub.compiler.vdevice",

@@ -394,11 +394,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Measure the latency of an exported library, here or on a board."""
     from umahub.boards.bench import bench
     from umahub.runtime.compiled import example_inputs
+    from umahub.runtime.generation import is_decoder_library
 
     if args.json and args.json != "-":
         check_writable(args.json, "--json")
+    if is_decoder_library(args.library):
+        return _bench_decoder(args)
     if args.trace:
         check_writable(args.trace, "--trace")
+    args.repeat = args.repeat or 50
     arrays = read_inputs(args.inputs) if args.inputs else None
     model = _model(args)
     if arrays is None:
@@ -436,6 +440,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json == "-":
         print(text)
     elif args.json:
+        Path(args.json).write_text(text + "\n")
+        _say(args, f"wrote {args.json}")
+    return 0
+
+
+def _bench_decoder(args: argparse.Namespace) -> int:
+    """``umahub bench`` of a decoder's directory: prefill time and decode tokens per second."""
+    from umahub.boards.bench import machine_info
+    from umahub.runtime.generation import load_decoder, time_decoder
+
+    given = [
+        o for o, v in (("--rpc", args.rpc), ("--trace", args.trace), ("--inputs", args.inputs)) if v
+    ]
+    if given:
+        raise UmahubError(
+            f"{args.library} is a decoder (prefill and decode step): {given[0]} is for a "
+            "library; a decoder is timed here, on random prompts"
+        )
+    decoder = load_decoder(args.library)
+    result = {
+        "model": str(args.library),
+        "where": "this machine",
+        **time_decoder(decoder, args.prompt_tokens, args.new_tokens, repeat=args.repeat or 5),
+        "repeat": args.repeat or 5,
+        "machine": machine_info(),
+    }
+    text = json.dumps(result, indent=2)
+    if args.json == "-":
+        print(text)
+        return 0
+    _say(
+        args,
+        f"prefill of {result['prompt_tokens']} tokens: median {result['prefill_ms']:.3f} ms "
+        f"({result['prefill_tokens_per_s']:.1f} tokens/s)",
+    )
+    _say(
+        args,
+        f"decode: median {result['decode_ms']:.3f} ms per token, "
+        f"{result['decode_tokens_per_s']:.1f} tokens/s ({result['new_tokens']} tokens, "
+        f"{result['repeat']} rounds)",
+    )
+    if args.json:
         Path(args.json).write_text(text + "\n")
         _say(args, f"wrote {args.json}")
     return 0

@@ -185,12 +185,35 @@ def build_parser() -> argparse.ArgumentParser:
     _board_options(p)
 
     p = add("bench", "measure the latency of a library, here or on a board", commands.cmd_bench)
-    p.add_argument("library")
+    p.add_argument(
+        "library",
+        help="a library (umahub compile -o), or a decoder's directory "
+        "(CompiledDecoder.export_library): its prefill time and decode tokens per second",
+    )
     p.add_argument(
         "--inputs", metavar="FILE", help="the inputs (.npz or .npy); random when not given"
     )
     p.add_argument(
-        "--repeat", type=_positive, default=50, metavar="N", help="timed runs (default: 50)"
+        "--repeat",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="timed runs (default: 50); for a decoder, rounds of a prefill and its decode "
+        "steps (default: 5)",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=_positive,
+        default=128,
+        metavar="N",
+        help="a decoder's prompt length (default: 128, less if the cache holds fewer)",
+    )
+    p.add_argument(
+        "--new-tokens",
+        type=_positive,
+        default=32,
+        metavar="N",
+        help="a decoder's decode steps per round (default: 32)",
     )
     p.add_argument(
         "--warmup",

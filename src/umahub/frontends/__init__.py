@@ -9,9 +9,12 @@ takes
 * an ``onnx.ModelProto``, through TVM's ``from_onnx`` (the extra
   ``umahub[onnx]``).
 
-Both imports bind the weights as constants (``main`` takes the model's inputs
-only) and return a single output as a tensor, not a 1-tuple. ``torch`` and
-``onnx`` are imported only when such a model is given.
+The PyTorch import first rewrites what TVM's frontend refuses or gets wrong
+(:mod:`umahub.frontends.torch_rewrites`): a buffer the model writes (a KV
+cache) becomes an input and an output of ``main``. Both imports bind the
+weights as constants (``main`` takes the model's inputs only) and return a
+single output as a tensor, not a 1-tuple. ``torch`` and ``onnx`` are imported
+only when such a model is given.
 
 :func:`load_model` is what ``umahub compile MODEL`` and ``umahub explain
 MODEL`` call: a model-zoo name (``umahub.models.names()``), a ``.py`` file

@@ -136,12 +136,14 @@ def from_exported_program(program: Any) -> Any:
             operator); the message says which.
     """
     from umahub.frontends.torch_quantized import check_program, converters
+    from umahub.frontends.torch_rewrites import prepared, rewrite_program
 
     try:
         with quiet_torch():
             importer = _torch_importer()
-            if importer is not None:
-                program = program.run_decompositions()
+            # decomposed here (not only by TVM): the rewrites work on the decomposed program
+            program = prepared(program).run_decompositions()
+            lifted = rewrite_program(program)
             check_program(program)
             custom = converters(program)
             if importer is not None:
@@ -152,21 +154,30 @@ def from_exported_program(program: Any) -> Any:
                     no_bind_return_tuple=False,
                     custom_convert_map=custom,
                 )
-                return name_variables(mod)
+                return _with_state(name_variables(mod), lifted)
             from tvm.relax.frontend.torch import from_exported_program as tvm_from_program
 
-            return tvm_from_program(
+            mod = tvm_from_program(
                 program,
                 keep_params_as_input=False,
                 unwrap_unit_return_tuple=True,
                 custom_convert_map=custom,
             )
+            return _with_state(mod, lifted)
     except UmahubError:
         raise
     except Exception as exc:
         raise UmahubError(
             f"TVM's PyTorch frontend could not import the model: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _with_state(mod: Any, lifted: list) -> Any:
+    """``main`` with the names of its lifted buffers (attribute ``umahub_state``), if any."""
+    if not lifted:
+        return mod
+    mod["main"] = mod["main"].with_attr("umahub_state", [state.name for state in lifted])
+    return mod
 
 
 # ---------------------------------------------------------------------------- files

@@ -14,6 +14,7 @@ from umahub.errors import (
     ConfigError,
     PluginLoadError,
     PluginOutputError,
+    UmahubError,
     UmahubWarning,
     did_you_mean,
     warn,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     from umahub.report.report import Report
     from umahub.runtime.compiled import Compiled
+    from umahub.runtime.generation import CompiledDecoder
 
 __all__ = ["Hub", "UmahubWarning"]  # UmahubWarning lives in umahub.errors
 
@@ -241,6 +243,50 @@ class Hub:
         compiled = compile_module(self, to_relax(mod), **options)
         compiled.report.model = model
         return compiled
+
+    def compile_decoder(
+        self, model: Any, *, max_context: int = 128, name: str = "", **options: Any
+    ) -> CompiledDecoder:
+        """Compile a language model into a prefill and a decode step, with a KV cache.
+
+        ``model`` is a ``transformers`` causal language model (GPT-2, Llama,
+        Qwen2, ...) or the :class:`umahub.frontends.decoders.DecoderPrograms`
+        of :func:`~umahub.frontends.decoders.export_decoder`. It is exported
+        with a static cache of ``max_context`` positions, as ExecuTorch does;
+        each of the two functions is compiled as :meth:`compile` would
+        (``options`` are its options, given to both), the prefill with a
+        symbolic number of tokens. ``generate(ids, max_new_tokens=...)`` on the
+        result decodes greedily (see :mod:`umahub.runtime.generation`).
+
+        Raises:
+            UmahubError: PyTorch or ``transformers`` missing, the model cannot
+                be exported or imported (the message says why).
+        """
+        from umahub.frontends import to_relax
+        from umahub.frontends.decoders import DecoderPrograms, export_decoder, state_of
+        from umahub.runtime.generation import CompiledDecoder, DecoderReport
+
+        programs = model if isinstance(model, DecoderPrograms) else None
+        if programs is None:
+            programs = export_decoder(model, max_context=max_context)
+            name = name or type(model).__name__
+        prefill_mod, decode_mod = to_relax(programs.prefill), to_relax(programs.decode)
+        state = state_of(prefill_mod)
+        if state_of(decode_mod) != state:
+            raise UmahubError(
+                f"the prefill's cache {state} and the decode step's {state_of(decode_mod)} "
+                "differ: export both from one model (export_decoder)"
+            )
+        prefill = self.compile(prefill_mod, model=f"{name} prefill".strip(), **options)
+        decode = self.compile(decode_mod, model=f"{name} decode".strip(), **options)
+        return CompiledDecoder(
+            prefill,
+            decode,
+            state,
+            programs.state,
+            programs.max_context,
+            DecoderReport(prefill.report, decode.report),
+        )
 
     def explain(self, mod: tvm.IRModule | Any, *, model: str = "", **options: Any) -> Report:
         """Plan placement, copies and memory for ``mod`` without building it.

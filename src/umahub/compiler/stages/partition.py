@@ -93,6 +93,20 @@ def _fuse(
     return accepted, fused
 
 
+def _merged_or_none(mod: tvm.IRModule) -> tvm.IRModule | None:
+    """TVM's ``MergeCompositeFunctions`` on ``mod``, or None where it fails: then one
+    match per partition.
+
+    The pass can lose a block output (TVM 0.25) or stop on an internal check
+    (a decoder's module with a KV cache lifted to inputs and outputs, TVM 0.27).
+    """
+    try:
+        merged = relax.transform.MergeCompositeFunctions()(mod)
+    except tvm.error.InternalError:
+        return None
+    return merged if well_formed(merged) else None
+
+
 def partition(
     mod: tvm.IRModule,
     planned: Sequence[PlannedPattern],
@@ -124,11 +138,7 @@ def partition(
             # MergeCompositeFunctions takes composites and operators only.
             merged = merged if mergeable(merged) else None
         if merged is not None:
-            merged = relax.transform.MergeCompositeFunctions()(
-                tag_composites(merged, pins, accelerators)
-            )
-            # TVM 0.25's pass, too, can lose a block output: then one match per partition.
-            merged = merged if well_formed(merged) else None
+            merged = _merged_or_none(tag_composites(merged, pins, accelerators))
         if merged is not None:
             mod = merged
         elif composites(fused):  # TVM's merge pass grows quadratically: skip it when unused
