@@ -15,6 +15,7 @@ BENCHMARKS = (
     "npu_kernels.py",
     "zoo.py",
     "quantized.py",
+    "outside_models.py",
 )
 
 if __name__ == "__main__":

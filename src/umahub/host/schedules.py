@@ -434,6 +434,140 @@ def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     return (sch.mod["main"], "parallel") if changed else None
 
 
+#: Iterations of a reduction block the ``"columns"`` rule leaves serial, as it is, when
+#: it is of neither of its kinds (the mean over a few channels of a norm).
+SMALL_REDUCTION = 4096
+
+
+def _contiguous_last(sch: s_tir.Schedule, block: Any, var: Any) -> bool:
+    """Whether every access of ``block`` that uses ``var`` uses it as its last index
+    (plus an offset that does not), and no other index: ``var`` walks a contiguous
+    run of each buffer, as a vector does."""
+    for indices, _ in _simplified_accesses(sch, block):
+        uses = [i for i, e in enumerate(indices) if _uses_var(e, var)]
+        if not uses:
+            continue
+        if uses != [len(indices) - 1]:
+            return False
+        last = indices[-1]
+        if not _is_var(last, var) and not (
+            isinstance(last, (tirx.Add, tirx.Sub))
+            and _is_var(last.a, var)
+            and not _uses_var(last.b, var)
+        ):
+            return False
+    return True
+
+
+def _simplified_accesses(sch: s_tir.Schedule, block: Any) -> list[tuple[list[Any], list[Any]]]:
+    """:func:`_accesses`, each index simplified within the block's axes' ranges (an
+    inlined reshape's ``(k // 56 + j) % 64`` is ``j`` when ``k < 56`` and ``j < 64``)."""
+    from tvm import ir
+
+    from umahub._tvm import Analyzer
+
+    analyzer = Analyzer()
+    for iv in sch.get(block).iter_vars:
+        analyzer.bind(iv.var, ir.Range.from_min_extent(iv.dom.min, iv.dom.extent))
+    from umahub.plugin.compat import Load, buffer_of, nodes_in
+
+    body = sch.get(block).body  # several stores where a reduction has several outputs
+    nodes = [*nodes_in(body, Load), *nodes_in(body, tirx.BufferStore)]
+    return [([analyzer.simplify(e) for e in n.indices], list(buffer_of(n).shape)) for n in nodes]
+
+
+def _sliding(sch: s_tir.Schedule, block: Any) -> bool:
+    """Whether ``block`` reduces a small window (:data:`WINDOW_MAX`) that an index
+    mixes with a spatial axis: a pooling's or a convolution's window sliding
+    over its input (an axis of extent 1, which a reshape leaves, does not count)."""
+    axes = sch.get(block).iter_vars
+    reduced = [iv.var for iv in axes if iv.iter_type != _SPATIAL]
+    window = static_ints(iv.dom.extent for iv in axes if iv.iter_type != _SPATIAL)
+    if not reduced or window is None or math.prod(window) > WINDOW_MAX:
+        return False
+    spatial = [iv.var for iv in axes if iv.iter_type == _SPATIAL and static_int(iv.dom.extent) != 1]
+    for indices, _ in _simplified_accesses(sch, block):
+        for e in indices:
+            if any(_uses_var(e, v) for v in spatial) and any(_uses_var(e, v) for v in reduced):
+                return True
+    return False
+
+
+def _columns_block(sch: s_tir.Schedule, block: Any, lanes: int) -> bool | None:
+    """One reduction block of :func:`_columns`: whether it was changed; None when it is
+    not of that kind."""
+    node = sch.get(block)
+    loops, axes = sch.get_loops(block), node.iter_vars
+    extents = loop_extents(sch, loops)
+    if len(loops) != len(axes) or extents is None:
+        return None
+    n = next(i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL)
+    if any(iv.iter_type == _SPATIAL for iv in axes[n:]):
+        return None
+    work = math.prod(extents)
+    if n and extents[n - 1] >= 2 and _contiguous_last(sch, block, axes[n - 1].var):
+        # the contiguous spatial axis innermost: one vector of accumulators per step
+        outer, column, reduced = loops[: n - 1], loops[n - 1], loops[n:]
+        sch.reorder(*reduced, column)
+        if outer and work >= PARALLEL_MIN and math.prod(extents[: n - 1]) >= 2:
+            sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        sch.decompose_reduction(block, reduced[0])  # after: parallel refuses a split init
+        return True
+    # a reduction over several axes, the last contiguous (a norm over a whole
+    # tensor): that axis made spatial (rfactor), a row of partial results that
+    # each step adds a contiguous row into, as above; then the row reduced
+    reduced = loops[n:]
+    if len(reduced) < 2 or extents[-1] < lanes // 2:
+        # small (a mean of a few channels): left as it is
+        return False if work <= SMALL_REDUCTION else None
+    if not _contiguous_last(sch, block, axes[-1].var):
+        return None
+    partial = sch.rfactor(reduced[-1], factor_axis=n)
+    rf_loops = sch.get_loops(partial)
+    if n and work >= PARALLEL_MIN and math.prod(extents[:n]) >= 2:
+        sch.parallel(sch.fuse(*rf_loops[:n]) if n > 1 else rf_loops[0])
+        rf_loops = sch.get_loops(partial)
+    sch.decompose_reduction(partial, rf_loops[-len(reduced)])
+    return True
+
+
+def _columns(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
+    """Reductions over other axes than the last (a softmax over a middle axis, a norm
+    over the spatial axes of a channels-last tensor, a norm over a whole tensor).
+
+    A reduction block whose last spatial axis is contiguous in every buffer it
+    touches gets that axis innermost, under its reduction loops: each step
+    adds a contiguous row into a row of accumulators, which LLVM vectorizes
+    (reduced along the last axis instead, each addition would wait for the
+    last); its outer spatial axes run in parallel. A reduction over several
+    axes, the last contiguous (a group norm of one group: a whole tensor),
+    adds each contiguous row into a row of partial results the same way,
+    then reduces that row. Spatial blocks between them are inlined or run
+    as the ``"elementwise"`` rule runs them. None when a reduction is neither
+    (a window of a pooling: that is :func:`schedule_pooling`'s and
+    ``"parallel"``'s; a row: ``"rows"``'s).
+    """
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if all(_spatial(sch, b) for b in blocks) or any(_sliding(sch, b) for b in blocks):
+        return None
+    _inline_chain(sch, [b for b in blocks[:-1] if _spatial(sch, b)])
+    changed = len(sch.get_child_blocks(root)) < len(blocks)
+    for name in [sch.get(b).name_hint for b in sch.get_child_blocks(root)]:
+        block = sch.get_sblock(name)
+        if _spatial(sch, block):
+            changed |= _iterations(sch, sch.get_loops(block)) >= PARALLEL_MIN
+            if not _parallel_rows(sch, block):
+                return None
+            continue
+        done = _columns_block(sch, block, lanes)
+        if done is None:
+            return None
+        changed |= done
+    return (sch.mod["main"], "columns") if changed else None
+
+
 def _int8(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str] | None:
     sch = s_tir.Schedule(func)
     if int8_kernel(sch) == "depthwise" and not wide_depthwise(sch):
@@ -453,6 +587,7 @@ def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, s
         lambda f: schedule_conv2d(f, vector_lanes(target)),
         lambda f: _rows(f, vector_lanes(target)),
         _pooling,
+        lambda f: _columns(f, vector_lanes(target)),
         lambda f: _dlight(f, target),
         _parallel,
     ):
