@@ -19,9 +19,13 @@ this order, the first of:
    ``"pooling"``: a max pooling as two 1-D ones (see
    :mod:`umahub.host.lowering`), output rows in parallel
    (:func:`schedule_pooling`);
+   ``"columns"``: reductions over other axes than the last (a softmax over a
+   middle axis, a norm over the spatial axes of a channels-last tensor or over
+   a whole tensor): the contiguous last axis innermost, under the reduction,
+   the outer axes in parallel;
 4. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
-   the row kernels ``"rows"`` does not take (a softmax over a middle axis, a
-   row count known only at run time), ``GEMV`` for matrix-vector products;
+   the reductions neither ``"rows"`` nor ``"columns"`` takes (a row count
+   known only at run time), ``GEMV`` for matrix-vector products;
 5. ``"parallel"``: anything else (an average pooling, a reduction dlight does not
    take, a convolution no accelerator took): the leading spatial loops of
    each root block fused and run in parallel; a pooling window's loops
@@ -32,7 +36,8 @@ this order, the first of:
 A rule that fails part-way leaves nothing behind: each works on a copy.
 
 Why this module is long: it is the list of rules above, in the order they are
-tried, with the block helpers they share (inlining, windows, loop extents);
+tried, with the block helpers they share (inlining, windows, loop extents,
+contiguous accesses);
 the two rules that are kernels of their own live in :mod:`umahub.host.matmul`
 and :mod:`umahub.host.conv`.
 """
