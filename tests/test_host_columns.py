@@ -77,6 +77,13 @@ def _group_norm_numpy(x, gamma, beta):
             _group_norm_numpy,
             {"group_norm": "columns"},
         ),
+        # its last stage: rows of 7, too short for a vector, fused with the 7 before
+        (
+            lambda x, g, b: relax.op.nn.group_norm(x, g, b, 1, 1, [2, 3]),
+            [(1, 64, 7, 7), (64,), (64,)],
+            _group_norm_numpy,
+            {"group_norm": "columns"},
+        ),
         (
             _grn,
             [(1, 28, 28, 48), (48,), (48,)],
@@ -89,7 +96,13 @@ def _group_norm_numpy(x, gamma, beta):
             },
         ),
     ],
-    ids=["softmax_axis_2", "mean_middle_axis", "group_norm_one_group", "global_response_norm"],
+    ids=[
+        "softmax_axis_2",
+        "mean_middle_axis",
+        "group_norm_one_group",
+        "group_norm_rows_of_7",
+        "global_response_norm",
+    ],
 )
 def test_a_reduction_over_another_axis_than_the_last_is_columns_and_exact(
     op, shapes, expected, schedules
@@ -102,7 +115,7 @@ def test_a_reduction_over_another_axis_than_the_last_is_columns_and_exact(
     np.testing.assert_allclose(out, expected(*xs), rtol=2e-5, atol=2e-6)
 
 
-def test_a_column_reduction_adds_contiguous_rows_with_its_outer_axes_in_parallel():
+def test_a_column_reduction_adds_contiguous_rows_slab_by_slab_in_parallel():
     mod = _model(lambda x: relax.op.nn.softmax(x, axis=2), (2, 8, 400, 16))
     lowered, _ = lower_host(umahub.Hub(autoload=False), mod)
     (func,) = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
@@ -110,9 +123,36 @@ def test_a_column_reduction_adds_contiguous_rows_with_its_outer_axes_in_parallel
     block = sch.get_sblock("T_softmax_maxelem_update")
     loops = sch.get_loops(block)
     kinds = [_FOR_KINDS[int(sch.get(loop).kind)] for loop in loops]
-    # (batch, head) fused in parallel; the 400 tokens; the 16 contiguous columns innermost
-    assert kinds == ["parallel", "serial", "serial"]
+    # (batch, head) fused in parallel; the 400 tokens; the 16 contiguous columns
+    # innermost, one vector
+    assert kinds == ["parallel", "serial", "vectorized"]
     assert [int(sch.get(loop).extent) for loop in loops] == [16, 400, 16]
+    # every step of a (batch, head) slab under that one parallel loop
+    for name in ("T_softmax_expsum_update", "T_softmax_norm"):
+        assert sch.get(sch.get_loops(sch.get_sblock(name))[0]).same_as(sch.get(loops[0]))
+
+
+def _pool_mixer_numpy(x):
+    padded = np.pad(x.astype("float64"), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ones = np.pad(np.ones_like(padded[..., 1:-1, 1:-1]), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    h, w = x.shape[2:]
+    window = sum(padded[..., i : i + h, j : j + w] for i in range(3) for j in range(3))
+    count = sum(ones[..., i : i + h, j : j + w] for i in range(3) for j in range(3))
+    return window / count - x
+
+
+def test_a_stride_one_average_pooling_runs_window_first_in_parallel_not_in_dlight():
+    # PoolFormer's token mixer: an average pooling of stride 1, minus its input
+    def mixer(x):
+        pooled = relax.op.nn.avg_pool2d(x, 3, 1, 1, count_include_pad=False)
+        return relax.op.subtract(pooled, x)
+
+    mod = _model(mixer, (1, 16, 28, 28))
+    _, functions = lower_host(umahub.Hub(autoload=False), mod)
+    assert functions == {"fused_avg_pool2d_subtract": "parallel"}
+    (x,) = _inputs((1, 16, 28, 28))
+    out = umahub.Hub(autoload=False).compile(mod).run(x)
+    np.testing.assert_allclose(out, _pool_mixer_numpy(x), rtol=1e-5, atol=1e-6)
 
 
 def test_the_report_names_the_host_functions_built_without_a_schedule():
