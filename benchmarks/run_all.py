@@ -16,6 +16,7 @@ BENCHMARKS = (
     "zoo.py",
     "quantized.py",
     "engines.py",
+    "outside_models.py",
 )
 
 if __name__ == "__main__":

@@ -599,6 +599,97 @@ def _onnx_suite(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _outside_models(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, r in data.get("models", {}).items():
+        plain, ours = r.get("plain", {}), r.get("umahub", {})
+        ratio = r.get("umahub_over_plain")
+        rows.append(
+            [
+                name,
+                f"{_s(plain.get('compile_s'))} / {_ms(plain.get('run_ms'))}"
+                if "error" not in plain
+                else f"error: {plain['error']}",
+                f"{_s(ours.get('compile_s'))} / {_ms(ours.get('run_ms'))}"
+                if "error" not in ours
+                else f"error: {ours['error']}",
+                _ratio(ratio),
+                f"{_err(plain.get('rel_error'))} / {_err(ours.get('rel_error'))}",
+                f"{ours.get('offloaded', '-')} of {ours.get('operators', '-')}",
+                ", ".join(ours.get("host_unscheduled", [])) or "none",
+                "yes" if r.get("valid") else "no",
+            ]
+        )
+    return _table(
+        [
+            "model",
+            "plain tvm.compile: compile / run",
+            "umahub (default settings): compile / run",
+            "umahub / plain",
+            "relative error against PyTorch: plain / umahub",
+            "operators on accelerators",
+            "host functions unscheduled",
+            "valid",
+        ],
+        rows,
+        "Compile time and median latency",
+    )
+
+
+def _host_operators(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, r in data.get("operators", {}).items():
+        plain, before, after = r.get("plain", {}), r.get("before", {}), r.get("after", {})
+
+        def rules(way: dict) -> str:
+            return ", ".join(f"{k} {v}" for k, v in way.get("rules", {}).items())
+
+        rows.append(
+            [
+                name,
+                _ms(plain.get("ms")),
+                f"{_ms(before.get('ms'))} ({rules(before)})",
+                f"{_ms(after.get('ms'))} ({rules(after)})",
+                _err(after.get("rel_difference")),
+            ]
+        )
+    return _table(
+        [
+            "operator",
+            "plain tvm.compile",
+            "umahub before (rules)",
+            "umahub after (rules)",
+            "after: relative difference from plain",
+        ],
+        rows,
+        "Median latency of one operator on the host",
+    )
+
+
+def _host_functions(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, r in data.get("models", {}).items():
+        if "error" in r:
+            rows.append([name, "-", f"error: {r['error']}", "-"])
+            continue
+        top = next((f for f in r.get("functions", []) if f.get("ms") is not None), None)
+        rows.append(
+            [
+                name,
+                _ms(r.get("host_ms")),
+                ", ".join(f"{k} {_ms(v)}" for k, v in r.get("by_rule_ms", {}).items()),
+                "-"
+                if top is None
+                else f"{top['name']} ({top['rule']}): {_ms(top['ms'])} x {top['calls']}",
+            ]
+        )
+    return _table(
+        ["model", "host functions, each alone", "by rule", "the longest"],
+        rows,
+        "The host's functions per outside model, each timed alone",
+    )
+
+
 def _generic(data: dict[str, Any]) -> list[str]:
     """A file of unknown shape: each table-like top-level entry, and the scalars."""
     lines: list[str] = []
@@ -670,6 +761,9 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "verify_cost": _verify_cost,
     "zoo": _zoo,
     "quantized": _quantized,
+    "outside_models": _outside_models,
+    "host_operators": _host_operators,
+    "host_functions": _host_functions,
     "onnx_suite": _onnx_suite,
     "onnx_suite_before": _onnx_suite,
 }
@@ -688,6 +782,9 @@ ORDER = (
     "engines_recheck",
     "language_models",
     "zoo",
+    "outside_models",
+    "host_functions",
+    "host_operators",
     "quantized",
     "npu_kernels",
     "auto",
@@ -708,6 +805,9 @@ TITLES = {
     "engines_recheck": "The smallest models again, more rounds",
     "language_models": "Language models: prefill and decode against PyTorch and plain TVM",
     "zoo": "The zoo: plain TVM, umahub without and with plugins",
+    "outside_models": "Outside models: umahub with its default settings against plain TVM",
+    "host_functions": "Outside models: the host's functions by schedule rule",
+    "host_operators": "Host operators outside models use: before and after their rule",
     "quantized": "int8: umahub against ONNX Runtime, and against its own float32",
     "npu_kernels": "The npu's schedules, kernel by kernel",
     "auto": "Placement by cost",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -189,8 +190,8 @@ class Compilation:
         copies: (build) the copies between devices.
         weight_devices: (build) the runtime device of each weight lifted into
             a parameter of ``main``.
-        host_schedules: (build) how the host's functions were scheduled, and
-            how many each way.
+        host_functions: (build) how each of the host's functions was
+            scheduled, by name.
         compiled: (build) the runnable model.
     """
 
@@ -218,7 +219,7 @@ class Compilation:
     packers: Packers = field(default_factory=Packers)
     devices: list[str] = field(default_factory=list)
     weight_devices: list[int] = field(default_factory=list)
-    host_schedules: dict[str, int] = field(default_factory=dict)
+    host_functions: dict[str, str] = field(default_factory=dict)
     copies: list[Copy] = field(default_factory=list)
     compiled: Compiled | None = None
 
@@ -295,7 +296,10 @@ class Compilation:
             self.clock.hooks,
             self.notes,
             built=built,
-            host_schedules=self.host_schedules,
+            host_schedules=dict(sorted(Counter(self.host_functions.values()).items())),
+            host_unscheduled=sorted(
+                name for name, how in self.host_functions.items() if how == "unscheduled"
+            ),
             auto=self.auto.to_dict() if self.auto is not None else None,
             quantized=_quantized_rows(placed),
             options=self.hub.changed_options(),

@@ -121,7 +121,7 @@ class RelaxPipeline:
         prepared, comp = pipeline.prepare(self.hub, mod, self.placement, self.progress)
         self._bind(comp)
         prepared = _linkable(prepared, comp)
-        prepared, comp.host_schedules = lower_host(self.hub, prepared)
+        prepared, comp.host_functions = lower_host(self.hub, prepared)
         prepared = storage_plan.plan_storage(prepared)
         self.compilation = comp
         inner = tvm.transform.PassContext(

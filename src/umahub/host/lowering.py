@@ -14,7 +14,6 @@ calls of their runtime modules by then; only host code is touched.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import tvm
@@ -229,8 +228,10 @@ def _by_plugin(hub: Any, func: tirx.PrimFunc, target: Any, name: str) -> tuple[A
 
 def lower_host(
     hub: Any, mod: tvm.IRModule, target: Any = None
-) -> tuple[tvm.IRModule, dict[str, int]]:
-    """``mod`` with its host part fused and scheduled; how many functions each way.
+) -> tuple[tvm.IRModule, dict[str, str]]:
+    """``mod`` with its host part fused and scheduled; each host function's name and
+    how it was scheduled (a rule of :func:`~umahub.host.schedules.default_schedule`,
+    ``"unscheduled"``, or ``"<plugin>: <what it said>"``), by name.
 
     ``target``: what the host part is built for (a ``tvm.target.Target``; a
     cross build's, whose vector width the schedules take); None: :data:`HOST_TARGET`.
@@ -238,7 +239,7 @@ def lower_host(
     target = target if target is not None else tvm.target.Target(HOST_TARGET)
     with target:
         mod = tvm.transform.Sequential([make() for make in _FUSION])(mod)
-    counts: Counter[str] = Counter()
+    functions: dict[str, str] = {}
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tirx.PrimFunc):
             continue
@@ -248,8 +249,8 @@ def lower_host(
         new, how = done or default_schedule(func, target)
         if new is not func:
             mod.update_func(gv, new.with_attr("global_symbol", name) if _named(func) else new)
-        counts[how] += 1
-    return mod, dict(sorted(counts.items()))
+        functions[name] = how
+    return mod, dict(sorted(functions.items()))
 
 
 def _named(func: tirx.PrimFunc) -> bool:

@@ -19,9 +19,14 @@ this order, the first of:
    ``"pooling"``: a max pooling as two 1-D ones (see
    :mod:`umahub.host.lowering`), output rows in parallel
    (:func:`schedule_pooling`);
+   ``"columns"``: reductions over other axes than the last (a softmax over a
+   middle axis, a norm over the spatial axes of a channels-last tensor or over
+   a whole tensor): the contiguous last axis innermost, under the reduction,
+   the outer axes in parallel;
 4. TVM's ``dlight`` CPU rules (``tvm.s_tir.dlight.cpu``): ``Reduction`` for
-   the row kernels ``"rows"`` does not take (a softmax over a middle axis, a
-   row count known only at run time), ``GEMV`` for matrix-vector products;
+   the reductions neither ``"rows"`` nor ``"columns"`` takes (a row count
+   known only at run time), ``GEMV`` for matrix-vector products; not a
+   pooling's window;
 5. ``"parallel"``: anything else (an average pooling, a reduction dlight does not
    take, a convolution no accelerator took): the leading spatial loops of
    each root block fused and run in parallel; a pooling window's loops
@@ -32,7 +37,8 @@ this order, the first of:
 A rule that fails part-way leaves nothing behind: each works on a copy.
 
 Why this module is long: it is the list of rules above, in the order they are
-tried, with the block helpers they share (inlining, windows, loop extents);
+tried, with the block helpers they share (inlining, windows, loop extents,
+contiguous accesses);
 the two rules that are kernels of their own live in :mod:`umahub.host.matmul`
 and :mod:`umahub.host.conv`.
 """
@@ -64,6 +70,10 @@ PARALLEL_MIN = 1 << 15
 
 def _dlight(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str] | None:
     from tvm.s_tir import dlight
+
+    sch = s_tir.Schedule(func)
+    if any(_sliding(sch, b) for b in sch.get_child_blocks(sch.get_sblock("root"))):
+        return None  # a pooling's window: "parallel" runs it window-first, dlight serially
 
     for name, rule in (("reduction", dlight.cpu.Reduction()), ("gemv", dlight.cpu.GEMV())):
         try:
@@ -434,6 +444,252 @@ def _parallel(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, str] | None:
     return (sch.mod["main"], "parallel") if changed else None
 
 
+#: Iterations of a reduction block the ``"columns"`` rule leaves serial, as it is, when
+#: it is of neither of its kinds (the mean over a few channels of a norm).
+SMALL_REDUCTION = 4096
+
+
+def _contiguous_last(sch: s_tir.Schedule, block: Any, var: Any) -> bool:
+    """Whether every access of ``block`` that uses ``var`` uses it as its last index
+    (plus an offset that does not), and no other index: ``var`` walks a contiguous
+    run of each buffer, as a vector does."""
+    for indices, _ in _simplified_accesses(sch, block):
+        uses = [i for i, e in enumerate(indices) if _uses_var(e, var)]
+        if not uses:
+            continue
+        if uses != [len(indices) - 1]:
+            return False
+        last = indices[-1]
+        if not _is_var(last, var) and not (
+            isinstance(last, (tirx.Add, tirx.Sub))
+            and _is_var(last.a, var)
+            and not _uses_var(last.b, var)
+        ):
+            return False
+    return True
+
+
+def _simplified_accesses(sch: s_tir.Schedule, block: Any) -> list[tuple[list[Any], list[Any]]]:
+    """:func:`_accesses`, each index simplified within the block's axes' ranges (an
+    inlined reshape's ``(k // 56 + j) % 64`` is ``j`` when ``k < 56`` and ``j < 64``)."""
+    from tvm import ir
+
+    from umahub._tvm import Analyzer
+
+    analyzer = Analyzer()
+    for iv in sch.get(block).iter_vars:
+        analyzer.bind(iv.var, ir.Range.from_min_extent(iv.dom.min, iv.dom.extent))
+    from umahub.plugin.compat import Load, buffer_of, nodes_in
+
+    body = sch.get(block).body  # several stores where a reduction has several outputs
+    nodes = [*nodes_in(body, Load), *nodes_in(body, tirx.BufferStore)]
+    return [([analyzer.simplify(e) for e in n.indices], list(buffer_of(n).shape)) for n in nodes]
+
+
+def _sliding(sch: s_tir.Schedule, block: Any) -> bool:
+    """Whether ``block`` reduces a small window (:data:`WINDOW_MAX`) that an index
+    mixes with a spatial axis: a pooling's or a convolution's window sliding
+    over its input (an axis of extent 1, which a reshape leaves, does not count)."""
+    axes = sch.get(block).iter_vars
+    reduced = [iv.var for iv in axes if iv.iter_type != _SPATIAL]
+    window = static_ints(iv.dom.extent for iv in axes if iv.iter_type != _SPATIAL)
+    if not reduced or window is None or math.prod(window) > WINDOW_MAX:
+        return False
+    spatial = [iv.var for iv in axes if iv.iter_type == _SPATIAL and static_int(iv.dom.extent) != 1]
+    for indices, _ in _simplified_accesses(sch, block):
+        for e in indices:
+            if any(_uses_var(e, v) for v in spatial) and any(_uses_var(e, v) for v in reduced):
+                return True
+    return False
+
+
+def _vectorize_row(sch: s_tir.Schedule, loop: Any, extent: int, lanes: int) -> None:
+    """``loop`` (a contiguous row of ``extent``) in vectors of ``lanes``, or one vector
+    when it is shorter; a row no vector divides is left to LLVM."""
+    if extent <= lanes:
+        sch.vectorize(loop)
+    elif extent % lanes == 0:
+        sch.vectorize(sch.split(loop, [None, lanes])[1])
+
+
+def _contiguous_pair(sch: s_tir.Schedule, block: Any, var: Any, inner: int) -> bool:
+    """Whether every access of ``block`` that uses ``var`` uses it as its last index
+    but one, over a last dimension of ``inner`` (so that ``var`` and the last
+    axis fused walk a contiguous run)."""
+    for indices, shape in _simplified_accesses(sch, block):
+        uses = [i for i, e in enumerate(indices) if _uses_var(e, var)]
+        if not uses:
+            continue
+        if uses != [len(indices) - 2] or not _is_var(indices[-2], var):
+            return False
+        if static_int(shape[-1]) != inner:
+            return False
+    return True
+
+
+def _columns_block(sch: s_tir.Schedule, block: Any, lanes: int) -> bool | None:
+    """One reduction block of :func:`_columns`: whether it was changed; None when it is
+    not of that kind."""
+    node = sch.get(block)
+    loops, axes = sch.get_loops(block), node.iter_vars
+    extents = loop_extents(sch, loops)
+    if len(loops) != len(axes) or extents is None:
+        return None
+    n = next(i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL)
+    if any(iv.iter_type == _SPATIAL for iv in axes[n:]):
+        return None
+    work = math.prod(extents)
+    if n and extents[n - 1] >= 2 and _contiguous_last(sch, block, axes[n - 1].var):
+        # the contiguous spatial axis innermost: one vector of accumulators per step
+        outer, column, reduced = loops[: n - 1], loops[n - 1], loops[n:]
+        sch.reorder(*reduced, column)
+        if outer and work >= PARALLEL_MIN and math.prod(extents[: n - 1]) >= 2:
+            sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        _vectorize_row(sch, column, extents[n - 1], lanes)
+        sch.decompose_reduction(block, reduced[0])  # after: neither takes a split init
+        return True
+    # a reduction over several axes, the last contiguous (a norm over a whole
+    # tensor): that axis made spatial (rfactor), a row of partial results that
+    # each step adds a contiguous row into, as above; then the row reduced
+    reduced = loops[n:]
+    if len(reduced) < 2 or extents[-1] * (extents[-2] if len(reduced) > 2 else 1) < lanes // 2:
+        # small (a mean of a few channels): left as it is
+        return False if work <= SMALL_REDUCTION else None
+    if not _contiguous_last(sch, block, axes[-1].var):
+        return None
+    last = reduced[-1]
+    if extents[-1] < lanes // 2:  # a short row (7 of a 7x7 image): the last two, fused
+        if len(reduced) < 3 or not _contiguous_pair(sch, block, axes[-2].var, extents[-1]):
+            return None
+        last = sch.fuse(*reduced[-2:])
+    partial = sch.rfactor(last, factor_axis=n)
+    rf_loops = sch.get_loops(partial)
+    if n and work >= PARALLEL_MIN and math.prod(extents[:n]) >= 2:
+        sch.parallel(sch.fuse(*rf_loops[:n]) if n > 1 else rf_loops[0])
+        rf_loops = sch.get_loops(partial)
+    sch.decompose_reduction(partial, rf_loops[-len(reduced)])
+    return True
+
+
+def _axis_loops(sch: s_tir.Schedule, block: Any) -> dict[int, Any] | None:
+    """The loop bound to each axis of ``block`` (by the axis's index) where the axis
+    is bound to a loop variable alone; None when the block is not right under its
+    innermost loop."""
+    from umahub.plugin.compat import SBlockRealize
+
+    loops = sch.get_loops(block)
+    realize = sch.get(loops[-1]).body if loops else None
+    if not isinstance(realize, SBlockRealize):
+        return None
+    by_var = {sch.get(loop).loop_var: loop for loop in loops}
+    return {
+        i: by_var[value]
+        for i, value in enumerate(realize.iter_values)
+        if isinstance(value, tirx.Var) and value in by_var
+    }
+
+
+def _by_slabs(sch: s_tir.Schedule, lanes: int) -> bool:
+    """:func:`_columns` with every block computed under one parallel loop over the
+    outer axes they share (a softmax's batch and heads): each slab's steps run
+    while it is in cache, in one parallel launch. False when the blocks do not
+    share such axes (``sch`` is then a copy to drop)."""
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    last = blocks[-1]
+    if not _spatial(sch, last):
+        return False
+    outer = []
+    for block in blocks[:-1]:
+        if _spatial(sch, block):
+            continue
+        axes = sch.get(block).iter_vars
+        n = next(i for i, iv in enumerate(axes) if iv.iter_type != _SPATIAL)
+        column = static_int(axes[n - 1].dom.extent) if n else None
+        if n < 2 or not column or column < 2 or not _contiguous_last(sch, block, axes[n - 1].var):
+            return False
+        outer.append((block, n - 1))
+    p = min(count for _, count in outer)
+    loops = sch.get_loops(last)
+    extents = loop_extents(sch, loops)
+    if extents is None or len(loops) <= p or math.prod(extents[:p]) < 2:
+        return False
+    for block, _ in outer:
+        if (loop_extents(sch, sch.get_loops(block)) or [])[:p] != extents[:p]:
+            return False
+    rows = math.prod(extents[:p])
+    work = {}
+    for block in blocks:
+        total = _iterations(sch, sch.get_loops(block))
+        if total % rows:
+            return False
+        work[sch.get(block).name_hint] = total // rows
+    row = sch.fuse(*loops[:p]) if p > 1 else loops[0]
+    if math.prod(extents) >= PARALLEL_MIN:
+        sch.parallel(row)
+    for block in reversed(blocks[:-1]):
+        sch.compute_at(block, row, preserve_unit_loops=False)
+    for name, per_row in work.items():  # a block computed for more than its slab: not ours
+        if _iterations(sch, sch.get_loops(sch.get_sblock(name))[1:]) != per_row:
+            return False
+    for block, count in outer:
+        axes = sch.get(block).iter_vars
+        bound = _axis_loops(sch, block)
+        n = count + 1
+        if bound is None or count not in bound:
+            return False
+        reduced = [bound[i] for i in range(n, len(axes)) if i in bound]
+        if not reduced:
+            return False
+        sch.reorder(*reduced, bound[count])
+        _vectorize_row(sch, bound[count], static_int(axes[count].dom.extent) or 0, lanes)
+        sch.decompose_reduction(block, reduced[0])
+    return True
+
+
+def _columns(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
+    """Reductions over other axes than the last (a softmax over a middle axis, a norm
+    over the spatial axes of a channels-last tensor, a norm over a whole tensor).
+
+    A reduction block whose last spatial axis is contiguous in every buffer it
+    touches gets that axis innermost, under its reduction loops: each step
+    adds a contiguous row into a row of accumulators, which LLVM vectorizes
+    (reduced along the last axis instead, each addition would wait for the
+    last); its outer spatial axes run in parallel. A reduction over several
+    axes, the last contiguous (a group norm of one group: a whole tensor),
+    adds each contiguous row into a row of partial results the same way,
+    then reduces that row. Spatial blocks between them are inlined or run
+    as the ``"elementwise"`` rule runs them. None when a reduction is neither
+    (a window of a pooling: that is :func:`schedule_pooling`'s and
+    ``"parallel"``'s; a row: ``"rows"``'s).
+    """
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if all(_spatial(sch, b) for b in blocks) or any(_sliding(sch, b) for b in blocks):
+        return None
+    _inline_chain(sch, [b for b in blocks[:-1] if _spatial(sch, b)])
+    slabs = sch.copy()
+    try:
+        if _by_slabs(slabs, lanes):
+            return slabs.mod["main"], "columns"
+    except Exception:  # a primitive refused part-way: block by block below
+        pass
+    changed = len(sch.get_child_blocks(root)) < len(blocks)
+    for name in [sch.get(b).name_hint for b in sch.get_child_blocks(root)]:
+        block = sch.get_sblock(name)
+        if _spatial(sch, block):
+            changed |= _iterations(sch, sch.get_loops(block)) >= PARALLEL_MIN
+            if not _parallel_rows(sch, block):
+                return None
+            continue
+        done = _columns_block(sch, block, lanes)
+        if done is None:
+            return None
+        changed |= done
+    return (sch.mod["main"], "columns") if changed else None
+
+
 def _int8(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str] | None:
     sch = s_tir.Schedule(func)
     if int8_kernel(sch) == "depthwise" and not wide_depthwise(sch):
@@ -453,6 +709,7 @@ def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, s
         lambda f: schedule_conv2d(f, vector_lanes(target)),
         lambda f: _rows(f, vector_lanes(target)),
         _pooling,
+        lambda f: _columns(f, vector_lanes(target)),
         lambda f: _dlight(f, target),
         _parallel,
     ):

@@ -241,6 +241,11 @@ def render(report: ReportData) -> str:
     if report.host_schedules:
         parts = ", ".join(f"{how} {n}" for how, n in report.host_schedules.items())
         lines.append(f"host functions: {sum(report.host_schedules.values())} ({parts})")
+    if report.host_unscheduled:
+        lines.append(
+            "  unscheduled (a loop nest on one thread, no vectors): "
+            + ", ".join(report.host_unscheduled)
+        )
     if report.stages:
         total = sum(report.stages.values())
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in report.stages.items())

@@ -491,7 +491,7 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
         target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
-        host, comp.host_schedules = lower_host(comp.hub, host, target)
+        host, comp.host_functions = lower_host(comp.hub, host, target)
         # cut after the host's fusion: a step calls the very kernels main calls, so
         # the concurrent executor computes exactly what the VM does (a multiply and
         # the add after it fused in main, but in two steps, rounded differently)
