@@ -191,6 +191,8 @@ class Compilation:
             a parameter of ``main``.
         host_schedules: (build) how the host's functions were scheduled, and
             how many each way.
+        tuned_kernels: (build) each host kernel the tuning database knows:
+            name, which schedule was used ("tuned" or "hook") and why.
         compiled: (build) the runnable model.
     """
 
@@ -219,6 +221,7 @@ class Compilation:
     devices: list[str] = field(default_factory=list)
     weight_devices: list[int] = field(default_factory=list)
     host_schedules: dict[str, int] = field(default_factory=dict)
+    tuned_kernels: list[dict[str, str]] = field(default_factory=list)
     copies: list[Copy] = field(default_factory=list)
     compiled: Compiled | None = None
 
@@ -289,6 +292,7 @@ class Compilation:
             self.notes,
             built=built,
             host_schedules=self.host_schedules,
+            tuned_kernels=self.tuned_kernels,
             auto=self.auto.to_dict() if self.auto is not None else None,
             quantized=_quantized_rows(placed),
             options=self.hub.changed_options(),

@@ -144,6 +144,8 @@ class ReportData:
     measured: dict[str, Any] = field(default_factory=dict)  # Compiled.profile's, when run
     model: str = ""  # the model's name, for the picture's title ("" when not given)
     host_schedules: dict[str, int] = field(default_factory=dict)  # how -> host functions
+    #: each host kernel the tuning database knows: name, used ("tuned" or "hook"), why
+    tuned_kernels: list[dict[str, str]] = field(default_factory=list)
     auto: dict[str, Any] | None = None  # placement by cost: umahub.auto.AutoChoice.to_dict()
     #: each quantized operator: node (its final quantize), kind, device, pattern,
     #: why no accelerator took it ("" where one did), and whether umahub computes it
@@ -195,6 +197,7 @@ class ReportData:
             "measured": self.measured,
             "model": self.model,
             "host_schedules": self.host_schedules,
+            "tuned_kernels": self.tuned_kernels,
             "auto": self.auto,
             "quantized": self.quantized,
             "options": self.options,

@@ -241,6 +241,9 @@ def render(report: ReportData) -> str:
     if report.host_schedules:
         parts = ", ".join(f"{how} {n}" for how, n in report.host_schedules.items())
         lines.append(f"host functions: {sum(report.host_schedules.values())} ({parts})")
+    if report.tuned_kernels:
+        lines.append("tuned kernels (tuning-database):")
+        lines += [f"  {k['name']}: {k['used']} ({k['why']})" for k in report.tuned_kernels]
     if report.stages:
         total = sum(report.stages.values())
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in report.stages.items())

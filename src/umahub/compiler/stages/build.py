@@ -41,6 +41,7 @@ from umahub.config import HOST
 from umahub.errors import CompileError, message_line
 from umahub.host import prepack, scratch, storage_plan
 from umahub.host.lowering import HOST_TARGET, lower_host
+from umahub.tuning.lookup import recording as tuned_kernels
 from umahub.ir import bindings, node_name, partition_call, partition_calls
 from umahub.plugin.context import Copy
 from umahub.plugin.memory import tensor_bytes
@@ -465,7 +466,8 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
         target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
-        host, comp.host_schedules = lower_host(comp.hub, host, target)
+        with tuned_kernels() as comp.tuned_kernels:
+            host, comp.host_schedules = lower_host(comp.hub, host, target)
         # cut after the host's fusion: a step calls the very kernels main calls, so
         # the concurrent executor computes exactly what the VM does (a multiply and
         # the add after it fused in main, but in two steps, rounded differently)
