@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,11 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict as plain data (the database's and the report's form)."""
-        return asdict(self)
+        # not dataclasses.asdict: it deep-copies, and a TVM object's copy goes through
+        # tvm.ir.save_json, which crashes with apache-tvm-ffi 0.1.15 (see umahub.tuning.search)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["trace"] = plain(self.trace)
+        return data
 
 
 def decide(
@@ -88,12 +92,12 @@ def key_text(key: dict[str, Any]) -> str:
     return f"target {key['target']}, TVM {key['tvm']}, plugins {plugins}"
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A trace's JSON data as Python lists, strings and numbers (TVM's floats included)."""
     if isinstance(value, (str, bool, int, float)) or value is None:
         return value
     if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if hasattr(value, "value"):  # an IntImm or FloatImm
         return value.value
     return str(value)
@@ -142,7 +146,6 @@ class TuningDatabase:
     def put(self, key: dict[str, Any], kernel: str, verdict: Verdict) -> None:
         """Keep ``verdict`` for the kernel of hash ``kernel`` under ``key`` (replaces an older)."""
         data = verdict.to_dict()
-        data["trace"] = _plain(data["trace"])
         for entry in self.entries:
             if entry["key"] == key:
                 entry["kernels"][kernel] = data

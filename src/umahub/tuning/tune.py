@@ -20,7 +20,14 @@ from typing import Any
 import tvm
 
 from umahub.tuning import runners, search
-from umahub.tuning.database import TuningDatabase, TuningError, Verdict, database_key, decide
+from umahub.tuning.database import (
+    TuningDatabase,
+    TuningError,
+    Verdict,
+    database_key,
+    decide,
+    plain,
+)
 from umahub.tuning.lookup import plugin_versions
 from umahub.tuning.tasks import Task, extract
 
@@ -120,7 +127,7 @@ def _tune_one(task: Task, budget: int, measurer: runners.Measurer, where: str, s
     best = min(ran) if ran else None
     tuned_seconds = best[0] if best else None
     used, why = decide(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn))
-    trace = drawn[best[1]].trace.as_json() if best and used == "tuned" else None
+    trace = plain(drawn[best[1]].trace.as_json()) if best and used == "tuned" else None
     return Verdict(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn), used, why, trace)
 
 
