@@ -17,6 +17,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     progress = Progress(quiet=args.quiet)
     hub = _hub(args)
     database = check_database(args.database or hub.config.tuning_database)
+    if args.rpc or args.key:  # the farm before the model: an unreachable one fails at once
+        from umahub.tuning.runners import check_farm
+
+        check_farm(args.rpc, args.key)
     mod = _load_model(args.model, progress)
     result = hub.tune(
         mod,

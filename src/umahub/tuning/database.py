@@ -47,7 +47,9 @@ class Verdict:
     trials: int  # candidates measured
     used: str  # "tuned" or "hook"
     why: str  # one line for the report
-    trace: Any = None  # MetaSchedule's trace of the tuned schedule, as JSON data
+    #: MetaSchedule's trace of the best tuned schedule, as JSON data (kept when the
+    #: hook's is used too: the measurements may be judged again)
+    trace: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict as plain data (the database's and the report's form)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from umahub.tuning.database import TuningError
 
-__all__ = ["Measurer", "local", "remote"]
+__all__ = ["Measurer", "check_farm", "local", "remote"]
 
 _TRACKER = "python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port PORT"
 _BOARD = "python -m umahub.boards.board --tracker HOST:PORT --key KEY"
@@ -107,17 +107,26 @@ def _free_boards(host: str, port: int, key: str, timeout: float) -> int:
     return free
 
 
-def remote(rpc: str, key: str, timeout: float = 60.0) -> Measurer:
-    """Measure on every free board of ``key`` at the tracker ``rpc`` (``HOST:PORT``)."""
-    from tvm.s_tir import meta_schedule as ms
-
+def check_farm(rpc: str | None, key: str | None, timeout: float = 10.0) -> tuple[str, int, int]:
+    """(host, port, free boards) of the tracker ``rpc`` for ``key``; a :class:`TuningError`
+    naming what is wrong: ``rpc`` without ``key``, a tracker that does not answer, a key
+    with no board or none free."""
     from umahub.boards.rpc import RemoteError, parse_address
 
+    if not rpc or not key:
+        raise TuningError("--rpc and --key go together: the tracker and the kind of board")
     try:
         host, port = parse_address(rpc, "--rpc")
     except RemoteError as exc:
         raise TuningError(str(exc)) from None
-    boards = _free_boards(host, port, key, min(timeout, 10.0))
+    return host, port, _free_boards(host, port, key, timeout)
+
+
+def remote(rpc: str, key: str, timeout: float = 60.0) -> Measurer:
+    """Measure on every free board of ``key`` at the tracker ``rpc`` (``HOST:PORT``)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    host, port, boards = check_farm(rpc, key, min(timeout, 10.0))
     config = ms.runner.RPCConfig(
         tracker_host=host, tracker_port=port, tracker_key=key, session_timeout_sec=int(timeout)
     )

@@ -127,7 +127,7 @@ def _tune_one(task: Task, budget: int, measurer: runners.Measurer, where: str, s
     best = min(ran) if ran else None
     tuned_seconds = best[0] if best else None
     used, why = decide(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn))
-    trace = plain(drawn[best[1]].trace.as_json()) if best and used == "tuned" else None
+    trace = plain(drawn[best[1]].trace.as_json()) if best else None
     return Verdict(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn), used, why, trace)
 
 
