@@ -1,6 +1,7 @@
 """The gain of ``umahub tune`` on the host-heavy models, and the trial budget it took.
 
-For each model: compiled without tuning, tuned with MetaSchedule into a fresh
+For each model, on the host alone (no plugin: the host's kernels are what is
+tuned): compiled without tuning, tuned with MetaSchedule into a fresh
 database (``--trials`` candidates in all), compiled with that database; both
 timed here (median of ``--repeat`` runs, the VM executor), outputs compared
 with a relative error. Each model in its own process.
@@ -29,17 +30,18 @@ def one(model: str, trials: int, repeat: int) -> dict:
 
     import umahub
     from umahub.frontends import load_model
-    from umahub.runtime.compiled import example_inputs
+    import umahub.models as zoo
 
     mod = load_model(model)
-    plain = umahub.Hub(project_config=False)
+    plain = umahub.Hub(project_config=False, autoload=False)  # the host alone: its kernels
     before = plain.compile(mod)
-    inputs = example_inputs(before)
+    inputs = zoo.inputs(model)
     with tempfile.TemporaryDirectory() as db:
         start = time.perf_counter()
         result = plain.tune(mod, database=db, trials=trials)
         tune_seconds = time.perf_counter() - start
-        after = umahub.Hub(config={"tuning-database": db}, project_config=False).compile(mod)
+        tuned = umahub.Hub(config={"tuning-database": db}, project_config=False, autoload=False)
+        after = tuned.compile(mod)
     ref, out = before.run(*inputs, executor="vm"), after.run(*inputs, executor="vm")
     ref, out = np.asarray(ref if not isinstance(ref, tuple) else ref[0]), np.asarray(
         out if not isinstance(out, tuple) else out[0]

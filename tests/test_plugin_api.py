@@ -4,6 +4,8 @@ and the old module paths that still lead to the moved modules."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -276,3 +278,11 @@ def test_the_base_error_is_at_the_top_level_as_the_warning_is():
     assert issubclass(CompileError, umahub.UmahubError)
     assert issubclass(PluginFailure, umahub.UmahubError)
     assert "UmahubError" in umahub.__all__
+
+
+def test_the_old_names_module_runs_with_its_file_as_argv0():
+    """``python -m umahub.board`` once ran with ``sys.argv[0] = None`` (its alias had no
+    origin), and ``import tvm`` crashed on it: a board never started under its old name."""
+    spec = importlib.util.find_spec("umahub.board")
+    assert spec is not None and spec.origin is not None
+    assert spec.origin.endswith(os.path.join("umahub", "boards", "board.py"))
