@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine, median_time  # noqa: E402
+from _common import machine, median_time
 
 RESULTS = Path(__file__).parent / "results" / "tuning.json"
 
@@ -29,8 +29,8 @@ def one(model: str, trials: int, repeat: int) -> dict:
     import numpy as np
 
     import umahub
-    from umahub.frontends import load_model
     import umahub.models as zoo
+    from umahub.frontends import load_model
 
     mod = load_model(model)
     plain = umahub.Hub(project_config=False, autoload=False)  # the host alone: its kernels
@@ -43,8 +43,9 @@ def one(model: str, trials: int, repeat: int) -> dict:
         tuned = umahub.Hub(config={"tuning-database": db}, project_config=False, autoload=False)
         after = tuned.compile(mod)
     ref, out = before.run(*inputs, executor="vm"), after.run(*inputs, executor="vm")
-    ref, out = np.asarray(ref if not isinstance(ref, tuple) else ref[0]), np.asarray(
-        out if not isinstance(out, tuple) else out[0]
+    ref, out = (
+        np.asarray(ref if not isinstance(ref, tuple) else ref[0]),
+        np.asarray(out if not isinstance(out, tuple) else out[0]),
     )
     error = float(np.abs(out - ref).max() / max(1.0, float(np.abs(ref).max())))
     t_before = median_time(lambda: before.run(*inputs, executor="vm"), repeat=repeat)
@@ -81,9 +82,12 @@ def main() -> None:
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         row = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append(row)
-        print(f"{model}: {row['ms_before']} -> {row['ms_after']} ms ({row['gain']}x), "
-              f"{row['tuned']}/{row['kernels']} kernels tuned, {row['trials']} trials, "
-              f"{row['tune_seconds']} s, error {row['relative_error']:.1e}", flush=True)
+        print(
+            f"{model}: {row['ms_before']} -> {row['ms_after']} ms ({row['gain']}x), "
+            f"{row['tuned']}/{row['kernels']} kernels tuned, {row['trials']} trials, "
+            f"{row['tune_seconds']} s, error {row['relative_error']:.1e}",
+            flush=True,
+        )
     RESULTS.write_text(json.dumps({"machine": machine(), "results": rows}, indent=1))
 
 

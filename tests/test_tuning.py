@@ -33,7 +33,12 @@ def tuned(tmp_path_factory):
     path = tmp_path_factory.mktemp("tuning") / "db"
     result = _hub().tune(zoo.get("mlp"), database=str(path), trials=TRIALS)
     inputs = zoo.inputs("mlp")
-    return {"path": path, "result": result, "inputs": inputs, "plain": _hub().compile(zoo.get("mlp"))}
+    return {
+        "path": path,
+        "result": result,
+        "inputs": inputs,
+        "plain": _hub().compile(zoo.get("mlp")),
+    }
 
 
 def _entries(path):
@@ -57,7 +62,9 @@ def test_compile_uses_the_database_as_its_verdicts_say(tuned):
     compiled = _hub(**{"tuning-database": str(tuned["path"])}).compile(zoo.get("mlp"))
     report = compiled.report
     verdicts = tuned["result"].verdicts
-    assert report.tuned_kernels == [{"name": v.name, "used": v.used, "why": v.why} for v in verdicts]
+    assert report.tuned_kernels == [
+        {"name": v.name, "used": v.used, "why": v.why} for v in verdicts
+    ]
     assert report.host_schedules.get("tuned", 0) == sum(v.used == "tuned" for v in verdicts)
     text = str(report).splitlines()
     at = text.index("tuned kernels (tuning-database):")
@@ -75,7 +82,9 @@ def test_a_tie_or_a_slower_tuned_kernel_keeps_the_hooks_schedule(tuned, tmp_path
     first, second = sorted(kernels.values(), key=lambda k: k["name"])
     for kernel, tuned_ms in ((first, 0.99), (second, 0.5)):
         kernel["hook_seconds"], kernel["tuned_seconds"] = 1e-3, tuned_ms * 1e-3
-        kernel["used"], kernel["why"] = decide(kernel["name"], kernel["hook"], 1e-3, tuned_ms * 1e-3, 4)
+        kernel["used"], kernel["why"] = decide(
+            kernel["name"], kernel["hook"], 1e-3, tuned_ms * 1e-3, 4
+        )
     assert second["trace"] is not None
     (tmp_path / FILE).write_text(json.dumps(data))
     compiled = _hub(**{"tuning-database": str(tmp_path)}).compile(zoo.get("mlp"))

@@ -65,7 +65,5 @@ def test_one_tuning_run_measures_on_both_boards(farm, tmp_path):
     compiled = umahub.Hub(
         config={"tuning-database": str(tmp_path / "db")}, project_config=False, autoload=False
     ).compile(zoo.get("mlp"))
-    assert [k["name"] for k in compiled.report.tuned_kernels] == [
-        v.name for v in result.verdicts
-    ]
+    assert [k["name"] for k in compiled.report.tuned_kernels] == [v.name for v in result.verdicts]
     assert os.path.exists(tmp_path / "db" / "umahub-tuning.json")

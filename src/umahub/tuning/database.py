@@ -113,8 +113,7 @@ class TuningDatabase:
         self.file = self.path / FILE
         if self.path.exists() and not self.path.is_dir():
             raise TuningError(
-                f"tuning database '{self.path}' is a file; give a directory (umahub tune "
-                "makes it)"
+                f"tuning database '{self.path}' is a file; give a directory (umahub tune makes it)"
             )
         if not self.file.exists() and not create:
             raise TuningError(

@@ -88,8 +88,7 @@ def _free_boards(host: str, port: int, key: str, timeout: float) -> int:
         session.close()
     except Exception as exc:
         raise TuningError(
-            f"{host}:{port} does not answer as a TVM tracker ({type(exc).__name__}); "
-            "check --rpc"
+            f"{host}:{port} does not answer as a TVM tracker ({type(exc).__name__}); check --rpc"
         ) from None
     queues = summary.get("queue_info", {})
     if key not in queues:

@@ -47,4 +47,3 @@ def extract(hub: Any, mod: Any, progress: Any = None) -> list[Task]:
         hooked, how = hook_schedule(hub, func, target, name)
         tasks[key] = Task(name, func, target, how, hooked, 1, key)
     return list(tasks.values())
-

@@ -90,7 +90,11 @@ def tune(
         raise TuningError("--rpc and --key go together: the tracker and the kind of board")
     db = TuningDatabase(database, create=True)
     measurer = runners.remote(rpc, key) if rpc is not None and key is not None else runners.local()
-    say = progress or (lambda stage, detail="": None)
+
+    def say(stage: str, detail: str) -> None:
+        if progress is not None:
+            progress(stage, detail)
+
     tasks = extract(hub, mod, progress)
     budgets = _budget(tasks, trials)
     result = TuningResult(db.path, measurer.where, 0)
@@ -110,7 +114,9 @@ def tune(
     return result
 
 
-def _tune_one(task: Task, budget: int, measurer: runners.Measurer, where: str, seed: int) -> Verdict:
+def _tune_one(
+    task: Task, budget: int, measurer: runners.Measurer, where: str, seed: int
+) -> Verdict:
     from tvm.s_tir import meta_schedule as ms
 
     # built alone, a kernel is the library's exported function "main"

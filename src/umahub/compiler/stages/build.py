@@ -41,12 +41,12 @@ from umahub.config import HOST
 from umahub.errors import CompileError, message_line
 from umahub.host import prepack, scratch, storage_plan
 from umahub.host.lowering import HOST_TARGET, lower_host
-from umahub.tuning.lookup import recording as tuned_kernels
 from umahub.ir import bindings, node_name, partition_call, partition_calls
 from umahub.plugin.context import Copy
 from umahub.plugin.memory import tensor_bytes
 from umahub.runtime.compiled import Compiled, signature_of
 from umahub.runtime.step_functions import with_steps
+from umahub.tuning.lookup import recording as tuned_kernels
 
 __all__ = ["DevicePlacer", "count_copies", "load", "place_on_devices", "prepare", "run"]
 
