@@ -6,7 +6,9 @@ a loop nest of its own, on one thread, without vectors. So the build stage
 first lowers the host's part here, as TVM's CPU pipeline does
 (``LegalizeOps``, ``AnnotateTIROpPattern``, ``FoldConstant``, ``FuseOps``,
 ``FuseTIR``), its quantized operators first computed in integers
-(:mod:`umahub.host.quantized`), then schedules each resulting PrimFunc: through the hook
+(:mod:`umahub.host.quantized`), then schedules each resulting PrimFunc: with
+its tuned schedule where ``[tool.umahub] tuning-database`` says it measured
+faster (:mod:`umahub.tuning.lookup`), else through the hook
 ``umahub_host_schedule`` (a plugin may take any function), else with
 :func:`umahub.host.schedules.default_schedule`. The partitions are already
 calls of their runtime modules by then; only host code is touched.
