@@ -75,20 +75,28 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.models[0], args.trials, args.repeat)))
         return
-    rows = []
+    # runs of other models or budgets are kept: one row per model and budget
+    old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    rows, verdicts = old.get("results", {}), old.get("verdicts", {})
     for model in args.models:
         command = [sys.executable, __file__, model, "--one", "--trials", str(args.trials)]
         command += ["--repeat", str(args.repeat)]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         row = json.loads(done.stdout.strip().splitlines()[-1])
-        rows.append(row)
+        name = f"{model}, budget {args.trials}"
+        verdicts[name] = row.pop("verdicts")
+        row["host_schedules_after"] = ", ".join(
+            f"{how} {n}" for how, n in row["host_schedules_after"].items()
+        )
+        rows[name] = row
         print(
             f"{model}: {row['ms_before']} -> {row['ms_after']} ms ({row['gain']}x), "
             f"{row['tuned']}/{row['kernels']} kernels tuned, {row['trials']} trials, "
             f"{row['tune_seconds']} s, error {row['relative_error']:.1e}",
             flush=True,
         )
-    RESULTS.write_text(json.dumps({"machine": machine(), "results": rows}, indent=1))
+    data = {"machine": machine(), "results": rows, "verdicts": verdicts}
+    RESULTS.write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":
