@@ -16,6 +16,7 @@ import pytest
 
 import umahub
 import umahub.models as zoo
+from umahub.tuning.tune import FINAL_ROUNDS
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +61,10 @@ def test_one_tuning_run_measures_on_both_boards(farm, tmp_path):
     assert all(v.hook_seconds and v.hook_seconds > 0 for v in result.verdicts)
     loaded = [log.read_text().count("load_module") for log in farm["logs"]]
     assert all(n > 0 for n in loaded), f"libraries loaded per board: {loaded}"
-    # each candidate and each hook's schedule measured once, on one board or the other
-    assert sum(loaded) == result.trials + len(result.verdicts), loaded
+    # each candidate and each hook's schedule measured once, then the best and the hook's
+    # in turn, on one board or the other
+    judged = sum(v.tuned_seconds is not None for v in result.verdicts)
+    assert sum(loaded) == result.trials + len(result.verdicts) + 2 * FINAL_ROUNDS * judged
     compiled = umahub.Hub(
         config={"tuning-database": str(tmp_path / "db")}, project_config=False, autoload=False
     ).compile(zoo.get("mlp"))

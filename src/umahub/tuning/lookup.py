@@ -28,7 +28,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from umahub.errors import warn
-from umahub.tuning.database import TuningDatabase, TuningError, database_key, key_text
+from umahub.tuning.database import FILE, TuningDatabase, TuningError, database_key, key_text
 
 __all__ = ["collecting", "kernel_hash", "plugin_versions", "recording", "tuned_schedule"]
 
@@ -60,7 +60,11 @@ def collecting() -> Iterator[list[tuple[str, Any, Any]]]:
 
 @contextlib.contextmanager
 def recording() -> Iterator[list[dict[str, str]]]:
-    """While open, each kernel the database decided: name, used ("tuned"/"hook"), why."""
+    """While open, each kernel the database decided: name, used ("tuned"/"hook"), why.
+
+    Opened once per build of the host's part: its warnings are said once per compile.
+    """
+    _warned.clear()
     found: list[dict[str, str]] = []
     token = _recorded.set(found)
     try:
@@ -75,11 +79,27 @@ def _warn_once(path: str, key: str, message: str) -> None:
         warn(message)
 
 
+_read_cache: dict[tuple[Path, float], TuningDatabase] = {}
+
+
+def _read(path: Path) -> TuningDatabase:
+    """The database at ``path``, read again only when its file changed."""
+    try:
+        stamp = (path / FILE).stat().st_mtime
+    except OSError:
+        return TuningDatabase(path)  # the error that says what is wrong with the path
+    database = _read_cache.get((path, stamp))
+    if database is None:
+        _read_cache.clear()
+        database = _read_cache[(path, stamp)] = TuningDatabase(path)
+    return database
+
+
 def _kernels(hub: Any, path: str, target: Any) -> dict[str, dict[str, Any]] | None:
     key = database_key(target, plugin_versions(hub))
     where = f"[tool.umahub] tuning-database '{path}'"
     try:
-        database = TuningDatabase(Path(path))
+        database = _read(Path(path))
     except TuningError as exc:
         _warn_once(path, "", f"{where}: {exc}; the compile uses the hooks' schedules")
         return None

@@ -4,7 +4,9 @@ For each kernel (:mod:`umahub.tuning.tasks`, heaviest share of the budget to
 the kernels that occur most), candidates are drawn from MetaSchedule's space
 (:mod:`umahub.tuning.search`), built, and measured in one batch with the
 schedule the compile would give it without tuning, on the same runner
-(:mod:`umahub.tuning.runners`: all boards of the key at once). The verdict
+(:mod:`umahub.tuning.runners`: all boards of the key at once). The best
+candidate and the hook's schedule are then timed again, in turn, three rounds
+(the best of many timings is the one the noise favoured most). The verdict
 (:func:`umahub.tuning.database.decide`) keeps the tuned schedule only where it
 measured faster; a tie keeps the hook's.
 """
@@ -128,13 +130,39 @@ def _tune_one(
     built = search.build(mods, task.target, where)
     args = [ms.arg_info.ArgInfo.from_prim_func(m["main"]) for m in mods]
     seconds = measurer.measure(built, args)
-    hook_seconds, tuned = seconds[0], seconds[1:]
-    ran = [(s, i) for i, s in enumerate(tuned) if s is not None]
+    ran = [(s, i) for i, s in enumerate(seconds[1:]) if s is not None]
     best = min(ran) if ran else None
-    tuned_seconds = best[0] if best else None
+    hook_seconds, tuned_seconds = seconds[0], None
+    if best is not None:
+        hook_seconds, tuned_seconds = _final(measurer, built, args, 1 + best[1])
     used, why = decide(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn))
     trace = plain(drawn[best[1]].trace.as_json()) if best else None
     return Verdict(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn), used, why, trace)
+
+
+#: Rounds of the final comparison: the hook's schedule and the best candidate, in turn.
+FINAL_ROUNDS = 3
+
+
+def _final(
+    measurer: runners.Measurer, built: list[Any], args: list[Any], best: int
+) -> tuple[float | None, float | None]:
+    """The hook's schedule and the best candidate measured again, in turn: their medians.
+
+    The best of many candidates, each timed once, is the one the noise favoured
+    most (on a busy machine a kernel's time varies by 2x and more from one
+    moment to the next): judged on that timing against the hook's single one,
+    a candidate no faster than the hook would win. Timed again, alternately
+    with the hook's schedule, it is compared on equal terms.
+    """
+    pair = [built[0], built[best]] * FINAL_ROUNDS
+    seconds = measurer.measure(pair, [args[0], args[best]] * FINAL_ROUNDS)
+
+    def median(values: list[float | None]) -> float | None:
+        ran = sorted(v for v in values if v is not None)
+        return ran[len(ran) // 2] if len(ran) == len(values) else None
+
+    return median(seconds[0::2]), median(seconds[1::2])
 
 
 def check_database(path: str | Path | None) -> Path:
