@@ -65,9 +65,18 @@ class Measurer:
 
 
 def local() -> Measurer:
-    """Measure on this machine (MetaSchedule's ``LocalRunner``)."""
+    """Measure on this machine (MetaSchedule's ``LocalRunner``).
+
+    Its workers time the kernels with the thread pool a compiled model runs
+    with: idle workers that spin briefly (:mod:`umahub.runtime.threadpool`).
+    With TVM's default spin, a schedule of many short parallel loops measures
+    fast alone and is slow in the model, whose pool sleeps between them.
+    """
     from tvm.s_tir import meta_schedule as ms
 
+    from umahub.runtime.threadpool import spin_briefly
+
+    spin_briefly()  # before the workers start: they take it from the environment
     return Measurer(ms.runner.LocalRunner(evaluator_config=_evaluator()), "this machine", 1)
 
 
