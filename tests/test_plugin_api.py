@@ -4,6 +4,8 @@ and the old module paths that still lead to the moved modules."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -287,3 +289,11 @@ def test_tensor_bytes_takes_an_operand_as_shape_of_does():
     assert (up.shape_of(weight), up.tensor_bytes(weight)) == ((16, 8), 512)
     assert up.tensor_bytes(x) == 64 == up.tensor_bytes(up.type_of(x))
     assert up.tensor_bytes(relax.Tuple([x, weight])) == 576
+
+
+def test_the_old_names_module_runs_with_its_file_as_argv0():
+    """``python -m umahub.board`` once ran with ``sys.argv[0] = None`` (its alias had no
+    origin), and ``import tvm`` crashed on it: a board never started under its old name."""
+    spec = importlib.util.find_spec("umahub.board")
+    assert spec is not None and spec.origin is not None
+    assert spec.origin.endswith(os.path.join("umahub", "boards", "board.py"))

@@ -821,6 +821,7 @@ TITLES = {
     "remote_overhead": "Running on a board over RPC",
     "onnx_suite": "The ONNX node tests",
     "onnx_suite_before": "The ONNX node tests, an earlier run",
+    "tuning": "Tuning the host's kernels with MetaSchedule",
 }
 
 

@@ -117,7 +117,11 @@ class _Finder(importlib.abc.MetaPathFinder):
         new = new_name(fullname)
         if new is None:
             return None
-        return importlib.util.spec_from_loader(fullname, _Alias(fullname, new))
+        # the new module's file as the old name's origin: ``python -m <old name>`` sets
+        # sys.argv[0] to it, and TVM's import reads sys.argv[0] (None would crash it)
+        found = importlib.util.find_spec(new)
+        origin = found.origin if found is not None else None
+        return importlib.util.spec_from_loader(fullname, _Alias(fullname, new), origin=origin)
 
 
 def install() -> None:

@@ -165,6 +165,9 @@ class Config:
             dict form); None: this machine (see :mod:`umahub.targets`).
         cc: the C compiler of C partitions and the export
             (``"aarch64-linux-gnu-gcc"``); None: TVM's default.
+        tuning_database: the directory ``umahub tune`` wrote (relative to the working
+            directory): a host kernel it tuned faster than its schedule is
+            compiled with the tuned schedule (see :mod:`umahub.tuning`); None: no tuning.
         options: backend options, per accelerator: ``[tool.umahub.options.npu]``
             then ``tile-rows = 16``. Each must be an option the accelerator's
             plugin declares (``umahub plugins`` lists them), of its type; the
@@ -191,6 +194,7 @@ class Config:
     profile: bool = False
     target: str | Mapping[str, Any] | None = None
     cc: str | None = None
+    tuning_database: str | None = None
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source: str = "<defaults>"
 
@@ -563,6 +567,7 @@ _PARSERS = {
     "profile": _bool,
     "target": _target,
     "cc": _string,
+    "tuning-database": _string,
     "options": _options,
 }
 

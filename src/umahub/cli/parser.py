@@ -16,6 +16,7 @@ Accelerator backends for Apache TVM as installable plugins.
   umahub compile MODEL -o F    compile through the plugins into one library
   umahub run F                 run that library (no plugins needed)
   umahub bench F               its latency, here or on a board (--rpc)
+  umahub tune MODEL            tune its host kernels (MetaSchedule), here or on boards
   umahub new-plugin NAME       start a plugin: a package that passes its own tests
 
 The configuration is [tool.umahub] in the nearest pyproject.toml (or the file
@@ -231,6 +232,36 @@ def build_parser() -> argparse.ArgumentParser:
         "concurrent executor)",
     )
     _board_options(p)
+
+    from umahub.cli.tune import cmd_tune
+
+    p = add(
+        "tune",
+        "tune the host kernels of MODEL with TVM's MetaSchedule into a database that "
+        "compile uses where a tuned kernel measured faster",
+        cmd_tune,
+    )
+    p.add_argument("model", help=MODEL_HELP)
+    p.add_argument(
+        "--database",
+        metavar="DIR",
+        help="the tuning database to write (default: tuning-database in [tool.umahub])",
+    )
+    p.add_argument(
+        "--trials",
+        type=_positive,
+        default=64,
+        metavar="N",
+        help="candidate schedules measured in all, shared among the kernels by how often "
+        "each runs (default: 64)",
+    )
+    p.add_argument(
+        "--rpc",
+        metavar="HOST:PORT",
+        help="measure on the boards of this TVM tracker, every free board of --key at once",
+    )
+    p.add_argument("--key", help="the kind of board to measure on (with --rpc)")
+    _backend_option(p)
 
     p = add("explain", "placement, copies and memory, without building", commands.cmd_explain)
     p.add_argument("model", help=MODEL_HELP)

@@ -192,6 +192,8 @@ class Compilation:
             a parameter of ``main``.
         host_functions: (build) how each of the host's functions was
             scheduled, by name.
+        tuned_kernels: (build) each host kernel the tuning database knows:
+            name, which schedule was used ("tuned" or "hook") and why.
         compiled: (build) the runnable model.
     """
 
@@ -220,6 +222,7 @@ class Compilation:
     devices: list[str] = field(default_factory=list)
     weight_devices: list[int] = field(default_factory=list)
     host_functions: dict[str, str] = field(default_factory=dict)
+    tuned_kernels: list[dict[str, str]] = field(default_factory=list)
     copies: list[Copy] = field(default_factory=list)
     compiled: Compiled | None = None
 
@@ -300,6 +303,7 @@ class Compilation:
             host_unscheduled=sorted(
                 name for name, how in self.host_functions.items() if how == "unscheduled"
             ),
+            tuned_kernels=self.tuned_kernels,
             auto=self.auto.to_dict() if self.auto is not None else None,
             quantized=_quantized_rows(placed),
             options=self.hub.changed_options(),

@@ -71,6 +71,7 @@ from umahub.compiler.stages import build
 from umahub.errors import UmahubError, warn
 from umahub.host import storage_plan
 from umahub.host.lowering import lower_host
+from umahub.tuning.lookup import recording as tuned_kernels
 
 if TYPE_CHECKING:
     from umahub.compiler.compilation import Compilation, Progress
@@ -121,7 +122,8 @@ class RelaxPipeline:
         prepared, comp = pipeline.prepare(self.hub, mod, self.placement, self.progress)
         self._bind(comp)
         prepared = _linkable(prepared, comp)
-        prepared, comp.host_functions = lower_host(self.hub, prepared)
+        with tuned_kernels() as comp.tuned_kernels:
+            prepared, comp.host_functions = lower_host(self.hub, prepared)
         prepared = storage_plan.plan_storage(prepared)
         self.compilation = comp
         inner = tvm.transform.PassContext(

@@ -6,7 +6,9 @@ a loop nest of its own, on one thread, without vectors. So the build stage
 first lowers the host's part here, as TVM's CPU pipeline does
 (``LegalizeOps``, ``AnnotateTIROpPattern``, ``FoldConstant``, ``FuseOps``,
 ``FuseTIR``), its quantized operators first computed in integers
-(:mod:`umahub.host.quantized`), then schedules each resulting PrimFunc: through the hook
+(:mod:`umahub.host.quantized`), then schedules each resulting PrimFunc: with
+its tuned schedule where ``[tool.umahub] tuning-database`` says it measured
+faster (:mod:`umahub.tuning.lookup`), else through the hook
 ``umahub_host_schedule`` (a plugin may take any function), else with
 :func:`umahub.host.schedules.default_schedule`. The partitions are already
 calls of their runtime modules by then; only host code is touched.
@@ -24,8 +26,9 @@ from umahub.host.quantized import quantized_in_integers
 from umahub.host.schedules import default_schedule
 from umahub.hub.tracing import last_returned, recording
 from umahub.targets import host_target
+from umahub.tuning.lookup import tuned_schedule
 
-__all__ = ["HOST_TARGET", "lower_host", "max_pool2d"]
+__all__ = ["HOST_TARGET", "hook_schedule", "lower_host", "max_pool2d"]
 
 
 #: The target the host's part is built for, unless the compile names one (a cross
@@ -226,6 +229,14 @@ def _by_plugin(hub: Any, func: tirx.PrimFunc, target: Any, name: str) -> tuple[A
     return sch.mod["main"], f"{plugin}: {said}"
 
 
+def hook_schedule(hub: Any, func: tirx.PrimFunc, target: Any, name: str) -> tuple[Any, str]:
+    """``func`` scheduled without tuning: by ``umahub_host_schedule``, else by
+    :func:`umahub.host.schedules.default_schedule`; and how."""
+    with recording():
+        done = _by_plugin(hub, func, target, name)
+    return done or default_schedule(func, target)
+
+
 def lower_host(
     hub: Any, mod: tvm.IRModule, target: Any = None
 ) -> tuple[tvm.IRModule, dict[str, str]]:
@@ -244,9 +255,9 @@ def lower_host(
         if not isinstance(func, tirx.PrimFunc):
             continue
         name = gv.name_hint
-        with recording():
-            done = _by_plugin(hub, func, target, name)
-        new, how = done or default_schedule(func, target)
+        # a kernel tuned faster than its hook's schedule (tuning-database), else the hook's
+        tuned = tuned_schedule(hub, func, target, name)
+        new, how = tuned or hook_schedule(hub, func, target, name)
         if new is not func:
             mod.update_func(gv, new.with_attr("global_symbol", name) if _named(func) else new)
         functions[name] = how

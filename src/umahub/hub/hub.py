@@ -300,6 +300,38 @@ class Hub:
         report.model = model
         return report
 
+    def tune(
+        self,
+        mod: tvm.IRModule | Any,
+        *,
+        database: str | None = None,
+        trials: int = 64,
+        rpc: str | None = None,
+        key: str | None = None,
+        progress: Any = None,
+    ) -> Any:
+        """Tune the host kernels of ``mod``'s compile with TVM's MetaSchedule.
+
+        Candidates are measured with the schedule the compile gives each
+        kernel otherwise, on this machine or, with ``rpc="HOST:PORT"`` and
+        ``key``, on every free board of ``key`` at that tracker; each
+        kernel's verdict goes into ``database`` (a directory; None: the
+        config's ``tuning-database``), which :meth:`compile` then uses where
+        the tuned kernel measured faster. ``trials``: candidates measured in
+        all. Returns a :class:`umahub.tuning.TuningResult`.
+
+        Raises:
+            umahub.tuning.TuningError: no database, an unreachable tracker, a
+                key with no free board.
+        """
+        from umahub.frontends import to_relax
+        from umahub.tuning.tune import check_database, tune
+
+        path = check_database(database or self.config.tuning_database)
+        return tune(
+            self, to_relax(mod), database=path, trials=trials, rpc=rpc, key=key, progress=progress
+        )
+
     def relax_pipeline(
         self, *, placement: Mapping[str, str] | None = None, then: Any = "default"
     ) -> Any:

@@ -146,6 +146,8 @@ class ReportData:
     host_schedules: dict[str, int] = field(default_factory=dict)  # how -> host functions
     #: the host functions built without a schedule (each a loop nest on one thread)
     host_unscheduled: list[str] = field(default_factory=list)
+    #: each host kernel the tuning database knows: name, used ("tuned" or "hook"), why
+    tuned_kernels: list[dict[str, str]] = field(default_factory=list)
     auto: dict[str, Any] | None = None  # placement by cost: umahub.auto.AutoChoice.to_dict()
     #: each quantized operator: node (its final quantize), kind, device, pattern,
     #: why no accelerator took it ("" where one did), and whether umahub computes it
@@ -198,6 +200,7 @@ class ReportData:
             "model": self.model,
             "host_schedules": self.host_schedules,
             "host_unscheduled": self.host_unscheduled,
+            "tuned_kernels": self.tuned_kernels,
             "auto": self.auto,
             "quantized": self.quantized,
             "options": self.options,

@@ -246,6 +246,9 @@ def render(report: ReportData) -> str:
             "  unscheduled (a loop nest on one thread, no vectors): "
             + ", ".join(report.host_unscheduled)
         )
+    if report.tuned_kernels:
+        lines.append("tuned kernels (tuning-database):")
+        lines += [f"  {k['name']}: {k['used']} ({k['why']})" for k in report.tuned_kernels]
     if report.stages:
         total = sum(report.stages.values())
         parts = ", ".join(f"{k} {v:.2f}s" for k, v in report.stages.items())

@@ -47,6 +47,7 @@ from umahub.plugin.context import Copy
 from umahub.plugin.memory import tensor_bytes
 from umahub.runtime.compiled import Compiled, signature_of
 from umahub.runtime.step_functions import with_steps
+from umahub.tuning.lookup import recording as tuned_kernels
 
 __all__ = ["DevicePlacer", "count_copies", "load", "place_on_devices", "prepare", "run"]
 
@@ -491,7 +492,8 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
         target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
-        host, comp.host_functions = lower_host(comp.hub, host, target)
+        with tuned_kernels() as comp.tuned_kernels:
+            host, comp.host_functions = lower_host(comp.hub, host, target)
         # cut after the host's fusion: a step calls the very kernels main calls, so
         # the concurrent executor computes exactly what the VM does (a multiply and
         # the add after it fused in main, but in two steps, rounded differently)
