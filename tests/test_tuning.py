@@ -92,7 +92,7 @@ def test_a_tie_or_a_slower_tuned_kernel_keeps_the_hooks_schedule(tuned, tmp_path
         {
             "name": "fused_matmul1_add1",
             "used": "hook",
-            "why": "tuned 0.99 ms against reduction 1 ms: a tie (within 2%) keeps reduction",
+            "why": "tuned 0.99 ms against columns 1 ms: a tie (within 2%) keeps columns",
         },
         {
             "name": "fused_matmul_add_relu",
@@ -100,7 +100,7 @@ def test_a_tie_or_a_slower_tuned_kernel_keeps_the_hooks_schedule(tuned, tmp_path
             "why": "tuned 0.5 ms against matmul 1 ms (2.00x faster)",
         },
     ]
-    assert compiled.report.host_schedules == {"reduction": 1, "tuned": 1}
+    assert compiled.report.host_schedules == {"columns": 1, "tuned": 1}
     np.testing.assert_allclose(
         compiled.run(*tuned["inputs"]), tuned["plain"].run(*tuned["inputs"]), rtol=1e-4, atol=1e-5
     )
@@ -134,7 +134,7 @@ def test_a_wrong_database_path_is_a_warning_and_the_hooks_schedules(tmp_path):
         f"not exist (no {FILE} in it); run `umahub tune MODEL --database PATH` to make it, or "
         "fix the path; the compile uses the hooks' schedules"
     )
-    assert compiled.report.host_schedules == {"matmul": 1, "reduction": 1}
+    assert compiled.report.host_schedules == {"columns": 1, "matmul": 1}
     assert compiled.report.tuned_kernels == []
 
 
@@ -153,7 +153,7 @@ def test_a_database_of_another_target_is_not_used(tuned, tmp_path):
         "run `umahub tune MODEL` for this machine, TVM and plugins; the compile uses the "
         "hooks' schedules"
     )
-    assert compiled.report.host_schedules == {"matmul": 1, "reduction": 1}
+    assert compiled.report.host_schedules == {"columns": 1, "matmul": 1}
 
 
 def test_tune_without_a_database_says_how_to_name_one():

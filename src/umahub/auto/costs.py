@@ -30,6 +30,11 @@ Copies: a pool that declares its ``bandwidth`` is costed from it; otherwise
 the copies the measurements timed are fitted as ``latency + bytes /
 bandwidth`` per accelerator; with nothing timed, from a host ``memcpy`` timed
 once.
+
+Why this module is long: a group's cost and the copy model are fed by the
+same measurements (a group's run times its copies too) and keyed alike (the
+versions, code, target, threads and CPU of one compile); apart, each would
+reach into the other's state.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""The ``umahub`` command's arguments: the subcommands, their options, the help texts."""
+"""The ``umahub`` command's arguments: the subcommands, their options, the help texts.
+
+Why this module is long: it is the command's whole surface, every subcommand's
+options with their help, in one place a user's ``--help`` reads from; split by
+subcommand, the options they share would be declared twice.
+"""
 
 from __future__ import annotations
 
