@@ -1,8 +1,8 @@
 """Single host operators outside models use, three ways, each in a process of its own.
 
 - ``plain``: ``tvm.compile`` (TVM's default pipeline) for this CPU;
-- ``before``: umahub on the host without its ``"columns"`` rule (what it did
-  before that rule: dlight's ``Reduction``, or ``"parallel"``);
+- ``before``: umahub on the host without its ``"columns"`` rule and with
+  dlight's ``Reduction`` taking a pooling's window, as before issue 33;
 - ``after``: umahub on the host as it is.
 
 Each: the rule each host function got, the median time of a run (numpy in,
@@ -97,8 +97,9 @@ def measure(name: str, way: str, repeat: int) -> dict:
     import umahub
     from umahub.host import schedules
 
-    if way == "before":
+    if way == "before":  # no "columns" rule, and dlight takes a pooling's window
         schedules._columns = lambda func, lanes: None
+        schedules._sliding = lambda sch, block: False
     compiled = umahub.Hub(autoload=False).compile(mod)
     out = compiled.run(*arrays)
     error = float(np.abs(out - reference).max() / np.abs(reference).max())

@@ -475,12 +475,11 @@ def _simplified_accesses(sch: s_tir.Schedule, block: Any) -> list[tuple[list[Any
     from tvm import ir
 
     from umahub._tvm import Analyzer
+    from umahub.plugin.compat import Load, buffer_of, nodes_in
 
     analyzer = Analyzer()
     for iv in sch.get(block).iter_vars:
         analyzer.bind(iv.var, ir.Range.from_min_extent(iv.dom.min, iv.dom.extent))
-    from umahub.plugin.compat import Load, buffer_of, nodes_in
-
     body = sch.get(block).body  # several stores where a reduction has several outputs
     nodes = [*nodes_in(body, Load), *nodes_in(body, tirx.BufferStore)]
     return [([analyzer.simplify(e) for e in n.indices], list(buffer_of(n).shape)) for n in nodes]
@@ -652,16 +651,18 @@ def _columns(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | Non
     over the spatial axes of a channels-last tensor, a norm over a whole tensor).
 
     A reduction block whose last spatial axis is contiguous in every buffer it
-    touches gets that axis innermost, under its reduction loops: each step
-    adds a contiguous row into a row of accumulators, which LLVM vectorizes
-    (reduced along the last axis instead, each addition would wait for the
-    last); its outer spatial axes run in parallel. A reduction over several
-    axes, the last contiguous (a group norm of one group: a whole tensor),
-    adds each contiguous row into a row of partial results the same way,
-    then reduces that row. Spatial blocks between them are inlined or run
-    as the ``"elementwise"`` rule runs them. None when a reduction is neither
-    (a window of a pooling: that is :func:`schedule_pooling`'s and
-    ``"parallel"``'s; a row: ``"rows"``'s).
+    touches gets that axis innermost, under its reduction loops, in vectors:
+    each step adds a contiguous row into a row of accumulators (reduced along
+    the last axis instead, each addition would wait for the last). Where the
+    blocks share outer axes (a softmax's batch and heads), every block is
+    computed under one parallel loop over them, a slab at a time
+    (:func:`_by_slabs`); else each block's outer axes run in parallel. A
+    reduction over several axes, the last contiguous (a group norm of one
+    group: a whole tensor), adds each contiguous row into a row of partial
+    results the same way, then reduces that row. Spatial blocks between them
+    are inlined or run as the ``"elementwise"`` rule runs them. None when a
+    reduction is neither (a window of a pooling: that is
+    :func:`schedule_pooling`'s and ``"parallel"``'s; a row: ``"rows"``'s).
     """
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
