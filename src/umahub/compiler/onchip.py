@@ -31,30 +31,49 @@ from umahub.sizes import human_size
 __all__ = ["check", "owned_by", "use"]
 
 
+#: What :func:`use` says of a scope with an allocation whose size is known only at run time.
+UNKNOWN = -1
+
+
 def _bytes(shape: Any, dtype: Any) -> int:
+    """Bytes of an allocation, or :data:`UNKNOWN` where a dimension is a variable (a
+    size known only at run time, as a symbolic batch makes)."""
     count = 1
     for dim in shape:
-        count *= int(dim)
+        value = getattr(dim, "value", dim)
+        if not isinstance(value, int):
+            return UNKNOWN
+        count *= value
     return count * np.dtype(str(dtype)).itemsize
 
 
 def use(func: Any) -> dict[str, int]:
     """Bytes allocated per storage scope in ``func`` (a PrimFunc): its blocks'
-    ``alloc_buffers`` and its ``Allocate`` statements, ``global`` left out."""
+    ``alloc_buffers`` and its ``Allocate`` statements, ``global`` left out;
+    :data:`UNKNOWN` for a scope where an allocation's size is known only at run time."""
     from tvm import tirx
 
     used: dict[str, int] = defaultdict(int)
+
+    def add(scope: str, size: int) -> None:
+        known = size != UNKNOWN and used[scope] != UNKNOWN
+        used[scope] = used[scope] + size if known else UNKNOWN
+
     for block in compat.nodes_in(func.body, compat.SBlock):
         for buffer in block.alloc_buffers:
-            used[str(buffer.scope())] += _bytes(buffer.shape, buffer.dtype)
+            add(str(buffer.scope()), _bytes(buffer.shape, buffer.dtype))
     allocate = getattr(tirx, "Allocate", None)
     if allocate is not None:
         for node in compat.nodes_in(func.body, allocate):
             scope = str(getattr(node.buffer_var.type_annotation, "storage_scope", "global"))
-            used[scope] += _bytes(node.extents, node.dtype)
+            add(scope, _bytes(node.extents, node.dtype))
     used.pop("global", None)
     used.pop("", None)
     return dict(used)
+
+
+def _size(need: int) -> str:
+    return "a size known only at run time" if need == UNKNOWN else human_size(need)
 
 
 def owned_by(scope: str, name: str) -> bool:
@@ -75,7 +94,7 @@ def _undeclared(acc: Accelerator, used: dict[str, int], symbol: str) -> None:
                 else "it declares none (Accelerator(buffers=...))"
             )
             raise CompileError(
-                f"partition {symbol} allocates {human_size(need)} in scope {scope}, which no "
+                f"partition {symbol} allocates {_size(need)} in scope {scope}, which no "
                 f"on-chip buffer of '{acc.name}' declares ({has}){did_you_mean(scope, declared)}: "
                 "its capacity cannot be checked; the plugin must use a declared scope or "
                 "declare this one as an OnChipBuffer"
@@ -97,6 +116,12 @@ def check(acc: Accelerator, func: Any, symbol: str) -> dict[str, tuple[int, int]
     result = {}
     for buffer in acc.buffers:
         need = used.get(buffer.scope, 0)
+        if need == UNKNOWN:
+            raise CompileError(
+                f"partition {symbol} does not fit '{acc.name}' for certain: its tiles in "
+                f"on-chip buffer {buffer.scope} have a size known only at run time; the plugin "
+                "must tile it to a static size or refuse it"
+            )
         if need > buffer.size_bytes:
             what = f" ({buffer.description})" if buffer.description else ""
             raise CompileError(
