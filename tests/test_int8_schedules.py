@@ -132,3 +132,63 @@ def test_the_npu_schedules_its_quantized_partition_with_vnni_and_packs_at_compil
     (partition,) = compiled.report.partitions
     assert partition.schedule == ["int8 conv2d: vnni, 16x4 dot, weights packed at compile time"]
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
+class _BlockRecorder:
+    """A plugin that records the block names of each npu partition it is asked to schedule."""
+
+    UMAHUB_API = 1
+
+    def __init__(self):
+        self.blocks: list[set[str]] = []
+
+    @umahub.hookimpl
+    def umahub_schedule(self, accelerator, schedule, context):
+        from umahub.plugin.compat import SBlock, nodes_in
+
+        func = schedule.mod[context.symbol]
+        self.blocks.append({b.name_hint for b in nodes_in(func.body, SBlock)})
+
+
+@pytest.mark.parametrize(
+    "x_zp, stages",
+    [(0, set()), (7, {"weight_sum"})],
+    ids=["input zero point 0", "input zero point 7"],
+)
+def test_a_partition_knows_its_constant_quantization_parameters(x_zp, stages):
+    """The zero points a model passes a partition as constants shape its kernel as on
+    the host: a weight known symmetric needs no per-window input sums, an input zero
+    point known 0 no weight sums (the window sums once took two thirds of a 3x3
+    convolution's time on the npu)."""
+    mod, parts = qconv_graph(x_zp=x_zp, channels=(8, 32))
+    x = _x({})
+    recorder = _BlockRecorder()
+    hub = umahub.Hub(config={"plugins": ["npu"]}, plugins=[recorder])
+    compiled = hub.compile(mod)
+    (blocks,) = recorder.blocks
+    assert "requantized" in blocks and "dot_init" in blocks  # the npu's packed form
+    assert blocks & {"window_sum", "weight_sum"} == stages
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
+@pytest.mark.parametrize("second", [1.0, 0.0], ids=["the same", "another"])
+def test_a_partition_called_twice_knows_a_constant_only_if_both_calls_pass_it(second):
+    from tvm import relax
+
+    from umahub.compiler.lowering import CONSTANT_LIMIT
+    from umahub.ir import partition_constants
+
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((4,), "float32"))
+    b = relax.Var("b", relax.TensorType((4,), "float32"))
+    with bb.function("npu_0", [a, b], attrs={"Codegen": "npu"}):
+        bb.emit_func_output(bb.emit(relax.op.add(a, b)))
+    gv = bb.get().get_global_var("npu_0")
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    with bb.function("main", [x]):
+        first = bb.emit(relax.Call(gv, [x, relax.const(np.ones(4, "float32"))]))
+        again = relax.const(np.full(4, second, "float32"))
+        bb.emit_func_output(bb.emit(relax.Call(gv, [first, again])))
+    known = partition_constants(bb.get(), CONSTANT_LIMIT)["npu_0"]
+    assert list(known) == ([1] if second == 1.0 else [])
+    assert partition_constants(bb.get(), 3) == {"npu_0": {}}  # more elements than the limit

@@ -25,6 +25,7 @@ __all__ = [
     "op_calls",
     "partition_call",
     "partition_calls",
+    "partition_constants",
     "partition_functions",
     "span_name",
 ]
@@ -91,6 +92,41 @@ def partition_calls(mod: tvm.IRModule) -> dict[str, tuple[relax.Function, list[A
             func = mod[value.op]
             if is_partition(func):
                 found[str(func.attrs["global_symbol"])] = (func, list(value.args))
+    return found
+
+
+def partition_constants(mod: tvm.IRModule, limit: int) -> dict[str, dict[int, Any]]:
+    """symbol -> {input index: relax.Constant} of the constants of at most ``limit``
+    elements that ``main`` passes to the partition: in every call, the same value
+    (a partition called with different constants keeps that input unknown)."""
+    import numpy as np
+
+    from umahub._tvm import Constant, constant_value
+
+    found: dict[str, dict[int, Any]] = {}
+    for binding in bindings(mod["main"]):
+        value = binding.value
+        if not (isinstance(value, relax.Call) and isinstance(value.op, relax.GlobalVar)):
+            continue
+        func = mod[value.op]
+        if not is_partition(func):
+            continue
+        symbol = str(func.attrs["global_symbol"])
+        here = {
+            i: a
+            for i, a in enumerate(value.args)
+            if isinstance(a, Constant) and int(np.prod(constant_value(a).shape)) <= limit
+        }
+        if symbol not in found:
+            found[symbol] = here
+            continue
+        kept = found[symbol]
+        for i in list(kept):
+            same = i in here and np.array_equal(
+                constant_value(kept[i]).numpy(), constant_value(here[i]).numpy()
+            )
+            if not same:
+                del kept[i]
     return found
 
 

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import tvm
 from tvm import relax
 
+from umahub.compiler.lowering import CONSTANT_LIMIT, with_constant_inputs
 from umahub.errors import CompileError, warn
 from umahub.host.prepack import Packers
 from umahub.hub.tracing import HookCall
-from umahub.ir import is_partition, partition_functions
+from umahub.ir import is_partition, partition_constants, partition_functions
 from umahub.plugin.context import Copy, Operator
 from umahub.plugin.memory import MemoryPlan, Need
 from umahub.report.report import PartitionReport, Report
@@ -280,9 +281,15 @@ class Compilation:
         return self.partitioned.to_host(self.fallen)
 
     def functions(self) -> dict[str, relax.Function]:
-        """symbol -> Relax function of every partition (fallen back or not)."""
+        """symbol -> Relax function of every partition (fallen back or not), carrying
+        the small constants the model passes it (:func:`with_constant_inputs`)."""
         assert self.partitioned is not None
-        return partition_functions(self.partitioned.mod)
+        mod = self.partitioned.mod
+        constants = partition_constants(mod, CONSTANT_LIMIT)
+        return {
+            symbol: with_constant_inputs(func, constants.get(symbol, {}))
+            for symbol, func in partition_functions(mod).items()
+        }
 
     # ------------------------------------------------------------------ the report
 

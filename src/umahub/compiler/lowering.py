@@ -9,11 +9,20 @@ integers): the partition's function is marked
 buffers local to the PrimFunc. The PrimFunc takes the partition's inputs and
 then its output(s), in destination-passing style, which is how the host calls
 it (``R.call_dps_packed``).
+
+A partition's parameters are its inputs, but where the model passes a small
+constant (a scale, a zero point, a bias), its value is known when the
+partition is lowered: the partition function carries those values in its
+attribute :data:`CONSTANT_INPUTS` (:func:`with_constant_inputs`), and the
+default lowering reads them, so that a quantized operator is lowered as
+exactly as on the host (a weight known symmetric needs no per-window sums).
+The PrimFunc still takes every input: the values only inform its structure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import tvm
 from tvm import relax
@@ -23,16 +32,49 @@ from umahub.errors import UnsupportedOperatorError
 from umahub.host.quantized import quantized_in_integers
 from umahub.ir import node_name
 
-__all__ = ["default_relax_to_tir", "single_primfunc"]
+__all__ = [
+    "CONSTANT_INPUTS",
+    "CONSTANT_LIMIT",
+    "constant_inputs",
+    "default_relax_to_tir",
+    "single_primfunc",
+    "with_constant_inputs",
+]
+
+#: The partition function's attribute: ``{input index: relax.Constant}``, the small
+#: constants the model passes it (see the module's docs).
+CONSTANT_INPUTS = "umahub.constant_inputs"
+
+#: The most elements a constant input has to be recorded in :data:`CONSTANT_INPUTS`
+#: (a scale or zero point per channel, a bias; not a weight of any size).
+CONSTANT_LIMIT = 1 << 16
 
 
-def _prepare(legalize: Mapping[str, Callable] | None) -> tvm.transform.Pass:
+def with_constant_inputs(function: relax.Function, values: Mapping[int, Any]) -> relax.Function:
+    """``function`` (a partition) carrying ``values`` (input index -> relax.Constant)
+    in its :data:`CONSTANT_INPUTS` attribute; unchanged when there are none."""
+    if not values:
+        return function
+    return function.with_attr(CONSTANT_INPUTS, {int(i): v for i, v in values.items()})
+
+
+def constant_inputs(function: relax.Function) -> dict[int, Any]:
+    """The input index -> relax.Constant that :func:`with_constant_inputs` recorded."""
+    attrs = function.attrs or {}
+    if CONSTANT_INPUTS not in attrs:
+        return {}
+    return {int(i): v for i, v in attrs[CONSTANT_INPUTS].items()}
+
+
+def _prepare(
+    legalize: Mapping[str, Callable] | None, known: Mapping[int, Any]
+) -> tvm.transform.Pass:
     return tvm.transform.Sequential(
         [
             relax.transform.LambdaLift(),  # composites are local functions: lift, then inline
             relax.transform.InlinePrivateFunctions(),
             relax.transform.ConvertToDataflow(),
-            quantized_in_integers(),
+            quantized_in_integers(known),
             relax.transform.LegalizeOps(dict(legalize) if legalize else None),
             relax.transform.DeadCodeElimination(),
         ]
@@ -70,8 +112,10 @@ def default_relax_to_tir(
     Raises:
         UnsupportedOperatorError: an operator has no TIR legalization.
     """
-    body = function.without_attr("Codegen").with_attr("global_symbol", "main")
-    mod = _prepare(legalize)(tvm.IRModule({"main": body}))
+    known = constant_inputs(function)
+    body = function.without_attr("Codegen").without_attr(CONSTANT_INPUTS)
+    body = body.with_attr("global_symbol", "main")
+    mod = _prepare(legalize, known)(tvm.IRModule({"main": body}))
     main = mod["main"]
     left = _unlowered(main)
     if left:

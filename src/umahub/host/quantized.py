@@ -28,12 +28,13 @@ clamp are computed per output channel, in a stage of their own.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import tvm
 from tvm import relax, te, tirx
 
-from umahub._tvm import Constant
+from umahub._tvm import Constant, name_of
 from umahub.plugin.patterns import dtype_of, shape_of
 from umahub.plugin.quantization import QuantizedOperator, bound_value, describe_quantized
 
@@ -95,7 +96,10 @@ def _residual_requantizer(sr: Any, sy: Any):
 
 def _fixed_point(multiplier: Any, channels: int, name: str):
     """Per channel, ``(m, k)`` of the float64 ``multiplier(channel)``
-    (:func:`umahub.plugin.requantization`, bit for bit)."""
+    (:func:`umahub.plugin.requantization`, bit for bit). ``m`` is below 2**31 (53
+    significand bits less 22) and is kept as int32: an int32 by int32 product in
+    int64 is one multiply per pair of lanes on x86 (``vpmuldq``), where an int64
+    by int64 one is several."""
     bits = te.compute(
         (channels,), lambda o: tirx.reinterpret("int64", multiplier(o)), name=f"{name}_bits"
     )
@@ -106,7 +110,7 @@ def _fixed_point(multiplier: Any, channels: int, name: str):
 
     def m_of(o: Any) -> Any:
         significand = (bits[o] & i64((1 << 52) - 1)) | i64(1 << 52)
-        return tirx.Select(exponent[o] < i64(991), i64(0), significand >> i64(22))
+        return tirx.Select(exponent[o] < i64(991), i64(0), significand >> i64(22)).astype("int32")
 
     def k_of(o: Any) -> Any:
         return tirx.Select(exponent[o] < i64(991), i64(62), i64(1053) - exponent[o])
@@ -147,7 +151,7 @@ def _bounds(op: QuantizedOperator, sy: Any, zy: Any, dtype: str) -> tuple[Any, A
     """The output's clamp: its type's range, narrowed by the activation (in output units)."""
     low = tirx.const(int(tvm.tirx.min_value(dtype).value), "int64")
     high = tirx.const(int(tvm.tirx.max_value(dtype).value), "int64")
-    zero = _read(zy, 0, 1).astype("int64")
+    zero = _zero_point(op.output, zy, "int64")
     if op.activation == "relu":
         return tirx.max(low, tirx.min(high, zero)), high
     if isinstance(op.activation, tuple):
@@ -286,7 +290,7 @@ def quantized_kernel(
         residual = list(rest[-5:-2]) if op.residual is not None else []
         bias = list(rest[: len(rest) - 2 - len(residual)])
         sy, zy = rest[-2:]
-        x_zero = _read(zx, 0, 1).astype("int32")
+        x_zero = _zero_point(op.data, zx, "int32")
 
         # the per-channel stages first: a schedule computes the output per tile
         # of the accumulator, after everything else it reads
@@ -301,7 +305,7 @@ def quantized_kernel(
             acc = _matmul_acc(op, x, x_zero, w, zw, out_shape, channels)
             at = acc.__getitem__
         low, high = _bounds(op, sy, zy, out_dtype)
-        zero = _read(zy, 0, 1).astype("int64")
+        zero = _zero_point(op.output, zy, "int64")
         if residual:
             r, sr, zr = residual
             m_r, k_r = _residual_requantizer(sr, sy)
@@ -310,9 +314,9 @@ def quantized_kernel(
         def out(*i: Any) -> Any:
             o = i[1] if conv else i[-1]
             a = at(i) if bias_q is None else at(i) + bias_q[o]
-            p = a.astype("int64") * m[o]
+            p = a.astype("int64") * m[o].astype("int64")
             if residual:
-                term = (r[i].astype("int64") - r_zero) * m_r[0]
+                term = (r[i].astype("int64") - r_zero) * m_r[0].astype("int64")
                 p = p + (term << (k[o] - k_r[0]))
             one = _int64(1)
             rounded = (p + (one << (k[o] - one)) - one + ((p >> k[o]) & one)) >> k[o]
@@ -321,6 +325,14 @@ def quantized_kernel(
         return te.compute(out_shape, out, name="requantized")
 
     return kernel
+
+
+def _zero_point(params: Any, tensor: te.Tensor, dtype: str) -> Any:
+    """A tensor's one zero point: the constant where it is known (a partition's known
+    input, :data:`umahub.compiler.lowering.CONSTANT_INPUTS`), else read from ``tensor``."""
+    if params.zero_point is not None:
+        return tirx.const(int(params.zero_point.reshape(-1)[0]), dtype)
+    return _read(tensor, 0, 1).astype(dtype)
 
 
 def _weight_zero_known(op: QuantizedOperator) -> bool:
@@ -340,7 +352,8 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
         return value
 
     wp = w if prepacked else pack_weight_kernel(op, tuple(int(d) for d in w.shape))(w)
-    if wsum is None:
+    zero_known = isinstance(zero, tirx.IntImm)
+    if wsum is None and not (zero_known and zero.value == 0):
         wsum = weight_sum_kernel()(wp)
     fill = zero.astype("uint8")
     if conv:
@@ -420,7 +433,9 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
 
     def at(i):
         o = i[1] if conv else i[-1]
-        value = dot_at(i) - zero * wsum[o]
+        value = dot_at(i)
+        if not (zero_known and zero.value == 0):  # sum(w) needed only for x_zp' != 0
+            value = value - zero * wsum[o]
         if sums is not None:
             w_zero = _read(zw, o, channels).astype("int32")
             value = value - w_zero * (sums(i) - zero * reduction)
@@ -515,16 +530,22 @@ def operands(op: QuantizedOperator) -> list[Any]:
 class _Lowerer(relax.PyExprMutator):
     """Replaces each quantized operator's final quantize by its integer kernel."""
 
-    def __init__(self, mod: tvm.IRModule):
+    def __init__(self, mod: tvm.IRModule, known: Mapping[relax.Var, Any] | None = None):
         super().__init__(mod)
         self.count = 0
+        self.known = known or {}
+
+    def _quantization_lookup(self, var: relax.Var) -> Any:
+        """A variable's bound value, or the constant a parameter is known to be."""
+        found = self.lookup_binding(var)
+        return self.known.get(var) if found is None else found
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.quantize"):
             return call
         try:
-            op = describe_quantized(call, self.lookup_binding)
+            op = describe_quantized(call, self._quantization_lookup)
         except ValueError:
             return call  # not one umahub computes in integers: TVM's legalization
         out_shape = shape_of(call)
@@ -556,16 +577,27 @@ class _Lowerer(relax.PyExprMutator):
         return new
 
 
-def lower_quantized(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+def lower_quantized(
+    mod: tvm.IRModule, known: Mapping[int, Any] | None = None
+) -> tuple[tvm.IRModule, int]:
     """``mod`` with the quantized operators of its Relax functions computed in integers
-    (see the module's docs), and how many were."""
-    lowerer = _Lowerer(mod)
+    (see the module's docs), and how many were.
+
+    ``known`` (parameter index of ``main`` -> relax.Constant): parameters whose
+    values are known (a partition's constant inputs) where they are a scale or a
+    zero point; the kernel still reads them as parameters.
+    """
     changed = {}
+    lowerer = None
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
+            params = func.params if name_of(gv) == "main" else []
+            values = {params[i]: v for i, v in (known or {}).items() if i < len(params)}
+            lowerer = _Lowerer(mod, values) if lowerer is None else lowerer
+            lowerer.known = values
             new = lowerer.visit_expr(func)
             changed[gv] = new
-    if not lowerer.count:
+    if lowerer is None or not lowerer.count:
         return mod, 0
     out = lowerer.builder_.get()
     for gv, func in changed.items():
@@ -573,11 +605,11 @@ def lower_quantized(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     return out, lowerer.count
 
 
-def quantized_in_integers() -> tvm.transform.Pass:
+def quantized_in_integers(known: Mapping[int, Any] | None = None) -> tvm.transform.Pass:
     """:func:`lower_quantized` as a module pass (before ``LegalizeOps``)."""
 
     @tvm.transform.module_pass(opt_level=0, name="umahub.QuantizedInIntegers")
     def transform(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        return lower_quantized(mod)[0]
+        return lower_quantized(mod, known)[0]
 
     return transform
