@@ -140,7 +140,8 @@ def bounded_shape_of(expr: Any) -> tuple[int, ...] | None:
     if values is None:
         return None
     bounds = [upper_bound(v) for v in values]
-    return None if any(b is None for b in bounds) else tuple(int(b) for b in bounds)
+    known = [b for b in bounds if b is not None]
+    return tuple(known) if len(known) == len(bounds) else None
 
 
 def dtype_of(expr: Any) -> str:

@@ -816,8 +816,9 @@ def _schedule_gemv(
     B is a weight, as the matmul's), the panels of a task one after the other
     with the whole K reduction inner, so that a panel's ``nr`` accumulators stay
     in registers while its ``K x nr`` block streams by; tasks (blocks of panels)
-    in parallel. A B computed at run time and stored transposed (``[j, k]``)
-    goes to the matmul's schedule, which packs it per tile.
+    in parallel. A B computed at run time and stored transposed (``[j, k]``),
+    and columns no vector width divides, go to the matmul's schedule, which
+    packs per tile and pads.
     """
     for name in p.prologue:
         try:
@@ -826,7 +827,9 @@ def _schedule_gemv(
             _parallel_spatial(sch, sch.get_sblock(name), lanes)
     red = sch.get_sblock(p.reduction)
     constant_b = p.b_buffer_index >= 0 and _reads_weight(sch, red, p.b_buffer_index, weights)
-    if p.b_transposed and not constant_b:
+    if (p.b_transposed and not constant_b) or _padding(1, p.extents["N"], lanes)[1] > 1:
+        # a B to pack per tile, or columns no vector width divides (1000 classes):
+        # the matmul's schedule, which packs per tile and pads to whole vectors
         return _schedule_matmul(sch, p, sram, threads, lanes, weights)
     red, out, rest = _accumulator_and_epilogue(sch, p)
     N = p.extents["N"]
