@@ -145,3 +145,105 @@ def test_an_accelerator_checks_its_buffers_and_clock():
     with pytest.raises(ValueError, match="clock_hz must be a positive number"):
         up.Accelerator("a", clock_hz=0)
     assert up.Accelerator("a", buffers=[buffer]).buffer("local.a.b") is buffer
+
+
+class Attention:
+    """An accelerator taking softmax whose schedule stages the whole of its input
+    (attention scores [heads, tokens, context]) in its 16 KiB buffer ``local.attn.scores``."""
+
+    UMAHUB_API = 1
+
+    @up.hookimpl
+    def umahub_accelerators(self):
+        buffer = up.OnChipBuffer("local.attn.scores", 16 << 10, "attention scores")
+        return [up.Accelerator("attn", buffers=[buffer])]
+
+    @up.hookimpl(accelerator="attn")
+    def umahub_patterns(self):
+        return [("attn.softmax", up.op("relax.nn.softmax"))]
+
+    @up.hookimpl(accelerator="attn")
+    def umahub_schedule(self, schedule):
+        first = next(
+            b
+            for b in up.blocks(schedule.mod[schedule.func_working_on.name_hint])
+            if b.name_hint != "root"
+        )
+        schedule.cache_read(schedule.get_sblock(first.name_hint), 0, "local.attn.scores")
+        return "scores staged"
+
+
+def _attention(context: int, heads: int = 2, dim: int = 8):
+    """One attention over a cache of ``context`` positions, for a prompt of ``n`` tokens,
+    ``n`` bounded by the context (``tir_var_upper_bound``, as a decoder's prefill has it)."""
+    import tvm
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", TensorType((heads, n, dim), "float32"))
+    k = relax.Var("k", TensorType((heads, dim, context), "float32"))
+    v = relax.Var("v", TensorType((heads, context, dim), "float32"))
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            scores = bb.emit(relax.op.matmul(q, k), "scores")
+            weights = bb.emit(relax.op.nn.softmax(scores, axis=-1), "weights")
+            out = bb.emit_output(relax.op.matmul(weights, v), "out")
+        bb.emit_func_output(out)
+    main = bb.get()["main"].with_attr("tir_var_upper_bound", {"n": context})
+    return tvm.IRModule({"main": main})
+
+
+def _attention_inputs(tokens: int, context: int, heads: int = 2, dim: int = 8):
+    rng = np.random.default_rng(tokens)
+    shapes = ((heads, tokens, dim), (heads, dim, context), (heads, context, dim))
+    return [rng.standard_normal(s).astype("float32") for s in shapes]
+
+
+def _attention_reference(q, k, v):
+    scores = q.astype(np.float64) @ k
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def _compile_attention(context: int):
+    hub = umahub.Hub(autoload=False, plugins=[Attention()], config={}, project_config=False)
+    return hub.compile(_attention(context))
+
+
+def test_attention_scores_are_counted_at_the_bound_of_the_prompt():
+    # 2 heads x at most 32 tokens x 32 positions: 8 KiB at the bound, unknown without it
+    import tvm
+    from tvm import relax
+
+    from umahub.compiler import onchip
+    from umahub.plugin.memory import bounded
+
+    mod = _attention(32)
+    mod = relax.transform.LegalizeOps()(mod)
+    gv = next(g for g, f in mod.functions.items() if "softmax" in g.name_hint)
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"softmax": mod[gv]}))
+    sch.work_on("softmax")
+    Attention().umahub_schedule(sch)
+    func = sch.mod["softmax"]
+    assert onchip.use(func) == {"local.attn.scores": onchip.UNKNOWN}
+    with bounded({"n": 32}):
+        assert onchip.use(func) == {"local.attn.scores": 8192}
+
+
+def test_attention_whose_scores_exceed_the_buffer_at_the_bound_goes_where_it_fits():
+    # 2 heads x 64 tokens x 64 positions: 32 KiB at the bound, the buffer holds 16 KiB
+    with pytest.warns(umahub.UmahubWarning, match="does not fit 'attn'"):
+        compiled = _compile_attention(64)
+    (part,) = compiled.report.partitions
+    assert part.fallback == (
+        "partition attn_0_softmax does not fit 'attn': its tiles need 32 KiB at the bound "
+        "of its sizes (n <= 64) of on-chip buffer local.attn.scores (attention scores), "
+        "which holds 16 KiB; the plugin must tile it smaller or refuse it"
+    )
+    assert {r.device for r in compiled.report.placement} == {"host"}
+    q, k, v = _attention_inputs(5, 64)
+    got = compiled.run(q, k, v)
+    np.testing.assert_allclose(got, _attention_reference(q, k, v), rtol=1e-5, atol=1e-5)

@@ -491,3 +491,48 @@ def test_a_max_pooling_is_two_one_d_poolings_by_output_row(shape, k, s, pad, cei
     x = f32(*shape)
     want = _max_pool_reference(np.maximum(x, 0) if relu else x, k, s, pad, out_hw)
     np.testing.assert_array_equal(run(sch.mod, [x], want.shape), want)
+
+
+# ----------------------------------------------------------------- rows known at run time
+
+
+def test_a_matmul_over_a_symbolic_number_of_rows_is_tiled_and_loops_the_rows():
+    # a prefill's projection: tokens known only at run time, bounded by the context
+    from umahub.plugin.memory import bounded
+
+    n = tvm.tirx.Var("n", "int64")
+    mod = primfunc_from_relax(
+        [("x", (1, n, 64)), ("w", (64, 96)), ("b", (96,))],
+        lambda bb, x, w, b: relax.op.nn.relu(
+            bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, w)), b))
+        ),
+    )
+    sch = s_tir.Schedule(mod)
+    with bounded({"n": 40}):
+        assert schedules.schedule(sch, threads=2) == "matmul"
+    w, b = f32(64, 96, scale=1 / 8), f32(96)
+    for tokens in (1, 5, 40):
+        x = f32(1, tokens, 64)
+        got = run(sch.mod, [x, w, b], (1, tokens, 96))
+        close(got, np.maximum(x.astype(np.float64) @ w + b, 0))
+
+
+def test_a_one_row_matmul_is_a_gemv_over_column_panels():
+    # a decode step's projection: one token, B stored [k, j]
+    K, N = 256, 192
+    mod = primfunc_from_relax(
+        [("x", (1, K)), ("w", (K, N))], lambda bb, x, w: relax.op.matmul(x, w)
+    )
+    x, w = f32(1, K), f32(K, N, scale=1 / 16)
+    name, got = schedule_and_run(mod, [x, w], (1, N), threads=2)
+    assert name == "gemv"
+    close(got, x.astype(np.float64) @ w)
+    sch = s_tir.Schedule(mod)
+    schedules.schedule(sch, threads=2, lanes=16)
+    loops = [line.strip() for line in sch.mod.script().splitlines() if "for " in line]
+    # 6 panels of 32 columns: 6 tasks (2 per thread at least); K inner, 32 lanes vectorized
+    assert loops[0] == "for i0_i1_0_fused in T.parallel(T.int64(6)):"
+    assert "for k in range(T.int64(256)):" in loops
+    assert loops[loops.index("for k in range(T.int64(256)):") + 1] == (
+        "for i1_2 in T.vectorized(T.int64(32)):"
+    )

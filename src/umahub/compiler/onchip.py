@@ -36,21 +36,53 @@ UNKNOWN = -1
 
 
 def _bytes(shape: Any, dtype: Any) -> int:
-    """Bytes of an allocation, or :data:`UNKNOWN` where a dimension is a variable (a
-    size known only at run time, as a symbolic batch makes)."""
+    """Bytes of an allocation at its worst case: a dimension known only at run time
+    (a prompt's length) by its upper bound (``tir_var_upper_bound``, see
+    :func:`umahub.plugin.memory.upper_bound`), or :data:`UNKNOWN` where none bounds it."""
+    from umahub.plugin.memory import upper_bound
+
     count = 1
     for dim in shape:
         value = getattr(dim, "value", dim)
         if not isinstance(value, int):
-            return UNKNOWN
+            value = upper_bound(dim)
+            if value is None:
+                return UNKNOWN
         count *= value
     return count * np.dtype(str(dtype)).itemsize
+
+
+def _bounded_sizes(func: Any, scope: str) -> list[str]:
+    """``"n <= 128"`` for each run-time size of the allocations in ``scope``, by name."""
+    from tvm import tirx
+
+    from umahub.plugin.memory import upper_bound
+
+    shapes = [
+        b.shape
+        for block in compat.nodes_in(func.body, compat.SBlock)
+        for b in block.alloc_buffers
+        if str(b.scope()) == scope
+    ]
+    allocate = getattr(tirx, "Allocate", None)
+    if allocate is not None:
+        shapes += [
+            n.extents
+            for n in compat.nodes_in(func.body, allocate)
+            if str(getattr(n.buffer_var.type_annotation, "storage_scope", "")) == scope
+        ]
+    found = {}
+    for shape in shapes:
+        for dim in shape:
+            for var in tirx.analysis.undefined_vars(dim) if not isinstance(dim, int) else ():
+                found[str(var.name)] = upper_bound(var)
+    return [f"{name} <= {bound}" for name, bound in sorted(found.items())]
 
 
 def use(func: Any) -> dict[str, int]:
     """Bytes allocated per storage scope in ``func`` (a PrimFunc): its blocks'
     ``alloc_buffers`` and its ``Allocate`` statements, ``global`` left out;
-    :data:`UNKNOWN` for a scope where an allocation's size is known only at run time."""
+    :data:`UNKNOWN` for a scope where an allocation's size has no upper bound."""
     from tvm import tirx
 
     used: dict[str, int] = defaultdict(int)
@@ -119,14 +151,17 @@ def check(acc: Accelerator, func: Any, symbol: str) -> dict[str, tuple[int, int]
         if need == UNKNOWN:
             raise CompileError(
                 f"partition {symbol} does not fit '{acc.name}' for certain: its tiles in "
-                f"on-chip buffer {buffer.scope} have a size known only at run time; the plugin "
+                f"on-chip buffer {buffer.scope} have a size known only at run time, with no "
+                "upper bound; bound it (main's tir_var_upper_bound attribute), or the plugin "
                 "must tile it to a static size or refuse it"
             )
         if need > buffer.size_bytes:
             what = f" ({buffer.description})" if buffer.description else ""
+            bounded = _bounded_sizes(func, buffer.scope)
+            at = f" at the bound of its sizes ({', '.join(bounded)})" if bounded else ""
             raise CompileError(
                 f"partition {symbol} does not fit '{acc.name}': its tiles need "
-                f"{human_size(need)} of on-chip buffer {buffer.scope}{what}, which holds "
+                f"{human_size(need)}{at} of on-chip buffer {buffer.scope}{what}, which holds "
                 f"{human_size(buffer.size_bytes)}; the plugin must tile it smaller or refuse it"
             )
         result[buffer.scope] = (need, buffer.size_bytes)

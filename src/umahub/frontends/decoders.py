@@ -29,7 +29,7 @@ import numpy as np
 
 from umahub.errors import UmahubError
 
-__all__ = ["DecoderPrograms", "export_decoder", "state_of"]
+__all__ = ["DecoderPrograms", "bound_to_context", "export_decoder", "state_of"]
 
 
 @dataclass
@@ -136,3 +136,27 @@ def state_of(mod: Any) -> list[str]:
     in its order (after the user's inputs and outputs); none for a model without."""
     names = mod["main"].attrs.get("umahub_state") if mod["main"].attrs else None
     return [str(n) for n in names] if names is not None else []
+
+
+def bound_to_context(mod: Any, max_context: int) -> Any:
+    """``mod`` with each symbolic size of ``main``'s inputs that has no upper bound
+    bounded by ``max_context`` (``tir_var_upper_bound``, TVM's own attribute, which
+    TVM's PyTorch import sets from ``torch.export``'s ``Dim`` and umahub reads):
+    a prompt is at most the context, so accelerators can take the prefill's
+    operators and their memory is checked at that worst case."""
+    import tvm
+
+    from umahub._tvm import type_of
+    from umahub.plugin.memory import size_bounds, symbolic_sizes
+
+    main = mod["main"]
+    bounds = size_bounds(main)
+    sizes = set().union(*(symbolic_sizes(type_of(p)) for p in main.params)) - {"?"}
+    missing = sorted(s for s in sizes if s not in bounds)
+    if not missing:
+        return mod
+    bounds.update(dict.fromkeys(missing, max_context))
+    updated = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
+    gv = mod.get_global_var("main")
+    updated[gv] = main.with_attr("tir_var_upper_bound", bounds)
+    return updated

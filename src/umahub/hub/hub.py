@@ -255,15 +255,22 @@ class Hub:
         with a static cache of ``max_context`` positions, as ExecuTorch does;
         each of the two functions is compiled as :meth:`compile` would
         (``options`` are its options, given to both), the prefill with a
-        symbolic number of tokens. ``generate(ids, max_new_tokens=...)`` on the
-        result decodes greedily (see :mod:`umahub.runtime.generation`).
+        symbolic number of tokens bounded by ``max_context``
+        (``tir_var_upper_bound``), so that accelerators take its operators within
+        that bound. ``generate(ids, max_new_tokens=...)`` on the result decodes
+        greedily (see :mod:`umahub.runtime.generation`).
 
         Raises:
             UmahubError: PyTorch or ``transformers`` missing, the model cannot
                 be exported or imported (the message says why).
         """
         from umahub.frontends import to_relax
-        from umahub.frontends.decoders import DecoderPrograms, export_decoder, state_of
+        from umahub.frontends.decoders import (
+            DecoderPrograms,
+            bound_to_context,
+            export_decoder,
+            state_of,
+        )
         from umahub.runtime.generation import CompiledDecoder, DecoderReport
 
         programs = model if isinstance(model, DecoderPrograms) else None
@@ -271,6 +278,9 @@ class Hub:
             programs = export_decoder(model, max_context=max_context)
             name = name or type(model).__name__
         prefill_mod, decode_mod = to_relax(programs.prefill), to_relax(programs.decode)
+        # the prompt's length is at most the context: accelerators take the prefill's
+        # operators within that bound (see umahub.plugin.memory.upper_bound)
+        prefill_mod = bound_to_context(prefill_mod, programs.max_context)
         state = state_of(prefill_mod)
         if state_of(decode_mod) != state:
             raise UmahubError(

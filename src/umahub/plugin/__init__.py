@@ -41,9 +41,9 @@ Claiming operators (``umahub_patterns``)
     :func:`dequantized`, and for their checks :func:`quantized_operator`
     (:class:`QuantizedOperator`, :class:`QuantParams`). For the
     checks: :class:`Refusal`, :func:`refusal_reason`, :func:`calls`,
-    :func:`shape_of`, :func:`dtype_of`, :func:`match_bytes`,
+    :func:`shape_of`, :func:`bounded_shape_of`, :func:`dtype_of`, :func:`match_bytes`,
     :func:`human_size`, :data:`UNBOUNDED`, :func:`element_bytes`,
-    :func:`tensor_bytes`.
+    :func:`tensor_bytes`, :func:`upper_bound`.
 
 What the hooks are given
     :class:`CompileContext`, :class:`CostContext`, :class:`Operator`,
@@ -114,6 +114,7 @@ from umahub.plugin.patterns import (
     Unsupported,
     activated,
     bias_add,
+    bounded_shape_of,
     calls,
     conv2d,
     dtype_of,
@@ -174,7 +175,7 @@ if TYPE_CHECKING:
         vars_in,
     )
     from umahub.plugin.context import CompileContext, Copy, CostContext, Operator
-    from umahub.plugin.memory import UNBOUNDED, element_bytes, tensor_bytes
+    from umahub.plugin.memory import UNBOUNDED, element_bytes, tensor_bytes, upper_bound
     from umahub.plugin.tir import (
         Root,
         blocks,
@@ -195,7 +196,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "hookspecs": "umahub.plugin",
     **dict.fromkeys(("CompileContext", "CostContext", "Copy", "Operator"), "umahub.plugin.context"),
-    **dict.fromkeys(("UNBOUNDED", "element_bytes", "tensor_bytes"), "umahub.plugin.memory"),
+    **dict.fromkeys(
+        ("UNBOUNDED", "element_bytes", "tensor_bytes", "upper_bound"), "umahub.plugin.memory"
+    ),
     **dict.fromkeys(tir.__all__, "umahub.plugin.tir"),
     **dict.fromkeys(compat.__all__, "umahub.plugin.compat"),
     **dict.fromkeys(("default_relax_to_tir", "single_primfunc"), "umahub.compiler.lowering"),
@@ -251,6 +254,7 @@ __all__ = [
     "bias_add",
     "blocks",
     "bound_value",
+    "bounded_shape_of",
     "buffer_of",
     "calls",
     "compat",
@@ -304,6 +308,7 @@ __all__ = [
     "tir",
     "type_args",
     "type_of",
+    "upper_bound",
     "vars_in",
     "vector_lanes",
     "with_root_body",

@@ -38,6 +38,7 @@ __all__ = [
     "size_bounds",
     "symbolic_sizes",
     "tensor_bytes",
+    "upper_bound",
 ]
 
 
@@ -98,6 +99,20 @@ def _dim(dim: Any, bounds: Mapping[str, int]) -> int | None:
         analyzer.bind(var, tvm.ir.Range(0, bounds[str(var.name)] + 1))
     upper = analyzer.const_int_bound(dim).max_value
     return None if upper >= 2**62 else int(upper)
+
+
+def upper_bound(dim: Any) -> int | None:
+    """The largest value a size can take: its value when static; for a size known only
+    at run time (a ``tir.Var`` such as a prompt's length, or an expression of them),
+    its upper bound while inside :func:`bounded` (``main``'s ``tir_var_upper_bound``,
+    which umahub applies for the whole compile); None when nothing bounds it.
+
+    A check or a schedule sizes a bounded dimension by this worst case: a tile
+    of a sequence of at most 128 tokens is planned as 128 rows.
+    """
+    if isinstance(dim, int):
+        return dim
+    return _dim(dim, _BOUNDS.get() or {})
 
 
 def symbolic_sizes(struct_info: Any) -> set[str]:

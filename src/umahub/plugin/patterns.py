@@ -121,6 +121,29 @@ def shape_of(expr: Any) -> tuple[int, ...] | None:
     return tuple(int(v.value) for v in values)
 
 
+def bounded_shape_of(expr: Any) -> tuple[int, ...] | None:
+    """The shape of a tensor expression at its worst case: static sizes as they are,
+    a size known only at run time by its upper bound (``tir_var_upper_bound`` on
+    ``main``, see :func:`~umahub.plugin.memory.upper_bound`); None when a size has
+    no bound or the rank is unknown.
+
+    What a check uses to take an operator of a bounded symbolic size (a prefill's
+    sequence length) and to size its tensors: :func:`shape_of` is None for it.
+    """
+    from umahub._tvm import TensorType, type_of
+    from umahub.plugin.memory import upper_bound
+
+    ty = type_of(expr)
+    if not isinstance(ty, TensorType) or ty.shape is None:
+        return None
+    values = getattr(ty.shape, "values", None)
+    if values is None:
+        return None
+    bounds = [upper_bound(v) for v in values]
+    known = [b for b in bounds if b is not None]
+    return tuple(known) if len(known) == len(bounds) else None
+
+
 def dtype_of(expr: Any) -> str:
     """The dtype of a tensor expression (``"float32"``)."""
     from umahub._tvm import type_of

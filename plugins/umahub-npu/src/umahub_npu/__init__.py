@@ -88,36 +88,61 @@ def umahub_accelerators():
     ]
 
 
-def _float32_static(ctx) -> Refusal | None:
-    """None when every tensor of the match is float32 of static shape, else why not."""
-    from umahub.plugin import TensorType, dtype_of, shape_of, type_of
+def _float32_static(ctx, bounded: bool = False) -> Refusal | None:
+    """None when every tensor of the match is float32 of static shape, else why not.
+
+    ``bounded``: a size known only at run time is taken too when it has an upper
+    bound (a prompt's length, bounded by the model's context: ``tir_var_upper_bound``).
+    """
+    from umahub.plugin import TensorType, bounded_shape_of, dtype_of, shape_of, type_of
 
     for value in ctx.matched_bindings.values():
         if not isinstance(type_of(value), TensorType):
             continue  # batch norm's tuple: its fields are the tensors of other bindings
         if dtype_of(value) != "float32":
             return Refusal(f"a {dtype_of(value)} tensor; the npu computes float32 only")
-        if shape_of(value) is None:
+        if shape_of(value) is not None:
+            continue
+        if not bounded:
             return Refusal("a tensor whose shape is known only at run time")
+        if bounded_shape_of(value) is None:
+            return Refusal(
+                "a tensor whose size is known only at run time, with no upper bound "
+                "(main's tir_var_upper_bound attribute bounds it)"
+            )
     return None
 
 
 def matmul_ok(ctx) -> bool | Refusal:
-    """float32, static shapes, 2-D to 4-D operands."""
-    from umahub.plugin import calls, shape_of
+    """float32, 2-D to 4-D operands, static shapes or a bounded symbolic number of rows
+    (a prompt's tokens): the schedule tiles the static columns and reduction and loops
+    over the rows."""
+    from umahub.plugin import bounded_shape_of, calls, shape_of
 
-    refused = _float32_static(ctx)
+    refused = _float32_static(ctx, bounded=True)
     if refused is not None:
         return refused
     for mm in calls(ctx, "relax.matmul"):
-        for shape in (shape_of(a) for a in mm.args):
+        for shape in (bounded_shape_of(a) for a in mm.args):
             if shape is None:
                 return Refusal("a matmul operand whose shape is known only at run time")
             if not 2 <= len(shape) <= 4:
                 return Refusal(
                     f"a {len(shape)}-D matmul operand; the npu takes 2-D to 4-D operands"
                 )
+        if shape_of(mm.args[1]) is None or not _static_reduction(mm.args[0]):
+            return Refusal(
+                "a matmul whose columns or reduction have a size known only at run time; "
+                "the npu tiles those statically (only the rows may vary)"
+            )
     return True
+
+
+def _static_reduction(operand) -> bool:
+    """Whether the last axis of a matmul's first operand (its reduction) is static."""
+    from umahub.plugin import type_of
+
+    return hasattr(type_of(operand).shape.values[-1], "value")
 
 
 def conv2d_ok(ctx) -> bool | Refusal:
@@ -342,6 +367,8 @@ def umahub_schedule(accelerator, schedule, context):
         return "elementwise: outer loops in parallel"
     if strategy == "pooling":
         return "pooling: output rows in parallel, a row of column maxima each"
+    if strategy == "gemv":
+        return "gemv: column panels in parallel, each over the whole reduction in registers"
     return f"{strategy}: tiles fit npu.sram ({human_size(sram)})"
 
 

@@ -133,6 +133,7 @@ from umahub.plugin import (
     param_buffers,
     schedule_elementwise,
     schedule_pooling,
+    upper_bound,
     vars_in,
     vector_lanes,
 )
@@ -164,7 +165,7 @@ def _default_threads() -> int:
 class Plan:
     """What :func:`plan` found in a PrimFunc: the strategy and the block roles."""
 
-    kind: str  # "matmul" | "conv2d" | "depthwise" | "sum" | "elementwise" | "pooling"
+    kind: str  # "matmul" | "gemv" | "conv2d" | "depthwise" | "sum" | "elementwise" | "pooling"
     func_name: str
     reduction: str  # name of the reduction block
     prologue: list[str] = field(default_factory=list)  # blocks before it
@@ -298,11 +299,13 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
         if a is None or b is None:
             return None
         bidx = next((n for n, buf in enumerate(read_bufs) if buf.same_as(_buf(b))), -1)
+        rows = iv_i.dom.extent  # a prompt's tokens may be known only at run time
+        M = int(rows) if isinstance(rows, tirx.IntImm) else rows
         return Plan(
-            kind="matmul",
+            kind="gemv" if M == 1 and _batch_size(spatial) == 1 else "matmul",
             extents=dict(
                 batch=[ext(iv) for iv in spatial[:-2]],
-                M=ext(iv_i),
+                M=M,
                 N=ext(iv_j),
                 K=ext(reduce_[0]),
             ),
@@ -361,6 +364,11 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
             **common,
         )
     return None
+
+
+def _batch_size(spatial: list) -> int:
+    """The product of a matmul's batch extents (1 for a 2-D matmul)."""
+    return math.prod(int(iv.dom.extent) for iv in spatial[:-2]) if len(spatial) > 2 else 1
 
 
 def _plan_sum(rb, spatial: list, reduce_: list, common: dict) -> Plan | None:
@@ -737,7 +745,12 @@ def _schedule_matmul(
     e = p.extents
     batch = math.prod(e["batch"]) if e["batch"] else 1
     M, N, K = e["M"], e["N"], e["K"]
+    symbolic = not isinstance(M, int)
+    if symbolic:  # rows known only at run time: tiles chosen for the bound, rows looped
+        M = _rows_for_tiles(M)
     pad_m, pad_n = _padding(M, N, lanes)
+    if symbolic:
+        pad_m = 1  # the last row tile is predicated instead
     padded_m, padded_n = _round_up(M, pad_m), _round_up(N, pad_n)
     ti, tj, tk, mr, nr = matmul_tiles(batch, padded_m, padded_n, K, lanes, sram, threads)
     # a constant B is packed at compile time, unless its panels are its own layout
@@ -777,6 +790,67 @@ def _schedule_matmul(
     for name in rest:  # epilogue blocks that could not be inlined
         _parallel_spatial(sch, sch.get_sblock(name), lanes)
     return "matmul"
+
+
+#: Rows a symbolic M is tiled for when nothing bounds it (its tiles are looped over
+#: whatever the rows are at run time: the bound only sizes the row tile).
+UNBOUNDED_ROWS = 32
+
+
+def _rows_for_tiles(rows) -> int:
+    """The row count to choose tiles for, for rows known only at run time: their upper
+    bound (``tir_var_upper_bound``: a prompt is at most the model's context) rounded
+    up to 8 rows (whole micro-kernels), at most :data:`UNBOUNDED_ROWS` rows' worth when
+    none is known. The rows are looped over, so any count at run time is computed."""
+    bound = upper_bound(rows)
+    return _round_up(bound, 8) if bound is not None else UNBOUNDED_ROWS
+
+
+def _schedule_gemv(
+    sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
+):
+    """A matrix-vector product (one row: a decode step's projections).
+
+    Each element of B is used once, so the schedule is about streaming B: its
+    columns in vector-wide panels (``[j/nr][k][nr]``, packed at compile time when
+    B is a weight, as the matmul's), the panels of a task one after the other
+    with the whole K reduction inner, so that a panel's ``nr`` accumulators stay
+    in registers while its ``K x nr`` block streams by; tasks (blocks of panels)
+    in parallel. A B computed at run time and stored transposed (``[j, k]``),
+    and columns no vector width divides, go to the matmul's schedule, which
+    packs per tile and pads.
+    """
+    for name in p.prologue:
+        try:
+            sch.compute_inline(sch.get_sblock(name))
+        except ScheduleError:  # the primitive refused; take the fallback
+            _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    red = sch.get_sblock(p.reduction)
+    constant_b = p.b_buffer_index >= 0 and _reads_weight(sch, red, p.b_buffer_index, weights)
+    if (p.b_transposed and not constant_b) or _padding(1, p.extents["N"], lanes)[1] > 1:
+        # a B to pack per tile, or columns no vector width divides (1000 classes):
+        # the matmul's schedule, which packs per tile and pads to whole vectors
+        return _schedule_matmul(sch, p, sram, threads, lanes, weights)
+    red, out, rest = _accumulator_and_epilogue(sch, p)
+    N = p.extents["N"]
+    nr = _pick_nr(N, lanes)
+    panels = N // nr
+    # tasks: blocks of whole panels, at least 2 per thread where there are enough
+    per_task = max((d for d in _divisors(panels) if panels // d >= 2 * threads), default=1)
+    if constant_b and N > nr:
+        pack_weight(sch, red, p.b_buffer_index, _b_panels(p, nr))
+    *bl, i, j, k = sch.get_loops(red)
+    j0, j1, j2 = sch.split(j, [None, per_task, nr])
+    sch.reorder(*bl, i, j0, j1, k, j2)
+    tiled, rest = _epilogue_at(sch, j0, out, rest)
+    outer = sch.fuse(*bl, i, j0)
+    sch.parallel(outer)
+    sch.vectorize(j2)
+    sch.decompose_reduction(red, k)
+    _vectorize_epilogue(sch, tiled, lanes)
+    for name in rest:  # epilogue blocks that could not be inlined
+        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    return "gemv"
 
 
 def _schedule_pad(sch: s_tir.Schedule, p: Plan, lanes: int, skip: list[str] = ()):
@@ -1066,6 +1140,7 @@ def _schedule_pooling(
 
 _STRATEGIES = {
     "matmul": _schedule_matmul,
+    "gemv": _schedule_gemv,
     "conv2d": _schedule_conv2d,
     "depthwise": _schedule_depthwise,
     "sum": _schedule_sum,
@@ -1088,7 +1163,7 @@ def schedule(
     model passes as constants (``CompileContext.weights``): their packing is
     left to umahub, to do once at compile time (:func:`umahub.plugin.pack_weight`).
 
-    Returns ``"matmul"``, ``"conv2d"``, ``"pointwise"``, ``"depthwise"``, ``"sum"``,
+    Returns ``"matmul"``, ``"gemv"``, ``"conv2d"``, ``"pointwise"``, ``"depthwise"``, ``"sum"``,
     ``"elementwise"``, ``"pooling"``, or ``"none"`` when the function is not recognised
     or a primitive refuses (``sch`` is then left untouched).  Never raises.
     """
