@@ -569,3 +569,56 @@ def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub)
 def test_16_bit_operands_are_not_computed_in_integers():
     mod, _ = qconv_graph(x_dtype="int16", x_zp=0)
     assert lower_quantized(mod)[1] == 0
+
+
+def _pooled_graph(out_scale: float, out_zp: int, op: str = "max_pool2d"):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 2, 6, 6), "uint8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            d = bb.emit(relax.op.dequantize(x, _const(0.1, "float32"), _const(3, "uint8")))
+            if op == "max_pool2d":
+                p = bb.emit(relax.op.nn.max_pool2d(d, (3, 3), (2, 2), (1, 1, 1, 1)))
+            else:
+                p = bb.emit(relax.op.max(d, axis=[2, 3], keepdims=True))
+            scale, zp = _const(out_scale, "float32"), _const(out_zp, "uint8")
+            q = relax.op.quantize(p, scale, zp, out_dtype="uint8")
+            out = bb.emit_output(bb.emit(q))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run_plain(mod, x):
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+@pytest.mark.parametrize("op", ["max_pool2d", "max"])
+def test_a_max_between_a_dequantize_and_a_quantize_of_the_same_parameters_runs_on_the_integers(op):
+    from umahub.host.quantized_form import canonicalize_quantized
+
+    mod = _pooled_graph(0.1, 3, op)
+    rewritten = canonicalize_quantized(mod)
+    bound = [b.value for block in rewritten["main"].body.blocks for b in block.bindings]
+    values = [v for v in bound if isinstance(v, relax.Call)]
+    from umahub.plugin.patterns import dtype_of
+
+    assert [(v.op.name, dtype_of(v)) for v in values] == [
+        (f"relax.{'nn.' if op == 'max_pool2d' else ''}{op}", "uint8")
+    ]
+    x = np.random.default_rng(0).integers(0, 256, size=(1, 2, 6, 6)).astype("uint8")
+    x[0, 0] = 0  # the padding's value: a window of the smallest integers pools to it
+    np.testing.assert_array_equal(_run_plain(rewritten, x), _run_plain(mod, x))
+
+
+def test_a_max_requantized_to_other_parameters_stays_in_floats():
+    from umahub.host.quantized_form import canonicalize_quantized
+
+    for scale, zp in ((0.2, 3), (0.1, 4)):
+        rewritten = canonicalize_quantized(_pooled_graph(scale, zp))
+        bound = [b.value for block in rewritten["main"].body.blocks for b in block.bindings]
+        assert [v.op.name for v in bound if isinstance(v, relax.Call)] == [
+            "relax.dequantize",
+            "relax.nn.max_pool2d",
+            "relax.quantize",
+        ]

@@ -7,6 +7,13 @@ after its own): :func:`canonicalize_quantized` moves it under the dequantize.
 And constant folding, which would turn an int8 weight and its dequantize into
 a float32 constant: :func:`keep_quantized_weights` hides such dequantizes from
 ``FoldConstant`` while umahub folds the rest (:mod:`umahub.host.folding`).
+
+And one thing would make a quantized model pay for floats it does not need:
+an operator that only selects among its inputs (a max pooling, a max or min
+over axes) between a dequantize and a quantize of the same scale and zero
+point. Dequantizing is increasing, so the selection commutes with it, and
+quantizing gives back the integers it selected: the operator is applied to
+the integers directly, with no float tensor in between (four times the bytes).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import tvm
 from tvm import relax
 
 from umahub.ir import name_of, name_span, span_name
-from umahub.plugin.patterns import shape_of
+from umahub.plugin.patterns import dtype_of, shape_of
 
 __all__ = ["canonicalize_quantized", "keep_quantized_weights"]
 
@@ -163,6 +170,67 @@ class _OwnDequantize(relax.PyExprMutator):
         return relax.Call(call.op, args, call.attrs)
 
 
+#: Operators that select among their inputs (the result is one of them, chosen by order).
+_SELECTIONS = (
+    "relax.nn.max_pool1d",
+    "relax.nn.max_pool2d",
+    "relax.nn.max_pool3d",
+    "relax.max",
+    "relax.min",
+)
+
+
+def _same_constant(a: relax.Expr, b: relax.Expr) -> bool:
+    """Whether ``a`` and ``b`` are the same expression or one-value constants of equal value."""
+    from umahub._tvm import Constant, constant_value
+
+    if a.same_as(b):
+        return True
+    if not (isinstance(a, Constant) and isinstance(b, Constant)):
+        return False
+    left, right = constant_value(a).numpy(), constant_value(b).numpy()
+    one_each = left.size == right.size == 1
+    return left.dtype == right.dtype and one_each and left.item() == right.item()
+
+
+@relax.expr_functor.mutator
+class _SelectionOnIntegers(relax.PyExprMutator):
+    """``quantize(select(dequantize(q, s, z)), s, z)`` -> ``select(q)``, ``select`` one of
+    :data:`_SELECTIONS`, ``s`` and ``z`` one value each and equal in both."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.count = 0
+
+    def _bound(self, expr: relax.Expr) -> Any:
+        return self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.quantize"):
+            return call
+        select = self._bound(call.args[0])
+        if not (
+            isinstance(select, relax.Call)
+            and isinstance(select.op, tvm.ir.Op)
+            and select.op.name in _SELECTIONS
+        ):
+            return call
+        dq = self._bound(select.args[0])
+        if not (
+            isinstance(dq, relax.Call)
+            and isinstance(dq.op, tvm.ir.Op)
+            and dq.op.name == "relax.dequantize"
+            and all(_same_constant(dq.args[i], call.args[i]) for i in (1, 2))
+            and shape_of(dq.args[1]) in ((), (1,))
+            and dtype_of(dq.args[0]) == str(call.attrs.out_dtype)
+        ):
+            return call
+        self.count += 1
+        # the quantize's value is the selection's, on the integers: named as the selection
+        return relax.Call(select.op, [dq.args[0], *select.args[1:]], select.attrs, span=select.span)
+
+
 def canonicalize_quantized(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with each quantized operator's operands in the form its pattern reads.
 
@@ -172,10 +240,17 @@ def canonicalize_quantized(mod: tvm.IRModule) -> tvm.IRModule:
     being a constant), and the pattern sees ``dequantize`` directly on its
     operands; a per-channel axis moves with its dimension. And a dequantized
     tensor that a convolution or matmul shares with other readers gets a
-    dequantize of its own for it (:class:`_OwnDequantize`).
+    dequantize of its own for it (:class:`_OwnDequantize`). A selection between
+    a dequantize and a quantize of the same parameters is applied to the
+    integers (:class:`_SelectionOnIntegers`).
     """
     if not _calls(mod, "relax.dequantize"):  # a float model: nothing to walk
         return mod
+    selections = _SelectionOnIntegers(mod)
+    main = selections.visit_expr(mod["main"])
+    if selections.count:
+        mod = selections.builder_.get()
+        mod["main"] = relax.analysis.remove_all_unused(main)
     mover = _LayoutUnder(mod)
     main = mover.visit_expr(mod["main"])
     if mover.count:
