@@ -186,7 +186,8 @@ def max_pool2d(bb: Any, call: Any) -> Any:
 #: The host's own legalizations, by operator (the rest: TVM's). LLVM has no
 #: vector ``exp``, ``erf`` or ``tanh``: TVM's legalizations call the C
 #: library's scalar function per element (a GELU then costs more than the
-#: matmul before it), these use TVM's polynomials (``fast_exp``, ``fast_erf``,
+#: matmul before it; an ``erf`` on its own, as ONNX writes a GELU, likewise),
+#: these use TVM's polynomials (``fast_exp``, ``fast_erf``,
 #: ``fast_tanh``; relative error below 1e-6), which vectorize. A max pooling
 #: is two 1-D ones (:func:`max_pool2d`).
 LEGALIZE = {
@@ -196,6 +197,7 @@ LEGALIZE = {
     "relax.sigmoid": _vector_math(_sigmoid, "sigmoid"),
     "relax.tanh": _vector_math(lambda x: tvm.topi.fast_tanh(x), "tanh"),
     "relax.exp": _vector_math(lambda x: tvm.topi.fast_exp(x), "exp"),
+    "relax.erf": _vector_math(lambda x: tvm.topi.fast_erf(x), "erf"),
     "relax.nn.softmax": _softmax,
     "relax.nn.max_pool2d": max_pool2d,
 }
