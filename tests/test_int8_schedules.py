@@ -23,6 +23,15 @@ SHAPES = {
     "3x3 stride 2, uneven padding": {"strides": (2, 2), "padding": (0, 1, 2, 1)},
     "int8 input, asymmetric weights": {"x_dtype": "int8", "x_zp": -3, "w_zp": 5},
     "24 output channels, 3 input channels": {"channels": (3, 24)},
+    "1x1": {"kernel": 1, "padding": (0, 0, 0, 0), "channels": (8, 24)},
+    "1x1 stride 2, int8 input, asymmetric weights": {
+        "kernel": 1,
+        "padding": (0, 0, 0, 0),
+        "strides": (2, 2),
+        "x_dtype": "int8",
+        "x_zp": -3,
+        "w_zp": 5,
+    },
 }
 
 
@@ -49,8 +58,11 @@ def test_a_quantized_convolution_on_the_host_is_exact_with_either_schedule(host_
     x = _x(options)
     compiled = host_hub.compile(mod, target=target)
     how = "vnni, 16x4 dot" if target is VNNI else "int32 vectors, 16 lanes (no VNNI)"
+    kind = "conv2d"
+    if options.get("kernel") == 1:  # positions in the lanes: 100 or 25 of them, not 16s
+        how, kind = f"{how} over 16 positions", "conv2d 1x1"
     assert compiled.report.host_schedules == {
-        f"int8 conv2d: {how}, weights packed at compile time": 1
+        f"int8 {kind}: {how}, weights packed at compile time": 1
     }
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 

@@ -84,6 +84,7 @@ def qconv_graph(
     seed=0,
     size=10,
     bias_scale_per_channel=False,
+    kernel=3,
 ):
     """A quantized convolution as ONNX Runtime's QDQ form has it (on a ``size`` x
     ``size`` input), and its parts; ``bias_scale_per_channel``: the int32 bias's scale
@@ -91,7 +92,7 @@ def qconv_graph(
     rng = np.random.default_rng(seed)
     cin, cout = channels
     x_scale, y_scale, y_zp = np.float32(0.05), np.float32(y_scale), 3
-    w = rng.integers(-127, 128, size=(cout, cin // groups, 3, 3)).astype("int8")
+    w = rng.integers(-127, 128, size=(cout, cin // groups, kernel, kernel)).astype("int8")
     w_scale = (
         rng.uniform(0.002, 0.02, cout).astype("float32")
         if per_channel
@@ -483,11 +484,12 @@ def test_a_dequantize_shared_by_two_convolutions_gives_each_its_own(npu_hub):
         np.testing.assert_array_equal(a, b)
 
 
-def qconv_residual_graph(seed=0, x_dtype="uint8"):
+def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3):
     """``quantize(relu(conv(dq(x), dq(w)) + b + dequantize(r)))``: a residual block's
     last convolution and its sum, as PyTorch's X86 quantizer fuses them."""
     rng = np.random.default_rng(seed)
-    w = rng.integers(-127, 128, size=(8, 8, 3, 3)).astype("int8")
+    w = rng.integers(-127, 128, size=(8, 8, kernel, kernel)).astype("int8")
+    pad = kernel // 2
     w_scale = rng.uniform(0.002, 0.02, 8).astype("float32")
     b = rng.uniform(-1, 1, size=(1, 8, 1, 1)).astype("float32")
     bb = relax.BlockBuilder()
@@ -504,7 +506,7 @@ def qconv_residual_graph(seed=0, x_dtype="uint8"):
                     axis=0,
                 )
             )
-            y = bb.emit(relax.op.nn.conv2d(dx, dw, padding=(1, 1, 1, 1)))
+            y = bb.emit(relax.op.nn.conv2d(dx, dw, padding=(pad,) * 4))
             y = bb.emit(relax.op.add(y, _const(b, "float32")))
             dr = bb.emit(relax.op.dequantize(r, _const(0.04, "float32"), _const(9, "uint8")))
             y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, dr))))
@@ -515,7 +517,7 @@ def qconv_residual_graph(seed=0, x_dtype="uint8"):
         bb.emit_func_output(out)
     parts = dict(w=w, w_scale=w_scale, w_zp=np.zeros(8, "int8"), x_scale=np.float32(0.05))
     parts.update(x_zp=5, y_scale=np.float32(0.1), y_zp=2, groups=1, strides=(1, 1))
-    parts.update(padding=(1, 1, 1, 1), dilation=(1, 1), activation="relu")
+    parts.update(padding=(pad,) * 4, dilation=(1, 1), activation="relu")
     units = np.float64(np.float32(0.05)) * w_scale.astype(np.float64)
     parts["bias"] = np.rint(b.reshape(-1).astype(np.float64) / units).astype(np.int64)
     return bb.get(), parts
@@ -527,10 +529,12 @@ def _residual_reference(x, res, parts):
     mod_parts = dict(parts, activation=None)
     # the accumulator (with its bias), from the convolution's reference before rounding
     w = parts["w"].astype(np.int64)
-    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=5) - 5
+    kernel, pad = w.shape[2], parts["padding"][0]
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=5)
+    xp = xp - 5
     acc = np.zeros((1, 8, 6, 6), np.int64)
-    for i in range(3):
-        for j in range(3):
+    for i in range(kernel):
+        for j in range(kernel):
             acc[0] += np.einsum("chw,oc->ohw", xp[0, :, i : i + 6, j : j + 6], w[:, :, i, j])
     acc += mod_parts["bias"].reshape(1, -1, 1, 1)
     m, k = requantization(units_multiplier(parts))
@@ -549,8 +553,9 @@ def units_multiplier(parts):
     )
 
 
-def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub):
-    mod, parts = qconv_residual_graph()
+@pytest.mark.parametrize("kernel", [3, 1], ids=["3x3", "1x1"])
+def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub, kernel):
+    mod, parts = qconv_residual_graph(kernel=kernel)
     x = _input("uint8")[:, :, :6, :6].astype("uint8")
     res = _input("uint8", seed=4)[:, :, :6, :6].astype("uint8")
     lowered, count = lower_quantized(mod)

@@ -44,6 +44,7 @@ parameter) has its packing block annotated for packing at compile time
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tvm import s_tir
@@ -87,11 +88,14 @@ def has_vnni(target: Any = None) -> bool:
 
 def int8_kernel(sch: s_tir.Schedule) -> str | None:
     """``"conv2d"`` or ``"matmul"`` when ``sch``'s function is a packed-form quantized
-    kernel (its blocks ``dot`` and ``requantized``), ``"depthwise"`` for a depthwise
+    kernel (its blocks ``dot`` and ``requantized``), ``"pointwise"`` for a 1x1
+    convolution with positions in the lanes (``dot_positions``), ``"depthwise"`` for a depthwise
     convolution in the plain sum (``acc`` and ``requantized``), else None."""
     names = _block_names(sch)
     if "requantized" not in names:
         return None
+    if "dot_positions" in names:
+        return "pointwise"
     if "dot" not in names:
         return "depthwise" if "acc" in names and _is_depthwise(sch) else None
     dot = sch.get_sblock("dot")
@@ -203,6 +207,13 @@ def _copy_in_rows(sch: s_tir.Schedule, block: Any) -> bool:
     group unrolled (fused into one loop, LLVM vectorized the copy with a division
     per byte). Whether ``block`` was such a copy."""
     loops = sch.get_loops(block)
+    if len(loops) == 4:  # a 1x1 convolution's copy: [N, C/4, positions, 4]
+        b, cb, _, ci = loops
+        rows = sch.fuse(b, cb)
+        if int(sch.get(rows).extent) > 1:
+            sch.parallel(rows)
+        sch.unroll(ci)
+        return True
     if len(loops) != 5:
         return False
     b, cb, i, _, ci = loops
@@ -216,11 +227,29 @@ def _copy_in_rows(sch: s_tir.Schedule, block: Any) -> bool:
 def _tail(sch: s_tir.Schedule) -> None:
     """Elementwise blocks after ``requantized`` (a fused consumer) inlined into it,
     or left at the root in parallel."""
-    for block in sch.get_consumers(sch.get_sblock("requantized")):
+    requantized = sch.get_sblock("requantized")
+    for block in sch.get_consumers(requantized):
+        if sch.get(block).name_hint == "unflattened" and _padded(sch, requantized, block):
+            # inlined, the last vector of positions would be predicated (scalar code)
+            _parallel_outer(sch, block)
+            continue
         try:
             sch.reverse_compute_inline(block)
         except Exception:  # not a one-to-one consumer: a stage of its own
             _parallel_outer(sch, block)
+            if sch.get(block).name_hint == "unflattened":  # the consumers read it instead
+                for consumer in sch.get_consumers(block):
+                    try:
+                        sch.reverse_compute_inline(consumer)
+                    except Exception:
+                        _parallel_outer(sch, consumer)
+
+
+def _padded(sch: s_tir.Schedule, flat: Any, shaped: Any) -> bool:
+    """Whether the flat positions of ``flat`` outnumber the outputs of ``shaped``."""
+    return math.prod(_extents(sch, sch.get_loops(flat))) != math.prod(
+        _extents(sch, sch.get_loops(shaped))
+    )
 
 
 def _inner(sch: s_tir.Schedule, dot: Any, lanes_loop: Any, vnni: bool) -> None:
@@ -280,16 +309,36 @@ def _vnni_body(block: Any) -> Any:
     c_base = [_substitute(i, bound) for i in store.indices]
     c_index = [*c_base[:-1], tirx.Ramp(c_base[-1], tirx.const(1, "int64"), 16)]
     c_now = tirx.BufferLoad(buffer_of(store), c_index)
-    four = tirx.reinterpret("int32", buffer_of(a_load).vload(base(a_load), "uint8x4"))
-    panel = buffer_of(b_load).vload(base(b_load), "int8x64")
+    lane = inner.block.iter_vars[0].var  # the 16 lanes; the second iter var: the 4 bytes
+    # channels in the lanes: the input's four bytes broadcast, a 16x4 panel of weights;
+    # positions in the lanes (a 1x1 convolution): 16 positions' four bytes of input, a
+    # channel's four bytes of weight broadcast
+    positions = _uses(a_load, lane)
+    vector, four_of = (a_load, b_load) if positions else (b_load, a_load)
+    dtype = "uint8" if positions else "int8"
+    lanes = buffer_of(vector).vload(base(vector), f"{dtype}x64")
+    four = tirx.reinterpret("int32", buffer_of(four_of).vload(base(four_of), f"{_other(dtype)}x4"))
     if _BYTE_OPERANDS:  # LLVM 21 types vpdpbusd's operands as bytes, earlier ones as int32
-        bytes4 = tirx.reinterpret("int8x64", tirx.Broadcast(four, 16))
+        broadcast = tirx.reinterpret("int8x64", tirx.Broadcast(four, 16))
+        lanes = tirx.reinterpret("int8x64", lanes) if positions else lanes
     else:
-        bytes4, panel = tirx.Broadcast(four, 16), tirx.reinterpret("int32x16", panel)
+        broadcast, lanes = tirx.Broadcast(four, 16), tirx.reinterpret("int32x16", lanes)
+    unsigned, signed = (lanes, broadcast) if positions else (broadcast, lanes)
     value = tirx.call_llvm_pure_intrin(
-        "int32x16", "llvm.x86.avx512.vpdpbusd.512", c_now, bytes4, panel
+        "int32x16", "llvm.x86.avx512.vpdpbusd.512", c_now, unsigned, signed
     )
     return tirx.BufferStore(buffer_of(store), value, c_index)
+
+
+def _uses(load: Any, var: Any) -> bool:
+    """Whether one of ``load``'s indices reads ``var``."""
+    from umahub.plugin.compat import nodes_in
+
+    return any(v.same_as(var) for i in load.indices for v in nodes_in(i, type(var)))
+
+
+def _other(dtype: str) -> str:
+    return "int8" if dtype == "uint8" else "uint8"
 
 
 def vnni_dot_pass() -> Any:
@@ -353,6 +402,34 @@ def _conv(sch: s_tir.Schedule, vnni: bool) -> None:
     sch.decompose_reduction(dot, rc)
     _unroll_small(sch, ob, xx)
     _inner(sch, dot, oi, vnni)
+
+
+def _pointwise(sch: s_tir.Schedule, vnni: bool) -> None:
+    """A 1x1 convolution with positions in the lanes: a register tile of up to 24
+    accumulators, ``oc`` channels by one or two vectors of 16 positions; the tiles
+    in parallel; each channel's four weight bytes broadcast once per step; the
+    requantization of the tile vectorized over its positions."""
+    dot = sch.get_sblock("dot_positions")
+    out = sch.get_sblock("requantized")
+    n, o, p = sch.get_loops(out)
+    channels, positions = int(sch.get(o).extent), int(sch.get(p).extent)
+    vectors = 2 if positions % 32 == 0 else 1
+    oc = _divisor_at_most(channels, ACCUMULATORS // vectors)
+    o0, o1 = sch.split(o, [None, oc])
+    p0, p1 = sch.split(p, [None, 16 * vectors])
+    sch.reorder(n, o0, p0, o1, p1)
+    tile = sch.fuse(n, o0, p0)
+    if int(sch.get(tile).extent) > 1:
+        sch.parallel(tile)
+    sch.compute_at(dot, tile, preserve_unit_loops=True)
+    sch.vectorize(p1)
+    b, oo, pp, rc, ri = sch.get_loops(dot)[1:]
+    pv, lanes = sch.split(pp, [None, 16])
+    sch.reorder(rc, b, oo, pv, lanes, ri)
+    sch.decompose_reduction(dot, rc)
+    sch.unroll(oo)  # the accumulators in registers
+    sch.unroll(pv)
+    _inner(sch, dot, lanes, vnni)
 
 
 def _requantize_by_channels(
@@ -461,7 +538,7 @@ def schedule_int8(
             _tail(s)
             return False
         packed_here = _side_stages(s, weights)
-        (_conv if kind == "conv2d" else _matmul)(s, vnni)
+        {"conv2d": _conv, "pointwise": _pointwise, "matmul": _matmul}[kind](s, vnni)
         _tail(s)
         return packed_here
 
@@ -473,6 +550,9 @@ def schedule_int8(
     if kind == "depthwise":
         return "int8 depthwise: int32 vectors over a row's positions"
     how = "vnni, 16x4 dot" if vnni else "int32 vectors, 16 lanes (no VNNI)"
+    if kind == "pointwise":
+        how += " over 16 positions"
+        kind = "conv2d 1x1"
     if "weight_packed" not in names or packed_here:
         where = "weights packed at compile time"
     else:

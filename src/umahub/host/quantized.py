@@ -45,6 +45,7 @@ __all__ = [
     "operands",
     "pack_weight_kernel",
     "packed_form",
+    "pointwise",
     "quantized_in_integers",
     "quantized_kernel",
     "weight_sum_kernel",
@@ -296,7 +297,14 @@ def quantized_kernel(
         # of the accumulator, after everything else it reads
         m, k = _requantizer(op, sx, sw, sy, channels)
         bias_q = _bias(op, bias, sx, sw, channels) if bias else None
-        if prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
+        flat = pointwise(op) and (
+            prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype))
+        )
+        shape = out_shape
+        if flat:
+            shape = (*out_shape[:2], _ceil(out_shape[2] * out_shape[3], BLOCK_O) * BLOCK_O)
+            at = _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked)
+        elif prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
             at = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
         elif conv:
             acc = _conv_acc(op, x, x_zero, w, zw, out_shape, channels)
@@ -311,20 +319,115 @@ def quantized_kernel(
             m_r, k_r = _residual_requantizer(sr, sy)
             r_zero = _read(zr, 0, 1).astype("int64")
 
+        def residual_at(i: tuple) -> Any:
+            if not flat:
+                return r[i]
+            width, last = out_shape[3], out_shape[2] * out_shape[3] - 1
+            position = tirx.min(i[2], last)  # the padded positions read the last one
+            return r[i[0], i[1], position // width, position % width]
+
         def out(*i: Any) -> Any:
             o = i[1] if conv else i[-1]
             a = at(i) if bias_q is None else at(i) + bias_q[o]
             p = a.astype("int64") * m[o].astype("int64")
             if residual:
-                term = (r[i].astype("int64") - r_zero) * m_r[0].astype("int64")
+                term = (residual_at(i).astype("int64") - r_zero) * m_r[0].astype("int64")
                 p = p + (term << (k[o] - k_r[0]))
             one = _int64(1)
-            rounded = (p + (one << (k[o] - one)) - one + ((p >> k[o]) & one)) >> k[o]
-            return tirx.max(low, tirx.min(high, rounded + zero)).astype(out_dtype)
+            product = tirx.Var("product", "int64")  # bound once: LLVM multiplied it twice
+            rounded = (product + (one << (k[o] - one)) - one + ((product >> k[o]) & one)) >> k[o]
+            clamped = tirx.max(low, tirx.min(high, rounded + zero)).astype(out_dtype)
+            return tirx.Let(product, p, clamped)
 
-        return te.compute(out_shape, out, name="requantized")
+        result = te.compute(shape, out, name="requantized")
+        if not flat:
+            return result
+        width = out_shape[3]
+        return te.compute(
+            out_shape, lambda b, o, y, xx: result[b, o, y * width + xx], name="unflattened"
+        )
 
     return kernel
+
+
+def pointwise(op: QuantizedOperator) -> bool:
+    """Whether ``op`` is a 1x1 convolution without padding (any stride): the packed
+    form then computes it with the output positions in the vector lanes
+    (:func:`_pointwise_acc`)."""
+    if op.kind != "conv2d":
+        return False
+    w_shape = shape_of(op.call.args[1])
+    attrs = op.call.attrs
+    return (
+        w_shape is not None
+        and tuple(int(d) for d in w_shape[2:]) == (1, 1)
+        and all(int(p) == 0 for p in attrs.padding)
+        and int(attrs.groups) == 1
+    )
+
+
+def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
+    """A 1x1 convolution's accumulator over flat output positions (``shape``: batch,
+    channels, positions rounded up to a vector of :data:`BLOCK_O`), as a function
+    of that flat index.
+
+    With positions in the lanes, one ``vpdpbusd`` takes sixteen positions' four
+    bytes of input (64 contiguous bytes of the copy ``[N, C/4, P, 4]``) by four
+    bytes of one output channel's weight, broadcast; the requantization then
+    works on positions, contiguous in an NCHW output, where channels in the lanes
+    would store each byte a plane apart (for a 1x1 convolution, whose sum is
+    short, most of its time).
+    """
+    shift = 128 if str(x.dtype) == "int8" else 0
+    zero = x_zero + shift
+    zero_known = isinstance(zero, tirx.IntImm)
+    wp = w if prepacked else pack_weight_kernel(op, tuple(int(d) for d in w.shape))(w)
+    if wsum is None and not (zero_known and zero.value == 0):
+        wsum = weight_sum_kernel()(wp)
+    sh, sw_ = (int(s) for s in op.call.attrs.strides)
+    n, c, _, _ = (int(d) for d in x.shape)
+    oh, ow = out_shape[2], out_shape[3]
+    cb = int(wp.shape[1])
+    fill = zero.astype("uint8")
+
+    def copied(b: Any, cc: Any, p: Any, ci: Any) -> Any:
+        ch = cc * BLOCK_K + ci
+        inside = tirx.all(p < oh * ow, ch < c)
+        value = x[b, ch, (p // ow) * sh, (p % ow) * sw_]
+        if shift:
+            value = (value.astype("int32") + shift).astype("uint8")
+        return tirx.if_then_else(inside, value, fill)
+
+    xp = te.compute((n, cb, shape[2], BLOCK_K), copied, name="pad_zero_point")
+    sums = None
+    if not _weight_zero_known(op):
+        sk = te.reduce_axis((0, c), "sk")
+        total = te.compute(
+            (n, shape[2]),
+            lambda b, p: te.sum(xp[b, sk // BLOCK_K, p, sk % BLOCK_K].astype("int32"), axis=sk),
+            name="window_sum",
+        )
+        sums = lambda i: total[i[0], i[2]]  # noqa: E731
+    rc = te.reduce_axis((0, cb), "rc")
+    ri = te.reduce_axis((0, BLOCK_K), "ri")
+
+    def dot_value(b: Any, o: Any, p: Any) -> Any:
+        data = xp[b, rc, p, ri].astype("int32")
+        weight = wp[o // BLOCK_O, rc, 0, 0, o % BLOCK_O, ri].astype("int32")
+        return te.sum(data * weight, axis=[rc, ri])
+
+    dot = te.compute(shape, dot_value, name="dot_positions")
+
+    def at(i: Any) -> Any:
+        value = dot[i]
+        if not (zero_known and zero.value == 0):
+            value = value - zero * wsum[i[1]]
+        if sums is not None:
+            w_zero = _read(zw, i[1], shape[1]).astype("int32")
+            value = value - w_zero * (sums(i) - zero * c)
+        return value
+
+    return at
 
 
 def _zero_point(params: Any, tensor: te.Tensor, dtype: str) -> Any:
