@@ -531,14 +531,15 @@ def schedule_int8(
         return None
     vnni = has_vnni(target)
     names = set(_block_names(sch))
+    tile = {"conv2d": _conv, "pointwise": _pointwise, "matmul": _matmul}.get(kind)
 
     def apply(s: s_tir.Schedule) -> bool:
-        if kind == "depthwise":
+        if tile is None:  # depthwise
             _depthwise(s)
             _tail(s)
             return False
         packed_here = _side_stages(s, weights)
-        {"conv2d": _conv, "pointwise": _pointwise, "matmul": _matmul}[kind](s, vnni)
+        tile(s, vnni)
         _tail(s)
         return packed_here
 
