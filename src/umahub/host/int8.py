@@ -27,6 +27,16 @@ int32 lanes, without the int16 saturation of ``vpmaddubsw``.
   stages of their own; the per-channel stages (multiplier, bias, weight sums)
   are ``O(channels)``.
 
+A 1x1 convolution without padding (``dot_positions``, :func:`umahub.host.quantized.pointwise`)
+turns the tile around: positions in the lanes. One ``vpdpbusd`` takes sixteen
+positions' four input bytes (64 contiguous bytes of the copy ``[N, C/4, P, 4]``)
+by one channel's four weight bytes, broadcast; a register tile is up to 24
+channels by one or two vectors of positions, and the requantization works on
+positions, whose bytes are contiguous in an NCHW output (with channels in the
+lanes each byte is stored a plane apart: for a short sum, most of the time).
+The positions are rounded up to vectors; the output's copy is a stage of its
+own only where they were (inlined, the last vector would be predicated).
+
 A depthwise convolution stays in the plain sum (``acc``; no byte dot product
 fits one input channel per output channel): :func:`schedule_int8` computes
 it a row of up to 64 positions at a time as int32 vectors, the kernel's taps
