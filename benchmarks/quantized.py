@@ -9,7 +9,8 @@ with 2 threads (``TVM_NUM_THREADS``, ORT's intra-op threads), numpy in and
 out, median of repeated runs after warm-up:
 
 * ``ort_int8``: ONNX Runtime on the QDQ model (all graph optimizations);
-* ``umahub_int8``: umahub, the bundled plugins, default placement, on the QDQ model;
+* ``umahub_int8``: umahub, the bundled plugins (npu, vanilla, dsp, in that priority:
+  not whatever else the environment has installed), on the QDQ model;
 * ``umahub_fp32``: umahub, the bundled plugins, on the float model.
 
 The machine's load average (1 and 5 minutes) before and after is recorded:
@@ -124,7 +125,11 @@ if engine == "ort":
     run = lambda: sess.run(None, feed)[0]
 else:
     import umahub
-    hub = umahub.Hub()
+    hub = umahub.Hub(
+        config={"plugins": ["npu", "vanilla", "dsp"],
+                "priority": ["npu", "vanilla_accel", "dsp_cpu"]},
+        project_config=False,
+    )
     import onnx
     compiled = hub.compile(onnx.load(path))
     run = lambda: compiled.run(*xs)

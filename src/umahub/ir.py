@@ -28,6 +28,7 @@ __all__ = [
     "partition_constants",
     "partition_functions",
     "span_name",
+    "var_uses",
 ]
 
 
@@ -144,3 +145,17 @@ def partition_call(mod: tvm.IRModule, value: relax.Expr) -> tuple[str, list] | N
     if isinstance(value.op, relax.GlobalVar) and is_partition(func := mod[value.op]):
         return str(func.attrs["global_symbol"]), list(value.args)
     return None
+
+
+def var_uses(func: relax.Function) -> dict:
+    """How many times each variable is read in ``func``'s bindings and output."""
+    counts: dict = {}
+
+    def count(expr: Any) -> None:
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+
+    for binding in bindings(func):
+        relax.analysis.post_order_visit(binding.value, count)
+    relax.analysis.post_order_visit(func.body.body, count)
+    return counts

@@ -231,12 +231,18 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with what depends on weights alone computed once, at compile time
     (see the module's docs). A module that cannot be folded is kept as it is
     (only slower, never different)."""
+    from umahub.host.lookup_tables import tabulate
     from umahub.host.quantized_form import canonicalize_quantized, keep_quantized_weights
 
     try:
         moved = canonicalize_quantized(mod)
         mod = moved if well_formed(moved) else mod
     except Exception:  # only the quantized operators' patterns miss what it would show
+        pass
+    try:
+        tabulated, _ = tabulate(mod)
+        mod = tabulated if well_formed(tabulated) else mod
+    except Exception:  # an optimisation: the chains stay as they are, only slower
         pass
     try:
         layout, _ = fold_layout_of_constants(mod)

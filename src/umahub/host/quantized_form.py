@@ -23,7 +23,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from umahub.ir import name_of, name_span, span_name
+from umahub.ir import name_of, name_span, span_name, var_uses
 from umahub.plugin.patterns import dtype_of, shape_of
 
 __all__ = ["canonicalize_quantized", "keep_quantized_weights"]
@@ -112,21 +112,6 @@ def _calls(mod: tvm.IRModule, op_name: str) -> bool:
         for block in mod["main"].body.blocks
         for b in block.bindings
     )
-
-
-def _uses(func: relax.Function) -> dict:
-    """How many times each variable is read in ``func``'s bindings and output."""
-    counts: dict = {}
-
-    def count(expr: Any) -> None:
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            relax.analysis.post_order_visit(binding.value, count)
-    relax.analysis.post_order_visit(func.body.body, count)
-    return counts
 
 
 @relax.expr_functor.mutator
@@ -256,7 +241,7 @@ def canonicalize_quantized(mod: tvm.IRModule) -> tvm.IRModule:
     if mover.count:
         mod = mover.builder_.get()
         mod["main"] = relax.analysis.remove_all_unused(main)
-    owner = _OwnDequantize(mod, _uses(mod["main"]))
+    owner = _OwnDequantize(mod, var_uses(mod["main"]))
     main = owner.visit_expr(mod["main"])
     if owner.count:
         mod = owner.builder_.get()
