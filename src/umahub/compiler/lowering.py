@@ -59,7 +59,14 @@ def with_constant_inputs(function: relax.Function, values: Mapping[int, Any]) ->
 
 
 def constant_inputs(function: relax.Function) -> dict[int, Any]:
-    """The input index -> relax.Constant that :func:`with_constant_inputs` recorded."""
+    """The small constants the model passes a partition (scales, zero points, biases:
+    at most :data:`CONSTANT_LIMIT` elements each), ``{input index: relax.Constant}``,
+    as the partition ``function`` given to ``umahub_relax_to_tir`` carries them.
+
+    The default lowering reads them to shape a quantized kernel (a weight known
+    symmetric needs no per-window sums); a plugin's own lowering may too. Its
+    PrimFunc must still take every input. ``CompileContext.constants`` has the
+    values of every constant input, weights included."""
     attrs = function.attrs or {}
     if CONSTANT_INPUTS not in attrs:
         return {}

@@ -142,7 +142,7 @@ from umahub.plugin.quantization import (
 from umahub.sizes import human_size
 
 if TYPE_CHECKING:
-    from umahub.compiler.lowering import default_relax_to_tir, single_primfunc
+    from umahub.compiler.lowering import constant_inputs, default_relax_to_tir, single_primfunc
     from umahub.host.int8 import schedule_int8
     from umahub.host.lowering import max_pool2d
     from umahub.host.prepack import pack_weight
@@ -201,7 +201,9 @@ _LAZY = {
     ),
     **dict.fromkeys(tir.__all__, "umahub.plugin.tir"),
     **dict.fromkeys(compat.__all__, "umahub.plugin.compat"),
-    **dict.fromkeys(("default_relax_to_tir", "single_primfunc"), "umahub.compiler.lowering"),
+    **dict.fromkeys(
+        ("constant_inputs", "default_relax_to_tir", "single_primfunc"), "umahub.compiler.lowering"
+    ),
     "max_pool2d": "umahub.host.lowering",
     **dict.fromkeys(
         ("PARALLEL_MIN", "WINDOW_MAX", "schedule_elementwise", "schedule_pooling"),
@@ -258,6 +260,7 @@ __all__ = [
     "buffer_of",
     "calls",
     "compat",
+    "constant_inputs",
     "conv2d",
     "data_pointer",
     "default_relax_to_tir",
