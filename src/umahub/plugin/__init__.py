@@ -52,7 +52,8 @@ What the hooks are given
 Lowering (``umahub_relax_to_tir``)
     :class:`Unsupported` (raised by any lowering hook: the partition goes back
     to the host with its message), :func:`default_relax_to_tir`,
-    :func:`single_primfunc`, and the host's lowering of a max pooling,
+    :func:`single_primfunc`, the small constants a partition is passed
+    (:func:`constant_inputs`), and the host's lowering of a max pooling,
     :func:`max_pool2d`. A quantized operator's integers
     (:func:`describe_quantized`, :func:`bound_value`, :func:`requantization`,
     :func:`requantize`: the arithmetic every device must give bit for bit).
