@@ -37,7 +37,10 @@ lanes each byte is stored a plane apart: for a short sum, most of the time).
 The positions are rounded up to vectors; the output's copy is a stage of its
 own only where they were (inlined, the last vector would be predicated).
 
-A depthwise convolution stays in the plain sum (``acc``; no byte dot product
+A depthwise convolution of stride 1 is computed over its padded input plane
+read as one flat row (``acc_flat``, :func:`umahub.host.quantized.flat_depthwise`):
+whole vectors of positions however narrow the rows, each tap an offset.
+Otherwise, a depthwise convolution stays in the plain sum (``acc``; no byte dot product
 fits one input channel per output channel): :func:`schedule_int8` computes
 it a row of up to 64 positions at a time as int32 vectors, the kernel's taps
 outside the vectors.
@@ -106,6 +109,8 @@ def int8_kernel(sch: s_tir.Schedule) -> str | None:
         return None
     if "dot_positions" in names:
         return "pointwise"
+    if "acc_flat" in names:
+        return "flat depthwise"
     if "dot" not in names:
         return "depthwise" if "acc" in names and _is_depthwise(sch) else None
     dot = sch.get_sblock("dot")
@@ -124,8 +129,11 @@ def _is_depthwise(sch: s_tir.Schedule) -> bool:
 def wide_depthwise(sch: s_tir.Schedule) -> bool:
     """Whether ``sch``'s depthwise kernel (:func:`int8_kernel` says ``"depthwise"``)
     has stride-1 rows of at least 56 positions: where its schedule measured faster
-    than the host's generic rules (narrower or strided rows measured slower; an
-    accelerator without such rules takes them all)."""
+    than the host's generic rules (strided rows measured slower; an accelerator
+    without such rules takes them all). A stride-1 depthwise convolution of 8-bit
+    integers takes the flat form instead (``"flat depthwise"``), on the host too:
+    a 5x5 one over 672 channels of 14x14 took 14.5 ms in the generic rules, 0.46
+    ms flat."""
     acc = sch.get_sblock("acc")
     loops = sch.get_loops(acc)
     width, kernel = int(sch.get(loops[3]).extent), int(sch.get(loops[6]).extent)
@@ -485,6 +493,34 @@ def _depthwise(sch: s_tir.Schedule) -> None:
     sch.vectorize(x1)
 
 
+def _flat_depthwise(sch: s_tir.Schedule) -> None:
+    """A depthwise convolution over its flat padded plane: per channel, tiles of up
+    to 64 positions (4 vectors of 16), the taps outside them, the requantization
+    in the same vectors; the padded copy by rows, channels in parallel."""
+    pad = sch.get_sblock("pad_zero_point")
+    b, ch, _, _ = sch.get_loops(pad)
+    planes = sch.fuse(b, ch)
+    if int(sch.get(planes).extent) > 1:
+        sch.parallel(planes)
+    sch.compute_inline(sch.get_sblock("pad_flat"))  # the flat plane is the padded one, read flat
+    acc = sch.get_sblock("acc_flat")
+    out = sch.get_sblock("requantized")
+    n, o, q = sch.get_loops(out)
+    qi = _divisor_at_most(int(sch.get(q).extent), 64)
+    q0, q1 = sch.split(q, [None, qi])
+    tile = sch.fuse(n, o)
+    if int(sch.get(tile).extent) > 1:
+        sch.parallel(tile)
+    sch.compute_at(acc, q0, preserve_unit_loops=True)
+    *_, lane, ry, rx = sch.get_loops(acc)
+    sch.reorder(ry, rx, lane)
+    sch.decompose_reduction(acc, ry)
+    sch.unroll(ry)
+    sch.unroll(rx)
+    sch.vectorize(sch.get_loops(sch.get_sblock("acc_flat_init"))[-1])
+    sch.vectorize(q1)
+
+
 def _unroll_small(sch: s_tir.Schedule, *loops: Any) -> None:
     for loop in loops:
         if int(sch.get(loop).extent) <= 16:
@@ -545,7 +581,7 @@ def schedule_int8(
 
     def apply(s: s_tir.Schedule) -> bool:
         if tile is None:  # depthwise
-            _depthwise(s)
+            (_flat_depthwise if kind == "flat depthwise" else _depthwise)(s)
             _tail(s)
             return False
         packed_here = _side_stages(s, weights)
@@ -560,6 +596,8 @@ def schedule_int8(
     packed_here = apply(sch)
     if kind == "depthwise":
         return "int8 depthwise: int32 vectors over a row's positions"
+    if kind == "flat depthwise":
+        return "int8 depthwise: int32 vectors over the padded plane read flat"
     how = "vnni, 16x4 dot" if vnni else "int32 vectors, 16 lanes (no VNNI)"
     if kind == "pointwise":
         how += " over 16 positions"

@@ -41,6 +41,7 @@ from umahub.plugin.quantization import QuantizedOperator, bound_value, describe_
 __all__ = [
     "BLOCK_K",
     "BLOCK_O",
+    "flat_depthwise",
     "lower_quantized",
     "operands",
     "pack_weight_kernel",
@@ -300,10 +301,15 @@ def quantized_kernel(
         flat = pointwise(op) and (
             prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype))
         )
-        shape = out_shape
+        shape, pitch = out_shape, out_shape[-1]  # pitch: a flat form's positions per row
         if flat:
             shape = (*out_shape[:2], _ceil(out_shape[2] * out_shape[3], BLOCK_O) * BLOCK_O)
             at = _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked)
+        elif flat_depthwise(op, str(x.dtype)):
+            flat = True
+            pitch = int(x.shape[3]) + int(op.call.attrs.padding[1]) + int(op.call.attrs.padding[3])
+            shape = (*out_shape[:2], _ceil(out_shape[2] * pitch, BLOCK_O) * BLOCK_O)
+            at = _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch)
         elif prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
             at = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
         elif conv:
@@ -322,9 +328,9 @@ def quantized_kernel(
         def residual_at(i: tuple) -> Any:
             if not flat:
                 return r[i]
-            width, last = out_shape[3], out_shape[2] * out_shape[3] - 1
-            position = tirx.min(i[2], last)  # the padded positions read the last one
-            return r[i[0], i[1], position // width, position % width]
+            row = tirx.min(i[2] // pitch, out_shape[2] - 1)  # past the rows: the last one
+            column = tirx.min(i[2] % pitch, out_shape[3] - 1)  # past a row: its last column
+            return r[i[0], i[1], row, column]
 
         def out(*i: Any) -> Any:
             o = i[1] if conv else i[-1]
@@ -342,9 +348,8 @@ def quantized_kernel(
         result = te.compute(shape, out, name="requantized")
         if not flat:
             return result
-        width = out_shape[3]
         return te.compute(
-            out_shape, lambda b, o, y, xx: result[b, o, y * width + xx], name="unflattened"
+            out_shape, lambda b, o, y, xx: result[b, o, y * pitch + xx], name="unflattened"
         )
 
     return kernel
@@ -364,6 +369,64 @@ def pointwise(op: QuantizedOperator) -> bool:
         and all(int(p) == 0 for p in attrs.padding)
         and int(attrs.groups) == 1
     )
+
+
+def flat_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
+    """Whether ``op`` is a depthwise convolution of stride 1 on 8-bit integers: the
+    plain sum then runs over the padded input plane read as one flat row
+    (:func:`_flat_depthwise_acc`)."""
+    if op.kind != "conv2d" or x_dtype not in ("uint8", "int8"):
+        return False
+    attrs = op.call.attrs
+    w_shape = shape_of(op.call.args[1])
+    x_shape = shape_of(op.call.args[0])
+    return (
+        w_shape is not None
+        and x_shape is not None
+        and int(w_shape[1]) == 1
+        and int(attrs.groups) == int(x_shape[1]) == int(w_shape[0])
+        and all(int(s) == 1 for s in attrs.strides)
+    )
+
+
+def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
+    """A depthwise convolution of stride 1 as a sum over its padded plane read flat.
+
+    The input is copied padded, ``[N, C, rows * pitch]`` with ``pitch`` the padded
+    row; output position ``q = y * pitch + x`` (``x`` up to the pitch: the last
+    columns of each row are computed and dropped) reads tap ``(ky, kx)`` at
+    ``q + ky * dh * pitch + kx * dw``. So every vector of positions is whole,
+    however narrow the rows (a row of 7 or 14 in a vector of 16 wasted most of
+    it), and the kernel's taps are offsets, each weight broadcast once per vector.
+    """
+    attrs = op.call.attrs
+    dh, dw = (int(d) for d in attrs.dilation)
+    top, left, _, _ = (int(p) for p in attrs.padding)
+    n, c, h, wd = (int(d) for d in x.shape)
+    _, _, kh, kw = (int(d) for d in w.shape)
+    reach = (kh - 1) * dh * pitch + (kw - 1) * dw
+    rows = _ceil(shape[2] + reach, pitch)
+    fill = x_zero.astype(x.dtype)
+
+    def padded(b: Any, ch: Any, i: Any, j: Any) -> Any:
+        inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left)
+        return tirx.if_then_else(inside, x[b, ch, i - top, j - left], fill)
+
+    plane = te.compute((n, c, rows, pitch), padded, name="pad_zero_point")
+    xp = te.compute(
+        (n, c, rows * pitch),
+        lambda b, ch, q: plane[b, ch, q // pitch, q % pitch],
+        name="pad_flat",
+    )
+    ry = te.reduce_axis((0, kh), "ry")
+    rx = te.reduce_axis((0, kw), "rx")
+
+    def acc(b: Any, o: Any, q: Any) -> Any:
+        data = xp[b, o, q + ry * dh * pitch + rx * dw].astype("int32") - x_zero
+        weight = w[o, 0, ry, rx].astype("int32") - _read(zw, o, shape[1]).astype("int32")
+        return te.sum(data * weight, axis=[ry, rx])
+
+    return te.compute(shape, acc, name="acc_flat").__getitem__
 
 
 def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
