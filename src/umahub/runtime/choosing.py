@@ -167,7 +167,7 @@ class ExecutorChoice:
             if not self.chosen:
                 done = [len(t) for t in self._trials.values()]
                 return self._start(list(self._trials)[done.index(min(done))])
-            if self._calls >= self._next_check and not self._block:
+            if len(self.ways) > 1 and self._calls >= self._next_check and not self._block:
                 others = [w for w in self.ways if w != self.chosen]
                 self._checked += 1
                 self._next_check = self._calls + self._interval
