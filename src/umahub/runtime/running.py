@@ -332,6 +332,7 @@ class Executors:
     def profile(self, arrays: Sequence[Any], runs: int) -> dict[str, Any]:
         """Time both executors on ``arrays``; the concurrent one's steps of every run
         (``inferences``) and of its median run (``spans``)."""
+        use_threads(None)  # the VM as asked for, not on a thread count "auto" chose
         self.runner(*arrays)  # warm up both: the first calls make VMs and threads
         if not self.graph.unsupported:
             self.concurrent().run(self.runner.tensors(arrays))
