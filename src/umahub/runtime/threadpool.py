@@ -57,9 +57,8 @@ def spin_briefly() -> None:
 
 
 def process_cores() -> list[int]:
-    """The cores this process may use: its container's (cgroup) cores that it had when
-    umahub was imported (``taskset``), not the calling thread's now, which TVM may have
-    pinned to one core."""
+    """The cores this process may use (its container's; not the calling thread's, which
+    TVM may have pinned to one core)."""
     cores: set[int] = set()
     try:
         with open("/sys/fs/cgroup/cpuset.cpus.effective") as f:
@@ -69,8 +68,6 @@ def process_cores() -> list[int]:
             cores |= set(range(int(lo), int(hi or lo) + 1))
     except (OSError, ValueError):
         pass
-    if _STARTED_ON:
-        cores = (cores & _STARTED_ON) or set(_STARTED_ON)
     return sorted(cores) or list(range(os.cpu_count() or 1))
 
 
@@ -110,6 +107,8 @@ def use_threads(threads: int | None) -> None:
     now = int(tvm.get_global_func("runtime.NumThreads")())
     threads = original if threads is None else threads
     if threads != now:
-        cores = [str(c) for c in process_cores()]
+        # those the process started on too (``taskset``), where TVM had not pinned it yet
+        every = process_cores()
+        cores = [str(c) for c in [c for c in every if c in _STARTED_ON] or every]
         # -3: TVM's kSpecifyThreadShareAllCore, every thread may run on every core given
         tvm.get_global_func("runtime.config_threadpool")(-3, threads, cores)
