@@ -14,16 +14,25 @@ taken in a process of its own that loads the library (``umahub.load``):
 Each under two conditions: ``idle`` (this benchmark alone) and ``busy``: a
 CPU-bound neighbour process (a Python loop, one core's worth) started before
 the worker, so that auto also makes its choice beside it, as on a shared
-machine. ``--rounds N`` runs the whole set N times, round-robin, and keeps
-each figure's median over the rounds. A figure's verdict: ``auto`` is "not
-slower" when its median is at most the VM's plus the noise, the spread
-(max - min) of the VM's round medians, or 5% where there is one round.
+machine; and under each thread setting of ``--settings`` (default: all three):
+
+* ``default``: TVM's own thread pool (on x86, half the cores: one thread on a
+  two-core machine), nothing set;
+* ``pool2``: ``OMP_NUM_THREADS=2``, which TVM reads for its pool's size: a pool
+  of two threads that "auto" may run on one (what a machine of four or more
+  cores gets by default);
+* ``tvm2``: ``TVM_NUM_THREADS=2``, set by the user: "auto" keeps it.
+
+``--rounds N`` runs the whole set N times, round-robin, and keeps each
+figure's median over the rounds. A figure's verdict: ``auto`` is "not
+slower" when its median is at most the VM's plus the noise, the spread (max -
+min) of the VM's round medians, or 5% where there is one round.
 
 Models: the zoo's resnet18, mobilenetv2 and bert, the int8 mobilenetv2 and
 resnet18, and torchvision's mobilenet_v3_small and efficientnet_b0 (random
 weights; squeeze-and-excitation blocks) when PyTorch is installed.
 
-    python benchmarks/executors.py [MODEL ...] [--repeat N] [--rounds N]
+    python benchmarks/executors.py [MODEL ...] [--repeat N] [--rounds N] [--settings ...]
 
 Writes benchmarks/results/executors.json.
 """
@@ -51,6 +60,12 @@ MODELS = [
 ]
 EXECUTORS = ["vm", "concurrent", "auto"]
 CONDITIONS = ["idle", "busy"]
+#: Each thread setting's environment (see the docstring).
+SETTINGS = {
+    "default": {},
+    "pool2": {"OMP_NUM_THREADS": "2"},
+    "tvm2": {"TVM_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"},
+}
 PLUGINS = {"plugins": ["npu", "vanilla", "dsp"]}
 
 _COMPILE = r"""
@@ -124,9 +139,11 @@ def main() -> None:
     parser.add_argument("models", nargs="*", default=MODELS)
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     args = parser.parse_args()
-    env = worker_env(args.threads)
+    env = worker_env(1)
+    for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        env.pop(name)
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="umahub-executors-") as workdir:
         libraries = {}
@@ -144,20 +161,21 @@ def main() -> None:
         results: dict[tuple[str, str, str], list[dict]] = {}
         for _ in range(max(1, args.rounds)):
             for name, path in libraries.items():
-                for condition in CONDITIONS:
+                for condition in [f"{c} {s}" for s in args.settings for c in CONDITIONS]:
                     neighbour = None
-                    if condition == "busy":
+                    if condition.startswith("busy"):
                         neighbour = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR])
+                    setting = dict(env, **SETTINGS[condition.split()[1]])
                     try:
                         for executor in EXECUTORS:
-                            got = run_worker(_RUN, [path, executor, str(args.repeat)], env)
+                            got = run_worker(_RUN, [path, executor, str(args.repeat)], setting)
                             results.setdefault((name, condition, executor), []).append(got)
                     finally:
                         if neighbour is not None:
                             neighbour.kill()
                             neighbour.wait()
         for name in libraries:
-            for condition in CONDITIONS:
+            for condition in [f"{c} {s}" for s in args.settings for c in CONDITIONS]:
                 cell: dict = {}
                 for executor in EXECUTORS:
                     runs = results[(name, condition, executor)]
@@ -178,14 +196,14 @@ def main() -> None:
                 )
                 chosen = ",".join(cell.get("auto", {}).get("chosen", []))
                 print(
-                    f"{name:20} {condition:5} {shown}  auto chose {chosen or '-'}  "
+                    f"{name:20} {condition:13} {shown}  auto chose {chosen or '-'}  "
                     f"{cell.get('verdict', '')}",
                     flush=True,
                 )
     path = write(
         "executors",
         {
-            "threads": args.threads,
+            "settings": {s: SETTINGS[s] for s in args.settings},
             "repeat": args.repeat,
             "rounds": args.rounds,
             "neighbour": "busy: one Python process in a busy loop (one core's worth) from "

@@ -17,9 +17,10 @@ import umahub
 import umahub.models as zoo
 from umahub._tvm import TensorType
 from umahub.errors import ConfigError, UmahubError
-from umahub.runtime.choosing import AUTO_TRIAL_CALLS, AUTO_TRIALS, compare
+from umahub.runtime.choosing import AUTO_TRIALS, choose
 from umahub.runtime.executor import ExecutionError, plan_cores
 from umahub.runtime.spares import only_reference
+from umahub.runtime.threadpool import vm_threads
 
 BUNDLED = {"plugins": ["npu", "vanilla", "dsp"]}
 
@@ -144,23 +145,35 @@ def test_auto_times_both_then_keeps_the_faster_and_vm_for_one_device(hub):
     assert (compiled.executor, compiled.executor_in_use) == ("auto", "auto")
     xs = inputs(compiled)
     want = compiled.run(*xs, executor="vm")
-    for _ in range(AUTO_TRIAL_CALLS):
+    auto = compiled._executors.auto
+    counts, reason = vm_threads()  # TVM_NUM_THREADS set: the VM alone; else its threads and one
+    assert list(auto.ways) == (["vm", "vm1"] if len(counts) == 2 else ["vm"]) + ["concurrent"]
+    for _ in range(auto.trial_calls):
         assert same(compiled.run(*xs), want)
-    timed = compiled._executors.auto._trials
-    assert [len(timed["vm"]), len(timed["concurrent"])] == [AUTO_TRIALS] * 2
-    chosen, why = compare(timed["vm"], timed["concurrent"])
-    assert compiled.executor_in_use == compiled._executors.auto.chosen == chosen
-    assert (
-        compiled.executor_why()
-        == f"{chosen}, chosen by auto: timed on the first calls, in blocks of 3: {why}"
+    timed = auto._trials
+    assert [len(t) for t in timed.values()] == [AUTO_TRIALS] * len(auto.ways)
+    chosen, why = choose(timed, auto.ways)
+    assert compiled._executors.auto.chosen == chosen
+    assert compiled.executor_in_use == ("vm" if chosen.startswith("vm") else "concurrent")
+    threads = dict(zip(["vm", "vm1"], counts))
+    runs = compiled.executor_in_use
+    if chosen in threads:
+        runs += f" on {'one thread' if threads[chosen] == 1 else f'{threads[chosen]} threads'}"
+    said = f" ({reason})" if reason else ""
+    assert compiled.executor_why() == (
+        f"{runs}, chosen by auto: timed on the first calls, in blocks of 3: {why}{said}"
     )
     assert compiled.executor_why("vm") == "vm: asked for (executor = 'vm')"
     alone = hub.compile(branches(), placement={"*": "host"})
     assert alone.devices == ["host"]
+    alone.warm_up(*inputs(alone))
     assert alone.executor_in_use == "vm"
-    assert alone.executor_why() == (
-        "the VM: the concurrent executor cannot run this model (one device only)"
-    )
+    cannot = "the concurrent executor cannot run it (one device only)"
+    if len(counts) < 2:  # one way: the VM as it is, or on its one thread
+        runs = "vm on one thread" if counts else "vm"
+        assert alone.executor_why() == f"{runs}: {reason}; {cannot}"
+    else:
+        assert alone.executor_why().endswith(f"not 5% faster in most ({cannot})")
     with pytest.raises(UmahubError) as info:
         alone.run(*inputs(alone), executor="concurrent")
     assert str(info.value) == (
@@ -173,12 +186,13 @@ def test_warm_up_runs_until_auto_has_chosen_and_once_otherwise(hub):
     xs = inputs(compiled)
     assert compiled.warm_up(*xs, executor="vm") == 1  # a chosen executor: the first run
     assert compiled.executor_in_use == "auto"
-    assert compiled.warm_up(*xs) == AUTO_TRIAL_CALLS  # every trial of both executors
+    assert compiled.warm_up(*xs) == compiled._executors.auto.trial_calls  # every trial
     assert compiled.executor_in_use in ("vm", "concurrent")
     assert compiled.warm_up(*xs, at_least=3) == 3
     assert compiled.warm_up(*xs, at_least=0) == 0
     alone = hub.compile(branches(), placement={"*": "host"})
-    assert alone.warm_up(*inputs(alone)) == 1  # one device: the VM from the start
+    # one device: the VM from the start, or after timing its thread counts
+    assert alone.warm_up(*inputs(alone)) == max(1, alone._executors.auto.trial_calls)
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
@@ -521,7 +535,9 @@ def test_profile_puts_the_measured_timeline_in_the_report_and_picture(hub, tmp_p
     assert "measured: vm " in str(compiled.report)
     auto = measured["auto"]
     assert auto["executor"] in ("vm", "concurrent")
-    assert auto["why"].startswith("concurrent ") and "(medians of 5 and 5)" in auto["why"]
+    assert (
+        auto["why"].startswith("the concurrent executor ") and "(medians of 5 and 5)" in auto["why"]
+    )
     assert f'executor "auto" keeps: {auto["executor"]}: {auto["why"]}' in str(compiled.report)
     from umahub.report.picture.timeline import measured as measured_items
 

@@ -5,37 +5,47 @@ from __future__ import annotations
 
 from umahub.runtime.choosing import (
     AUTO_BLOCK,
+    AUTO_CHANGE,
     AUTO_RECHECK,
     AUTO_SWITCH,
-    AUTO_TRIAL_CALLS,
     AUTO_TRIALS,
+    AUTO_WATCH,
     ExecutorChoice,
+    choose,
     compare,
 )
 
 #: A cold first call of a block: 50x its steady time (threads waking up on a busy machine).
 COLD = 50
+#: The ways of a model on two devices, with a TVM pool of two threads.
+THREE = {
+    "vm": "the VM on 2 threads",
+    "vm1": "the VM on one thread",
+    "concurrent": "the concurrent executor",
+}
 
 
-def _trials(choice: ExecutorChoice, vm: float, concurrent: float) -> None:
-    """Run the trials: blocks of AUTO_BLOCK calls, VM first, each block's first call cold."""
+def _trials(choice: ExecutorChoice, **seconds: float) -> None:
+    """Run the trials: blocks of AUTO_BLOCK calls, the ways in turn, each block's first call
+    cold; ``seconds`` of each way."""
     for _ in range(AUTO_TRIALS):
-        for which, seconds in (("vm", vm), ("concurrent", concurrent)):
+        for which in choice.ways:
             for k in range(AUTO_BLOCK):
                 assert choice.next() == which
-                choice.record(which, seconds * (COLD if k == 0 else 1))
+                choice.record(which, seconds[which] * (COLD if k == 0 else 1))
 
 
 def test_concurrent_is_kept_only_when_clearly_faster_in_most_pairs():
     assert compare([0.010] * 4, [0.008] * 4) == (
         "concurrent",
-        "concurrent 8 ms against the VM's 10 ms (medians of 4 and 4), faster in 4 of 4 pairs",
+        "the concurrent executor 8 ms against 10 ms for the VM (medians of 4 and 4), faster in "
+        "4 of 4 rounds",
     )
     # 3% faster: within the margin, the VM stays
     assert compare([0.010] * 4, [0.0097] * 4) == (
         "vm",
-        "concurrent 9.7 ms against the VM's 10 ms (medians of 4 and 4), faster in 4 of 4 pairs: "
-        "not 5% faster in most",
+        "the concurrent executor 9.7 ms against 10 ms for the VM (medians of 4 and 4), faster in "
+        "4 of 4 rounds: not 5% faster in most",
     )
     # a median 8% lower, but slower than the VM block next to it in 3 pairs of 5 (the
     # machine's load changed during the trials): the VM stays
@@ -43,23 +53,21 @@ def test_concurrent_is_kept_only_when_clearly_faster_in_most_pairs():
     concurrent = [0.009, 0.009, 0.011, 0.0115, 0.0125]
     assert compare(vm, concurrent) == (
         "vm",
-        "concurrent 11 ms against the VM's 12 ms (medians of 5 and 5), faster in 2 of 5 pairs: "
-        "not 5% faster in most",
+        "the concurrent executor 11 ms against 12 ms for the VM (medians of 5 and 5), faster in "
+        "2 of 5 rounds: not 5% faster in most",
     )
 
 
 def test_auto_times_blocks_without_their_cold_first_call_then_runs_the_choice():
     choice = ExecutorChoice()
-    assert (
-        choice.progress() == f"timing both executors: 0 of {2 * AUTO_TRIALS} blocks of calls timed"
-    )
+    assert choice.progress() == f"timing 2 ways: 0 of {2 * AUTO_TRIALS} blocks of calls timed"
     # the cold first calls would make the VM look 50x slower than it is: not timed
     _trials(choice, vm=0.010, concurrent=0.012)
     assert choice.chosen == "vm"
     assert choice.why == (
-        f"timed on the first calls, in blocks of {AUTO_BLOCK}: concurrent 12 ms against the "
-        f"VM's 10 ms (medians of {AUTO_TRIALS} and {AUTO_TRIALS}), faster in 0 of "
-        f"{AUTO_TRIALS} pairs: not 5% faster in most"
+        f"timed on the first calls, in blocks of {AUTO_BLOCK}: the concurrent executor 12 ms "
+        f"against 10 ms for the VM (medians of {AUTO_TRIALS} and {AUTO_TRIALS}), faster in 0 of "
+        f"{AUTO_TRIALS} rounds: not 5% faster in most"
     )
     # then the choice, and a block on the other executor to check it
     assert [choice.next() for _ in range(AUTO_RECHECK + AUTO_BLOCK - 1)] == ["vm"] * (
@@ -94,17 +102,17 @@ def test_checks_an_executor_that_keeps_losing_less_and_less_often():
 
 
 def test_auto_switches_when_the_other_executor_wins_check_after_check():
-    # chosen on a quiet machine; then a neighbour makes the concurrent executor slow
+    # the VM chosen, then the concurrent executor gets faster while the VM's own time holds
     choice = ExecutorChoice()
-    _trials(choice, vm=0.010, concurrent=0.006)
-    assert choice.chosen == "concurrent"
-    checks = _run(choice, 500, {"vm": 0.011, "concurrent": 0.030})
+    _trials(choice, vm=0.010, concurrent=0.012)
     assert choice.chosen == "vm"
+    checks = _run(choice, 500, {"vm": 0.011, "concurrent": 0.006})
+    assert choice.chosen == "concurrent"
     assert len(checks) == AUTO_SWITCH
-    switched = AUTO_TRIAL_CALLS + checks[-1] + AUTO_BLOCK - 1
+    switched = 2 * AUTO_TRIALS * AUTO_BLOCK + checks[-1] + AUTO_BLOCK - 1
     assert choice.why == (
-        f"switched at call {switched}: the VM took 11 ms in {AUTO_SWITCH} checks in a row "
-        "against 30 ms for the concurrent executor (the median of its last 9 calls)"
+        f"switched at call {switched}: the concurrent executor took 6 ms in {AUTO_SWITCH} checks "
+        "in a row against 11 ms for the VM (the median of its last 9 calls)"
     )
 
 
@@ -119,3 +127,106 @@ def test_one_check_lost_does_not_switch():
             checked += which == "vm"
             choice.record(which, vm_seconds if which == "vm" else 0.006)
         assert choice.chosen == "concurrent"
+
+
+def test_three_ways_the_vm_on_one_thread_kept_when_clearly_faster():
+    trials = {"vm": [0.030] * 4, "vm1": [0.010] * 4, "concurrent": [0.012] * 4}
+    assert choose(trials, THREE) == (
+        "vm1",
+        "the VM on one thread 10 ms against 30 ms for the VM on 2 threads (medians of 4 and 4), "
+        "faster in 4 of 4 rounds; the concurrent executor 12 ms against 30 ms for the VM on 2 "
+        "threads (medians of 4 and 4), faster in 4 of 4 rounds",
+    )
+    # both clearly faster than the first: the lower median
+    trials["concurrent"] = [0.008] * 4
+    assert choose(trials, THREE)[0] == "concurrent"
+    # neither: the first
+    assert choose({"vm": [0.01] * 4, "vm1": [0.02] * 4, "concurrent": [0.0098] * 4}, THREE)[0] == (
+        "vm"
+    )
+
+
+def test_three_ways_take_turns_in_the_trials_and_in_the_checks():
+    choice = ExecutorChoice(THREE)
+    assert choice.trial_calls == 3 * AUTO_TRIALS * AUTO_BLOCK
+    assert choice.progress() == f"timing 3 ways: 0 of {3 * AUTO_TRIALS} blocks of calls timed"
+    _trials(choice, vm=0.010, vm1=0.020, concurrent=0.030)  # asserts the turns
+    assert choice.chosen == "vm"
+    checks = []
+    for _ in range(4):
+        while (which := choice.next()) == "vm":
+            choice.record(which, 0.010)
+        checks.append(which)
+        for k in range(AUTO_BLOCK):
+            choice.record(which, 0.030)
+            if k < AUTO_BLOCK - 1:
+                assert choice.next() == which
+    assert checks == ["concurrent", "vm1", "concurrent", "vm1"]
+    assert choice.chosen == "vm"
+
+
+def _steady(choice: ExecutorChoice, calls: int, seconds: float) -> int:
+    """Up to ``calls`` calls on the chosen way, each ``seconds``; stops when auto times
+    again. The calls made."""
+    for call in range(1, calls + 1):
+        which = choice.next()
+        assert which == choice.chosen
+        choice.record(which, seconds)
+        if not choice.chosen:
+            return call
+    return calls
+
+
+def test_a_busy_machine_makes_auto_time_every_way_again_within_a_few_calls():
+    # chosen on a quiet machine: the VM on both threads
+    choice = ExecutorChoice(THREE)
+    _trials(choice, vm=0.010, vm1=0.018, concurrent=0.020)
+    assert choice.chosen == "vm"
+    # a neighbour starts: the VM's own calls take 2.5 times as long; its checks of the
+    # others would come 20 calls later, but the change shows within AUTO_WATCH calls
+    assert _steady(choice, AUTO_RECHECK - 1, 0.025) == AUTO_WATCH
+    assert choice.progress() == (
+        f"timing 3 ways, again (at call {3 * AUTO_TRIALS * AUTO_BLOCK + AUTO_WATCH}, the VM on "
+        "2 threads took 25 ms (the median of its last 5 calls) against 10 ms when chosen): "
+        f"0 of {3 * AUTO_TRIALS} blocks of calls timed"
+    )
+    _trials(choice, vm=0.120, vm1=0.030, concurrent=0.040)
+    assert choice.chosen == "vm1"
+    assert choice.why == (
+        f"timed again (at call {3 * AUTO_TRIALS * AUTO_BLOCK + AUTO_WATCH}, the VM on 2 threads "
+        "took 25 ms (the median of its last 5 calls) against 10 ms when chosen), in blocks of 3: "
+        "the VM on one thread 30 ms against 120 ms for the VM on 2 threads (medians of 4 and 4), "
+        "faster in 4 of 4 rounds; the concurrent executor 40 ms against 120 ms for the VM on 2 "
+        "threads (medians of 4 and 4), faster in 4 of 4 rounds"
+    )
+    # the neighbour stops: the one thread's calls drop under its time when chosen by more
+    # than AUTO_CHANGE, and every way is timed again
+    assert _steady(choice, AUTO_RECHECK - 1, 0.018) == AUTO_WATCH
+    _trials(choice, vm=0.010, vm1=0.018, concurrent=0.020)
+    assert choice.chosen == "vm"
+
+
+def test_noise_within_the_change_factor_keeps_the_choice():
+    choice = ExecutorChoice(THREE)
+    _trials(choice, vm=0.010, vm1=0.018, concurrent=0.020)
+    slower, faster = 0.010 * AUTO_CHANGE * 0.99, 0.010 / AUTO_CHANGE * 1.01
+    # just inside the factor either way, and single outliers far outside it
+    calls = [slower] * AUTO_WATCH + [faster] * AUTO_WATCH + [0.01, 0.03, 0.01, 0.01, 0.001, 0.01]
+    assert len(calls) < AUTO_RECHECK  # no check of the others in between
+    for seconds in calls:
+        assert _steady(choice, 1, seconds) == 1
+        assert choice.chosen == "vm"
+
+
+def test_one_way_is_chosen_at_once_with_its_reason():
+    reason = "TVM_NUM_THREADS=1 is set: the VM keeps its thread pool"
+    choice = ExecutorChoice({"vm": "the VM"}, reason)
+    assert (choice.chosen, choice.why, choice.trial_calls) == ("vm", reason, 0)
+    for _ in range(3 * AUTO_RECHECK):  # never a check, never timed again
+        assert choice.next() == "vm"
+        choice.record("vm", 0.5)
+    assert choice.chosen == "vm"
+    two = ExecutorChoice(TWO := {"vm": "the VM", "concurrent": "the concurrent executor"}, reason)
+    _trials(two, vm=0.010, concurrent=0.012)
+    assert two.ways == TWO
+    assert two.why.endswith(f"not 5% faster in most ({reason})")

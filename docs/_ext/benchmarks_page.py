@@ -727,17 +727,19 @@ def _executors(data: dict[str, Any]) -> list[str]:
     header = ["model", "machine", "VM", "concurrent", "auto", "auto chose", "auto / VM", "verdict"]
     rows = []
     for name, row in data.get("models", {}).items():
-        for condition in ("idle", "busy"):
-            cell = row.get(condition)
-            if not cell:
+        # "idle" and "busy", or each under a thread setting: "idle pool2"
+        for condition, cell in row.items():
+            if not condition.startswith(("idle", "busy")) or not cell:
                 continue
             auto = cell.get("auto", {})
+            # what runs, with its thread count: the why's head ("vm on one thread, chosen ...")
+            chose = auto.get("why", "").split(",")[0].split(":")[0]
             rows.append(
                 [
                     name,
                     condition,
                     *[_ms(cell.get(e, {}).get("median_ms")) for e in ("vm", "concurrent", "auto")],
-                    ", ".join(auto.get("chosen", [])) or "-",
+                    chose or ", ".join(auto.get("chosen", [])) or "-",
                     _ratio(cell.get("auto_over_vm")),
                     cell.get("verdict", "-"),
                 ]

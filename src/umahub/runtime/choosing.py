@@ -1,27 +1,38 @@
-"""How ``executor = "auto"`` chooses between the VM and the concurrent executor, and
-keeps checking its choice.
+"""How ``executor = "auto"`` chooses how to run a model, and keeps checking its choice.
+
+The ways to run it (:class:`ExecutorChoice`'s ``ways``): the VM on all its threads,
+the VM on one thread, the concurrent executor (fewer where they are the same:
+one core, a model on one device, ``TVM_NUM_THREADS`` set by the user; see
+:func:`umahub.runtime.threadpool.vm_threads`). The thread count is a way of
+its own because beside a busy process TVM's parallel loops wait, kernel
+after kernel, for the thread whose core the neighbour holds, and the VM on
+two threads can take ten times as long as on one.
 
 The choice is made from the model's own first calls, as the user runs them,
-in blocks of :data:`AUTO_BLOCK` calls on one executor, alternating; the
-first call of a block warms that executor's threads up (idle threads are
-slow to wake, the more so on a busy machine, and alternating call by call
-would time mostly that), the others are timed. Once each executor has run
-:data:`AUTO_TRIALS` blocks, the concurrent executor is kept only if it was
-clearly faster: its median at least :data:`AUTO_MARGIN` under the VM's, and
-faster in most pairs of blocks run one after the other. Anything less keeps
-the VM, which hands nothing between threads and so never loses by much.
+in blocks of :data:`AUTO_BLOCK` calls on one way, taking turns; the first
+call of a block warms that way's threads up (idle threads are slow to wake,
+the more so on a busy machine, and alternating call by call would time
+mostly that), the others are timed. Once each way has run :data:`AUTO_TRIALS`
+blocks, a way other than the first (the VM on all its threads) is kept only if it
+was clearly faster than the first: its median at least :data:`AUTO_MARGIN`
+under the first's, and faster in most rounds of blocks; of those, the one of
+the lowest median. Anything less keeps the first.
 
-A choice made while another process kept the machine busy, or a machine
-that gets busy later (a neighbour on the core an accelerator's worker is
-pinned to), can leave "auto" on the slower executor. So the choice is
-checked while the model runs: now and then a block runs on the other
-executor, and when that one beats the median of the chosen executor's recent
-calls by the margin :data:`AUTO_SWITCH` checks in a row, "auto" switches, and
-:attr:`ExecutorChoice.why` says when and why. The first check comes
-:data:`AUTO_RECHECK` calls after the choice; each check the other executor
-loses doubles the wait for the next (up to :data:`AUTO_RECHECK_MAX` calls),
-so that checking an executor many times slower costs next to nothing, and a
-check it wins brings the next one back to :data:`AUTO_RECHECK` calls.
+The machine can change after the choice (a neighbour starts or stops), so
+the choice is checked while the model runs, in two ways:
+
+* the chosen way against its own times: when the median of its last
+  :data:`AUTO_WATCH` calls is :data:`AUTO_CHANGE` times its median when
+  chosen, or that much under it, every way is timed again, at once;
+* now and then a block runs on another way (they take turns), and when one
+  beats the median of the chosen way's recent calls by the margin
+  :data:`AUTO_SWITCH` checks in a row, "auto" switches to it. The first check
+  comes :data:`AUTO_RECHECK` calls after the choice; each check lost doubles
+  the wait for the next (up to :data:`AUTO_RECHECK_MAX` calls), so that
+  checking a way many times slower costs next to nothing, and a check won
+  brings the next one back to :data:`AUTO_RECHECK` calls.
+
+:attr:`ExecutorChoice.why` says what was timed, and when and why it changed.
 """
 
 from __future__ import annotations
@@ -29,96 +40,138 @@ from __future__ import annotations
 import statistics
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = [
     "AUTO_BLOCK",
+    "AUTO_CHANGE",
     "AUTO_MARGIN",
     "AUTO_RECHECK",
     "AUTO_RECHECK_MAX",
     "AUTO_SWITCH",
     "AUTO_TRIALS",
     "AUTO_TRIAL_CALLS",
+    "AUTO_WATCH",
+    "TWO_EXECUTORS",
     "ExecutorChoice",
+    "choose",
     "compare",
 ]
 
-#: Calls in a row on one executor: the first warms its threads up, the others are timed.
+#: Calls in a row on one way: the first warms its threads up, the others are timed.
 AUTO_BLOCK = 3
-#: Blocks each executor runs before "auto" chooses.
+#: Blocks each way runs before "auto" chooses.
 AUTO_TRIALS = 4
-#: Calls of ``run`` "auto" takes to choose: every block of the trials.
-AUTO_TRIAL_CALLS = 2 * AUTO_TRIALS * AUTO_BLOCK
-#: How much faster than the VM (its median) the concurrent executor must be to be kept,
-#: and how much faster the other executor must be, check after check, for a switch.
+#: The most calls of ``run`` "auto" takes to choose: every block of the trials of three ways.
+AUTO_TRIAL_CALLS = 3 * AUTO_TRIALS * AUTO_BLOCK
+#: How much faster than the first way (its median) another must be to be kept,
+#: and how much faster another way must be, check after check, for a switch.
 AUTO_MARGIN = 0.05
-#: Calls after the choice (and after a check the other executor won) before the next check.
+#: Calls after the choice (and after a check another way won) before the next check.
 AUTO_RECHECK = 20
 #: The longest wait, in calls, between two checks.
 AUTO_RECHECK_MAX = 2000
-#: Checks in a row the other executor must win for "auto" to switch to it.
+#: Checks in a row another way must win for "auto" to switch to it.
 AUTO_SWITCH = 3
-#: Calls of the chosen executor whose median a check is compared with.
+#: Calls of the chosen way whose median is compared with its median when chosen.
+AUTO_WATCH = 5
+#: How many times slower (or faster) than when chosen the chosen way must run
+#: for "auto" to time every way again.
+AUTO_CHANGE = 1.5
+#: Calls of the chosen way whose median a check is compared with.
 _RECENT = 9
 
-_OTHER = {"vm": "concurrent", "concurrent": "vm"}
+#: The ways of :func:`compare`: the VM on its thread pool as it is, and the concurrent executor.
+TWO_EXECUTORS = {"vm": "the VM", "concurrent": "the concurrent executor"}
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
+def choose(trials: Mapping[str, Sequence[float]], names: Mapping[str, str]) -> tuple[str, str]:
+    """``(way, why)`` from seconds of calls (or blocks of calls) of each way, the
+    lists in the order the ways took turns (``trials[a][i]`` and ``trials[b][i]``
+    ran in one round): a way other than the first when its median is at least
+    :data:`AUTO_MARGIN` under the first's and it was faster in most rounds (of
+    such ways, the lowest median), else the first."""
+    first, *others = trials
+    base = statistics.median(trials[first])
+    clear, said = [], []
+    for way in others:
+        times = trials[way]
+        median = statistics.median(times)
+        rounds = list(zip(trials[first], times))
+        wins = sum(t < f for f, t in rounds)
+        text = (
+            f"{names[way]} {_ms(median)} against {_ms(base)} for {names[first]} (medians of "
+            f"{len(times)} and {len(trials[first])}), faster in {wins} of {len(rounds)} rounds"
+        )
+        if median < base * (1 - AUTO_MARGIN) and 2 * wins > len(rounds):
+            clear.append((median, way))
+        else:
+            text += f": not {AUTO_MARGIN:.0%} faster in most"
+        said.append(text)
+    return (min(clear)[1] if clear else first), "; ".join(said)
+
+
 def compare(vm: Sequence[float], concurrent: Sequence[float]) -> tuple[str, str]:
-    """``(executor, why)`` from seconds of calls (or blocks of calls) of each, the two
-    lists in the order they alternated (``vm[i]`` and ``concurrent[i]`` ran one after
-    the other): the concurrent executor when its median is at least
-    :data:`AUTO_MARGIN` under the VM's and it was faster in most pairs, else the VM."""
-    mv, mc = statistics.median(vm), statistics.median(concurrent)
-    pairs = list(zip(vm, concurrent))
-    wins = sum(c < v for v, c in pairs)
-    measured = (
-        f"concurrent {_ms(mc)} against the VM's {_ms(mv)} (medians of {len(vm)} and "
-        f"{len(concurrent)}), faster in {wins} of {len(pairs)} pairs"
-    )
-    if mc < mv * (1 - AUTO_MARGIN) and 2 * wins > len(pairs):
-        return "concurrent", measured
-    return "vm", f"{measured}: not {AUTO_MARGIN:.0%} faster in most"
+    """:func:`choose` between the VM (first) and the concurrent executor."""
+    return choose({"vm": vm, "concurrent": concurrent}, TWO_EXECUTORS)
 
 
 class ExecutorChoice:
     """What "auto" runs next, from the calls it has timed (thread-safe).
 
-    :meth:`next` says which executor the next call runs on, :meth:`record` takes
-    the seconds it took. :attr:`chosen` is ``""`` while the trials run.
+    ``ways`` maps each way to its name in :attr:`why`, the first the one kept
+    unless another is clearly faster; ``reason`` says why there are no others
+    (the whole :attr:`why` where there is one way). :meth:`next` says which way
+    the next call runs on, :meth:`record` takes the seconds it took.
+    :attr:`chosen` is ``""`` while the trials run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ways: Mapping[str, str] = TWO_EXECUTORS, reason: str = "") -> None:
+        self.ways = dict(ways)
         self._lock = threading.Lock()
-        self._trials: dict[str, list[float]] = {"vm": [], "concurrent": []}
+        self._trials: dict[str, list[float]] = {way: [] for way in self.ways}
         self._recent: deque[float] = deque(maxlen=_RECENT)
-        self._block = ""  # the executor of the block under way, "" between blocks
+        self._block = ""  # the way of the block under way, "" between blocks
         self._block_left = 0  # calls of it still to start
         self._block_times: list[float] = []
         self._calls = 0
-        self._wins = 0
+        self._wins: dict[str, int] = {}
+        self._checked = 0  # checks so far: the next checks the others in turn
         self._interval = AUTO_RECHECK
         self._next_check = 0
+        self._usual = 0.0  # the chosen way's median when chosen
+        self._again = ""  # why the trials run again, "" the first time
+        self._reason = reason
         self.chosen = ""
         self.why = ""
+        if len(self.ways) == 1:
+            (self.chosen,) = self.ways
+            self.why = reason
+
+    @property
+    def trial_calls(self) -> int:
+        """Calls of ``run`` the trials take."""
+        return len(self.ways) * AUTO_TRIALS * AUTO_BLOCK if len(self.ways) > 1 else 0
 
     def next(self) -> str:
-        """``"vm"`` or ``"concurrent"``: a trial, the choice, or a check of it."""
+        """The way the next call runs on: a trial, the choice, or a check of it."""
         with self._lock:
             self._calls += 1
             if self._block_left:
                 self._block_left -= 1
                 return self._block
             if not self.chosen:
-                turn = len(self._trials["vm"]) > len(self._trials["concurrent"])
-                return self._start(("vm", "concurrent")[turn])
-            if self._calls >= self._next_check and not self._block:
+                done = [len(t) for t in self._trials.values()]
+                return self._start(list(self._trials)[done.index(min(done))])
+            if len(self.ways) > 1 and self._calls >= self._next_check and not self._block:
+                others = [w for w in self.ways if w != self.chosen]
+                self._checked += 1
                 self._next_check = self._calls + self._interval
-                return self._start(_OTHER[self.chosen])
+                return self._start(others[self._checked % len(others)])
             return self.chosen
 
     def _start(self, which: str) -> str:
@@ -134,42 +187,65 @@ class ExecutorChoice:
                     timed = statistics.median(self._block_times[1:])  # the first warms up
                     self._block = ""
                     self._block_done(which, timed)
-            elif which == self.chosen:
+            elif which == self.chosen and len(self.ways) > 1:
                 self._recent.append(seconds)
+                self._watch()
+
+    def _watch(self) -> None:
+        """Time every way again when the chosen way's own calls moved far from its median
+        when chosen (the machine got busy, or quiet)."""
+        if len(self._recent) < AUTO_WATCH:
+            return
+        now = statistics.median(list(self._recent)[-AUTO_WATCH:])
+        if self._usual / AUTO_CHANGE <= now <= self._usual * AUTO_CHANGE:
+            return
+        self._again = (
+            f"at call {self._calls}, {self.ways[self.chosen]} took {_ms(now)} (the median of "
+            f"its last {AUTO_WATCH} calls) against {_ms(self._usual)} when chosen"
+        )
+        self.chosen = ""
+        self._trials = {way: [] for way in self.ways}
 
     def _block_done(self, which: str, seconds: float) -> None:
         if not self.chosen:
             self._trials[which].append(seconds)
-            vm, concurrent = self._trials["vm"], self._trials["concurrent"]
-            if min(len(vm), len(concurrent)) >= AUTO_TRIALS:
-                self.chosen, measured = compare(vm, concurrent)
-                self.why = f"timed on the first calls, in blocks of {AUTO_BLOCK}: {measured}"
-                self._next_check = self._calls + AUTO_RECHECK
+            if min(len(t) for t in self._trials.values()) >= AUTO_TRIALS:
+                self._chose()
             return
         if which == self.chosen or not self._recent:
             return
         usual = statistics.median(self._recent)
         won = seconds < usual * (1 - AUTO_MARGIN)
-        self._wins = self._wins + 1 if won else 0
+        self._wins[which] = self._wins.get(which, 0) + 1 if won else 0
         self._interval = AUTO_RECHECK if won else min(2 * self._interval, AUTO_RECHECK_MAX)
         self._next_check = self._calls + self._interval
-        if self._wins >= AUTO_SWITCH:
+        if self._wins[which] >= AUTO_SWITCH:
             self.why = (
-                f"switched at call {self._calls}: {_name(which)} took {_ms(seconds)} in "
+                f"switched at call {self._calls}: {self.ways[which]} took {_ms(seconds)} in "
                 f"{AUTO_SWITCH} checks in a row against {_ms(usual)} for "
-                f"{_name(self.chosen)} (the median of its last {len(self._recent)} calls)"
+                f"{self.ways[self.chosen]} (the median of its last {len(self._recent)} calls)"
             )
-            self.chosen, self._wins = which, 0
-            self._recent.clear()
-            self._interval = AUTO_RECHECK
-            self._next_check = self._calls + AUTO_RECHECK
+            self._usual = seconds
+            self._chosen(which)
+
+    def _chose(self) -> None:
+        way, measured = choose(self._trials, self.ways)
+        when = f"timed again ({self._again})" if self._again else "timed on the first calls"
+        reason = f" ({self._reason})" if self._reason else ""
+        self.why = f"{when}, in blocks of {AUTO_BLOCK}: {measured}{reason}"
+        self._usual = statistics.median(self._trials[way])
+        self._chosen(way)
+
+    def _chosen(self, way: str) -> None:
+        self.chosen, self._wins = way, {}
+        self._recent.clear()
+        self._interval = AUTO_RECHECK
+        self._next_check = self._calls + AUTO_RECHECK
 
     def progress(self) -> str:
         """How far the trials are, for a "not chosen yet" message."""
         with self._lock:
             done = sum(len(t) for t in self._trials.values())
-        return f"timing both executors: {done} of {2 * AUTO_TRIALS} blocks of calls timed"
-
-
-def _name(executor: str) -> str:
-    return "the VM" if executor == "vm" else "the concurrent executor"
+            again = f", again ({self._again})" if self._again else ""
+        total = len(self.ways) * AUTO_TRIALS
+        return f"timing {len(self.ways)} ways{again}: {done} of {total} blocks of calls timed"

@@ -56,6 +56,7 @@ from umahub.errors import ExecutionError, last_line
 from umahub.lanes import dma_lane, is_dma
 from umahub.runtime.spares import Spares
 from umahub.runtime.steps import Step, StepGraph
+from umahub.runtime.threadpool import process_cores
 
 __all__ = ["ExecutionError", "Executor", "Inference", "Measured", "tensor_bytes"]
 
@@ -87,22 +88,6 @@ def tensor_bytes(tensor: Any) -> int:
         return int(np.prod([int(d) for d in tensor.shape])) * np.dtype(str(tensor.dtype)).itemsize
     except (AttributeError, TypeError, ValueError):
         return 0
-
-
-def _cores() -> list[int]:
-    """The cores this process may use (not the calling thread's, which TVM may have pinned)."""
-    try:
-        with open("/sys/fs/cgroup/cpuset.cpus.effective") as f:
-            text = f.read().strip()
-        cores = set()
-        for part in text.split(","):
-            lo, _, hi = part.partition("-")
-            cores |= set(range(int(lo), int(hi or lo) + 1))
-        if cores:
-            return sorted(cores)
-    except (OSError, ValueError):
-        pass
-    return list(range(os.cpu_count() or 1))
 
 
 def plan_cores(lanes: Sequence[str], host: str, cores: Sequence[int]) -> dict[str, set[int]]:
@@ -350,8 +335,8 @@ class Executor:
         self.starts = [i for i, w in enumerate(self.waits) if w == 0]
         host = graph.devices[0]
         lanes = graph.lanes
-        cores = plan_cores(lanes, host, _cores()) if pin else {}
-        every = set(_cores())
+        cores = plan_cores(lanes, host, process_cores()) if pin else {}
+        every = set(process_cores())
         self.cores = {lane: sorted(cores.get(lane, every)) for lane in lanes}
         self.lanes = {
             lane: _Lane(self, lane, set(self.cores[lane]), single_thread=lane != host)

@@ -9,13 +9,14 @@ ways to run one library:
   not run two calls at once), the library and the weights on the devices shared.
 * ``"concurrent"``: the model's step graph (:mod:`umahub.runtime.steps`, carried by the
   library) with a worker per device (:mod:`umahub.runtime.executor`), made at its first use.
-* ``"auto"`` (the default): the VM when the library has no step graph (the
-  model runs on one device); otherwise the faster of the two on this model,
-  timed on the first calls of ``run`` and checked while it runs
-  (:mod:`umahub.runtime.choosing`). The concurrent executor pays for every
-  step a handoff between threads, so a model of tiny kernels stays on the VM
-  and a model whose devices can overlap long kernels goes concurrent. A
-  stream under "auto" runs concurrently unless auto has chosen the VM.
+* ``"auto"`` (the default): the fastest way to run this model, timed on the
+  first calls of ``run`` and checked while it runs
+  (:mod:`umahub.runtime.choosing`): the VM on all its threads, the VM on one
+  thread (beside a busy process), the concurrent executor (not for a library
+  without a step graph: a model on one device). The concurrent executor pays
+  for every step a handoff between threads, so a model of tiny kernels stays
+  on the VM and a model whose devices can overlap long kernels goes
+  concurrent. A stream under "auto" runs concurrently unless auto has chosen the VM.
 
 :meth:`Executors.call_seconds` and :meth:`Executors.step_seconds` time what
 each executor runs, call by call and step by step (placement by cost times
@@ -40,7 +41,7 @@ from umahub.config import EXECUTORS
 from umahub.errors import UmahubError
 from umahub.runtime.choosing import AUTO_TRIAL_CALLS, ExecutorChoice, compare
 from umahub.runtime.executor import tensor_bytes
-from umahub.runtime.threadpool import spin_briefly
+from umahub.runtime.threadpool import spin_briefly, use_threads, vm_threads
 
 __all__ = [
     "Executors",
@@ -147,7 +148,30 @@ class Executors:
         self._graph: Any = None
         self._concurrent: Any = None
         self._lock = threading.Lock()
-        self.auto = ExecutorChoice()
+        self._auto: ExecutorChoice | None = None
+        self._threads: dict[str, int | None] = {}  # each way of "auto" on the VM: its threads
+
+    @property
+    def auto(self) -> ExecutorChoice:
+        """How "auto" chooses: its ways are the VM's thread counts
+        (:func:`umahub.runtime.threadpool.vm_threads`) and the concurrent executor
+        where the library has a step graph."""
+        with self._lock:
+            if self._auto is None:
+                counts, reason = vm_threads()
+                ways: dict[str, str] = {"vm": "the VM"} if not counts else {}
+                self._threads = {"vm": None} if not counts else {}
+                for i, n in enumerate(counts):
+                    way = "vm" if i == 0 else f"vm{n}"
+                    ways[way] = f"the VM on {'one thread' if n == 1 else f'{n} threads'}"
+                    self._threads[way] = n
+                if self.graph.unsupported:
+                    cannot = f"the concurrent executor cannot run it ({self.graph.unsupported})"
+                    reason = f"{reason}; {cannot}" if reason else cannot
+                else:
+                    ways["concurrent"] = "the concurrent executor"
+                self._auto = ExecutorChoice(ways, reason)
+            return self._auto
 
     @property
     def graph(self) -> Any:
@@ -166,7 +190,7 @@ class Executors:
         ``"auto"`` while auto is still timing both."""
         choice = _choice(executor or self.executor)
         if choice == "auto":
-            return "vm" if self.graph.unsupported else self.auto.chosen or "auto"
+            return _executor_of(self.auto.chosen) or "auto"
         if choice == "concurrent" and self.graph.unsupported:
             raise UmahubError(
                 f"the concurrent executor cannot run this model: {self.graph.unsupported}; "
@@ -250,28 +274,38 @@ class Executors:
     def why(self, executor: str | None = None) -> str:
         """Why :meth:`run` runs on the executor it does (``executor``, or the default)."""
         choice = _choice(executor or self.executor)
-        if self.graph.unsupported:
+        if choice == "concurrent" and self.graph.unsupported:
             why = self.graph.unsupported
             return f"the VM: the concurrent executor cannot run this model ({why})"
         if choice != "auto":
             return f"{choice}: asked for (executor = {choice!r})"
-        if not self.auto.chosen:
-            return f"auto, not chosen yet: {self.auto.progress()}"
-        return f"{self.auto.chosen}, chosen by auto: {self.auto.why}"
+        auto = self.auto
+        if not auto.chosen:
+            return f"auto, not chosen yet: {auto.progress()}"
+        threads = self._threads.get(auto.chosen)
+        runs = _executor_of(auto.chosen)
+        if threads:
+            runs += f" on {'one thread' if threads == 1 else f'{threads} threads'}"
+        if len(auto.ways) == 1:
+            return f"{runs}: {auto.why}"
+        return f"{runs}, chosen by auto: {auto.why}"
 
     def run(self, arrays: Sequence[Any], executor: str | None, timeout: float | None) -> Any:
-        if _choice(executor or self.executor) != "auto" or self.graph.unsupported:
+        if _choice(executor or self.executor) != "auto":
             return self._run(self.resolve(executor), arrays, timeout)
-        which = self.auto.next()
+        auto = self.auto
+        which = auto.next()
         start = time.perf_counter()
         out = self._run(which, arrays, timeout)
-        self.auto.record(which, time.perf_counter() - start)
+        auto.record(which, time.perf_counter() - start)
         return out
 
     def _run(self, which: str, arrays: Sequence[Any], timeout: float | None) -> Any:
-        if which == "vm":
-            return self.runner(*arrays)
-        return to_numpy(self.concurrent().run(self.runner.tensors(arrays), timeout))
+        """Run on a way of "auto" (the VM on its thread count) or an executor asked for."""
+        if which == "concurrent":
+            return to_numpy(self.concurrent().run(self.runner.tensors(arrays), timeout))
+        use_threads(self._threads.get(which))  # an executor asked for: the pool as it was
+        return self.runner(*arrays)
 
     def stream(
         self, batches: Iterable[Any], info: Sequence[InputInfo], executor: str | None,
@@ -283,9 +317,11 @@ class Executors:
                 check_inputs(info, arrays)
                 yield arrays
 
-        # "auto" still timing both runs a stream concurrently: pipelining is what it is for
+        # "auto" still timing runs a stream concurrently: pipelining is what it is for
         if self.resolve(executor) == "vm":
+            auto = _choice(executor or self.executor) == "auto"
             for arrays in checked():
+                use_threads(self._threads.get(self.auto.chosen) if auto else None)
                 yield self.runner(*arrays)
             return
         ex = self.concurrent()
@@ -296,6 +332,7 @@ class Executors:
     def profile(self, arrays: Sequence[Any], runs: int) -> dict[str, Any]:
         """Time both executors on ``arrays``; the concurrent one's steps of every run
         (``inferences``) and of its median run (``spans``)."""
+        use_threads(None)  # the VM as asked for, not on a thread count "auto" chose
         self.runner(*arrays)  # warm up both: the first calls make VMs and threads
         if not self.graph.unsupported:
             self.concurrent().run(self.runner.tensors(arrays))
@@ -335,6 +372,11 @@ class Executors:
 def _spans(inference: Any) -> list[dict[str, Any]]:
     """The measured steps of a profiled inference, JSON-ready, in the order they started."""
     return [m.to_dict() for m in sorted(inference.spans, key=lambda m: m.start)]
+
+
+def _executor_of(way: str) -> str:
+    """The executor of a way of "auto" (``"vm1"``: the VM on one thread), ``""`` for none."""
+    return "vm" if way.startswith("vm") else way
 
 
 def _choice(executor: str) -> str:
@@ -442,7 +484,7 @@ class Running:
         runs on the concurrent executor, and a model timed then looks slower (or
         faster) than it will run.
         """
-        runs, most = 0, at_least + AUTO_TRIAL_CALLS
+        runs, most = 0, at_least + 2 * AUTO_TRIAL_CALLS  # the trials, perhaps timed again
         while runs < at_least or (self._executors.resolve(executor) == "auto" and runs < most):
             self.run(*arrays, executor=executor)
             runs += 1

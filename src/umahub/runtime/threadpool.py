@@ -1,4 +1,5 @@
-"""How long an idle worker of TVM's thread pool spins before it sleeps.
+"""TVM's thread pool as umahub runs models on it: how long an idle worker spins
+before it sleeps, and how many threads the VM runs a model's kernels on.
 
 TVM's CPU kernels run on a thread pool whose workers, once a parallel loop is
 done, spin (``sched_yield``) for ``TVM_THREAD_POOL_SPIN_COUNT`` turns before
@@ -25,18 +26,90 @@ A value the user set is left alone, and in a process whose TVM already ran
 a parallel kernel before umahub loaded a model the pool keeps the count it
 started with (set ``TVM_THREAD_POOL_SPIN_COUNT`` yourself to choose one for
 the whole process).
+
+How many threads: TVM splits every parallel loop into equal chunks, one per
+thread of the pool, and waits for the last. Beside a busy process, the thread
+whose core the neighbour holds finishes a scheduler quantum late, kernel
+after kernel: a model of many small kernels then runs several times slower on
+two threads than on one (the int8 MobileNetV2 of the zoo: 158-172 against
+32-40 ms on a 2-core Intel Xeon). So ``executor = "auto"`` times the VM on all
+the threads of its pool and on one (:func:`vm_threads`) and runs the VM on the
+count it chose (:func:`use_threads`), unless the user set ``TVM_NUM_THREADS``:
+that count is kept.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
-__all__ = ["SPIN_COUNT", "spin_briefly"]
+__all__ = ["SPIN_COUNT", "process_cores", "spin_briefly", "use_threads", "vm_threads"]
 
 #: The spin count umahub gives TVM's thread pool unless the user set one.
 SPIN_COUNT = 3000
+
+# The cores of the importing thread, before TVM pinned any thread (not on every system).
+_STARTED_ON: set[int] = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
 
 
 def spin_briefly() -> None:
     """Set ``TVM_THREAD_POOL_SPIN_COUNT`` to :data:`SPIN_COUNT` unless it is set."""
     os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(SPIN_COUNT))
+
+
+def process_cores() -> list[int]:
+    """The cores this process may use (its container's; not the calling thread's, which
+    TVM may have pinned to one core)."""
+    cores: set[int] = set()
+    try:
+        with open("/sys/fs/cgroup/cpuset.cpus.effective") as f:
+            text = f.read().strip()
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            cores |= set(range(int(lo), int(hi or lo) + 1))
+    except (OSError, ValueError):
+        pass
+    return sorted(cores) or list(range(os.cpu_count() or 1))
+
+
+_pool = threading.local()  # per calling thread, as TVM's pools are: the count it started with
+
+
+def vm_threads() -> tuple[list[int], str]:
+    """The thread counts "auto" may run the VM on, most first, and why not more: all
+    the threads of the calling thread's TVM pool (TVM makes it half the machine's
+    cores on x86, one per core it takes for a hyperthread pair) and one; ``[]``
+    (the pool as it is) when the user set ``TVM_NUM_THREADS``."""
+    if os.environ.get("TVM_NUM_THREADS"):
+        threads = os.environ["TVM_NUM_THREADS"]
+        return [], f"TVM_NUM_THREADS={threads} is set: the VM keeps its thread pool"
+    most = _original()
+    if most == 1:
+        return [1], "TVM's thread pool has one thread here (set TVM_NUM_THREADS for more)"
+    return [most, 1], ""
+
+
+def _original() -> int:
+    """The size of the calling thread's TVM pool before umahub changed it."""
+    import tvm
+
+    if not hasattr(_pool, "original"):
+        _pool.original = int(tvm.get_global_func("runtime.NumThreads")())
+    return int(_pool.original)
+
+
+def use_threads(threads: int | None) -> None:
+    """Make the calling thread's TVM pool ``threads`` threads (at most its size), not
+    pinned to cores (so that the system can move them away from a busy one); ``None``:
+    the count it had before umahub changed it. A no-op when it has that many already."""
+    import tvm
+
+    original = _original()
+    now = int(tvm.get_global_func("runtime.NumThreads")())
+    threads = original if threads is None else threads
+    if threads != now:
+        # those the process started on too (``taskset``), where TVM had not pinned it yet
+        every = process_cores()
+        cores = [str(c) for c in [c for c in every if c in _STARTED_ON] or every]
+        # -3: TVM's kSpecifyThreadShareAllCore, every thread may run on every core given
+        tvm.get_global_func("runtime.config_threadpool")(-3, threads, cores)
