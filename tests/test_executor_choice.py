@@ -230,3 +230,22 @@ def test_one_way_is_chosen_at_once_with_its_reason():
     _trials(two, vm=0.010, concurrent=0.012)
     assert two.ways == TWO
     assert two.why.endswith(f"not 5% faster in most ({reason})")
+
+
+def test_calls_of_a_way_from_before_its_block_end_the_block_but_never_give_an_empty_way():
+    """From several threads, a block can fill up with calls of its way handed out
+    before it started (the previous block of that way): it ends early, and the
+    calls it still had to give go to the next block. ``next`` once gave ``""``
+    then, and recording that call raised KeyError('') (eight threads on one model)."""
+    choice = ExecutorChoice(THREE)
+    first = [choice.next() for _ in range(AUTO_BLOCK)]  # one block, in flight
+    assert len(set(first)) == 1
+    for _ in range(AUTO_BLOCK):  # ... and its calls come back
+        choice.record(first[0], 0.01)
+    second = choice.next()  # a block of another way starts
+    for _ in range(AUTO_BLOCK):  # late calls of the second's way, from its earlier block
+        choice.record(second, 0.02)
+    given = [choice.next() for _ in range(3 * AUTO_BLOCK)]
+    assert "" not in given
+    for way in given:
+        choice.record(way, 0.01)

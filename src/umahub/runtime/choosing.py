@@ -161,7 +161,7 @@ class ExecutorChoice:
         """The way the next call runs on: a trial, the choice, or a check of it."""
         with self._lock:
             self._calls += 1
-            if self._block_left:
+            if self._block_left and self._block:
                 self._block_left -= 1
                 return self._block
             if not self.chosen:
@@ -185,7 +185,9 @@ class ExecutorChoice:
                 self._block_times.append(seconds)
                 if len(self._block_times) == AUTO_BLOCK:
                     timed = statistics.median(self._block_times[1:])  # the first warms up
-                    self._block = ""
+                    # calls from several threads: a block can fill up with calls of the
+                    # same way from before it started; then it ends with calls still to give
+                    self._block, self._block_left = "", 0
                     self._block_done(which, timed)
             elif which == self.chosen and len(self.ways) > 1:
                 self._recent.append(seconds)
