@@ -389,6 +389,18 @@ def flat_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
     )
 
 
+def _padded_plane(x: te.Tensor, top: int, left: int, fill: Any):
+    """``(b, c, i, j) ->`` NCHW ``x`` padded by ``top`` rows and ``left`` columns before
+    (and as many after as the caller's shape asks), the padding ``fill``."""
+    h, wd = (int(d) for d in x.shape[2:])
+
+    def padded(b: Any, ch: Any, i: Any, j: Any) -> Any:
+        inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left)
+        return tirx.if_then_else(inside, x[b, ch, i - top, j - left], fill)
+
+    return padded
+
+
 def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
     """A depthwise convolution of stride 1 as a sum over its padded plane read flat.
 
@@ -402,16 +414,11 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
     attrs = op.call.attrs
     dh, dw = (int(d) for d in attrs.dilation)
     top, left, _, _ = (int(p) for p in attrs.padding)
-    n, c, h, wd = (int(d) for d in x.shape)
+    n, c = (int(d) for d in x.shape[:2])
     _, _, kh, kw = (int(d) for d in w.shape)
     reach = (kh - 1) * dh * pitch + (kw - 1) * dw
     rows = _ceil(shape[2] + reach, pitch)
-    fill = x_zero.astype(x.dtype)
-
-    def padded(b: Any, ch: Any, i: Any, j: Any) -> Any:
-        inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left)
-        return tirx.if_then_else(inside, x[b, ch, i - top, j - left], fill)
-
+    padded = _padded_plane(x, top, left, x_zero.astype(x.dtype))
     plane = te.compute((n, c, rows, pitch), padded, name="pad_zero_point")
     xp = te.compute(
         (n, c, rows * pitch),
@@ -441,12 +448,7 @@ def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
     would store each byte a plane apart (for a 1x1 convolution, whose sum is
     short, most of its time).
     """
-    shift = 128 if str(x.dtype) == "int8" else 0
-    zero = x_zero + shift
-    zero_known = isinstance(zero, tirx.IntImm)
-    wp = w if prepacked else pack_weight_kernel(op, tuple(int(d) for d in w.shape))(w)
-    if wsum is None and not (zero_known and zero.value == 0):
-        wsum = weight_sum_kernel()(wp)
+    shift, zero, wp, wsum = _packed_operands(op, x, x_zero, w, wsum, prepacked)
     sh, sw_ = (int(s) for s in op.call.attrs.strides)
     n, c, _, _ = (int(d) for d in x.shape)
     oh, ow = out_shape[2], out_shape[3]
@@ -456,9 +458,7 @@ def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
     def copied(b: Any, cc: Any, p: Any, ci: Any) -> Any:
         ch = cc * BLOCK_K + ci
         inside = tirx.all(p < oh * ow, ch < c)
-        value = x[b, ch, (p // ow) * sh, (p % ow) * sw_]
-        if shift:
-            value = (value.astype("int32") + shift).astype("uint8")
+        value = _as_u8(x[b, ch, (p // ow) * sh, (p % ow) * sw_], shift)
         return tirx.if_then_else(inside, value, fill)
 
     xp = te.compute((n, cb, shape[2], BLOCK_K), copied, name="pad_zero_point")
@@ -482,15 +482,44 @@ def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
     dot = te.compute(shape, dot_value, name="dot_positions")
 
     def at(i: Any) -> Any:
-        value = dot[i]
-        if not (zero_known and zero.value == 0):
-            value = value - zero * wsum[i[1]]
-        if sums is not None:
-            w_zero = _read(zw, i[1], shape[1]).astype("int32")
-            value = value - w_zero * (sums(i) - zero * c)
-        return value
+        window = sums(i) if sums is not None else None
+        return _corrected(dot[i], i[1], zero, wsum, window, zw, shape[1], c)
 
     return at
+
+
+def _packed_operands(op, x, x_zero, w, wsum, prepacked):
+    """What both packed forms start from: the shift that makes the input unsigned
+    (128 for int8), ``x_zp'`` (an int32 expression), the packed weight, and its
+    per-channel sums (None where ``x_zp'`` is known 0: the term they correct is)."""
+    shift = 128 if str(x.dtype) == "int8" else 0
+    zero = x_zero + shift
+    wp = w if prepacked else pack_weight_kernel(op, tuple(int(d) for d in w.shape))(w)
+    if isinstance(zero, tirx.IntImm) and zero.value == 0:
+        wsum = None
+    elif wsum is None:
+        wsum = weight_sum_kernel()(wp)
+    return shift, zero, wp, wsum
+
+
+def _as_u8(value: Any, shift: int) -> Any:
+    """An input byte as the unsigned operand of ``vpdpbusd`` (int8 shifted by 128)."""
+    if shift:
+        return (value.astype("int32") + shift).astype("uint8")
+    return value
+
+
+def _corrected(value, o, zero, wsum, window, zw, channels, reduction):
+    """``sum(x' * w)`` (``value``, output channel ``o``) made ``sum((x - x_zp) * (w - w_zp))``:
+    less ``x_zp' * sum(w)`` (``wsum``, None where it is 0) and, where the weight's
+    zero points are not known 0, ``w_zp * (sum(x') - K * x_zp')`` (``window``:
+    ``sum(x')``, else None)."""
+    if wsum is not None:
+        value = value - zero * wsum[o]
+    if window is not None:
+        w_zero = _read(zw, o, channels).astype("int32")
+        value = value - w_zero * (window - zero * reduction)
+    return value
 
 
 def _zero_point(params: Any, tensor: te.Tensor, dtype: str) -> Any:
@@ -509,18 +538,7 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
     """The packed form's accumulator (see :func:`quantized_kernel`), as a function
     of the output index."""
     conv = op.kind == "conv2d"
-    shift = 128 if str(x.dtype) == "int8" else 0
-    zero = x_zero + shift  # x_zp', an int32 expression
-
-    def as_u8(value: Any) -> Any:
-        if shift:
-            return (value.astype("int32") + shift).astype("uint8")
-        return value
-
-    wp = w if prepacked else pack_weight_kernel(op, tuple(int(d) for d in w.shape))(w)
-    zero_known = isinstance(zero, tirx.IntImm)
-    if wsum is None and not (zero_known and zero.value == 0):
-        wsum = weight_sum_kernel()(wp)
+    shift, zero, wp, wsum = _packed_operands(op, x, x_zero, w, wsum, prepacked)
     fill = zero.astype("uint8")
     if conv:
         attrs = op.call.attrs
@@ -534,7 +552,7 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
             b, cc, i, j, ci = at
             ch = cc * BLOCK_K + ci
             inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left, ch < c)
-            return tirx.if_then_else(inside, as_u8(x[b, ch, i - top, j - left]), fill)
+            return tirx.if_then_else(inside, _as_u8(x[b, ch, i - top, j - left], shift), fill)
 
         xp = te.compute(
             (n, cb, h + top + bottom, wd + left + right, BLOCK_K), padded, name="pad_zero_point"
@@ -566,7 +584,7 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
         def padded(*i: Any) -> Any:
             kk = i[-2] * BLOCK_K + i[-1]
             index = (*i[:-2], kk)
-            return tirx.if_then_else(kk < kdim, as_u8(x[index]), fill)
+            return tirx.if_then_else(kk < kdim, _as_u8(x[index], shift), fill)
 
         xp = te.compute((*lead, kb, BLOCK_K), padded, name="pad_zero_point")
         batch = len(out_shape) - 1 - len(lead)
@@ -598,14 +616,9 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
             return dot[index]
 
     def at(i):
+        window = sums(i) if sums is not None else None
         o = i[1] if conv else i[-1]
-        value = dot_at(i)
-        if not (zero_known and zero.value == 0):  # sum(w) needed only for x_zp' != 0
-            value = value - zero * wsum[o]
-        if sums is not None:
-            w_zero = _read(zw, o, channels).astype("int32")
-            value = value - w_zero * (sums(i) - zero * reduction)
-        return value
+        return _corrected(dot_at(i), o, zero, wsum, window, zw, channels, reduction)
 
     return at
 
@@ -640,12 +653,7 @@ def _conv_acc(op, x, x_zero, w, zw, out_shape, channels):
     n, c, h, wd = (int(d) for d in x.shape)
     _, cg, kh, kw = (int(d) for d in w.shape)
     per_group = channels // groups
-    fill = x_zero.astype(x.dtype)
-
-    def padded(b: Any, ch: Any, i: Any, j: Any) -> Any:
-        inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left)
-        return tirx.if_then_else(inside, x[b, ch, i - top, j - left], fill)
-
+    padded = _padded_plane(x, top, left, x_zero.astype(x.dtype))
     xp = te.compute((n, c, h + top + bottom, wd + left + right), padded, name="pad_zero_point")
     rc = te.reduce_axis((0, cg), "rc")
     ry = te.reduce_axis((0, kh), "ry")

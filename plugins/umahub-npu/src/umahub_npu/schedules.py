@@ -736,11 +736,7 @@ def _pad_to_tiles(
 def _schedule_matmul(
     sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
 ):
-    for name in p.prologue:  # e.g. a transpose feeding the matmul
-        try:
-            sch.compute_inline(sch.get_sblock(name))
-        except ScheduleError:  # the primitive refused; take the fallback
-            _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    _inline_prologue(sch, p, lanes)  # e.g. a transpose feeding the matmul
     red, out, rest = _accumulator_and_epilogue(sch, p)
     e = p.extents
     batch = math.prod(e["batch"]) if e["batch"] else 1
@@ -786,10 +782,25 @@ def _schedule_matmul(
     # last: after decompose_reduction the update block is no longer a
     # "reduction block" and parallel/vectorize over it are refused
     sch.decompose_reduction(red, k0)
-    _vectorize_epilogue(sch, tiled, lanes)
-    for name in rest:  # epilogue blocks that could not be inlined
-        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    _finish_epilogue(sch, tiled, rest, lanes)
     return "matmul"
+
+
+def _inline_prologue(sch: s_tir.Schedule, p: Plan, lanes: int) -> None:
+    """The blocks before the reduction inlined into it, or (refused) in parallel."""
+    for name in p.prologue:
+        try:
+            sch.compute_inline(sch.get_sblock(name))
+        except ScheduleError:  # the primitive refused; take the fallback
+            _parallel_spatial(sch, sch.get_sblock(name), lanes)
+
+
+def _finish_epilogue(sch: s_tir.Schedule, tiled: list, rest: list, lanes: int) -> None:
+    """The epilogue computed under the tile vectorized; the blocks that could not be
+    inlined in parallel."""
+    _vectorize_epilogue(sch, tiled, lanes)
+    for name in rest:
+        _parallel_spatial(sch, sch.get_sblock(name), lanes)
 
 
 #: Rows a symbolic M is tiled for when nothing bounds it (its tiles are looped over
@@ -820,11 +831,7 @@ def _schedule_gemv(
     and columns no vector width divides, go to the matmul's schedule, which
     packs per tile and pads.
     """
-    for name in p.prologue:
-        try:
-            sch.compute_inline(sch.get_sblock(name))
-        except ScheduleError:  # the primitive refused; take the fallback
-            _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    _inline_prologue(sch, p, lanes)
     red = sch.get_sblock(p.reduction)
     constant_b = p.b_buffer_index >= 0 and _reads_weight(sch, red, p.b_buffer_index, weights)
     if (p.b_transposed and not constant_b) or _padding(1, p.extents["N"], lanes)[1] > 1:
@@ -847,9 +854,7 @@ def _schedule_gemv(
     sch.parallel(outer)
     sch.vectorize(j2)
     sch.decompose_reduction(red, k)
-    _vectorize_epilogue(sch, tiled, lanes)
-    for name in rest:  # epilogue blocks that could not be inlined
-        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    _finish_epilogue(sch, tiled, rest, lanes)
     return "gemv"
 
 
@@ -936,9 +941,7 @@ def _finish_tiles(sch: s_tir.Schedule, red, epilogue, tasks, rc0, micro, lanes: 
     sch.unroll(micro[0])
     sch.vectorize(micro[1])
     sch.decompose_reduction(red, rc0)
-    _vectorize_epilogue(sch, tiled, lanes)
-    for name in rest:
-        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    _finish_epilogue(sch, tiled, rest, lanes)
 
 
 def _schedule_pointwise(
@@ -1050,9 +1053,7 @@ def _schedule_depthwise(
     sch.unroll(y2)
     sch.vectorize(x1)
     sch.decompose_reduction(red, y1)
-    _vectorize_epilogue(sch, tiled, lanes)
-    for name in rest:
-        _parallel_spatial(sch, sch.get_sblock(name), lanes)
+    _finish_epilogue(sch, tiled, rest, lanes)
     return "depthwise"
 
 
