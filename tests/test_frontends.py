@@ -122,6 +122,43 @@ def test_onnx_operators_are_named_after_their_nodes():
     assert ("body_out", "relax.nn.relu") in ops  # unnamed node: its first output
 
 
+def test_an_onnx_node_read_by_two_nodes_is_computed_once(hub):
+    """A ResNet's max pooling feeds a convolution and a residual add. TVM's
+    converters hand such an output on as an unbound call; it is bound once,
+    not once per reader (it was, and the pooling then ran twice: on the npu
+    in one partition and again in another)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(1).standard_normal((8, 8, 3, 3)).astype("float32") * 0.2
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="act"),
+            helper.make_node(
+                "MaxPool", ["r"], ["p"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]
+            ),
+            helper.make_node("Conv", ["p", "w"], ["c"], name="body", pads=[1, 1, 1, 1]),
+            helper.make_node("Add", ["c", "p"], ["y"], name="residual"),
+        ],
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ops = [op for _, op in operators(to_relax(model))]
+    assert ops.count("relax.nn.max_pool2d") == 1 and ops.count("relax.nn.relu") == 1
+    compiled = hub.compile(model)
+    pools = [o for o in compiled.report.placement if o.op == "relax.nn.max_pool2d"]
+    assert [(o.name, o.device) for o in pools] == [("pool", "npu:0")]
+    x = np.random.default_rng(2).standard_normal((1, 8, 8, 8)).astype("float32")
+    r = np.pad(np.maximum(x, 0), ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    p = np.max([r[:, :, i : i + 8, j : j + 8] for i in range(3) for j in range(3)], axis=0)
+    pp = np.pad(p, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    c = np.einsum("oikl,nihwkl->nohw", w, np.lib.stride_tricks.sliding_window_view(pp, (3, 3), (2, 3)))
+    np.testing.assert_allclose(compiled.run(x), c + p, rtol=1e-5, atol=1e-5)
+
+
 @names_kept
 def test_a_pin_by_onnx_node_name_places_that_node_and_the_report_names_it(hub):
     model, weights = onnx_cnn()

@@ -25,6 +25,11 @@ def naming_builder() -> Any:
     inner calls itself, innermost first, each with a span: the span it had
     (a call made for an earlier node, which ONNX converters may hand on
     unbound) or the current node's.
+
+    Such an unbound call is bound once, however many later nodes read it:
+    TVM's normalizer does the same, and binding it at every read would
+    compute the node once per reader (a ResNet's max pooling, read by a
+    convolution and a residual add, ran twice).
     """
     from tvm import relax
 
@@ -33,6 +38,7 @@ def naming_builder() -> Any:
 
     class NamingBlockBuilder(relax.BlockBuilder):
         span: Any = None  # the current node's span; None between nodes
+        bound_calls: dict | None = None  # call -> its variable, in the current block
 
         def _spanned(self, call):
             args = [self._bound(a) for a in call.args]
@@ -44,7 +50,13 @@ def naming_builder() -> Any:
         def _bound(self, expr):
             """``expr`` as an argument: its calls bound to variables, with spans."""
             if isinstance(expr, relax.Call):
-                return super().emit(super().normalize(self._spanned(expr)))
+                if self.bound_calls is None:
+                    self.bound_calls = {}
+                var = self.bound_calls.get(expr)  # keyed by the object, not its structure
+                if var is None:
+                    var = super().emit(super().normalize(self._spanned(expr)))
+                    self.bound_calls[expr] = var
+                return var
             if isinstance(expr, relax.Tuple):
                 fields = [self._bound(f) for f in expr.fields]
                 if all(a.same_as(b) for a, b in zip(fields, expr.fields)):
@@ -69,6 +81,19 @@ def naming_builder() -> Any:
             if self.span is not None:
                 expr = self.normalize(expr)
             return super().emit(expr, name_hint)
+
+        # A variable is read only inside its block: a new or ended block forgets them.
+        def _begin_dataflow_block(self):
+            self.bound_calls = None
+            return super()._begin_dataflow_block()
+
+        def _begin_binding_block(self):
+            self.bound_calls = None
+            return super()._begin_binding_block()
+
+        def _end_block(self):
+            self.bound_calls = None
+            return super()._end_block()
 
         @contextlib.contextmanager
         def naming(self, name: str) -> Iterator[None]:
