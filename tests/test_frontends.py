@@ -159,6 +159,56 @@ def test_an_onnx_node_read_by_two_nodes_is_computed_once(hub):
     np.testing.assert_allclose(compiled.run(x), c + p, rtol=1e-5, atol=1e-5)
 
 
+def onnx_conv_clip(lo, hi):
+    """Conv 'body' (8->8) then Clip 'act' with constant bounds ``lo``, ``hi`` (None: absent)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(1).standard_normal((8, 8, 1, 1)).astype("float32") * 3
+    bounds = {"lo": lo, "hi": hi}
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="body"),
+            helper.make_node(
+                "Clip", ["c", "lo" if lo is not None else "", "hi" if hi is not None else ""],
+                ["y"], name="act",
+            ),
+        ],
+        "clipped",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])],
+        initializer=[numpy_helper.from_array(w, "w")]
+        + [numpy_helper.from_array(np.float32(v), k) for k, v in bounds.items() if v is not None],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(2).standard_normal((1, 8, 4, 4)).astype("float32")
+    return model, x, np.einsum("oi,nihw->nohw", w[:, :, 0, 0], x)
+
+
+@pytest.mark.parametrize(
+    "lo, hi, expected",
+    [
+        (0.0, 6.0, lambda c: np.clip(c, 0, 6)),  # ReLU6, as exporters write it
+        (None, 1.0, lambda c: np.minimum(c, 1)),
+        (float("nan"), 1.0, lambda c: np.minimum(c, 1)),  # a NaN bound is no bound
+    ],
+)
+def test_an_onnx_clip_with_constant_bounds_is_relax_clip_for_the_accelerators(hub, lo, hi, expected):
+    """TVM's converter makes Clip two PrimFuncs of its own, which no pattern sees:
+    MobileNets' ReLU6 from ONNX ran on the host, apart from their convolutions."""
+    model, x, conv = onnx_conv_clip(lo, hi)
+    ops = [op for _, op in operators(to_relax(model))]
+    assert "relax.clip" in ops and "relax.call_tir" not in ops
+    compiled = hub.compile(model)
+    assert {o.name: o.device for o in compiled.report.placement} == {"body": "npu:0", "act": "npu:0"}
+    np.testing.assert_allclose(compiled.run(x), expected(conv), rtol=1e-5, atol=1e-5)
+
+
+def test_an_onnx_clip_whose_min_exceeds_its_max_gives_max_as_onnx_defines(hub):
+    model, x, _ = onnx_conv_clip(2.0, 1.0)
+    np.testing.assert_array_equal(hub.compile(model).run(x), np.ones_like(x))
+
+
 @names_kept
 def test_a_pin_by_onnx_node_name_places_that_node_and_the_report_names_it(hub):
     model, weights = onnx_cnn()

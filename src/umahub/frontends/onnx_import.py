@@ -1,5 +1,8 @@
 """ONNX models through TVM's ``from_onnx``, operators named after the ONNX nodes.
 
+Nodes that TVM converts into PrimFuncs of its own where Relax has the
+operator are converted by umahub (:mod:`umahub.frontends.onnx_ops`).
+
 A quantized model's parameters are checked and its quantized operator nodes
 rewritten into QDQ form first (:mod:`umahub.frontends.onnx_quantized`).
 """
@@ -10,6 +13,7 @@ from typing import Any
 
 from umahub.errors import UmahubError
 from umahub.frontends.naming import name_variables, naming_builder
+from umahub.frontends.onnx_ops import convert
 
 __all__ = ["from_onnx"]
 
@@ -42,6 +46,9 @@ def _onnx_importer() -> Any:
         def _convert_operator(self, op_name, inputs, attrs, opset):
             name = attrs.get("tvm_custom", {}).get("name") or op_name
             with self.bb.naming(name):
+                ours = convert(op_name, inputs, attrs, opset)
+                if ours is not None:
+                    return self.bb.normalize(ours)
                 return super()._convert_operator(op_name, inputs, attrs, opset)
 
     if not all(hasattr(ONNXGraphImporter, n) for n in ("_parse_value_proto", "_convert_operator")):
