@@ -127,7 +127,7 @@ def test_an_onnx_node_read_by_two_nodes_is_computed_once(hub):
     converters hand such an output on as an unbound call; it is bound once,
     not once per reader (it was, and the pooling then ran twice: on the npu
     in one partition and again in another)."""
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     w = np.random.default_rng(1).standard_normal((8, 8, 3, 3)).astype("float32") * 0.2
@@ -155,13 +155,14 @@ def test_an_onnx_node_read_by_two_nodes_is_computed_once(hub):
     r = np.pad(np.maximum(x, 0), ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
     p = np.max([r[:, :, i : i + 8, j : j + 8] for i in range(3) for j in range(3)], axis=0)
     pp = np.pad(p, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    c = np.einsum("oikl,nihwkl->nohw", w, np.lib.stride_tricks.sliding_window_view(pp, (3, 3), (2, 3)))
+    windows = np.lib.stride_tricks.sliding_window_view(pp, (3, 3), (2, 3))
+    c = np.einsum("oikl,nihwkl->nohw", w, windows)
     np.testing.assert_allclose(compiled.run(x), c + p, rtol=1e-5, atol=1e-5)
 
 
 def onnx_conv_clip(lo, hi):
     """Conv 'body' (8->8) then Clip 'act' with constant bounds ``lo``, ``hi`` (None: absent)."""
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     w = np.random.default_rng(1).standard_normal((8, 8, 1, 1)).astype("float32") * 3
@@ -170,8 +171,10 @@ def onnx_conv_clip(lo, hi):
         [
             helper.make_node("Conv", ["x", "w"], ["c"], name="body"),
             helper.make_node(
-                "Clip", ["c", "lo" if lo is not None else "", "hi" if hi is not None else ""],
-                ["y"], name="act",
+                "Clip",
+                ["c", "lo" if lo is not None else "", "hi" if hi is not None else ""],
+                ["y"],
+                name="act",
             ),
         ],
         "clipped",
@@ -193,14 +196,15 @@ def onnx_conv_clip(lo, hi):
         (float("nan"), 1.0, lambda c: np.minimum(c, 1)),  # a NaN bound is no bound
     ],
 )
-def test_an_onnx_clip_with_constant_bounds_is_relax_clip_for_the_accelerators(hub, lo, hi, expected):
+def test_an_onnx_clip_with_constant_bounds_is_relax_clip(hub, lo, hi, expected):
     """TVM's converter makes Clip two PrimFuncs of its own, which no pattern sees:
     MobileNets' ReLU6 from ONNX ran on the host, apart from their convolutions."""
     model, x, conv = onnx_conv_clip(lo, hi)
     ops = [op for _, op in operators(to_relax(model))]
     assert "relax.clip" in ops and "relax.call_tir" not in ops
     compiled = hub.compile(model)
-    assert {o.name: o.device for o in compiled.report.placement} == {"body": "npu:0", "act": "npu:0"}
+    placed = {o.name: o.device for o in compiled.report.placement}
+    assert placed == {"body": "npu:0", "act": "npu:0"}
     np.testing.assert_allclose(compiled.run(x), expected(conv), rtol=1e-5, atol=1e-5)
 
 
