@@ -50,6 +50,7 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
+from umahub._tvm import param_buffers
 from umahub.host.conv import schedule_conv2d
 from umahub.host.int8 import int8_kernel, schedule_int8, wide_depthwise
 from umahub.host.matmul import schedule_matmul
@@ -699,18 +700,39 @@ def _int8(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str] | None:
     return (sch.mod["main"], said) if said is not None else None
 
 
+#: Types TVM computes in another type's storage (bfloat16 in uint16, the 8- and
+#: 4-bit floats in bytes), rewriting loads and stores after scheduling; TVM
+#: 0.27's rewrite refuses the vector stores an explicit ``vectorize`` makes
+#: ("dtype mismatch on BufferStore ... bfloat16x4"), at build time.
+_STORAGE_EMULATED = ("bfloat16", "float8", "float4", "float6")
+
+
+def _emulated(func: tirx.PrimFunc) -> bool:
+    """Whether a buffer of ``func`` has a type TVM keeps in another's storage."""
+    return any(
+        buf is not None and str(buf.dtype).startswith(_STORAGE_EMULATED)
+        for buf in param_buffers(func)
+    )
+
+
 def default_schedule(func: tirx.PrimFunc, target: Any) -> tuple[tirx.PrimFunc, str]:
-    """``func`` scheduled by the first rule that takes it, and that rule's name."""
+    """``func`` scheduled by the first rule that takes it, and that rule's name.
+
+    The rules that vectorize loops themselves are left out for types TVM
+    keeps in another type's storage (:data:`_STORAGE_EMULATED`): LLVM still
+    vectorizes what it can of such functions.
+    """
+    vectorizing = not _emulated(func)
     for rule in (
         lambda f: _int8(f, target),
         # first: dlight's rules take no function without a reduction, and
         # inline every block before they look (see _inline_chain)
         _elementwise,
-        lambda f: schedule_matmul(f, vector_lanes(target)),
-        lambda f: schedule_conv2d(f, vector_lanes(target)),
-        lambda f: _rows(f, vector_lanes(target)),
+        lambda f: schedule_matmul(f, vector_lanes(target)) if vectorizing else None,
+        lambda f: schedule_conv2d(f, vector_lanes(target)) if vectorizing else None,
+        lambda f: _rows(f, vector_lanes(target)) if vectorizing else None,
         _pooling,
-        lambda f: _columns(f, vector_lanes(target)),
+        lambda f: _columns(f, vector_lanes(target)) if vectorizing else None,
         lambda f: _dlight(f, target),
         _parallel,
     ):
