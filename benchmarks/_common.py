@@ -44,6 +44,8 @@ def machine() -> dict[str, Any]:
             versions[name] = None
     return {
         "cpu": cpu,
+        "cpu_kind": cpu_kind(cpu),
+        "commit": _commit(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -51,6 +53,39 @@ def machine() -> dict[str, Any]:
         "versions": versions,
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
+
+
+def cpu_kind(cpu: str | None = None) -> str:
+    """``"intel"``, ``"amd"`` or ``"other"``: which kind of machine ``cpu`` (a
+    ``/proc/cpuinfo`` model name; default this machine's) is, for results kept
+    per kind of machine (``engines_intel.json``, ``engines_amd.json``)."""
+    if cpu is None:
+        cpu = machine()["cpu"]
+    name = cpu.lower()
+    return "intel" if "intel" in name else "amd" if "amd" in name else "other"
+
+
+def _commit() -> str | None:
+    """The checkout's commit (``+`` when it has changes), or None outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=root,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
 
 
 def median_time(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> float:

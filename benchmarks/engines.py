@@ -43,7 +43,10 @@ the ONNX Runtime session), ``import_s`` what comes before it: the ONNX
 export, or ``torch.export`` and the Relax import.
 
 Needs torch, torchvision, onnx and onnxruntime (``tox -e bench``). Results:
-``results/engines.json``; the table is printed.
+``results/engines_<kind>.json``, one file per kind of machine (``intel``,
+``amd``: kernels tuned on one kind are slower on the other, and both run this
+project), with the CPU, the versions and the commit measured; the table is
+printed.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from _common import run_worker, worker_env, write
+from _common import cpu_kind, run_worker, worker_env, write
 from _models import TORCHVISION, ZOO
 
 ENGINES = ["torch", "ort", "tvm", "umahub"]
@@ -273,7 +276,7 @@ def main() -> None:
             )
             print(f"{name:20} {cells}  {ratios}", flush=True)
     path = write(
-        "engines",
+        f"engines_{cpu_kind()}",
         {
             "threads": args.threads,
             "repeat": args.repeat,

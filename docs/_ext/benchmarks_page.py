@@ -749,7 +749,8 @@ def _executors(data: dict[str, Any]) -> list[str]:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "executors": _executors,
-    "engines": _engines,
+    "engines_intel": _engines,
+    "engines_amd": _engines,
     "engines_recheck": _engines,
     "language_models": _language_models,
     "auto": _auto,
@@ -772,6 +773,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
 
 #: The script that writes each results file, where its name is not the file's.
 SCRIPTS = {
+    "engines_intel": "benchmarks/engines.py",
+    "engines_amd": "benchmarks/engines.py",
     "engines_recheck": "benchmarks/engines.py",
     "remote_overhead": "",  # measured by hand with ``umahub bench``: the file says how
     "onnx_suite": "src/umahub/testing/onnx_suite.py",
@@ -780,7 +783,8 @@ SCRIPTS = {
 
 #: Sections in this order; files not named here follow, by name.
 ORDER = (
-    "engines",
+    "engines_intel",
+    "engines_amd",
     "engines_recheck",
     "language_models",
     "zoo",
@@ -803,8 +807,9 @@ ORDER = (
 )
 
 TITLES = {
-    "engines": "umahub against PyTorch and ONNX Runtime",
-    "engines_recheck": "The smallest models again, more rounds",
+    "engines_intel": "umahub against PyTorch and ONNX Runtime: Intel Xeon",
+    "engines_amd": "umahub against PyTorch and ONNX Runtime: AMD EPYC",
+    "engines_recheck": "The smallest models again, more rounds (AMD EPYC)",
     "language_models": "Language models: prefill and decode against PyTorch and plain TVM",
     "zoo": "The zoo: plain TVM, umahub without and with plugins",
     "outside_models": "Outside models: umahub with its default settings against plain TVM",
