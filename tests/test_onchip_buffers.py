@@ -20,23 +20,29 @@ class Staging:
 
     UMAHUB_API = 1
 
-    def __init__(self, scope: str = "local.stage.buf"):
+    def __init__(self, scope: str = "local.stage.buf", name: str = "stage", size: int = 1024):
         self.scope = scope  # where the schedule puts the tile: the declared scope, or a typo
+        self.name, self.size = name, size
 
     @up.hookimpl
     def umahub_accelerators(self):
-        buffer = up.OnChipBuffer("local.stage.buf", 1024, "staged inputs")
-        return [up.Accelerator("stage", buffers=[buffer])]
+        buffer = up.OnChipBuffer(f"local.{self.name}.buf", self.size, "staged inputs")
+        return [up.Accelerator(self.name, buffers=[buffer])]
 
-    @up.hookimpl(accelerator="stage")
-    def umahub_patterns(self):
-        return [("stage.relu", up.op("relax.nn.relu"))]
+    @up.hookimpl
+    def umahub_patterns(self, accelerator):
+        if accelerator.name != self.name:
+            return None
+        return [(f"{self.name}.relu", up.op("relax.nn.relu"))]
 
-    @up.hookimpl(accelerator="stage")
-    def umahub_schedule(self, schedule):
+    @up.hookimpl
+    def umahub_schedule(self, schedule, accelerator):
+        if accelerator.name != self.name:
+            return None
         (block,) = [b for b in up.blocks(schedule.mod[schedule.func_working_on.name_hint])
                     if b.name_hint != "root"]  # fmt: skip
-        schedule.cache_read(schedule.get_sblock(block.name_hint), 0, self.scope)
+        scope = self.scope if self.name == "stage" else f"local.{self.name}.buf"
+        schedule.cache_read(schedule.get_sblock(block.name_hint), 0, scope)
         return "input staged"
 
 
@@ -63,10 +69,42 @@ def test_tiles_that_do_not_fit_are_refused_naming_the_buffer():
         "local.stage.buf (staged inputs), which holds 1 KiB; the plugin must tile it smaller "
         "or refuse it"
     )
-    with pytest.warns(umahub.UmahubWarning, match="does not fit 'stage'"):
+    with pytest.warns(umahub.UmahubWarning, match="does not fit 'stage'") as said:
         compiled = _compile((8, 64))
+    # no other accelerator: the host, placed knowing it, with the reason on the operator
+    why = (
+        "partition stage_0_relu does not fit 'stage': its tiles need 2 KiB of on-chip buffer "
+        "local.stage.buf (staged inputs), which holds 1 KiB; the plugin must tile it smaller "
+        "or refuse it"
+    )
+    assert [str(w.message) for w in said] == [
+        f"umahub: {why}; its operators were placed again: on the host"
+    ]
+    assert compiled.report.partitions == []
+    (op,) = compiled.report.placement
+    assert (op.device, op.refused) == ("host", {"stage": why})
+    assert f"{why}; its operators were placed again: on the host" in compiled.report.notes
+    x = np.random.default_rng(1).standard_normal((8, 64)).astype("float32")
+    assert np.array_equal(compiled.run(x), np.maximum(x, 0))
+
+
+def test_what_does_not_fit_one_accelerator_goes_to_the_next_that_fits_it():
+    class Big(Staging):  # a plugin of its own name
+        pass
+
+    small, big = Staging(), Big(name="big", size=4096)
+    config = {"priority": ["stage", "big"]}
+    hub = umahub.Hub(autoload=False, plugins=[small, big], config=config, project_config=False)
+    with pytest.warns(umahub.UmahubWarning, match="placed again: on big:0"):
+        compiled = hub.compile(chain(shape=(8, 64), ops=("relu",)))
     (part,) = compiled.report.partitions
-    assert "its tiles need 2 KiB of on-chip buffer local.stage.buf" in part.fallback
+    assert (part.device, part.fallback, part.buffers) == (
+        "big:0",
+        "",
+        {"local.big.buf": [2048, 4096]},
+    )
+    (op,) = compiled.report.placement
+    assert op.device == "big:0" and list(op.refused) == ["stage"]
     x = np.random.default_rng(1).standard_normal((8, 64)).astype("float32")
     assert np.array_equal(compiled.run(x), np.maximum(x, 0))
 
@@ -237,13 +275,18 @@ def test_attention_whose_scores_exceed_the_buffer_at_the_bound_goes_where_it_fit
     # 2 heads x 64 tokens x 64 positions: 32 KiB at the bound, the buffer holds 16 KiB
     with pytest.warns(umahub.UmahubWarning, match="does not fit 'attn'"):
         compiled = _compile_attention(64)
-    (part,) = compiled.report.partitions
-    assert part.fallback == (
+    why = (
         "partition attn_0_softmax does not fit 'attn': its tiles need 32 KiB at the bound "
         "of its sizes (n <= 64) of on-chip buffer local.attn.scores (attention scores), "
         "which holds 16 KiB; the plugin must tile it smaller or refuse it"
     )
-    assert {r.device for r in compiled.report.placement} == {"host"}
+    assert compiled.report.partitions == []
+    assert {(r.name, r.device, tuple(r.refused.items())) for r in compiled.report.placement} == {
+        ("scores", "host", ()),
+        ("weights", "host", (("attn", why),)),
+        ("out", "host", ()),
+    }
+    assert f"{why}; its operators were placed again: on the host" in compiled.report.notes
     q, k, v = _attention_inputs(5, 64)
     got = compiled.run(q, k, v)
     np.testing.assert_allclose(got, _attention_reference(q, k, v), rtol=1e-5, atol=1e-5)

@@ -318,9 +318,20 @@ def test_partition_that_does_not_fit_its_pool(model):
         "partition flaky_0_relu (flaky.relu) needs 512 B of pool "
         "'flaky.mem' on flaky:0 (0 B resident + 512 B working), but only 300 B of 300 B are free"
     )
-    with pytest.warns(umahub.UmahubWarning, match="needs 512 B"):
+    # no other accelerator to take it: placed again, on the host, saying why
+    with pytest.warns(
+        umahub.UmahubWarning, match="are free; its operators were placed again: on the host"
+    ):
         compiled = umahub.Hub(autoload=False, plugins=[_Base(pool_bytes=300)]).compile(mod)
     assert {d for _, _, d in placement(compiled)} == {"host"}
+    refused = {op.name: op.refused.get("flaky", "") for op in compiled.report.placement}
+    assert refused["n0"].startswith("partition flaky_0_relu (flaky.relu) needs 512 B of pool")
+    assert refused["n2"].startswith("partition flaky_1_relu (flaky.relu) needs 512 B of pool")
+    assert refused["n1"] == refused["n3"] == refused["n4"] == ""
+    # explain plans what compile builds
+    with pytest.warns(umahub.UmahubWarning, match="placed again: on the host"):
+        report = umahub.Hub(autoload=False, plugins=[_Base(pool_bytes=300)]).explain(mod)
+    assert report.partitions == [] and {op.device for op in report.placement} == {"host"}
     np.testing.assert_allclose(compiled.run(*xs), ref, **TOL)
 
 

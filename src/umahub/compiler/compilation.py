@@ -196,6 +196,13 @@ class Compilation:
         tuned_kernels: (build) each host kernel the tuning database knows:
             name, which schedule was used ("tuned" or "hook") and why.
         compiled: (build) the runnable model.
+        unfit: node -> {accelerator: why} of the operators an earlier try of this
+            compile found do not fit that accelerator (its pool or its on-chip
+            buffers): the patterns of that accelerator refuse them in this try.
+        misfits: (memory, lower) the partitions of this try that do not fit their
+            accelerator: ``(symbol, accelerator, nodes, why)``.
+        restart: a new try of this compile with ``unfit`` given (set by the
+            pipeline; None: the partitions that do not fit stay on the host).
     """
 
     hub: Any
@@ -226,6 +233,9 @@ class Compilation:
     tuned_kernels: list[dict[str, str]] = field(default_factory=list)
     copies: list[Copy] = field(default_factory=list)
     compiled: Compiled | None = None
+    unfit: dict[str, dict[str, str]] = field(default_factory=dict)
+    misfits: list[tuple[str, str, tuple[str, ...], str]] = field(default_factory=list)
+    restart: Callable[[dict[str, dict[str, str]]], Compilation] | None = None
 
     @property
     def config(self) -> Any:
@@ -262,6 +272,23 @@ class Compilation:
         self.reports[symbol].fallback = self.fail(
             message, error, cause, then="its partition runs on the host"
         )
+
+    def does_not_fit(self, symbol: str, message: str, error: type = CompileError) -> None:
+        """Partition ``symbol`` does not fit its accelerator's pool or on-chip buffers.
+
+        With ``on-error = "error"`` the compile stops. Otherwise its operators
+        are kept in :attr:`misfits`, and the pipeline places the model again
+        with that accelerator's patterns refusing them: the next claimant in
+        priority order takes them where it fits them, else the host
+        (:mod:`umahub.compiler.refit`).
+        """
+        if self.config.on_error == "error":
+            raise error(message)
+        partitions = written(self.partitioned, "partitioned").partitions
+        part = next(p for p in partitions if p.symbol == symbol)
+        nodes = tuple(dict.fromkeys(op.name for op in part.operators))
+        self.misfits.append((symbol, part.accelerator, nodes, message))
+        self.reports[symbol].fallback = message
 
     def refused(self, symbol: str, message: str) -> None:
         """A partition its plugin refused while lowering it (``umahub.plugin.Unsupported``):

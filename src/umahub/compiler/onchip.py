@@ -28,7 +28,7 @@ from umahub.plugin import compat
 from umahub.plugin.accelerator import Accelerator
 from umahub.sizes import human_size
 
-__all__ = ["check", "owned_by", "use"]
+__all__ = ["DoesNotFit", "check", "owned_by", "use"]
 
 
 #: What :func:`use` says of a scope with an allocation whose size is known only at run time.
@@ -133,13 +133,20 @@ def _undeclared(acc: Accelerator, used: dict[str, int], symbol: str) -> None:
             )
 
 
+class DoesNotFit(CompileError):
+    """A partition's tiles need more of an on-chip buffer than its accelerator has (or
+    an amount known only at run time): its operators are offered to the other
+    accelerators (see :meth:`umahub.compiler.compilation.Compilation.does_not_fit`)."""
+
+
 def check(acc: Accelerator, func: Any, symbol: str) -> dict[str, tuple[int, int]]:
     """``{scope: (bytes used, capacity)}`` for each on-chip buffer of ``acc``.
 
     Raises:
-        CompileError: the tiles of partition ``symbol`` need more of a scope than
-            the accelerator has, or are in a scope tagged with its name that none
-            of its buffers declares.
+        DoesNotFit: the tiles of partition ``symbol`` need more of a scope than the
+            accelerator has, or an amount known only at run time.
+        CompileError: its tiles are in a scope tagged with the accelerator's name
+            that none of its buffers declares (the plugin's mistake).
     """
     used = use(func)
     _undeclared(acc, used, symbol)
@@ -149,7 +156,7 @@ def check(acc: Accelerator, func: Any, symbol: str) -> dict[str, tuple[int, int]
     for buffer in acc.buffers:
         need = used.get(buffer.scope, 0)
         if need == UNKNOWN:
-            raise CompileError(
+            raise DoesNotFit(
                 f"partition {symbol} does not fit '{acc.name}' for certain: its tiles in "
                 f"on-chip buffer {buffer.scope} have a size known only at run time, with no "
                 "upper bound; bound it (main's tir_var_upper_bound attribute), or the plugin "
@@ -159,7 +166,7 @@ def check(acc: Accelerator, func: Any, symbol: str) -> dict[str, tuple[int, int]
             what = f" ({buffer.description})" if buffer.description else ""
             bounded = _bounded_sizes(func, buffer.scope)
             at = f" at the bound of its sizes ({', '.join(bounded)})" if bounded else ""
-            raise CompileError(
+            raise DoesNotFit(
                 f"partition {symbol} does not fit '{acc.name}': its tiles need "
                 f"{human_size(need)}{at} of on-chip buffer {buffer.scope}{what}, which holds "
                 f"{human_size(buffer.size_bytes)}; the plugin must tile it smaller or refuse it"

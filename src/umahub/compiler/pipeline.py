@@ -5,6 +5,7 @@
     plan (patterns, pins, priority) -> partition -> memory
       -> lower: per partition, in lowering-order,
            relax_to_tir -> schedule -> tir_passes (phases 0..3) -> codegen
+      (a partition that does not fit its accelerator: placed again from plan on)
       -> build (RunCodegen, devices and copies, tvm.compile, load)
       -> verify (with verify = true; a wrong partition falls back: build again)
 
@@ -12,11 +13,17 @@ Each stage is a module of :mod:`umahub.compiler.stages` with a ``run(compilation
 this module makes the :class:`~umahub.compiler.compilation.Compilation`, runs the
 stages in order and derives the report from it at the end. ``explain`` is the
 same sequence stopped before lowering.
+
+Why this module is long: it is the one place that orders the stages, for
+``compile``, ``explain`` and the contenders of placement by cost, and starts a
+compile again where a partition does not fit; each stage's work is in a
+module of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,6 +33,7 @@ import tvm
 from umahub._tvm import name_of
 from umahub.compiler.compilation import Clock, Compilation, Progress
 from umahub.compiler.quantization_check import check_quantization
+from umahub.compiler.refit import fitted
 from umahub.compiler.stages import build, lower, memory, partition, plan
 from umahub.compiler.stages import verify as verification
 from umahub.errors import CompileError, warn
@@ -92,12 +100,18 @@ def _start(
     target: BuildTarget | None = None,
     only: tuple[Any, ...] | None = None,
     board: Any = None,
+    unfit: dict[str, dict[str, str]] | None = None,
 ) -> Compilation:
-    """A new compilation of ``mod``, planned, partitioned and with its memory checked."""
+    """A new compilation of ``mod``, planned, partitioned and with its memory checked;
+    ``unfit``: what an earlier try found does not fit (:mod:`umahub.compiler.refit`)."""
     if "main" not in [name_of(gv) for gv in mod.get_global_vars()]:
         raise CompileError("the module has no 'main' function to compile")
     check_placement(placement)
     comp = Compilation(hub, mod, placement, verify, Clock(progress), target, board=board, only=only)
+    comp.unfit = dict(unfit or {})
+    comp.restart = functools.partial(
+        _start, hub, mod, placement, progress, verify, target, only, board
+    )
     with _gc_paused():
         with comp.clock.stage("plan"):
             check_quantization(comp.mod)
@@ -137,6 +151,7 @@ def explain(
     build_target = target if isinstance(target, BuildTarget) else check_target(hub, target, cc)
     with bounded(_bounds(mod)):
         comp = _start(hub, mod, placement, progress, target=build_target, board=board)
+        fitted(comp)  # what does not fit its pool is placed again, as compile does
         with comp.clock.stage("copies"):
             build.count_copies(comp)
     return comp.report(built=False)
@@ -226,8 +241,10 @@ def compile(
 
 
 def _built(comp: Compilation, verify: bool = True) -> Compilation:
-    """Lower and build ``comp``, and verify it if asked and ``verify``."""
+    """Lower and build ``comp`` (placed again, in place, until its partitions fit:
+    :mod:`umahub.compiler.refit`), and verify it if asked and ``verify``."""
     lower.run(comp)
+    fitted(comp, lower.run)
     build.run(comp)
     return _verified(comp) if verify else comp
 

@@ -349,6 +349,11 @@ def _guard(
 ) -> Callable[[Any], bool]:
     def guarded(ctx: Any) -> bool:
         why = _taken(accepted, ctx)
+        if why is None and refusals is not None and refusals.unfit:
+            nodes = [n for n, _ in matched_operators(ctx)]
+            why = refusals.unfit_reason(planned.accelerator.name, nodes)
+            if why is not None:
+                refusals.add_check(planned.accelerator.name, nodes, why)
         if why is None:
             try:
                 why = _pinned_out(planned, pins, ctx)
@@ -477,12 +482,25 @@ class Refusals(dict):
     Besides, :attr:`checks` keeps what the accelerators' pattern checks refused,
     pinned or not: node -> {accelerator: reason}, the first refused match's
     reason per accelerator (what the report shows as ``Operator.refused``).
+
+    ``unfit`` (node -> {accelerator: why}) are the operators an earlier try of
+    the compile found do not fit an accelerator: its patterns refuse every
+    match holding one of them, for that reason.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, unfit: Mapping[str, Mapping[str, str]] | None = None) -> None:
         super().__init__()
         #: node -> {accelerator: the reason its first refused match's check gave}.
         self.checks: dict[str, dict[str, str]] = {}
+        #: node -> {accelerator: why it does not fit there}; kept by :meth:`clear`.
+        self.unfit = unfit or {}
+
+    def unfit_reason(self, accelerator: str, nodes: Sequence[str]) -> str | None:
+        """Why a match of ``accelerator`` over ``nodes`` does not fit it, or None."""
+        return next(
+            (self.unfit[n][accelerator] for n in nodes if accelerator in self.unfit.get(n, {})),
+            None,
+        )
 
     def add_check(self, accelerator: str, nodes: Sequence[str], reason: str) -> None:
         """Record that ``accelerator``'s check refused a match over ``nodes`` for ``reason``

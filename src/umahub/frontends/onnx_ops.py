@@ -45,6 +45,8 @@ def _clip(inputs: Any, attrs: dict, opset: int) -> Any:
     x = inputs[0]
     if getattr(type_of(x), "dtype", None) not in _FLOATS:
         return None
+    lo: float | None
+    hi: float | None
     if opset < 11:
         lo, hi = float(attrs.get("min", -math.inf)), float(attrs.get("max", math.inf))
     else:

@@ -350,6 +350,8 @@ def run(comp: Compilation) -> None:
                 ]
                 report.buffers = {scope: list(use) for scope, use in done.buffers.items()}
                 report.passes = done.passes
+            except onchip.DoesNotFit as exc:
+                comp.does_not_fit(p.symbol, str(exc))
             except Exception as exc:
                 refusal = _refusal(exc, p)
                 if refusal is not None:

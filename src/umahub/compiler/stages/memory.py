@@ -90,8 +90,9 @@ def run(comp: Compilation) -> None:
     """Stage 3: plan every pool in lowering order; a partition that does not fit falls back.
 
     Writes ``comp.order``, ``comp.plan`` (as planned before lowering) and
-    ``comp.needs``; a partition that does not fit its pool goes back to the
-    host (or stops the compile) with a :class:`MemoryPoolError`.
+    ``comp.needs``; a partition that does not fit its pool is placed again
+    elsewhere (:meth:`Compilation.does_not_fit`), or stops the compile with a
+    :class:`MemoryPoolError`.
     """
     hub, part, notes = comp.hub, written(comp.partitioned, "partitioned"), comp.notes
     order = comp.order = _lowering_order(hub, part)
@@ -123,7 +124,7 @@ def run(comp: Compilation) -> None:
                 )
             use = written(plan.pool(p.device, pool.scope), f"pool {pool.scope} of {p.device}")
             if not use.fits(need):
-                comp.fall_back(
+                comp.does_not_fit(
                     p.symbol,
                     f"partition {p.symbol} ({', '.join(p.patterns)}) needs "
                     f"{human_size(need.total)} of pool '{pool.scope}' on {p.device} "

@@ -375,7 +375,7 @@ def run(comp: Compilation) -> None:
     accelerators = {a.name: a for a in comp.hub.accelerators}
     accelerators.update({p.accelerator.name: p.accelerator for p in comp.planned})
     failures = CheckFailures(comp.hub.owner)
-    refusals = Refusals()
+    refusals = Refusals(comp.unfit)
     pins = written(comp.pins, "pins")
     part = partition(comp.mod, comp.planned, pins, accelerators, failures, refusals)
     _check_failures(comp, failures)
