@@ -77,6 +77,8 @@ DEPTHWISE = {
     },
     "uneven padding, float bias": {"padding": (0, 1, 2, 1), "bias": "float"},
     "rows of 7, dilation 2": {"size": 7, "dilation": (2, 2), "padding": (2, 2, 2, 2)},
+    # 17x17 taps: sums up to 289 * 255 * 255, past float32's exact integers (2**24)
+    "a kernel of 289 taps: int32 sums": {"kernel": 17, "padding": (8, 8, 8, 8), "size": 20},
 }
 
 
@@ -84,7 +86,7 @@ DEPTHWISE = {
     "target", [pytest.param(VNNI, marks=needs_vnni), NO_VNNI], ids=["vnni", "fallback"]
 )
 @pytest.mark.parametrize("case", DEPTHWISE)
-def test_a_depthwise_convolution_is_exact_in_int32_vectors(host_hub, case, target):
+def test_a_depthwise_convolution_is_exact_over_its_flat_plane(host_hub, case, target):
     options = {"channels": (16, 16), "groups": 16, "size": 58, **DEPTHWISE[case]}  # stride 1
     mod, parts = qconv_graph(**options)
     dtype, size = options.get("x_dtype", "uint8"), options["size"]
@@ -92,8 +94,10 @@ def test_a_depthwise_convolution_is_exact_in_int32_vectors(host_hub, case, targe
     x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, size, size))
     x = x.astype(dtype)
     compiled = host_hub.compile(mod, target=target)
+    # exact in float32 below 2**24 (up to 258 taps of 255 * 255), else in int32
+    sums = "int32 vectors" if options.get("kernel") == 17 else "exact float32 sums"
     assert compiled.report.host_schedules == {
-        "int8 depthwise: int32 vectors over the padded plane read flat": 1
+        f"int8 depthwise: {sums} over the padded plane read flat": 1
     }
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 

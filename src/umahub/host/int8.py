@@ -62,6 +62,8 @@ from typing import Any
 
 from tvm import s_tir
 
+from umahub.plugin.compat import buffer_of
+
 __all__ = [
     "VNNI_ANNOTATION",
     "has_vnni",
@@ -589,6 +591,8 @@ def schedule_int8(
         _tail(s)
         return packed_here
 
+    if kind == "flat depthwise":  # its sums' type, for the report
+        sums = str(buffer_of(sch.get(sch.get_sblock("acc_flat")).writes[0]).dtype)
     try:
         apply(sch.copy())
     except Exception:  # a primitive refusing: the function is left to other rules
@@ -597,7 +601,8 @@ def schedule_int8(
     if kind == "depthwise":
         return "int8 depthwise: int32 vectors over a row's positions"
     if kind == "flat depthwise":
-        return "int8 depthwise: int32 vectors over the padded plane read flat"
+        how = "exact float32 sums" if sums == "float32" else "int32 vectors"
+        return f"int8 depthwise: {how} over the padded plane read flat"
     how = "vnni, 16x4 dot" if vnni else "int32 vectors, 16 lanes (no VNNI)"
     if kind == "pointwise":
         how += " over 16 positions"
