@@ -135,7 +135,7 @@ def test_the_npu_schedules_a_quantized_depthwise_partition():
     x = np.random.default_rng(3).integers(0, 256, size=(1, 16, 12, 12)).astype("uint8")
     compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
     (partition,) = compiled.report.partitions
-    assert partition.schedule == ["int8 depthwise: int32 vectors over a row's positions"]
+    assert partition.schedule == ["int8 depthwise: exact float32 sums over a row's positions"]
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 

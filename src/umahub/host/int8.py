@@ -468,7 +468,8 @@ def _requantize_by_channels(
 def _depthwise(sch: s_tir.Schedule) -> None:
     """A depthwise convolution in the plain sum (any stride, padding, row width):
     a tile of one channel by a run of up to 64 positions of one row, its
-    accumulators int32 vectors over the positions, the kernel's rows and columns
+    accumulators vectors over the positions (float32 where exact, else int32:
+    :func:`umahub.host.quantized._exact_in_float`), the kernel's rows and columns
     outside them (each weight broadcast once), the requantization in the same
     vectors; the padded copy by rows."""
     pad = sch.get_sblock("pad_zero_point")
@@ -567,7 +568,7 @@ def schedule_int8(
 
     Returns:
         What was done, for the report (``"int8 conv2d: vnni, 16x4 dot,
-        weights packed at compile time"``, ``"int8 depthwise: int32 vectors
+        weights packed at compile time"``, ``"int8 depthwise: exact float32 sums
         over a row's positions"``), or None (``sch`` unchanged) when
         the function is no such kernel or a primitive refused.
     """
@@ -591,18 +592,19 @@ def schedule_int8(
         _tail(s)
         return packed_here
 
-    if kind == "flat depthwise":  # its sums' type, for the report
-        sums = str(buffer_of(sch.get(sch.get_sblock("acc_flat")).writes[0]).dtype)
+    sums = ""  # a depthwise's sums' type, for the report
+    if kind in ("depthwise", "flat depthwise"):
+        acc = sch.get_sblock("acc_flat" if kind == "flat depthwise" else "acc")
+        sums = str(buffer_of(sch.get(acc).writes[0]).dtype)
     try:
         apply(sch.copy())
     except Exception:  # a primitive refusing: the function is left to other rules
         return None
     packed_here = apply(sch)
-    if kind == "depthwise":
-        return "int8 depthwise: int32 vectors over a row's positions"
-    if kind == "flat depthwise":
+    if kind in ("depthwise", "flat depthwise"):
         how = "exact float32 sums" if sums == "float32" else "int32 vectors"
-        return f"int8 depthwise: {how} over the padded plane read flat"
+        where = "the padded plane read flat" if kind == "flat depthwise" else "a row's positions"
+        return f"int8 depthwise: {how} over {where}"
     how = "vnni, 16x4 dot" if vnni else "int32 vectors, 16 lanes (no VNNI)"
     if kind == "pointwise":
         how += " over 16 positions"

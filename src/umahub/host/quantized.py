@@ -313,8 +313,7 @@ def quantized_kernel(
         elif prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
             at = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
         elif conv:
-            acc = _conv_acc(op, x, x_zero, w, zw, out_shape, channels)
-            at = acc.__getitem__
+            at = _conv_acc(op, x, x_zero, w, zw, out_shape, channels)
         else:
             acc = _matmul_acc(op, x, x_zero, w, zw, out_shape, channels)
             at = acc.__getitem__
@@ -412,8 +411,8 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
     it), and the kernel's taps are offsets, each weight broadcast once per vector.
 
     The plane holds the input less its zero point, and the sum runs in float32
-    where that is exact (:func:`_exact_in_float`: up to 258 taps), in int32
-    otherwise; the accumulator is read as int32 either way.
+    where that is exact (:func:`_exact_in_float`: up to 258 taps of 8-bit
+    values), in int32 otherwise; the accumulator is read as int32 either way.
     """
     attrs = op.call.attrs
     dh, dw = (int(d) for d in attrs.dilation)
@@ -424,7 +423,7 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
     rows = _ceil(shape[2] + reach, pitch)
     padded = _padded_plane(x, top, left, x_zero.astype(x.dtype))
     # in float32 where that is exact: see the docstring
-    kind = "float32" if _exact_in_float(kh * kw) else "int32"
+    kind = "float32" if _exact_in_float(kh * kw, x, w) else "int32"
     plane = te.compute(
         (n, c, rows, pitch),
         lambda *i: (padded(*i).astype("int32") - x_zero).astype(kind),
@@ -451,13 +450,14 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
 _FLOAT_EXACT = 1 << 24
 
 
-def _exact_in_float(taps: int) -> bool:
-    """Whether a depthwise sum of ``taps`` products of two 8-bit values less their zero
-    points (each at most 255 in magnitude) is exact in float32: every partial sum is
-    an integer below 2**24 then, whatever the order, so it equals the int32 sum. A
-    float multiply-add does in one instruction what int32 takes a slow 32-bit
-    multiply and an add for (``vpmulld``: half the rate of ``vfmadd``)."""
-    return taps * 255 * 255 < _FLOAT_EXACT
+def _exact_in_float(taps: int, x: te.Tensor, w: te.Tensor) -> bool:
+    """Whether a convolution's sum of ``taps`` products of an ``x`` and a ``w`` value less
+    their zero points (an 8-bit value less one: at most 255 in magnitude) is exact in
+    float32: every partial sum is an integer below 2**24 then, whatever the order, so
+    it equals the int32 sum. A float multiply-add does in one instruction what int32
+    takes a slow 32-bit multiply and an add for (``vpmulld``: half ``vfmadd``'s rate)."""
+    span = [(1 << tvm.DataType(str(t.dtype)).bits) - 1 for t in (x, w)]
+    return taps * span[0] * span[1] < _FLOAT_EXACT
 
 
 def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
@@ -678,7 +678,13 @@ def _conv_acc(op, x, x_zero, w, zw, out_shape, channels):
     _, cg, kh, kw = (int(d) for d in w.shape)
     per_group = channels // groups
     padded = _padded_plane(x, top, left, x_zero.astype(x.dtype))
-    xp = te.compute((n, c, h + top + bottom, wd + left + right), padded, name="pad_zero_point")
+    # the input less its zero point; in float32 where the sums are exact in it
+    kind = "float32" if _exact_in_float(cg * kh * kw, x, w) else "int32"
+    xp = te.compute(
+        (n, c, h + top + bottom, wd + left + right),
+        lambda *i: (padded(*i).astype("int32") - x_zero).astype(kind),
+        name="pad_zero_point",
+    )
     rc = te.reduce_axis((0, cg), "rc")
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
@@ -686,9 +692,10 @@ def _conv_acc(op, x, x_zero, w, zw, out_shape, channels):
     def acc(b: Any, o: Any, y: Any, xx: Any) -> Any:
         data = xp[b, (o // per_group) * cg + rc, y * sh + ry * dh, xx * sw_ + rx * dw]
         weight = w[o, rc, ry, rx].astype("int32") - _read(zw, o, channels).astype("int32")
-        return te.sum((data.astype("int32") - x_zero) * weight, axis=[rc, ry, rx])
+        return te.sum(data * weight.astype(kind), axis=[rc, ry, rx])
 
-    return te.compute(out_shape, acc, name="acc")
+    total = te.compute(out_shape, acc, name="acc")
+    return lambda i: total[i].astype("int32")
 
 
 def _matmul_acc(op, a, a_zero, b, zb, out_shape, channels):
