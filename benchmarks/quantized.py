@@ -21,7 +21,7 @@ Agreement: umahub's int8 output against ORT's in output quantization units
 and each int8 output's relative error against umahub's float32 one. Results:
 ``results/quantized.json``.
 
-    python benchmarks/quantized.py [MODEL ...] [--repeat N]
+    python benchmarks/quantized.py [MODEL ...] [--repeat N] [--rounds N]
 """
 
 from __future__ import annotations
@@ -151,23 +151,32 @@ print(json.dumps({"ms": statistics.median(times) * 1e3, "compile_s": compile_s, 
 """
 
 
-def measure(name: str, repeat: int, folder: Path) -> dict:
+def measure(name: str, repeat: int, folder: Path, rounds: int = 1) -> dict:
+    """The three engines on ``name``, each in a process of its own, ``rounds`` times
+    round-robin; each engine keeps its fastest round (``round_ms``: every round's)."""
     files = prepare(name, folder)
     inputs = str(folder / f"{name}.inputs.npz")
     env = worker_env(THREADS)
     result: dict = {"output_scale": files["scale"]}
     outs = {}
-    for engine, kind, path in (
+    engines = (
         ("ort_int8", "ort", files["int8"]),
         ("umahub_int8", "umahub", files["int8"]),
         ("umahub_fp32", "umahub", files["fp32"]),
-    ):
-        out_path = str(folder / f"{name}.{engine}.npy")
-        args = [kind, path, json.dumps(files["names"]), inputs, out_path, str(repeat)]
-        result[engine] = run_worker(WORKER, args, env)
-        print(name, engine, result[engine], flush=True)
-        if "error" not in result[engine]:
-            outs[engine] = np.load(out_path)
+    )
+    for _ in range(max(1, rounds)):
+        for engine, kind, path in engines:
+            out_path = str(folder / f"{name}.{engine}.npy")
+            args = [kind, path, json.dumps(files["names"]), inputs, out_path, str(repeat)]
+            got = run_worker(WORKER, args, env)
+            print(name, engine, got.get("ms", got), flush=True)
+            best = result.get(engine)
+            times = [*best.get("round_ms", []), got.get("ms")] if best else [got.get("ms")]
+            if best is None or ("ms" in got and got["ms"] < best.get("ms", float("inf"))):
+                result[engine] = got
+            result[engine]["round_ms"] = times
+            if "error" not in got:
+                outs[engine] = np.load(out_path)
     if "ort_int8" in outs and "umahub_int8" in outs and files["scale"]:
         steps = np.rint((outs["umahub_int8"] - outs["ort_int8"]) / files["scale"]).astype(int)
         result["int8_agreement"] = {
@@ -189,13 +198,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=list(MODELS))
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every engine this many times, round-robin, each in a new process, and "
+        "keep each engine's fastest round (a machine shared with other work)",
+    )
     parser.add_argument("--results", default="quantized", help="results/<name>.json")
     args = parser.parse_args()
     results = {}
     load_before = os.getloadavg()  # the machine is shared: how busy it was
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            results[name] = measure(name, args.repeat, Path(tmp))
+            results[name] = measure(name, args.repeat, Path(tmp), args.rounds)
     load_after = os.getloadavg()
     import tvm
 
@@ -206,6 +222,7 @@ def main() -> None:
             "llvm_cpu": cpu,
             "threads": THREADS,
             "repeat": args.repeat,
+            "rounds": args.rounds,
             "load_average": {"before": load_before[:2], "after": load_after[:2]},
             "models": results,
         },
