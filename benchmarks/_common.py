@@ -68,24 +68,42 @@ def cpu_kind(cpu: str | None = None) -> str:
 def _commit() -> str | None:
     """The checkout's commit (``+`` when it has changes), or None outside git."""
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=root, check=True)
+        return done.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=root,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            cwd=root,
-            check=True,
-        ).stdout.strip()
+        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "-uno")
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+" if dirty else "")
+
+
+def add_rounds_option(parser: Any) -> None:
+    """``--rounds N`` on a benchmark's ``argparse`` parser (see :func:`fastest`)."""
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every engine this many times, round-robin, each in a new process, and "
+        "keep each engine's fastest round (a machine shared with other work)",
+    )
+
+
+def fastest(results: list[dict], key: str, kept: dict[str, str]) -> dict:
+    """Of one engine's rounds, the one with the lowest ``key`` (the last, an error, when
+    every round failed); with several rounds, each field ``f`` of ``kept`` is recorded
+    over all of them as ``kept[f]``: a round another job disturbed does not count
+    against one engine only."""
+    timed = [r for r in results if key in r]
+    if not timed:
+        return results[-1]
+    best = dict(min(timed, key=lambda r: r[key]))
+    if len(results) > 1:
+        for field, name in kept.items():
+            best[name] = [r.get(field) for r in results]
+    return best
 
 
 def median_time(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> float:

@@ -56,10 +56,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from _common import cpu_kind, run_worker, worker_env, write
+from _common import add_rounds_option, cpu_kind, fastest, run_worker, worker_env, write
 from _models import TORCHVISION, ZOO
 
 ENGINES = ["torch", "ort", "tvm", "umahub"]
+
+#: What is recorded over every round (:func:`_common.fastest`).
+ROUNDS_KEPT = {"median_ms": "round_medians_ms"}
 
 # One engine on one model, in a fresh process; prints one JSON line.
 _WORKER = r"""
@@ -201,31 +204,13 @@ def _cell(engine: str, result: dict) -> str:
     return f"{engine} {result['median_ms']:8.1f} ms{mark}"
 
 
-def _fastest(results: list[dict]) -> dict:
-    """The round with the lowest median (an error if every round failed), and every
-    round's median when there were several."""
-    timed = [r for r in results if "median_ms" in r]
-    if not timed:
-        return results[-1]
-    best = dict(min(timed, key=lambda r: r["median_ms"]))
-    if len(results) > 1:
-        best["round_medians_ms"] = [r.get("median_ms") for r in results]
-    return best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=ZOO + TORCHVISION)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="time every engine this many times, round-robin, each in a new process, and "
-        "keep each engine's fastest round (a machine shared with other work)",
-    )
+    add_rounds_option(parser)
     parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
@@ -254,7 +239,7 @@ def main() -> None:
                     rounds[e].append(
                         measure(name, e, args.repeat if e != "tvm" else 3, workdir, env)
                     )
-            row = {e: _fastest(results) for e, results in rounds.items()}
+            row = {e: fastest(r, "median_ms", ROUNDS_KEPT) for e, r in rounds.items()}
             reference = Path(workdir) / f"{name}.torch.npy"
             for e, result in row.items():
                 out = Path(workdir) / f"{name}.{e}.npy"

@@ -38,10 +38,13 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from _common import run_worker, worker_env, write
+from _common import add_rounds_option, fastest, run_worker, worker_env, write
 
 MODELS = ["gpt2", "llama", "qwen2"]
 ENGINES = ["torch", "tvm", "umahub"]
+
+#: What is recorded over every round (:func:`_common.fastest`): the fastest decode is kept.
+ROUNDS_KEPT = {"decode_ms": "round_decode_ms", "prefill_ms": "round_prefill_ms"}
 PROMPT, NEW_TOKENS, CONTEXT = 128, 32, 160
 
 _WORKER = r"""
@@ -161,26 +164,13 @@ print(json.dumps({
 """
 
 
-def _fastest(results: list[dict]) -> dict:
-    """The round with the fastest decode (an error if every round failed), with every
-    round's decode and prefill when there were several."""
-    timed = [r for r in results if "decode_ms" in r]
-    if not timed:
-        return results[-1]
-    best = dict(min(timed, key=lambda r: r["decode_ms"]))
-    if len(results) > 1:
-        best["round_decode_ms"] = [r.get("decode_ms") for r in results]
-        best["round_prefill_ms"] = [r.get("prefill_ms") for r in results]
-    return best
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=MODELS)
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=1)
+    add_rounds_option(parser)
     args = parser.parse_args()
     from pathlib import Path
 
@@ -197,7 +187,7 @@ def main() -> None:
                     rounds[e].append(
                         run_worker(_WORKER, [name, e, str(args.repeat), workdir], env, cwd=workdir)
                     )
-            row = {e: _fastest(results) for e, results in rounds.items()}
+            row = {e: fastest(r, "decode_ms", ROUNDS_KEPT) for e, r in rounds.items()}
             reference = row.get("torch", {})
             want_path = Path(workdir) / f"{name}.torch.npy"
             for e, result in row.items():

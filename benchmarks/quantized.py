@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _common import run_worker, worker_env, write
+from _common import add_rounds_option, fastest, run_worker, worker_env, write
 
 MODELS = ("resnet18", "mobilenetv2", "bert", "resnet50", "efficientnet_b0")
 TORCHVISION = ("resnet50", "efficientnet_b0", "mobilenet_v3_large")
@@ -153,7 +153,8 @@ print(json.dumps({"ms": statistics.median(times) * 1e3, "compile_s": compile_s, 
 
 def measure(name: str, repeat: int, folder: Path, rounds: int = 1) -> dict:
     """The three engines on ``name``, each in a process of its own, ``rounds`` times
-    round-robin; each engine keeps its fastest round (``round_ms``: every round's)."""
+    round-robin; each engine keeps its fastest round (``round_ms``: every round's, with
+    several)."""
     files = prepare(name, folder)
     inputs = str(folder / f"{name}.inputs.npz")
     env = worker_env(THREADS)
@@ -164,19 +165,18 @@ def measure(name: str, repeat: int, folder: Path, rounds: int = 1) -> dict:
         ("umahub_int8", "umahub", files["int8"]),
         ("umahub_fp32", "umahub", files["fp32"]),
     )
+    rounds_of: dict[str, list[dict]] = {engine: [] for engine, _, _ in engines}
     for _ in range(max(1, rounds)):
         for engine, kind, path in engines:
             out_path = str(folder / f"{name}.{engine}.npy")
             args = [kind, path, json.dumps(files["names"]), inputs, out_path, str(repeat)]
             got = run_worker(WORKER, args, env)
             print(name, engine, got.get("ms", got), flush=True)
-            best = result.get(engine)
-            times = [*best.get("round_ms", []), got.get("ms")] if best else [got.get("ms")]
-            if best is None or ("ms" in got and got["ms"] < best.get("ms", float("inf"))):
-                result[engine] = got
-            result[engine]["round_ms"] = times
+            rounds_of[engine].append(got)
             if "error" not in got:
                 outs[engine] = np.load(out_path)
+    for engine, results in rounds_of.items():
+        result[engine] = fastest(results, "ms", {"ms": "round_ms"})
     if "ort_int8" in outs and "umahub_int8" in outs and files["scale"]:
         steps = np.rint((outs["umahub_int8"] - outs["ort_int8"]) / files["scale"]).astype(int)
         result["int8_agreement"] = {
@@ -198,13 +198,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=list(MODELS))
     parser.add_argument("--repeat", type=int, default=30)
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="time every engine this many times, round-robin, each in a new process, and "
-        "keep each engine's fastest round (a machine shared with other work)",
-    )
+    add_rounds_option(parser)
     parser.add_argument("--results", default="quantized", help="results/<name>.json")
     args = parser.parse_args()
     results = {}
