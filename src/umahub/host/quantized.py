@@ -388,16 +388,18 @@ def flat_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
     )
 
 
-def _padded_plane(x: te.Tensor, top: int, left: int, fill: Any):
-    """``(b, c, i, j) ->`` NCHW ``x`` padded by ``top`` rows and ``left`` columns before
-    (and as many after as the caller's shape asks), the padding ``fill``."""
+def _plane_less_zero(x: te.Tensor, x_zero: Any, top: int, left: int, kind: str):
+    """``(b, c, i, j) ->`` NCHW ``x`` less its zero point ``x_zero``, as ``kind``, padded
+    by ``top`` rows and ``left`` columns before (and as many after as the caller's
+    shape asks) with zeros: padding holds the zero point, which is 0 less it."""
     h, wd = (int(d) for d in x.shape[2:])
 
-    def padded(b: Any, ch: Any, i: Any, j: Any) -> Any:
+    def value(b: Any, ch: Any, i: Any, j: Any) -> Any:
         inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left)
-        return tirx.if_then_else(inside, x[b, ch, i - top, j - left], fill)
+        less = (x[b, ch, i - top, j - left].astype("int32") - x_zero).astype(kind)
+        return tirx.if_then_else(inside, less, tirx.const(0, kind))
 
-    return padded
+    return value
 
 
 def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
@@ -421,13 +423,10 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
     _, _, kh, kw = (int(d) for d in w.shape)
     reach = (kh - 1) * dh * pitch + (kw - 1) * dw
     rows = _ceil(shape[2] + reach, pitch)
-    padded = _padded_plane(x, top, left, x_zero.astype(x.dtype))
     # in float32 where that is exact: see the docstring
     kind = "float32" if _exact_in_float(kh * kw, x, w) else "int32"
     plane = te.compute(
-        (n, c, rows, pitch),
-        lambda *i: (padded(*i).astype("int32") - x_zero).astype(kind),
-        name="pad_zero_point",
+        (n, c, rows, pitch), _plane_less_zero(x, x_zero, top, left, kind), name="pad_zero_point"
     )
     xp = te.compute(
         (n, c, rows * pitch),
@@ -677,12 +676,11 @@ def _conv_acc(op, x, x_zero, w, zw, out_shape, channels):
     n, c, h, wd = (int(d) for d in x.shape)
     _, cg, kh, kw = (int(d) for d in w.shape)
     per_group = channels // groups
-    padded = _padded_plane(x, top, left, x_zero.astype(x.dtype))
     # the input less its zero point; in float32 where the sums are exact in it
     kind = "float32" if _exact_in_float(cg * kh * kw, x, w) else "int32"
     xp = te.compute(
         (n, c, h + top + bottom, wd + left + right),
-        lambda *i: (padded(*i).astype("int32") - x_zero).astype(kind),
+        _plane_less_zero(x, x_zero, top, left, kind),
         name="pad_zero_point",
     )
     rc = te.reduce_axis((0, cg), "rc")
