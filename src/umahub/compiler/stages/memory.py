@@ -87,7 +87,7 @@ def _lowering_order(hub: Any, part: Partitioned) -> list[str]:
 
 
 def run(comp: Compilation) -> None:
-    """Stage 3: plan every pool in lowering order; a partition that does not fit falls back.
+    """Stage 3: plan every pool in lowering order; a partition that does not fit is placed again.
 
     Writes ``comp.order``, ``comp.plan`` (as planned before lowering) and
     ``comp.needs``; a partition that does not fit its pool is placed again
