@@ -133,10 +133,10 @@ LAYERS = {
     "umahub.runtime": {"umahub.plugin"},
     "umahub.boards": {"umahub.runtime"},
     "umahub.hub": {"umahub.plugin"},
-    # the host's schedule asks the tuning database first (umahub.tuning.lookup), which
-    # reads the database and nothing else of umahub's tuning
+    # the host's schedule and the lower stage ask the tuning database first
+    # (umahub.tuning.lookup), which reads the database and nothing else of umahub's tuning
     "umahub.tuning.database": set(),
-    "umahub.tuning.lookup": {"umahub.tuning.database"},
+    "umahub.tuning.lookup": {"umahub.tuning.database", "umahub.plugin"},
     "umahub.host": {"umahub.plugin", "umahub.hub.tracing", "umahub.tuning.lookup"},
     "umahub.report": {"umahub.plugin", "umahub.hub.tracing"},
 }

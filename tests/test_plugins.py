@@ -57,7 +57,7 @@ def test_each_broken_plugin_is_skipped_with_its_cause_and_the_rest_work():
         "zz_typo_hook": "hook implementation 'umahub_patern' matches no umahub hook (did you "
         "mean 'umahub_patterns'?); umahub (API 1) has: umahub_accelerators, umahub_codegen, "
         "umahub_cost, umahub_host_schedule, umahub_patterns, umahub_relax_to_tir, umahub_schedule, "
-        "umahub_tir_passes",
+        "umahub_tir_passes, umahub_tuning_space",
     }
     messages = [str(w.message) for w in warned]
     assert any(

@@ -70,3 +70,13 @@ def test_one_tuning_run_measures_on_both_boards(farm, tmp_path):
     ).compile(zoo.get("mlp"))
     assert [k["name"] for k in compiled.report.tuned_kernels] == [v.name for v in result.verdicts]
     assert os.path.exists(tmp_path / "db" / "umahub-tuning.json")
+
+
+def test_an_accelerators_partition_is_measured_on_the_farm_too(farm, tmp_path):
+    hub = umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
+    result = hub.tune(
+        zoo.get("cnn"), database=str(tmp_path / "db"), trials=6, rpc=farm["tracker"], key=KEY
+    )
+    (conv,) = [v for v in result.verdicts if v.name == "npu_0_conv2d_add_relu on npu:0"]
+    assert conv.hook_seconds and conv.hook_seconds > 0  # its library loaded and ran on a board
+    assert conv.tuned_seconds is not None and conv.script is not None

@@ -536,3 +536,30 @@ def test_a_one_row_matmul_is_a_gemv_over_column_panels():
     assert loops[loops.index("for k in range(T.int64(256)):") + 1] == (
         "for i1_2 in T.vectorized(T.int64(32)):"
     )
+
+
+def test_drawing_tiles_draws_each_size_once_among_the_rules_sizes():
+    """The npu's design space for ``umahub tune``: the tile sizes drawn on the schedule."""
+    rule = schedules.matmul_tiles(1, 128, 256, 512, 16, 256 * 1024, 2)
+    drawn = set()
+    for seed in range(8):
+        sch = s_tir.Schedule(
+            primfunc_from_relax(
+                [("a", (128, 512)), ("b", (512, 256))], lambda bb, a, b: relax.op.matmul(a, b)
+            ),
+            seed=seed + 1,
+        )
+        with schedules.drawing_tiles(sch):
+            first = schedules.matmul_tiles(1, 128, 256, 512, 16, 256 * 1024, 2)
+            again = schedules.matmul_tiles(1, 128, 256, 512, 16, 256 * 1024, 2)
+        assert first == again  # the dry run and the schedule take the same sizes
+        ti, tj, tk, mr, nr = first
+        assert (mr, nr) == rule[3:]  # the micro-kernel is the rules'
+        assert 128 % ti == 0 and ti % mr == 0 and 256 % tj == 0 and tj % nr == 0
+        assert 512 % tk == 0 and 4 * (ti * tk + tk * tj + ti * tj) <= 256 * 1024
+        kinds = [i.kind.name for i in sch.trace.insts]
+        assert kinds.count("SampleCategorical") == 3
+        drawn.add(first)
+    assert len(drawn) > 1
+    # outside, the rules choose
+    assert schedules.matmul_tiles(1, 128, 256, 512, 16, 256 * 1024, 2) == rule

@@ -21,7 +21,7 @@ Accelerator backends for Apache TVM as installable plugins.
   umahub compile MODEL -o F    compile through the plugins into one library
   umahub run F                 run that library (no plugins needed)
   umahub bench F               its latency, here or on a board (--rpc)
-  umahub tune MODEL            tune its host kernels (MetaSchedule), here or on boards
+  umahub tune MODEL            tune its kernels (MetaSchedule), here or on boards
   umahub new-plugin NAME       start a plugin: a package that passes its own tests
 
 The configuration is [tool.umahub] in the nearest pyproject.toml (or the file
@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "tune",
-        "tune the host kernels of MODEL with TVM's MetaSchedule into a database that "
+        "tune the kernels of MODEL (the host's, and the accelerators' whose plugins offer a "
+        "search space) with TVM's MetaSchedule into a database that "
         "compile uses where a tuned kernel measured faster",
         cmd_tune,
     )

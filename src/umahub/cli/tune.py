@@ -1,4 +1,4 @@
-"""``umahub tune MODEL``: its host kernels tuned into the tuning database, one line each."""
+"""``umahub tune MODEL``: its kernels tuned into the tuning database, one line each."""
 
 from __future__ import annotations
 

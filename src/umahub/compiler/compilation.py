@@ -193,8 +193,9 @@ class Compilation:
             a parameter of ``main``.
         host_functions: (build) how each of the host's functions was
             scheduled, by name.
-        tuned_kernels: (build) each host kernel the tuning database knows:
-            name, which schedule was used ("tuned" or "hook") and why.
+        tuned_kernels: (lower, build) each kernel the tuning database knows (the
+            partitions', then the host's): name, which schedule was used
+            ("tuned" or "hook") and why.
         compiled: (build) the runnable model.
         unfit: node -> {accelerator: why} of the operators an earlier try of this
             compile found do not fit that accelerator (its pool or its on-chip

@@ -122,8 +122,9 @@ class RelaxPipeline:
         prepared, comp = pipeline.prepare(self.hub, mod, self.placement, self.progress)
         self._bind(comp)
         prepared = _linkable(prepared, comp)
-        with tuned_kernels() as comp.tuned_kernels:
+        with tuned_kernels(fresh=False) as host_kernels:
             prepared, comp.host_functions = lower_host(self.hub, prepared)
+        comp.tuned_kernels.extend(host_kernels)
         prepared = storage_plan.plan_storage(prepared)
         self.compilation = comp
         inner = tvm.transform.PassContext(

@@ -16,7 +16,8 @@ wrong number:
 * ``umahub_tir_passes``: a list of ``tvm.transform.Pass``;
 * ``umahub_codegen``: a TVM runtime module that defines the partition's symbol;
   for a device accelerator (``Accelerator(runtime=...)``), a
-  :class:`~umahub.plugin.device.DeviceProgram` whose metadata is JSON.
+  :class:`~umahub.plugin.device.DeviceProgram` whose metadata is JSON;
+* ``umahub_tuning_space``: None or a :class:`~umahub.plugin.tuning.TuningSpace`.
 
 A pattern ``check`` that raises is handled where checks run
 (:mod:`umahub.compiler.placement`); wrong numbers are :mod:`umahub.compiler.stages.verify`'s job.
@@ -38,6 +39,7 @@ __all__ = [
     "checked_patterns",
     "checked_relax_to_tir",
     "checked_schedule",
+    "checked_tuning_space",
 ]
 
 
@@ -347,3 +349,25 @@ def _implements(module: Any, name: str) -> bool:
         return bool(module.implements_function(name, True))
     except Exception:
         return False
+
+
+def checked_tuning_space(result: Any) -> Any:
+    """The space a ``umahub_tuning_space`` implementation offered: None or a TuningSpace.
+
+    Raises:
+        PluginOutputError: anything else (a bare function or a list of rules is
+            named, with how to wrap it).
+    """
+    from umahub.plugin.tuning import TuningSpace
+
+    if result is None or isinstance(result, TuningSpace):
+        return result
+    hint, given = "", _what(result)
+    if callable(result):
+        hint = " (a design space is given as TuningSpace(schedule=function))"
+        given = f"the function {getattr(result, '__qualname__', type(result).__name__)}"
+    elif isinstance(result, (str, list, tuple)):
+        hint = " (schedule rules are given as TuningSpace(rules=...))"
+    raise PluginOutputError(
+        f"umahub_tuning_space returned {given}: expected None or an umahub.plugin.TuningSpace{hint}"
+    )

@@ -320,7 +320,8 @@ class Hub:
         key: str | None = None,
         progress: Any = None,
     ) -> Any:
-        """Tune the host kernels of ``mod``'s compile with TVM's MetaSchedule.
+        """Tune the host kernels of ``mod``'s compile with TVM's MetaSchedule, and the
+        partitions whose plugin offers a search space (``umahub_tuning_space``).
 
         Candidates are measured with the schedule the compile gives each
         kernel otherwise, on this machine or, with ``rpc="HOST:PORT"`` and

@@ -70,6 +70,12 @@ Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
     :func:`extern_block`, :func:`rewrite`, :func:`blocks`, :func:`static_int`,
     :func:`static_ints`, :func:`loop_extents`).
 
+Tuning (``umahub_tuning_space``)
+    :class:`TuningSpace`: a design space (the plugin's schedule with its
+    decisions sampled) or MetaSchedule's rules, which ``umahub tune``
+    searches and measures against the hook's schedule
+    (:mod:`~umahub.plugin.tuning`).
+
 TVM's names that moved between apache-tvm 0.25, 0.26 and 0.27
     :mod:`~umahub.plugin.compat`, re-exported here: :data:`SBlock`,
     :data:`SBlockRealize`, :data:`Load`, :data:`Region`, :data:`Call`,
@@ -140,6 +146,7 @@ from umahub.plugin.quantization import (
     requantization,
     requantize,
 )
+from umahub.plugin.tuning import TuningSpace
 from umahub.sizes import human_size
 
 if TYPE_CHECKING:
@@ -251,6 +258,7 @@ __all__ = [
     "SBlock",
     "SBlockRealize",
     "TensorType",
+    "TuningSpace",
     "TupleType",
     "Unsupported",
     "activated",

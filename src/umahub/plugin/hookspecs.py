@@ -16,7 +16,8 @@ implementation takes only the arguments it needs, in any order::
 The hooks are called in the order of the compile pipeline, which is also the
 order of this file: discovery, partition (with placement by cost, the costs of
 the candidate groups), lowering (Relax to TIR, schedule, TIR passes), codegen,
-and the host's schedules when the model is built.
+the search spaces ``umahub tune`` asks for, and the host's schedules when the
+model is built.
 
 Hooks that take an ``accelerator`` are called for every accelerator. Mark an
 implementation with the accelerator(s) it is for, and umahub calls it for
@@ -129,7 +130,9 @@ refuses a plugin written for a contract it does not speak
   - :func:`umahub_cost` (a group's seconds for placement by cost; a group no
     implementation costs is measured) and ``MemoryPool(bandwidth=...)``;
   - backend options: ``Accelerator(options=...)`` and ``context.options``
-    (a plugin that declares none sees an empty mapping).
+    (a plugin that declares none sees an empty mapping);
+  - :func:`umahub_tuning_space`: a search space for ``umahub tune`` (a plugin
+    that offers none keeps its hook's schedules).
 
 Why this module is long: it is the plugin author's reference; each hook's
 contract, arguments, results and failures are written next to its signature.
@@ -146,6 +149,7 @@ if TYPE_CHECKING:
 
     from umahub.plugin.accelerator import Accelerator
     from umahub.plugin.context import CompileContext, CostContext
+    from umahub.plugin.tuning import TuningSpace
 
 
 # -------------------------------------------------------------------------
@@ -457,6 +461,63 @@ def umahub_codegen(
         def umahub_codegen(module, context):
             program = my_npu_compiler.emit(module[context.symbol])  # bytes
             return up.DeviceProgram(program, {"format": 1})
+    """
+
+
+# -------------------------------------------------------------------------
+# Tuning: what ``umahub tune`` may search
+# -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def umahub_tuning_space(
+    accelerator: Accelerator, function: tvm.tirx.PrimFunc, context: CompileContext
+) -> TuningSpace | None:
+    """Offer a search space for one partition's schedule, for ``umahub tune``.
+
+    Called only by ``umahub tune MODEL`` (:meth:`umahub.Hub.tune`), once per
+    partition placed on ``accelerator``, after :func:`umahub_relax_to_tir`;
+    never by a compile. Stops at first non-None result. ``umahub tune`` draws
+    candidates from the space, builds each as the compile builds the
+    partition (:func:`umahub_tir_passes`, :func:`umahub_codegen`), measures
+    them beside the schedule of :func:`umahub_schedule` (on this machine or on
+    the boards of a tracker) and writes the verdict in the tuning database. A
+    compile with that database (``tuning-database`` in ``[tool.umahub]``)
+    replays the tuned schedule in place of calling :func:`umahub_schedule`,
+    only where it measured faster; the report says per partition which
+    schedule was used and why.
+
+    :param accelerator: the accelerator the partition is placed on.
+    :param function: the partition's PrimFunc, as :func:`umahub_schedule` would
+        be given it (named ``"main"`` here): what the kernel computes, for the
+        plugin to decide whether it has a space for it.
+    :param context: the compile context of the partition.
+    :return: ``None`` (no space: the partition keeps its hook's schedule), or a
+        :class:`umahub.plugin.TuningSpace`: a design space written as a
+        schedule with sampled decisions, or MetaSchedule's schedule rules.
+        Anything else, or a space that raises on every draw, is a failure of
+        the plugin's, which ``umahub tune`` reports; the partition keeps its
+        hook's schedule.
+
+    Kernels of an accelerator with a device of its own
+    (``Accelerator(runtime=...)``) are not tuned: the runners measure in a
+    process of their own, where the device's runtime is not loaded.
+
+    Marked ``@umahub.hookimpl(accelerator=...)``, it is called for partitions
+    on those accelerators only.
+
+    Example (the tile of a matmul drawn from its divisors)::
+
+        @hookimpl(accelerator="my_accel")
+        def umahub_tuning_space(function):
+            def space(schedule):
+                block = schedule.get_sblock("matmul")
+                i, j, k = schedule.get_loops(block)
+                tile = schedule.get(schedule.sample_categorical([8, 16, 32], [1 / 3] * 3))
+                schedule.split(j, factors=[None, int(tile)])
+                ...
+
+            return up.TuningSpace(schedule=space, description="column tiles")
     """
 
 

@@ -9,7 +9,11 @@ hold several keys (a farm of two kinds of board).
 A kernel is found by the structural hash of its PrimFunc, as the compile
 hands it to the host's schedule; its entry holds both measurements (the
 hook's schedule and the best tuned one), which was chosen and why, and the
-tuned schedule as MetaSchedule's trace (JSON), which the compile replays.
+tuned schedule as MetaSchedule's trace (JSON), which the compile replays; a
+partition's tuned schedule is kept as TVMScript instead (a plugin's schedule
+may use primitives, ``transform_layout`` among them, whose trace cannot be
+written with apache-tvm-ffi 0.1.15: see :mod:`umahub.tuning.search`), which
+the compile parses.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class Verdict:
     #: MetaSchedule's trace of the best tuned schedule, as JSON data (kept when the
     #: hook's is used too: the measurements may be judged again)
     trace: Any = None
+    #: the best tuned schedule as TVMScript: a partition's, in place of the trace
+    script: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict as plain data (the database's and the report's form)."""

@@ -60,8 +60,11 @@ def tuning_target(target: Any) -> Any:
     return tvm.target.Target(config)
 
 
-def _space(mod: tvm.IRModule, target: Any, seed: int) -> tuple[list[Any], list[Any]]:
-    """(design spaces, postprocessors) of ``mod``'s ``main`` for ``target``."""
+def _space(
+    mod: tvm.IRModule, target: Any, seed: int, rules: Any = "llvm"
+) -> tuple[list[Any], list[Any]]:
+    """(design spaces, postprocessors) of ``mod``'s ``main`` for ``target``, by ``rules``
+    (MetaSchedule's rule set ``"llvm"``, or a sequence of its ScheduleRule)."""
     _without_tensor_intrinsics()
     from tvm.s_tir import meta_schedule as ms
 
@@ -69,7 +72,9 @@ def _space(mod: tvm.IRModule, target: Any, seed: int) -> tuple[list[Any], list[A
         p for p in ms.postproc.Postproc.create("llvm") if type(p).__name__ != "RewriteLayout"
     ]
     space = ms.space_generator.PostOrderApply(
-        sch_rules="llvm", postprocs=postprocs, mutator_probs={}
+        sch_rules=rules if isinstance(rules, str) else list(rules),
+        postprocs=postprocs,
+        mutator_probs={},
     )
     context = ms.TuneContext(
         mod=mod,
@@ -82,10 +87,13 @@ def _space(mod: tvm.IRModule, target: Any, seed: int) -> tuple[list[Any], list[A
     return list(context.generate_design_space()), postprocs
 
 
-def candidates(mod: tvm.IRModule, target: Any, count: int, seed: int) -> list[s_tir.Schedule]:
-    """Up to ``count`` distinct schedules of ``mod`` drawn from MetaSchedule's space."""
+def candidates(
+    mod: tvm.IRModule, target: Any, count: int, seed: int, rules: Any = "llvm"
+) -> list[s_tir.Schedule]:
+    """Up to ``count`` distinct schedules of ``mod`` drawn from MetaSchedule's space of
+    ``rules`` (its ``"llvm"`` rule set, or a sequence of ScheduleRule)."""
     try:
-        spaces, postprocs = _space(mod, target, seed)
+        spaces, postprocs = _space(mod, target, seed, rules)
     except Exception:  # a function no rule applies to: nothing to tune
         return []
     found: dict[int, s_tir.Schedule] = {}

@@ -1,8 +1,10 @@
-"""``umahub tune``: a model's host kernels searched, measured and judged into the database.
+"""``umahub tune``: a model's kernels searched, measured and judged into the database.
 
 For each kernel (:mod:`umahub.tuning.tasks`, heaviest share of the budget to
-the kernels that occur most), candidates are drawn from MetaSchedule's space
-(:mod:`umahub.tuning.search`), built, and measured in one batch with the
+the kernels that occur most), candidates are drawn from its space (a host
+kernel's: MetaSchedule's, :mod:`umahub.tuning.search`; a partition's: its
+plugin's, :mod:`umahub.tuning.partitions`), built as the compile builds it,
+and measured in one batch with the
 schedule the compile would give it without tuning, on the same runner
 (:mod:`umahub.tuning.runners`: all boards of the key at once). The best
 candidate and the hook's schedule are then timed again, in turn, three rounds
@@ -21,7 +23,7 @@ from typing import Any
 
 import tvm
 
-from umahub.tuning import runners, search
+from umahub.tuning import partitions, runners, search
 from umahub.tuning.database import (
     TuningDatabase,
     TuningError,
@@ -44,11 +46,14 @@ class TuningResult:
     where: str  # "this machine", "2 boards with key 'x' at tracker h:p"
     trials: int  # candidates measured in all
     verdicts: list[Verdict] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)  # how many host functions each kernel is
+    counts: list[int] = field(default_factory=list)  # how many functions each kernel is
+    #: the partitions on accelerators left to their hooks' schedules, and why
+    skipped: list[partitions.Skipped] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """One line per kernel, then the summary (what ``umahub tune`` prints)."""
         out = [f"{v.name}: {v.used} ({v.why})" for v in self.verdicts]
+        out += [f"{s.name}: not tuned ({s.why})" for s in self.skipped]
         tuned = sum(v.used == "tuned" for v in self.verdicts)
         out.append(
             f"{tuned} of {len(self.verdicts)} kernels tuned faster than their schedule, "
@@ -97,9 +102,9 @@ def tune(
         if progress is not None:
             progress(stage, detail)
 
-    tasks = extract(hub, mod, progress)
+    tasks, skipped = extract(hub, mod, progress)
     budgets = _budget(tasks, trials)
-    result = TuningResult(db.path, measurer.where, 0)
+    result = TuningResult(db.path, measurer.where, 0, skipped=skipped)
     total = sum(budgets)
     with tempfile.TemporaryDirectory(prefix="umahub-tune-") as where:
         for task, budget in zip(tasks, budgets, strict=True):
@@ -121,14 +126,19 @@ def _tune_one(
 ) -> Verdict:
     from tvm.s_tir import meta_schedule as ms
 
-    # built alone, a kernel is the library's exported function "main"
-    mod = tvm.IRModule({"main": task.func.with_attr("global_symbol", "main")})
-    target = search.tuning_target(task.target)
-    drawn = search.candidates(mod, target, budget, seed)
-    hooked = tvm.IRModule({"main": task.hooked.with_attr("global_symbol", "main")})
-    mods = [hooked, *(s.mod for s in drawn)]
-    built = search.build(mods, task.target, where)
-    args = [ms.arg_info.ArgInfo.from_prim_func(m["main"]) for m in mods]
+    if task.partition is not None:
+        drawn = partitions.candidates(task.partition, task.space, budget, seed)
+        scheduled = [task.hooked, *((task.partition.named(s.mod["main"]), []) for s in drawn)]
+        built, funcs = partitions.build(task.partition, scheduled, where)
+        args = [ms.arg_info.ArgInfo.from_prim_func(f) if f is not None else None for f in funcs]
+    else:
+        # built alone, a kernel is the library's exported function "main"
+        mod = tvm.IRModule({"main": task.func.with_attr("global_symbol", "main")})
+        drawn = search.candidates(mod, search.tuning_target(task.target), budget, seed)
+        hooked = tvm.IRModule({"main": task.hooked.with_attr("global_symbol", "main")})
+        mods = [hooked, *(s.mod for s in drawn)]
+        built = search.build(mods, task.target, where)
+        args = [ms.arg_info.ArgInfo.from_prim_func(m["main"]) for m in mods]
     seconds = measurer.measure(built, args)
     ran = [(s, i) for i, s in enumerate(seconds[1:]) if s is not None]
     best = min(ran) if ran else None
@@ -136,8 +146,14 @@ def _tune_one(
     if best is not None:
         hook_seconds, tuned_seconds = _final(measurer, built, args, 1 + best[1])
     used, why = decide(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn))
-    trace = plain(drawn[best[1]].trace.as_json()) if best else None
-    return Verdict(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn), used, why, trace)
+    trace = script = None
+    if best is not None and task.partition is not None:
+        script = drawn[best[1]].mod.script()  # a plugin's trace may not be writable
+    elif best is not None:
+        trace = plain(drawn[best[1]].trace.as_json())
+    verdict = Verdict(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn), used, why)
+    verdict.trace, verdict.script = trace, script
+    return verdict
 
 
 #: Rounds of the final comparison: the hook's schedule and the best candidate, in turn.

@@ -32,6 +32,8 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   per-channel scale and shift computed once, before the convolution, and a
   convolution with a constant filter computes its output channels padded to
   whole vectors (:mod:`umahub_npu.lowering`).
+* tuning_space: for ``umahub tune``, its float32 matmul, conv2d and pointwise
+  schedules with their tile sizes drawn (:func:`umahub_npu.schedules.drawing_tiles`).
 * codegen: LLVM for this host's CPU (``-mcpu`` of the host), so the vector
   units (AVX2/FMA) the schedule counts on are used; in a cross build, for the
   compile's target (``context.target``), whose vector width the schedule takes.
@@ -370,6 +372,39 @@ def umahub_schedule(accelerator, schedule, context):
     if strategy == "gemv":
         return "gemv: column panels in parallel, each over the whole reduction in registers"
     return f"{strategy}: tiles fit npu.sram ({human_size(sram)})"
+
+
+@hookimpl(accelerator=NAME)
+def umahub_tuning_space(accelerator, function, context):
+    """Its matmul and conv2d schedules with their tile sizes drawn, for float32 kernels."""
+    import tvm
+    from tvm import s_tir
+
+    from umahub.plugin import TuningSpace, param_buffers
+    from umahub_npu.schedules import TUNED_KINDS, drawing_tiles, plan
+    from umahub_npu.schedules import schedule as npu_schedule
+
+    if any(b is None or str(b.dtype) != "float32" for b in param_buffers(function)):
+        return None  # the quantized kernels are umahub's (schedule_int8)
+    found = plan(s_tir.Schedule(tvm.IRModule({"main": function})))
+    if found is None or found.kind not in TUNED_KINDS:
+        return None
+    sram = next(p.size_bytes for p in accelerator.memory if p.scope == "npu.sram")
+    lanes = None
+    if context.target is not None:
+        from umahub.plugin import vector_lanes
+
+        lanes = vector_lanes(context.target)
+
+    def space(schedule):
+        with drawing_tiles(schedule):
+            strategy = npu_schedule(schedule, sram_bytes=sram, lanes=lanes, weights=context.weights)
+        if strategy == "none":
+            raise ValueError("the npu's schedule refused these tile sizes")
+
+    return TuningSpace(
+        schedule=space, description=f"npu {found.kind}: tile sizes drawn within npu.sram"
+    )
 
 
 @hookimpl(accelerator=NAME)

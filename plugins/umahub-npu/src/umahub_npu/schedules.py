@@ -12,6 +12,12 @@ Public entry point: :func:`schedule`.  It is what the plugin's
 (one PrimFunc per partition, produced by LegalizeOps + AnnotateTIROpPattern +
 FuseOps + FuseTIR).
 
+Its design space for ``umahub tune`` is the same schedule with the tile
+sizes of the matmul, conv2d and pointwise strategies drawn instead of chosen
+(:func:`drawing_tiles`): rows, columns (channels, positions) and reduction
+steps, each from the sizes the rules below allow, the reduction steps among
+those whose working set fits the scratchpad.
+
 Strategies
 ----------
 ``"matmul"``
@@ -118,9 +124,12 @@ Target: build with :func:`umahub.plugin.host_target` (this CPU by name: plain
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from tvm import s_tir, tirx
@@ -141,7 +150,7 @@ from umahub.plugin import PREPACK_ANNOTATION as ANNOTATION
 from umahub.plugin import Load as _LOAD
 from umahub.plugin import buffer_of as _buf
 
-__all__ = ["plan", "schedule"]
+__all__ = ["TUNED_KINDS", "drawing_tiles", "plan", "schedule"]
 
 log = logging.getLogger("umahub_npu.schedules")
 
@@ -399,6 +408,45 @@ def _plan_sum(rb, spatial: list, reduce_: list, common: dict) -> Plan | None:
 
 # --------------------------------------------------------------------------- tile choice
 
+#: The strategies whose tile sizes ``umahub tune`` may draw (see :func:`drawing_tiles`).
+TUNED_KINDS = ("matmul", "conv2d")
+
+_drawing: ContextVar[Callable[[str, list[int], int], int] | None] = ContextVar(
+    "umahub_npu_drawing", default=None
+)
+
+
+@contextlib.contextmanager
+def drawing_tiles(sch: s_tir.Schedule) -> Iterator[None]:
+    """While open, the tile sizes of :func:`matmul_tiles`, :func:`conv_tiles` and
+    :func:`pointwise_tiles` are drawn on ``sch`` (``sample_categorical``, uniform over
+    the sizes the rules allow) instead of chosen by the rules: the npu's design
+    space for ``umahub tune``. Each size is drawn once per schedule (the dry run
+    and the schedule itself take the same), and the trace keeps the draws.
+    """
+    drawn: dict[str, int] = {}
+
+    def draw(name: str, options: list[int], _rule: int) -> int:
+        if name not in drawn:
+            rv = sch.sample_categorical(options, [1.0 / len(options)] * len(options))
+            drawn[name] = int(sch.get(rv))
+        return drawn[name]
+
+    token = _drawing.set(draw)
+    try:
+        yield
+    finally:
+        _drawing.reset(token)
+
+
+def _chosen(name: str, options: list[int], rule: int) -> int:
+    """``rule``'s size, or one drawn from ``options`` inside :func:`drawing_tiles`."""
+    draw = _drawing.get()
+    options = sorted(set(options))
+    if draw is None or len(options) < 2:
+        return rule
+    return draw(name, options, rule)
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -443,6 +491,7 @@ def matmul_tiles(batch: int, M: int, N: int, K: int, lanes: int, sram_bytes: int
             ti = max(smaller_i)
         else:
             break
+    ti, tj = _chosen("matmul rows", tis, ti), _chosen("matmul columns", tjs, tj)
 
     def ws(tk):
         return _DTYPE_BYTES * (ti * tk + tk * tj + ti * tj)
@@ -455,7 +504,7 @@ def matmul_tiles(batch: int, M: int, N: int, K: int, lanes: int, sram_bytes: int
         else:
             ti = max(d for d in tis if d < ti) if any(d < ti for d in tis) else mr
         fitting = [d for d in tks if ws(d) <= sram_bytes]
-    tk = max(fitting) if fitting else 1
+    tk = _chosen("matmul steps", fitting, max(fitting)) if fitting else 1
     return ti, tj, tk, mr, nr
 
 
@@ -504,6 +553,7 @@ def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
             tf = max(d for d in tfs if d < tf)
         else:
             break
+    tf, tp = _chosen("conv2d channels", tfs, tf), _chosen("conv2d positions", tps, tp)
 
     def ws(tc):
         rows = (math.ceil(tp / OW) + 1 - 1) * s + KH
@@ -518,7 +568,7 @@ def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
         else:
             tf = max(d for d in tfs if d < tf) if any(d < tf for d in tfs) else nr
         fitting = [d for d in tcs if ws(d) <= sram_bytes]
-    tc = max(fitting) if fitting else 1
+    tc = _chosen("conv2d steps", fitting, max(fitting)) if fitting else 1
     return tf, tp, tc, nr, mr
 
 
@@ -546,6 +596,7 @@ def pointwise_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
             tf = max(d for d in tfs if d < tf)
         else:
             break
+    tf, tp = _chosen("pointwise channels", tfs, tf), _chosen("pointwise positions", tps, tp)
 
     def ws(tc):
         return _DTYPE_BYTES * (tc * tp + tf * tc + tf * tp)
@@ -556,7 +607,7 @@ def pointwise_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
         else:
             tf = max(d for d in tfs if d < tf)
     fitting = [d for d in _divisors(C) if ws(d) <= sram_bytes]
-    tc = max(fitting) if fitting else 1
+    tc = _chosen("pointwise steps", fitting, max(fitting)) if fitting else 1
     return tf, tp, tc, mr, nr
 
 

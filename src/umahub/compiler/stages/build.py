@@ -492,8 +492,9 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
     with comp.clock.stage("build"):
         host = prepare(comp, placed)
         target = comp.target.tvm() if comp.target is not None else tvm.target.Target(HOST_TARGET)
-        with tuned_kernels() as comp.tuned_kernels:
+        with tuned_kernels(fresh=False) as host_kernels:
             host, comp.host_functions = lower_host(comp.hub, host, target)
+        comp.tuned_kernels.extend(host_kernels)
         # cut after the host's fusion: a step calls the very kernels main calls, so
         # the concurrent executor computes exactly what the VM does (a multiply and
         # the add after it fused in main, but in two steps, rounded differently)

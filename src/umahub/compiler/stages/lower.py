@@ -9,6 +9,16 @@ the whole lowering of a partition runs under ``hook-timeout``
 back to the host, or the compile stops (``on-error``), with a message naming
 plugin, hook and partition. Each hook sees the memory plan as the partitions
 lowered before it left it.
+
+Before the ``umahub_schedule`` hooks, the tuning database is asked for a
+schedule ``umahub tune`` measured faster (:func:`umahub.tuning.lookup.tuned_partition`);
+the rest of the lowering is the same either way, which is what ``umahub tune``
+builds its candidates with.
+
+Why this module is long: a partition's lowering is one sequence of hooks, each
+with its contract check and its blame (a TVM pass, a plugin's pass, a codegen,
+the C compiler); split up, the order of the checks and who is blamed for what
+would be spread over several modules.
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ from umahub.plugin.patterns import Unsupported
 from umahub.report.data import program_report
 from umahub.report.report import hooks_that_acted
 from umahub.runtime import devices
+from umahub.tuning.lookup import PartitionKernel, tuned_partition
+from umahub.tuning.lookup import recording as tuned_kernels
 
 __all__ = ["run"]
 
@@ -62,6 +74,7 @@ class _Lowered:
         buffers: ``{scope: (bytes used, capacity)}`` of the accelerator's on-chip buffers.
         passes: the TIR passes run, ``"phase N: name (plugin)"``.
         call: a device partition's :class:`~umahub.runtime.devices.DeviceCall`, else None.
+        kernel: the scheduled TIR, its weights' packing split off (what the code takes).
     """
 
     module: Any
@@ -71,12 +84,14 @@ class _Lowered:
     buffers: dict[str, tuple[int, int]] = field(default_factory=dict)
     passes: list[str] = field(default_factory=list)
     call: Any = None
+    kernel: tvm.IRModule | None = None
 
 
 def _lower_one(
     hub: Any, ctx: CompileContext, func: relax.Function, cc: str | None = None
 ) -> _Lowered:
-    """relax_to_tir -> schedule -> tir_passes -> codegen for one partition."""
+    """relax_to_tir -> schedule (tuned, else the hooks') -> tir_passes -> codegen for one
+    partition."""
     acc = ctx.accelerator
     tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
     default = None
@@ -84,16 +99,45 @@ def _lower_one(
         tir_mod = default = default_relax_to_tir(func, ctx.symbol, acc.name)
     else:
         _blame(ctx, "umahub_relax_to_tir", checked_relax_to_tir, tir_mod, ctx.symbol, func)
+    # a schedule tuned faster than the hooks' (tuning-database), else the hooks'
+    finish = functools.partial(_finish, hub, ctx, func, default=default, cc=cc)
+    kernel = PartitionKernel(
+        hub, ctx, tir_mod, functools.partial(_hook_schedule, hub, ctx, tir_mod), finish
+    )
+    scheduled, said = tuned_partition(kernel) or kernel.schedule_by_hooks()
+    return finish(scheduled, said)
+
+
+def _hook_schedule(
+    hub: Any, ctx: CompileContext, tir_mod: tvm.IRModule
+) -> tuple[tvm.IRModule, list[str]]:
+    """The partition's TIR as the ``umahub_schedule`` hooks schedule it, and what they said."""
     schedule = tvm.s_tir.Schedule(tir_mod)
     schedule.work_on(ctx.symbol)
-    results = hub.traced_hook.umahub_schedule(accelerator=acc, schedule=schedule, context=ctx)
+    results = hub.traced_hook.umahub_schedule(
+        accelerator=ctx.accelerator, schedule=schedule, context=ctx
+    )
     said = [
         s
         for _, s in _checked_each(ctx, "umahub_schedule", checked_schedule, results)
         if s is not None
     ]
+    return schedule.mod, said
+
+
+def _finish(
+    hub: Any,
+    ctx: CompileContext,
+    func: relax.Function,
+    scheduled: tvm.IRModule,
+    said: list[str],
+    default: tvm.IRModule | None = None,
+    cc: str | None = None,
+) -> _Lowered:
+    """A scheduled partition through its weights' packing, its TIR passes and its codegen."""
+    acc = ctx.accelerator
     scheduled, packings = _blame(
-        ctx, "umahub_schedule", prepack.split, schedule.mod, ctx.symbol, func, ctx.weights
+        ctx, "umahub_schedule", prepack.split, scheduled, ctx.symbol, func, ctx.weights
     )
     phase_passes: dict[int, list[Any]] = {}
     passes: list[str] = []
@@ -107,7 +151,7 @@ def _lower_one(
             for p in given:
                 phase_passes[phase].append(_attributed(p, plugin, failed))
                 passes.append(f"phase {phase}: {p.info.name} ({plugin})")
-    lowered = _Lowered(None, said, default, packings, passes=passes)
+    lowered = _Lowered(None, said, default, packings, passes=passes, kernel=scheduled)
     if acc.has_device:
         return _lower_device(hub, ctx, func, scheduled, phase_passes, failed, lowered)
     lowered.buffers = onchip.check(acc, scheduled[ctx.symbol], ctx.symbol)
@@ -293,7 +337,7 @@ def _lowering_failure(
 
 def run(comp: Compilation) -> None:
     """Stage 4: lower every partition that fits its pool; fill ``comp.modules``."""
-    hub, part = comp.hub, written(comp.partitioned, "partitioned")
+    part = written(comp.partitioned, "partitioned")
     functions = comp.functions()
     plan = written(comp.plan, "plan")
     lowered = MemoryPlan(
@@ -309,59 +353,79 @@ def run(comp: Compilation) -> None:
     ]
     weights = prepack.weights_of(part.mod)
     constants = prepack.constants_of(part.mod)
+    with tuned_kernels() as found:
+        for i, p in enumerate(todo, 1):
+            lowered = _lower_partition(
+                comp, p, i, len(todo), lowered, functions, weights, constants
+            )
+    comp.tuned_kernels.extend(found)
+    comp.lowered_plan = lowered
+
+
+def _lower_partition(
+    comp: Compilation,
+    p: Partition,
+    i: int,
+    count: int,
+    lowered: MemoryPlan,
+    functions: dict[str, relax.Function],
+    weights: dict[str, frozenset[int]],
+    constants: dict[str, dict[int, Any]],
+) -> MemoryPlan:
+    """Lower partition ``p`` (the ``i``-th of ``count``); the memory plan after it."""
+    hub = comp.hub
     target = comp.target.tvm() if comp.target is not None else None
     cc = comp.target.cc if comp.target is not None else None
-    for i, p in enumerate(todo, 1):
-        report = comp.reports[p.symbol]
-        name = p.accelerator
-        acc = hub.accelerator(name)
-        ctx = CompileContext(
-            hub.config,
-            acc,
-            p.instance,
-            p.symbol,
-            p.operators,
-            lowered,
-            target=target,
-            weights=weights.get(p.symbol, frozenset()),
-            constants=constants.get(p.symbol, {}),
-            options=hub.options_of(name),
-        )
-        said: list[str] = []
-        step = f"{i}/{len(todo)} {p.symbol} on {p.device}"
-        with comp.clock.stage("lower", step), recording() as calls:
-            start = time.perf_counter()
-            try:
-                done = within(
-                    hub.config.hook_timeout,
-                    functools.partial(_lower_one, hub, ctx, functions[p.symbol], cc),
-                    f"lowering {p.symbol}",
-                )
-                said = done.said
-                if done.call is not None:
-                    comp.device_calls[p.symbol] = done.call
-                    report.program = program_report(done.call, acc)
-                comp.modules[p.symbol] = done.module
-                if done.default is not None:
-                    comp.reference_tir[p.symbol] = done.default
-                comp.packers.packings[p.symbol] = done.packings
-                report.packed = [
-                    prepack.describe(functions[p.symbol], i, k) for i, k in done.packings.items()
-                ]
-                report.buffers = {scope: list(use) for scope, use in done.buffers.items()}
-                report.passes = done.passes
-            except onchip.DoesNotFit as exc:
-                comp.does_not_fit(p.symbol, str(exc))
-            except Exception as exc:
-                refusal = _refusal(exc, p)
-                if refusal is not None:
-                    comp.refused(p.symbol, refusal)
-                else:
-                    comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
-            report.seconds["lower"] = time.perf_counter() - start
-        comp.clock.count(list(calls))
-        report.hooks = hooks_that_acted(list(calls))
-        report.schedule = said
-        if p.symbol in comp.modules and acc.pool is not None:
-            lowered = lowered.add(p.device, acc.pool.scope, comp.needs[p.symbol])
-    comp.lowered_plan = lowered
+    report = comp.reports[p.symbol]
+    name = p.accelerator
+    acc = hub.accelerator(name)
+    ctx = CompileContext(
+        hub.config,
+        acc,
+        p.instance,
+        p.symbol,
+        p.operators,
+        lowered,
+        target=target,
+        weights=weights.get(p.symbol, frozenset()),
+        constants=constants.get(p.symbol, {}),
+        options=hub.options_of(name),
+    )
+    said: list[str] = []
+    step = f"{i}/{count} {p.symbol} on {p.device}"
+    with comp.clock.stage("lower", step), recording() as calls:
+        start = time.perf_counter()
+        try:
+            done = within(
+                hub.config.hook_timeout,
+                functools.partial(_lower_one, hub, ctx, functions[p.symbol], cc),
+                f"lowering {p.symbol}",
+            )
+            said = done.said
+            if done.call is not None:
+                comp.device_calls[p.symbol] = done.call
+                report.program = program_report(done.call, acc)
+            comp.modules[p.symbol] = done.module
+            if done.default is not None:
+                comp.reference_tir[p.symbol] = done.default
+            comp.packers.packings[p.symbol] = done.packings
+            report.packed = [
+                prepack.describe(functions[p.symbol], i, k) for i, k in done.packings.items()
+            ]
+            report.buffers = {scope: list(use) for scope, use in done.buffers.items()}
+            report.passes = done.passes
+        except onchip.DoesNotFit as exc:
+            comp.does_not_fit(p.symbol, str(exc))
+        except Exception as exc:
+            refusal = _refusal(exc, p)
+            if refusal is not None:
+                comp.refused(p.symbol, refusal)
+            else:
+                comp.fall_back(p.symbol, *_lowering_failure(exc, p, acc))
+        report.seconds["lower"] = time.perf_counter() - start
+    comp.clock.count(list(calls))
+    report.hooks = hooks_that_acted(list(calls))
+    report.schedule = said
+    if p.symbol in comp.modules and acc.pool is not None:
+        lowered = lowered.add(p.device, acc.pool.scope, comp.needs[p.symbol])
+    return lowered
