@@ -329,3 +329,45 @@ def test_compile_with_a_board_needs_auto(farm, capsys):
         "umahub: error: --rpc with compile: the board times the candidate groups of placement "
         "by cost; give --auto too (to run a library on a board: umahub run LIBRARY --rpc ...)"
     )
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc (Linux)")
+def test_a_board_stopped_by_sigterm_stops_its_server_process(tmp_path):
+    import subprocess
+    import sys
+
+    log = tmp_path / "board.log"
+    with open(log, "w") as out:
+        board = subprocess.Popen(
+            [sys.executable, "-m", "umahub.boards.board", "--host", "127.0.0.1"]
+            + ["--port", "29600", "--port-end", "29650"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "serving on" not in log.read_text():
+        time.sleep(0.2)
+    servers = _children(board.pid)
+    assert servers, f"the board started no server process: {log.read_text()}"
+    board.send_signal(signal.SIGTERM)
+    assert board.wait(timeout=30) == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in servers):
+        time.sleep(0.1)
+    assert [p for p in servers if _alive(p)] == []

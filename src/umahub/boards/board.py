@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -126,11 +127,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.tracker:
         where = f", key {args.key!r} at tracker {args.tracker[0]}:{args.tracker[1]}"
     print(f"umahub board: serving on {args.host}:{server.port}{where}", flush=True)
+    # TVM's server runs in a process of its own, which outlives this one unless it is
+    # stopped: a board stopped by SIGTERM (a service manager, a test's terminate()) would
+    # leave it serving, and holding its port
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         server.proc.join()
     except KeyboardInterrupt:
+        pass
+    finally:
         server.terminate()
     return 0
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
