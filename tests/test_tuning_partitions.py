@@ -205,6 +205,20 @@ def test_a_space_whose_every_draw_fails_measures_no_candidate(tmp_path):
     )
 
 
+class _FailingRelus(_Relus):
+    @up.hookimpl(accelerator="relus")
+    def umahub_codegen(self):
+        raise RuntimeError("no code today")
+
+
+def test_a_partition_that_went_back_to_the_host_is_tuned_as_the_hosts():
+    hub = umahub.Hub(autoload=False, plugins=[_FailingRelus(up.TuningSpace(rules="llvm"))])
+    with pytest.warns(umahub.UmahubWarning, match="no code today"):
+        found, skipped = tasks.extract(hub, _relu_model())
+    assert skipped == []
+    assert [(t.name, t.partition) for t in found] == [("relu", None)]
+
+
 def test_a_device_of_its_own_is_not_tuned():
     found, skipped = tasks.extract(_hub(["simnpu"]), zoo.get("cnn_int8"))
     assert all(t.partition is None for t in found)

@@ -46,10 +46,10 @@ def extract(hub: Any, mod: Any, progress: Any = None) -> tuple[list[Task], list[
     from umahub.targets import host_target
 
     with collecting() as found:
-        hub.compile(mod, progress=progress)
+        compiled = hub.compile(mod, progress=progress)
     tasks: dict[str, Task] = {}
     skipped: list[Skipped] = []
-    for kernel in found.partitions:
+    for kernel in _lowered(found.partitions, compiled.report):
         ctx = kernel.context
         name = f"{ctx.symbol} on {ctx.device}"
         space, why = space_of(kernel)
@@ -72,3 +72,16 @@ def extract(hub: Any, mod: Any, progress: Any = None) -> tuple[list[Task], list[
         hooked, how = hook_schedule(hub, func, target, name)
         tasks[key] = Task(name, func, target, how, hooked, 1, key)
     return list(tasks.values()), skipped
+
+
+def _lowered(kernels: list[PartitionKernel], report: Any) -> list[PartitionKernel]:
+    """The partitions the compiled model runs on accelerators, each as its last lowering
+    met it: not those that went back to the host, nor those of a try the compile began
+    again (a partition that did not fit, its operators placed again)."""
+    kept = {p.symbol for p in report.partitions if not p.fallback}
+    last: dict[str, PartitionKernel] = {}
+    for kernel in kernels:
+        if kernel.context.symbol in kept:
+            last.pop(kernel.context.symbol, None)
+            last[kernel.context.symbol] = kernel
+    return list(last.values())
