@@ -222,6 +222,16 @@ def umahub_tir_passes(phase, context):
 
 _HOST_SCHEDULE = '''
 
+@up.hookimpl(accelerator=NAME)
+def umahub_tuning_space(function, context):
+    """For ``umahub tune``: an ``up.TuningSpace`` to search for this partition's
+    schedule (``schedule=`` your schedule with its tile sizes drawn by
+    ``schedule.sample_categorical``, or ``rules="llvm"``: MetaSchedule's), measured
+    against ``umahub_schedule``'s; None: the hook's schedule is kept.
+    """
+    return None
+
+
 @up.hookimpl
 def umahub_host_schedule(schedule, target):
     """For a CPU backend: schedule one function of what runs on the host (``"main"``
