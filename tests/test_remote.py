@@ -349,14 +349,14 @@ def _alive(pid):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc (Linux)")
 def test_a_board_stopped_by_sigterm_stops_its_server_process(tmp_path):
-    PORTS = ["--port", "29600", "--port-end", "29650"]  # noqa: N806
+    ports = ["--port", "29600", "--port-end", "29650"]
     import subprocess
     import sys
 
     log = tmp_path / "board.log"
     with open(log, "w") as out:
         board = subprocess.Popen(
-            [sys.executable, "-m", "umahub.boards.board", "--host", "127.0.0.1", *PORTS],
+            [sys.executable, "-m", "umahub.boards.board", "--host", "127.0.0.1", *ports],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
