@@ -28,6 +28,8 @@ from tvm import s_tir
 
 from umahub.errors import PluginFailure
 from umahub.hub.contract import checked_tuning_space
+from umahub.targets import host_target
+from umahub.tuning import search
 from umahub.tuning.lookup import PartitionKernel
 
 __all__ = ["Skipped", "build", "candidates", "space_of"]
@@ -69,12 +71,10 @@ def space_of(kernel: PartitionKernel) -> tuple[Any, str]:
 
 def candidates(kernel: PartitionKernel, space: Any, count: int, seed: int) -> list[Any]:
     """Up to ``count`` distinct schedules of the partition drawn from ``space``."""
-    from umahub.tuning import search
-
     func = kernel.main()
     mod = tvm.IRModule({"main": func})
     if space.kind() == "rules":
-        target = kernel.context.target or tvm.target.Target(_host())
+        target = kernel.context.target or tvm.target.Target(host_target())
         return search.candidates(mod, search.tuning_target(target), count, seed, space.rules)
     found: dict[int, s_tir.Schedule] = {}
     for attempt in range(count * 4):
@@ -88,12 +88,6 @@ def candidates(kernel: PartitionKernel, space: Any, count: int, seed: int) -> li
             continue
         found.setdefault(tvm_ffi.structural_hash(sch.mod), sch)
     return list(found.values())
-
-
-def _host() -> Any:
-    from umahub.targets import host_target
-
-    return host_target()
 
 
 def build(
