@@ -122,6 +122,20 @@ def test_a_tuned_partition_that_no_longer_fits_is_a_warning_and_its_hooks_schedu
     )
 
 
+def test_a_warning_on_a_partitions_worker_thread_points_at_the_users_call(tmp_path):
+    hub = _hub(["npu"], tuning_database=str(tmp_path / "nowhere"))
+    with pytest.warns(umahub.UmahubWarning) as warned:
+        hub.compile(zoo.get("cnn"))  # the line the warning names
+    (warning,) = warned
+    assert "does not exist" in str(warning.message)
+    lines = open(__file__).read().splitlines()
+    assert (warning.filename, warning.lineno) == (
+        __file__,
+        1
+        + next(i for i, line in enumerate(lines) if line.endswith("# the line the warning names")),
+    )
+
+
 # --------------------------------------------------------------------------- other spaces
 
 

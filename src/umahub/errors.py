@@ -11,9 +11,12 @@ import re
 import sys
 import warnings
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from types import FrameType
+from typing import Any
 
 __all__ = [
+    "USER_LINE",
     "CompileError",
     "ConfigError",
     "ExecutionError",
@@ -34,6 +37,7 @@ __all__ = [
     "did_you_mean",
     "last_line",
     "message_line",
+    "user_line",
     "warn",
 ]
 
@@ -83,21 +87,58 @@ def message_line(exc: BaseException) -> str:
     return next((line for line in lines if not _TRACE_LINE.match(line)), lines[-1] if lines else "")
 
 
+#: The user's line that started the work of a worker thread (a hook under
+#: ``hook-timeout``, :func:`umahub.hub.timelimit.within`): where a warning raised
+#: on that thread points, since the thread's own stack starts in ``threading``.
+USER_LINE: ContextVar[tuple[str, int, dict[str, Any]] | None] = ContextVar(
+    "umahub_user_line", default=None
+)
+
+
+def _first_outside(frame: FrameType | None) -> tuple[FrameType | None, int]:
+    """The first frame from ``frame`` outwards that is not umahub's, and how many
+    frames out it is (0: ``frame`` itself)."""
+    depth = 0
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("umahub"):
+        frame, depth = frame.f_back, depth + 1
+    return frame, depth
+
+
+def user_line() -> tuple[str, int, dict[str, Any]] | None:
+    """(file, line, module globals) of the user's code that called into umahub on this
+    thread, or the line a worker thread was started for (:data:`USER_LINE`)."""
+    frame, _ = _first_outside(sys._getframe(1))
+    if frame is None or frame.f_globals.get("__name__") == "threading":
+        return USER_LINE.get()
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_globals
+
+
 def warn(message: str, cause: BaseException | None = None) -> None:
     """Warn with an :class:`UmahubWarning` pointing at the user's line.
 
     The warning is attributed to the first frame outside umahub (the user's
-    ``hub.compile(...)`` or ``Hub()``), whatever the depth it was raised at.
-    ``cause``: the exception behind it, kept as the warning's ``cause``
-    (``umahub -v`` prints its traceback).
+    ``hub.compile(...)`` or ``Hub()``), whatever the depth it was raised at,
+    also on a worker thread that runs a hook (its user's line is the one that
+    started the work). ``cause``: the exception behind it, kept as the
+    warning's ``cause`` (``umahub -v`` prints its traceback).
     """
-    frame: FrameType | None = sys._getframe(1)
-    level = 2  # stacklevel 1 is this function, 2 its caller
-    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("umahub"):
-        frame, level = frame.f_back, level + 1
     warning = UmahubWarning(f"umahub: {message}")
     warning.cause = cause
-    warnings.warn(warning, stacklevel=level)
+    frame, depth = _first_outside(sys._getframe(1))
+    started = USER_LINE.get()
+    if (frame is None or frame.f_globals.get("__name__") == "threading") and started:
+        filename, lineno, module_globals = started
+        warnings.warn_explicit(
+            warning,
+            UmahubWarning,
+            filename,
+            lineno,
+            module=str(module_globals.get("__name__", "")),
+            registry=module_globals.setdefault("__warningregistry__", {}),
+            module_globals=module_globals,
+        )
+        return
+    warnings.warn(warning, stacklevel=depth + 2)  # 1 is this function, 2 its caller
 
 
 class UmahubError(Exception):

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from umahub.errors import HookTimeoutError, PluginFailure
+from umahub.errors import USER_LINE, HookTimeoutError, PluginFailure, user_line
 from umahub.hub.tracing import running_on
 
 __all__ = ["within"]
@@ -41,6 +41,7 @@ def within(seconds: float, work: Callable[[], T], what: str) -> T:
     if seconds <= 0:
         return work()
     context = contextvars.copy_context()
+    context.run(USER_LINE.set, user_line())  # where its warnings point
     box: dict[str, object] = {}
 
     def run() -> None:
