@@ -30,6 +30,16 @@ def test_nearest_pyproject_with_a_umahub_table_is_read_upward(isolated, monkeypa
     assert cfg.source == str(isolated / "pyproject.toml")
 
 
+def test_a_relative_tuning_database_is_the_files_neighbour(isolated, monkeypatch):
+    write_pyproject(isolated, '[tool.umahub]\ntuning-database = "tuning/"\n')
+    (isolated / "models").mkdir()
+    monkeypatch.chdir(isolated / "models")  # a compile from within the project
+    assert load_config().tuning_database == str(isolated.resolve() / "tuning")
+    # given directly (config=, --database): the working directory's
+    given = load_config({"tuning-database": "mine/"})
+    assert given.tuning_database == "mine/"
+
+
 def test_umahub_config_names_another_file(isolated, monkeypatch):
     write_pyproject(isolated, '[tool.umahub]\npriority = ["npu"]\n')
     other = isolated / "other.toml"

@@ -176,7 +176,8 @@ def test_metaschedules_rules_as_a_plugins_space_are_drawn_and_built(tmp_path):
     assert skipped == []
     assert task.name == "relus_0_relu on relus:0"
     assert task.hook == "relus's schedule"
-    drawn = partitions.candidates(task.partition, task.space, 3, 0)
+    drawn, failure = partitions.candidates(task.partition, task.space, 3, 0)
+    assert failure == ""
     assert drawn
     scheduled = [task.hooked, *((task.partition.named(s.mod["main"]), []) for s in drawn)]
     built, funcs = partitions.build(task.partition, scheduled, str(tmp_path))
@@ -208,15 +209,39 @@ def test_a_space_that_cannot_be_used_leaves_the_partition_to_its_hooks(space, wh
     assert [(s.name, s.why) for s in skipped] == [("relus_0_relu on relus:0", why)]
 
 
-def test_a_space_whose_every_draw_fails_measures_no_candidate(tmp_path):
+def test_a_space_whose_every_draw_fails_is_the_plugins_failure_said(tmp_path):
     hub = umahub.Hub(autoload=False, plugins=[_Relus(up.TuningSpace(schedule=_never))])
-    result = hub.tune(_relu_model(), database=str(tmp_path / "db"), trials=3)
-    (verdict,) = result.verdicts
-    assert (verdict.name, verdict.used, verdict.why) == (
-        "relus_0_relu on relus:0",
-        "hook",
-        "no tuned candidate built and ran in 0 trials",
+    why = (
+        "plugin '_Relus' failed in its tuning space (umahub_tuning_space): ValueError: never "
+        "(each of 12 draws); its hooks' schedule is kept"
     )
+    with pytest.warns(umahub.UmahubWarning) as warned:
+        result = hub.tune(_relu_model(), database=str(tmp_path / "db"), trials=3)
+    (verdict,) = result.verdicts
+    assert (verdict.name, verdict.used, verdict.why) == ("relus_0_relu on relus:0", "hook", why)
+    assert f"umahub: relus_0_relu on relus:0: {why}" in [str(w.message) for w in warned]
+
+
+class _RelusWithLanes(_Relus):
+    @up.hookimpl
+    def umahub_accelerators(self):
+        return [up.Accelerator("relus", codegen="llvm", options=[up.Option("lanes", 8)])]
+
+
+def test_a_database_tuned_with_other_backend_options_is_not_used(tmp_path):
+    plugin = _RelusWithLanes(up.TuningSpace(rules="llvm"))
+    path = tmp_path / "db"
+    umahub.Hub(autoload=False, plugins=[plugin]).tune(_relu_model(), database=str(path), trials=2)
+    hub = umahub.Hub(
+        config={"tuning-database": str(path), "options": {"relus": {"lanes": 4}}},
+        autoload=False,
+        plugins=[plugin],
+    )
+    with pytest.warns(umahub.UmahubWarning) as warned:
+        compiled = hub.compile(_relu_model())
+    (message,) = [str(w.message) for w in warned]
+    assert ", options relus.lanes=4 (it holds: target " in message
+    assert compiled.report.tuned_kernels == []
 
 
 class _FailingRelus(_Relus):

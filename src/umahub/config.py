@@ -31,7 +31,7 @@ are here, one table of them (``_PARSERS``), so that a key is added in one place.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +165,11 @@ class Config:
             dict form); None: this machine (see :mod:`umahub.targets`).
         cc: the C compiler of C partitions and the export
             (``"aarch64-linux-gnu-gcc"``); None: TVM's default.
-        tuning_database: the directory ``umahub tune`` wrote (relative to the working
-            directory): a host kernel it tuned faster than its schedule is
-            compiled with the tuned schedule (see :mod:`umahub.tuning`); None: no tuning.
+        tuning_database: the directory ``umahub tune`` wrote (in a configuration
+            file, relative to the file's directory; given as ``config=`` or on
+            the command line, to the working directory): a kernel it tuned
+            faster than its schedule is compiled with the tuned schedule (see
+            :mod:`umahub.tuning`); None: no tuning.
         options: backend options, per accelerator: ``[tool.umahub.options.npu]``
             then ``tile-rows = 16``. Each must be an option the accelerator's
             plugin declares (``umahub plugins`` lists them), of its type; the
@@ -580,4 +582,8 @@ def load_config(overrides: Mapping[str, Any] | None = None, start: Path | None =
         data = read_toml(path)
         table = data.get("tool", {}).get("umahub", data if path.name != "pyproject.toml" else {})
         base = Config.from_mapping(table, str(path))
+        if base.tuning_database and not Path(base.tuning_database).is_absolute():
+            # the file's directory, wherever the compile runs from within the project
+            database = str(path.parent.resolve() / base.tuning_database)
+            base = replace(base, tuning_database=database)
     return base.merged(overrides)

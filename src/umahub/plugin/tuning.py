@@ -56,8 +56,8 @@ class TuningSpace:
             returns is not used.
         rules: or MetaSchedule's schedule rules: ``"llvm"``, or a sequence of
             ``tvm.s_tir.meta_schedule.ScheduleRule``.
-        description: one line for ``umahub tune``'s output (``"npu tiles: rows,
-            columns and reduction steps"``).
+        description: one line for ``umahub tune``'s progress line of the
+            partition (``"npu tiles: rows, columns and reduction steps"``).
 
     Exactly one of ``schedule`` and ``rules`` is given; anything else is a
     ``ValueError`` naming what is wrong (in the hook, a failure of the

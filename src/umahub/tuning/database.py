@@ -1,7 +1,7 @@
 """The tuning database: a directory with one JSON file, a verdict per kernel.
 
-Kernels are grouped by *key*: the target they were built for, TVM's version
-and the loaded plugins' versions. A compile looks a kernel up only under its
+Kernels are grouped by *key*: the target they were built for, TVM's version,
+the loaded plugins' versions and the backend options set. A compile looks a kernel up only under its
 own key, so a database tuned for another CPU, another TVM or other plugins is
 never used by mistake (the compile says so in a warning). One database may
 hold several keys (a farm of two kinds of board).
@@ -87,17 +87,29 @@ def decide(
     return "hook", f"tuned {tuned_ms} against {hook} {hook_ms}: {hook} is faster"
 
 
-def database_key(target: Any, plugins: dict[str, str]) -> dict[str, Any]:
-    """The key kernels are kept under: the target, TVM's version, the plugins' versions."""
+def database_key(
+    target: Any, plugins: dict[str, str], options: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The key kernels are kept under: the target, TVM's version, the plugins' versions,
+    and the backend options set to other values than their defaults (a hook's schedule,
+    which a verdict measured, depends on them; none set: no ``options`` in the key)."""
     import tvm
 
-    return {"target": str(target), "tvm": tvm.__version__, "plugins": dict(sorted(plugins.items()))}
+    key = {"target": str(target), "tvm": tvm.__version__, "plugins": dict(sorted(plugins.items()))}
+    if options:
+        key["options"] = {n: dict(sorted(v.items())) for n, v in sorted(options.items())}
+    return key
 
 
 def key_text(key: dict[str, Any]) -> str:
-    """A key for messages: ``target {...}, TVM 0.27.0, plugins dsp 0.1, npu 0.1``."""
+    """A key for messages: ``target {...}, TVM 0.27.0, plugins dsp 0.1, npu 0.1`` (and
+    ``, options npu.tile-rows=16`` where options were set)."""
     plugins = ", ".join(f"{n} {v}" for n, v in key["plugins"].items()) or "none"
-    return f"target {key['target']}, TVM {key['tvm']}, plugins {plugins}"
+    text = f"target {key['target']}, TVM {key['tvm']}, plugins {plugins}"
+    options = [
+        f"{a}.{o}={v}" for a, values in key.get("options", {}).items() for o, v in values.items()
+    ]
+    return text + (f", options {' '.join(options)}" if options else "")
 
 
 def plain(value: Any) -> Any:

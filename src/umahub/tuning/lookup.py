@@ -40,6 +40,7 @@ __all__ = [
     "PartitionKernel",
     "collecting",
     "kernel_hash",
+    "key_of",
     "plugin_versions",
     "recording",
     "tuned_partition",
@@ -116,6 +117,12 @@ def plugin_versions(hub: Any) -> dict[str, str]:
     return {p.name: str(p.version or "") for p in hub.plugins if p.loaded}
 
 
+def key_of(hub: Any, target: Any) -> dict[str, Any]:
+    """The database key of ``hub``'s kernels built for ``target`` (its plugins and the
+    backend options set are part of it)."""
+    return database_key(target, plugin_versions(hub), hub.changed_options())
+
+
 @contextlib.contextmanager
 def collecting() -> Iterator[Collected]:
     """While open, the kernels asked about: the host's functions and the partitions."""
@@ -168,7 +175,7 @@ def _read(path: Path) -> TuningDatabase:
 
 
 def _kernels(hub: Any, path: str, target: Any) -> dict[str, dict[str, Any]] | None:
-    key = database_key(target, plugin_versions(hub))
+    key = key_of(hub, target)
     where = f"[tool.umahub] tuning-database '{path}'"
     try:
         database = _read(Path(path))

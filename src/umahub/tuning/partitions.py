@@ -26,7 +26,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir
 
-from umahub.errors import PluginFailure
+from umahub.errors import PluginFailure, message_line
 from umahub.hub.contract import checked_tuning_space
 from umahub.targets import host_target
 from umahub.tuning import search
@@ -69,14 +69,17 @@ def space_of(kernel: PartitionKernel) -> tuple[Any, str]:
     return space, ""
 
 
-def candidates(kernel: PartitionKernel, space: Any, count: int, seed: int) -> list[Any]:
-    """Up to ``count`` distinct schedules of the partition drawn from ``space``."""
+def candidates(kernel: PartitionKernel, space: Any, count: int, seed: int) -> tuple[list[Any], str]:
+    """Up to ``count`` distinct schedules of the partition drawn from ``space``; and, when
+    none could be drawn, why: the space's first error and how many draws failed."""
     func = kernel.main()
     mod = tvm.IRModule({"main": func})
     if space.kind() == "rules":
         target = kernel.context.target or tvm.target.Target(host_target())
-        return search.candidates(mod, search.tuning_target(target), count, seed, space.rules)
+        drawn = search.candidates(mod, search.tuning_target(target), count, seed, space.rules)
+        return drawn, "" if drawn else "MetaSchedule's rules gave no schedule of it"
     found: dict[int, s_tir.Schedule] = {}
+    failed, first = 0, ""
     for attempt in range(count * 4):
         if len(found) >= count:
             break
@@ -84,10 +87,19 @@ def candidates(kernel: PartitionKernel, space: Any, count: int, seed: int) -> li
         sch.work_on("main")
         try:
             space.schedule(sch)
-        except Exception:  # a draw the space cannot carry out: draw again
+        except Exception as exc:  # a draw the space cannot carry out: draw again
+            failed += 1
+            first = first or f"{type(exc).__name__}: {message_line(exc)}"
             continue
         found.setdefault(tvm_ffi.structural_hash(sch.mod), sch)
-    return list(found.values())
+    why = ""
+    if not found and failed:
+        plugin = kernel.hub.owner(kernel.context.accelerator.name)
+        why = (
+            f"plugin '{plugin}' failed in its tuning space (umahub_tuning_space): {first} "
+            f"(each of {failed} draws)"
+        )
+    return list(found.values()), why
 
 
 def build(

@@ -23,16 +23,16 @@ from typing import Any
 
 import tvm
 
+from umahub.errors import warn
 from umahub.tuning import partitions, runners, search
 from umahub.tuning.database import (
     TuningDatabase,
     TuningError,
     Verdict,
-    database_key,
     decide,
     plain,
 )
-from umahub.tuning.lookup import plugin_versions
+from umahub.tuning.lookup import key_of
 from umahub.tuning.tasks import Task, extract
 
 __all__ = ["TuningResult", "tune"]
@@ -45,6 +45,7 @@ class TuningResult:
     database: Path
     where: str  # "this machine", "2 boards with key 'x' at tracker h:p"
     trials: int  # candidates measured in all
+    budget: int = 0  # the trials asked for
     verdicts: list[Verdict] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)  # how many functions each kernel is
     #: the partitions on accelerators left to their hooks' schedules, and why
@@ -57,7 +58,9 @@ class TuningResult:
         tuned = sum(v.used == "tuned" for v in self.verdicts)
         out.append(
             f"{tuned} of {len(self.verdicts)} kernels tuned faster than their schedule, "
-            f"{self.trials} trials measured on {self.where}; database {self.database}"
+            f"{self.trials} trials measured on {self.where} (a budget of {self.budget}: "
+            f"candidates that are the same schedule are measured once); database "
+            f"{self.database}"
         )
         return out
 
@@ -93,6 +96,13 @@ def tune(
     """
     if trials < 1:
         raise TuningError(f"a trial budget of {trials}: give at least 1 (--trials)")
+    try:
+        import cloudpickle  # noqa: F401
+    except ImportError:
+        raise TuningError(
+            "umahub tune needs the package cloudpickle (TVM's MetaSchedule runners use it): "
+            "pip install cloudpickle"
+        ) from None
     if (rpc is None) != (key is None):
         raise TuningError("--rpc and --key go together: the tracker and the kind of board")
     db = TuningDatabase(database, create=True)
@@ -104,16 +114,21 @@ def tune(
 
     tasks, skipped = extract(hub, mod, progress)
     budgets = _budget(tasks, trials)
-    result = TuningResult(db.path, measurer.where, 0, skipped=skipped)
+    result = TuningResult(db.path, measurer.where, 0, trials, skipped=skipped)
     total = sum(budgets)
     with tempfile.TemporaryDirectory(prefix="umahub-tune-") as where:
         for task, budget in zip(tasks, budgets, strict=True):
-            say("tune", f"{_bar(result.trials, total)} {task.name} ({task.hook})")
+            space = (
+                f", space: {task.space.description}"
+                if task.space and task.space.description
+                else ""
+            )
+            say("tune", f"{_bar(result.trials, total)} {task.name} ({task.hook}{space})")
             verdict = _tune_one(task, budget, measurer, where, seed)
             result.trials += verdict.trials
             result.verdicts.append(verdict)
             result.counts.append(task.count)
-            db.put(database_key(task.target, plugin_versions(hub)), task.key, verdict)
+            db.put(key_of(hub, task.target), task.key, verdict)
             db.save()  # a run stopped half-way keeps what it measured
     say("tune", f"{_bar(total, total)} done on {measurer.where}")
     if not tasks:
@@ -126,8 +141,9 @@ def _tune_one(
 ) -> Verdict:
     from tvm.s_tir import meta_schedule as ms
 
+    failure = ""
     if task.partition is not None:
-        drawn = partitions.candidates(task.partition, task.space, budget, seed)
+        drawn, failure = partitions.candidates(task.partition, task.space, budget, seed)
         scheduled = [task.hooked, *((task.partition.named(s.mod["main"]), []) for s in drawn)]
         built, funcs = partitions.build(task.partition, scheduled, where)
         args = [ms.arg_info.ArgInfo.from_prim_func(f) if f is not None else None for f in funcs]
@@ -146,6 +162,9 @@ def _tune_one(
     if best is not None:
         hook_seconds, tuned_seconds = _final(measurer, built, args, 1 + best[1])
     used, why = decide(task.name, task.hook, hook_seconds, tuned_seconds, len(drawn))
+    if failure:
+        used, why = "hook", f"{failure}; its hooks' schedule is kept"
+        warn(f"{task.name}: {why}")
     trace = script = None
     if best is not None and task.partition is not None:
         script = drawn[best[1]].mod.script()  # a plugin's trace may not be writable
