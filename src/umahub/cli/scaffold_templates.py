@@ -386,6 +386,9 @@ contract.
 
 ## Install
 
+umahub itself first, into the same environment (from its clone, `pip install
+path/to/umahub`, where it is not on your package index):
+
 ```sh
 pip install -e ".[test]"
 umahub plugins            # lists $module and its accelerator $acc
