@@ -382,6 +382,25 @@ def test_a_chain_of_polynomial_functions_compiles_quickly_and_computes_the_same(
     np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-5, atol=1e-6)
 
 
+def test_a_small_step_behind_a_reshape_is_inlined_into_the_polynomial_that_reads_it():
+    """GELU reads ``x * 0.7071`` a dozen times; behind a reshape its indices are
+    divisions and remainders, which do not count towards what inlining copies."""
+    from umahub.host.lowering import lower_host
+
+    def gelu(x):
+        return relax.op.reshape(relax.op.nn.gelu(relax.op.reshape(x, (12, 64))), (1, 12, 64))
+
+    mod = _one_op_model(gelu, (1, 12, 64))
+    lowered, how = lower_host(umahub.Hub(autoload=False), mod)
+    assert list(how.values()) == ["elementwise"]
+    (func,) = [f for f in lowered.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    assert len(sch.get_child_blocks(sch.get_sblock("root"))) == 1  # one block: x read in place
+    x = np.random.default_rng(2).standard_normal((1, 12, 64)).astype("float32")
+    compiled = umahub.Hub(autoload=False).compile(mod)
+    np.testing.assert_allclose(compiled.run(x), _plain(mod, [x]), rtol=1e-5, atol=1e-6)
+
+
 def _matmul_model(m, k, n, *, epilogue=False, batch=(), transposed=False):
     """x @ W (+ bias, GELU): W a constant; or, with ``batch``, x @ y (y stored
     transposed when asked), as attention multiplies two activations."""
