@@ -195,8 +195,8 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
                 if pending is not None:
                     name = pending.pop(0)
-                elif (name := span_name(value)) is None:
-                    name = _unique(name_of(binding.var), taken)
+                else:
+                    name = span_name(value) or _unique(name_of(binding.var), taken)
                 span = name_span(name)
                 value = relax.Call(value.op, value.args, value.attrs, type_args(value), span=span)
             bindings.append(rebind(binding, value))
