@@ -769,3 +769,44 @@ def test_operators_named_only_by_one_variable_name_are_nodes_apart():
         ("out", "relax.multiply", ("lv.1", "lv")),
     ]
     assert outputs == {"out"}
+
+
+def test_a_cores_private_caches_are_the_largest_it_does_not_share(tmp_path):
+    from umahub.auto.costs import private_cache_bytes
+
+    for index, (size, shared) in enumerate(
+        [("48K", "0"), ("32K", "0"), ("2048K", "0"), ("307200K", "0-1")]
+    ):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(f"{size}\n")
+        (tmp_path / f"index{index}" / "shared_cpu_list").write_text(f"{shared}\n")
+    assert private_cache_bytes(str(tmp_path)) == 2 << 20
+    assert private_cache_bytes(str(tmp_path / "none")) == 2 << 20  # sysfs says nothing
+    (tmp_path / "index2" / "size").write_text("1M\n")
+    assert private_cache_bytes(str(tmp_path)) == 1 << 20
+
+
+def test_every_timed_run_of_a_group_starts_with_its_cores_caches_written_over(monkeypatch):
+    # alone, a group run again and again finds its weights in its core's cache; in the
+    # model the rest of the model ran in between
+    from umahub.auto import costs as auto_costs
+
+    evicted = []
+    monkeypatch.setattr(auto_costs, "evict_caches", lambda: evicted.append(1))
+    monkeypatch.setattr(auto_costs, "_more_runs", lambda times: 0)
+    hub = _hub(_plugin(None), **{"auto-finalists": 0})
+    auto = hub.compile(chain(ops=("relu",)), placement="auto").report.auto
+    assert auto["costs"] == {"plugin": 0, "measured": 2, "cached": 0, "none": 0}
+    assert len(evicted) == 2 * auto_costs.RUNS  # on the accelerator and on the host
+
+
+def test_before_each_runs_before_every_timed_inference_and_is_not_timed():
+    from umahub.runtime.compiled import example_inputs
+
+    compiled = umahub.Hub(autoload=False, project_config=False).compile(chain(ops=("relu",)))
+    arrays = example_inputs(compiled.input_info)
+    calls = []
+    steps = compiled._executors.step_seconds(arrays, 3, lambda: calls.append("step"))
+    seconds, _ = compiled._executors.call_seconds(arrays, 4, lambda: calls.append("call"))
+    assert calls == ["step"] * 3 + ["call"] * 4
+    assert len(steps["main"]) == 3
