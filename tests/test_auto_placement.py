@@ -140,7 +140,10 @@ def test_the_second_compile_uses_the_measurements_of_the_first(isolated):
     assert len(entries) == 5
     assert first["finalists"]["cached"] is False
     assert sorted(first["finalists"]) == ["cached", "contenders", "kept", "measured_ms", "tie"]
-    assert sorted(first["finalists"]["measured_ms"]) == sorted(["auto", *first["contenders"]])
+    # the contenders the estimate's known error could make winners (measured: which they are)
+    near = first["finalists"]["contenders"]
+    assert near == [c for c in first["contenders"] if c in near]
+    assert sorted(first["finalists"]["measured_ms"]) == sorted(["auto", *near])
     again = _hub(_plugin(None)).compile(mod, placement="auto").report.auto
     assert again["costs"] == {"plugin": 0, "measured": 0, "cached": 4, "none": 0}
     assert again["cache"]["hits"] == 4 and again["cache"]["misses"] == 0
@@ -451,6 +454,7 @@ def test_the_choice_meets_every_contender_and_the_fastest_is_kept(isolated, monk
     )
     monkeypatch.setattr(finalists, "_match", lambda a, b, xs: next(matches))
     monkeypatch.setattr(finalists, "cached_winner", lambda comp, cache: None)
+    monkeypatch.setattr(finalists, "WITHIN", float("inf"))  # every contender, however estimated
     kept = hub.compile(mod, placement="auto")
     verdict = kept.report.auto["finalists"]
     assert verdict["kept"] == second and verdict["cached"] is False

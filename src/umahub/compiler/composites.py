@@ -177,16 +177,19 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
     ``lv``); spans travel with the calls, so the report can still name every
     operator as the model named it. ``names`` gives the names in binding order;
     by default each call keeps the name a frontend gave it (its span), or is
-    named after the variable it binds, made unique (``lv23``, then ``lv23.1``).
+    named after the variable it binds, made unique among the names taken from
+    variables (``lv23``, then ``lv23.1``).
 
     Operators of one span name are one node of the model (a source node that
-    became several operators); a variable's name says nothing of the kind:
-    passes before placement name the bindings they add ``lv``, ``lv1``, ...
-    again, and ``efficientnet_b0`` had six such names, each on an add and an
-    unrelated convolution, which placement by cost costed and placed as one.
+    became several operators; a dequantize copied for a convolution, named
+    after the variable of the one it copies); a variable's name says nothing
+    of the kind: passes before placement name the bindings they add ``lv``,
+    ``lv1``, ... again, and ``efficientnet_b0`` had six such names, each on an
+    add and an unrelated convolution, which placement by cost costed and
+    placed as one.
     """
     pending = list(names) if names is not None else None
-    taken = _span_names(func) if pending is None else set()
+    taken: set[str] = set()  # the names taken from variables so far
     blocks = []
     for block in func.body.blocks:
         bindings = []
@@ -204,16 +207,6 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
     return relax.Function(
         func.params, relax.SeqExpr(blocks, func.body.body), ret_type(func), func.is_pure, func.attrs
     )
-
-
-def _span_names(func: relax.Function) -> set[str]:
-    """The node names the spans of ``func``'s operator calls already give."""
-    return {
-        name
-        for block in func.body.blocks
-        for b in block.bindings
-        if (name := span_name(b.value)) is not None
-    }
 
 
 def _unique(name: str, taken: set[str]) -> str:
