@@ -8,7 +8,9 @@ vanilla_accel and dsp_cpu, each accelerator alone, and ``placement="auto"``.
    The auto process starts with an empty cost cache and compiles twice: the
    first compile measures the candidate groups, the second finds them in the
    cache; both compile times are kept, with auto's estimates of every other
-   placement.
+   placement. Auto's ``estimate_ms`` is that of the placement it built: its
+   choice's (``choice_estimate_ms``), or, when the knockout kept a contender
+   (``finalists.kept``), that contender's.
 2. **Time**, in ``--rounds`` rounds (default 5), each round every library in a
    fresh process (``umahub.load``, the default executor: the VM or the
    concurrent one, whichever it measures faster, after warm-up runs), median
@@ -18,6 +20,13 @@ vanilla_accel and dsp_cpu, each accelerator alone, and ``placement="auto"``.
    load on the machine that comes and goes touches them all alike.
 
     python benchmarks/auto.py [MODEL ...] [--repeat N] [--rounds N] [--threads N]
+                              [--only PLACEMENT ...]
+
+``--only auto`` (or any placements by the table's names: ``"npu > dsp_cpu >
+vanilla_accel"``, ``"npu alone"``) compiles and times those alone: auto's
+estimates next to its measurement, in a fraction of the time, with no
+comparison against the others; its results go to ``results/auto-only.json``,
+never over the full run's.
 
 Results: ``results/auto.json``; the table is printed, with auto's latency over
 the best of the others and auto's worst ratio, round by round, against any
@@ -66,9 +75,12 @@ where = json.dumps([(op.name, op.op, op.device) for op in compiled.report.placem
 result["placement_id"] = hashlib.sha1(where.encode()).hexdigest()[:12]
 if placement == "auto":
     auto = compiled.report.auto
+    kept = (auto.get("finalists") or {}).get("kept", "auto")
     result.update(
         auto_s=sum(auto["seconds"].values()),
-        estimate_ms=auto["estimate_ms"],
+        # the estimate of what was built: the choice's, or the contender's that the knockout kept
+        estimate_ms=auto["estimate_ms"] if kept == "auto" else auto["baselines_ms"][kept],
+        choice_estimate_ms=auto["estimate_ms"],
         baselines_ms=auto["baselines_ms"],
         costs=auto["costs"],
         changed=len(auto["changed"]),
@@ -113,6 +125,8 @@ def _name(placement: object) -> str:
 def bench(name: str, args: argparse.Namespace, env: dict, workdir: Path) -> dict:
     """The ten placements of one model: compiled, then timed in interleaved rounds."""
     placements: list[object] = [*ORDERS, *([a] for a in ACCELERATORS), "auto"]
+    if args.only:
+        placements = [p for p in placements if _name(p) in args.only]
     row: dict[str, dict] = {}
     libraries: dict[str, str] = {}
     for p in placements:
@@ -213,6 +227,8 @@ def compare(row: dict) -> dict:
     any other placement: not worse, the same placement (auto built what that
     placement builds), within the noise, or worse.
     """
+    if "auto" not in row:  # --only without auto: nothing to compare with
+        return row
     auto = row["auto"]
     for key, v in row.items():  # auto's estimate of each placement, next to its measurement
         est = auto.get("estimate_ms") if key == "auto" else None
@@ -293,8 +309,12 @@ def _print(name: str, row: dict) -> None:
         if "median_ms" not in v:
             print(f"  {k:32} failed: {v.get('error') or v.get('errors')}", flush=True)
             continue
-        extra = f"  (estimated {v['estimate_ms']:.1f} ms)" if "estimate_ms" in v else ""
-        if k == "auto":
+        extra = (
+            f"  (estimated {v['estimate_ms']:.1f} ms, {v['estimate_over_measured']:.2f}x)"
+            if "estimate_ms" in v
+            else ""
+        )
+        if k == "auto" and "verdict" in v:
             against = v.get("against")
             extra += (
                 f"; auto/best {v.get('over_best_other', 0):.2f} ({v.get('best_other')});"
@@ -314,6 +334,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="PLACEMENT",
+        help='only these placements ("auto", "npu > dsp_cpu > vanilla_accel", "npu alone"); '
+        "results in results/auto-only.json",
+    )
+    parser.add_argument(
         "--append",
         action="store_true",
         help="keep the models already in results/auto.json (a run in several sittings)",
@@ -324,6 +351,9 @@ def main() -> None:
         help="recompute the comparisons of results/auto.json and print them; run nothing",
     )
     args = parser.parse_args()
+    names = {_name(p) for p in [*ORDERS, *([a] for a in ACCELERATORS), "auto"]}
+    if unknown := set(args.only or ()) - names:
+        parser.error(f"--only: no placement {sorted(unknown)}; the placements: {sorted(names)}")
     if args.summarize:
         path = RESULTS / "auto.json"
         data = json.loads(path.read_text())  # the machine and versions it was measured with
@@ -335,7 +365,8 @@ def main() -> None:
         return
     env = worker_env(args.threads)
     rows = {}
-    previous = RESULTS / "auto.json"
+    result = "auto-only" if args.only else "auto"
+    previous = RESULTS / f"{result}.json"
     if args.append and previous.exists():
         rows.update(json.loads(previous.read_text()).get("models", {}))
     with tempfile.TemporaryDirectory(prefix="umahub-auto-") as workdir:
@@ -343,7 +374,7 @@ def main() -> None:
             rows[name] = row = bench(name, args, env, Path(workdir))
             _print(name, row)
             path = write(  # after every model: a long run stopped keeps what it measured
-                "auto",
+                result,
                 {
                     "threads": args.threads,
                     "repeat": args.repeat,

@@ -140,7 +140,10 @@ def test_the_second_compile_uses_the_measurements_of_the_first(isolated):
     assert len(entries) == 5
     assert first["finalists"]["cached"] is False
     assert sorted(first["finalists"]) == ["cached", "contenders", "kept", "measured_ms", "tie"]
-    assert sorted(first["finalists"]["measured_ms"]) == sorted(["auto", *first["contenders"]])
+    # the contenders the estimate's known error could make winners (measured: which they are)
+    near = first["finalists"]["contenders"]
+    assert near == [c for c in first["contenders"] if c in near]
+    assert sorted(first["finalists"]["measured_ms"]) == sorted(["auto", *near])
     again = _hub(_plugin(None)).compile(mod, placement="auto").report.auto
     assert again["costs"] == {"plugin": 0, "measured": 0, "cached": 4, "none": 0}
     assert again["cache"]["hits"] == 4 and again["cache"]["misses"] == 0
@@ -451,6 +454,7 @@ def test_the_choice_meets_every_contender_and_the_fastest_is_kept(isolated, monk
     )
     monkeypatch.setattr(finalists, "_match", lambda a, b, xs: next(matches))
     monkeypatch.setattr(finalists, "cached_winner", lambda comp, cache: None)
+    monkeypatch.setattr(finalists, "WITHIN", float("inf"))  # every contender, however estimated
     kept = hub.compile(mod, placement="auto")
     verdict = kept.report.auto["finalists"]
     assert verdict["kept"] == second and verdict["cached"] is False
@@ -645,15 +649,18 @@ def test_a_contender_that_fails_to_build_or_run_is_left_out(isolated, monkeypatc
         finalists.measure(comp, _Model(fails=True), build, lambda m: [], CostCache())
 
 
-def test_contenders_estimated_far_slower_are_not_built():
+def test_contenders_are_built_while_the_estimates_known_error_could_make_them_win():
     from umahub.auto import finalists
 
-    comp = _comp(["a alone", "b alone"], {"a alone": 1.5, "b alone": 2.5})
+    # within 40% either way: a contender estimated 1.4 / 0.6 = 2.333x slower can still win
+    assert finalists.ERROR == 0.4 and finalists.WITHIN == pytest.approx(1.4 / 0.6)
+    comp = _comp(["a alone", "b alone"], {"a alone": 2.33, "b alone": 2.34})
     assert finalists.contenders(comp) == ["a alone"]
     assert finalists.skipped(comp) == ""
-    far = _comp(["b alone"], {"b alone": 2.5})
+    far = _comp(["b alone"], {"b alone": 2.34})
     assert finalists.skipped(far) == (
-        "every other starting point is estimated more than 2x slower (the nearest, b alone, 2.5x)"
+        "every other starting point is estimated more than 2.33x slower, more than the "
+        "estimate's known error (40% either way) can make up (the nearest, b alone, 2.34x)"
     )
     assert finalists.contenders(
         _comp(["a alone", "b alone"], {"a alone": 1, "b alone": 1}, limit=1)
@@ -736,3 +743,74 @@ def test_operators_of_one_name_are_one_node_of_the_choice():
     group = Group("npu", nodes, (), (), None, key="k", host_key="h")
     host = _host_seconds(ops, [(group, 5e-6)])
     assert host == pytest.approx({"stem": 1e-6, "act": 4e-6})
+
+
+def test_operators_named_only_by_one_variable_name_are_nodes_apart():
+    # passes before placement name the bindings they add "lv", "lv1", ... again: on
+    # efficientnet_b0 six names each held an add and an unrelated convolution, costed and
+    # placed as one (a 1x1 convolution of 21.7 MFLOPs was estimated at 2 microseconds)
+    import tvm
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+    from umahub.auto.choose import _operators
+
+    t = TensorType((1, 8, 4, 4), "float32")
+    x = relax.Var("x", t)
+    a, b, c = relax.DataflowVar("lv", t), relax.DataflowVar("lv", t), relax.Var("out", t)
+    block = relax.DataflowBlock(
+        [
+            relax.VarBinding(a, relax.op.nn.relu(x)),
+            relax.VarBinding(b, relax.op.add(a, x)),
+            relax.VarBinding(c, relax.op.multiply(b, a)),
+        ]
+    )
+    main = relax.Function([x], relax.SeqExpr([block], c), t).with_attr("global_symbol", "main")
+    ops, outputs = _operators(tvm.IRModule({"main": main}))
+    assert [(o.name, o.op, o.inputs) for o in ops] == [
+        ("lv", "relax.nn.relu", ()),
+        ("lv.1", "relax.add", ("lv",)),
+        ("out", "relax.multiply", ("lv.1", "lv")),
+    ]
+    assert outputs == {"out"}
+
+
+def test_a_cores_private_caches_are_the_largest_it_does_not_share(tmp_path):
+    from umahub.auto.costs import private_cache_bytes
+
+    for index, (size, shared) in enumerate(
+        [("48K", "0"), ("32K", "0"), ("2048K", "0"), ("307200K", "0-1")]
+    ):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(f"{size}\n")
+        (tmp_path / f"index{index}" / "shared_cpu_list").write_text(f"{shared}\n")
+    assert private_cache_bytes(str(tmp_path)) == 2 << 20
+    assert private_cache_bytes(str(tmp_path / "none")) == 2 << 20  # sysfs says nothing
+    (tmp_path / "index2" / "size").write_text("1M\n")
+    assert private_cache_bytes(str(tmp_path)) == 1 << 20
+
+
+def test_every_timed_run_of_a_group_starts_with_its_cores_caches_written_over(monkeypatch):
+    # alone, a group run again and again finds its weights in its core's cache; in the
+    # model the rest of the model ran in between
+    from umahub.auto import costs as auto_costs
+
+    evicted = []
+    monkeypatch.setattr(auto_costs, "evict_caches", lambda: evicted.append(1))
+    monkeypatch.setattr(auto_costs, "_more_runs", lambda times: 0)
+    hub = _hub(_plugin(None), **{"auto-finalists": 0})
+    auto = hub.compile(chain(ops=("relu",)), placement="auto").report.auto
+    assert auto["costs"] == {"plugin": 0, "measured": 2, "cached": 0, "none": 0}
+    assert len(evicted) == 2 * auto_costs.RUNS  # on the accelerator and on the host
+
+
+def test_before_each_runs_before_every_timed_inference_and_is_not_timed():
+    from umahub.runtime.compiled import example_inputs
+
+    compiled = umahub.Hub(autoload=False, project_config=False).compile(chain(ops=("relu",)))
+    arrays = example_inputs(compiled.input_info)
+    calls = []
+    steps = compiled._executors.step_seconds(arrays, 3, lambda: calls.append("step"))
+    seconds, _ = compiled._executors.call_seconds(arrays, 4, lambda: calls.append("call"))
+    assert calls == ["step"] * 3 + ["call"] * 4
+    assert len(steps["main"]) == 3

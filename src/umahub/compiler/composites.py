@@ -20,7 +20,7 @@ from umahub._tvm import name_of, rebind, ret_type, type_args, type_of
 from umahub.compiler.placement import Pin, Pins
 from umahub.compiler.vdevice import VirtualDevice
 from umahub.errors import PlacementError
-from umahub.ir import is_composite, name_span, node_name, op_calls
+from umahub.ir import is_composite, name_span, op_calls, span_name
 from umahub.plugin.accelerator import Accelerator
 
 __all__ = [
@@ -177,16 +177,29 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
     ``lv``); spans travel with the calls, so the report can still name every
     operator as the model named it. ``names`` gives the names in binding order;
     by default each call keeps the name a frontend gave it (its span), or is
-    named after the variable it binds.
+    named after the variable it binds, made unique among the names taken from
+    variables (``lv23``, then ``lv23.1``).
+
+    Operators of one span name are one node of the model (a source node that
+    became several operators; a dequantize copied for a convolution, named
+    after the variable of the one it copies); a variable's name says nothing
+    of the kind: passes before placement name the bindings they add ``lv``,
+    ``lv1``, ... again, and ``efficientnet_b0`` had six such names, each on an
+    add and an unrelated convolution, which placement by cost costed and
+    placed as one.
     """
     pending = list(names) if names is not None else None
+    taken: set[str] = set()  # the names taken from variables so far
     blocks = []
     for block in func.body.blocks:
         bindings = []
         for binding in block.bindings:
             value = binding.value
             if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-                name = pending.pop(0) if pending is not None else node_name(binding)
+                if pending is not None:
+                    name = pending.pop(0)
+                else:
+                    name = span_name(value) or _unique(name_of(binding.var), taken)
                 span = name_span(name)
                 value = relax.Call(value.op, value.args, value.attrs, type_args(value), span=span)
             bindings.append(rebind(binding, value))
@@ -194,6 +207,16 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
     return relax.Function(
         func.params, relax.SeqExpr(blocks, func.body.body), ret_type(func), func.is_pure, func.attrs
     )
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """``name``, or ``name.1``, ``name.2``, ... the first not in ``taken``; added to it."""
+    unique, k = name, 0
+    while unique in taken:
+        k += 1
+        unique = f"{name}.{k}"
+    taken.add(unique)
+    return unique
 
 
 def name_nodes(mod: tvm.IRModule) -> tvm.IRModule:

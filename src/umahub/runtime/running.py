@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -208,14 +208,15 @@ class Executors:
             return self._concurrent
 
     def call_seconds(
-        self, arrays: Sequence[Any], runs: int
+        self, arrays: Sequence[Any], runs: int, before_each: Callable[[], Any] | None = None
     ) -> tuple[dict[str, list[float]], list[tuple[int, float]]]:
         """Seconds of every function ``main`` calls on the VM over ``runs`` inferences
         (after one to warm up), by name (a partition's symbol, a host kernel's, VM
         builtins'), and every copy between devices as ``(bytes, seconds)``.
 
         Timed by TVM's VM instrumentation on a VM of its own, on the VM's thread
-        pool, as :meth:`run` runs the model.
+        pool, as :meth:`run` runs the model. ``before_each`` is called before
+        every timed inference, untimed.
         """
         from tvm import relax
 
@@ -242,20 +243,27 @@ class Executors:
         main(*args)
         recording[0] = True
         for _ in range(runs):
+            if before_each is not None:
+                before_each()
             main(*args)
         return seconds, copies
 
-    def step_seconds(self, arrays: Sequence[Any], runs: int) -> dict[str, list[float]]:
+    def step_seconds(
+        self, arrays: Sequence[Any], runs: int, before_each: Callable[[], Any] | None = None
+    ) -> dict[str, list[float]]:
         """Seconds of every step over ``runs`` inferences on the concurrent executor
         (after one to warm up), by the step's label (a partition's symbol,
         ``"copy x host->npu:0"``, ``"host: lv1"``); one device only: ``{"main": [...]}``,
-        the VM's ``main`` on tensors made beforehand, as the concurrent steps are."""
+        the VM's ``main`` on tensors made beforehand, as the concurrent steps are.
+        ``before_each`` is called before every timed inference, untimed."""
         self.runner(*arrays)
         if self.graph.unsupported:
             main = self.runner.vm()["main"]
             args = [*self.runner.tensors(arrays), *self.runner.weights]
             times = []
             for _ in range(runs):
+                if before_each is not None:
+                    before_each()
                 start = time.perf_counter()
                 main(*args)
                 times.append(time.perf_counter() - start)
@@ -265,6 +273,8 @@ class Executors:
         ex.run(tensors)
         seconds: dict[str, list[float]] = {}
         for _ in range(runs):
+            if before_each is not None:
+                before_each()
             inference = ex.submit(tensors, profile=True)
             inference.result()
             for span in inference.spans:
