@@ -74,3 +74,29 @@ def test_old_module_paths_still_import_with_a_warning():
         "umahub.threadpool is now umahub.runtime.threadpool; "
         "the old name goes away in the release after next"
     )
+
+
+# Started on one core (as under ``taskset -c N``), a model run on both executors: no
+# thread of the process may then run on another core.
+ONE_CORE = """
+import os, json
+core = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {core})
+import umahub, umahub.models as zoo
+hub = umahub.Hub(config={"plugins": ["npu", "dsp"]}, project_config=False)
+compiled = hub.compile(zoo.get("cnn"))
+x = zoo.inputs("cnn")
+for executor in ("concurrent", "vm", "auto", "auto", "auto"):
+    compiled.run(*x, executor=executor)
+threads = {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+print(json.dumps([core, sorted({c for cores in threads.values() for c in cores})]))
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two cores and Linux's affinity calls",
+)
+def test_the_cores_a_process_is_started_on_are_kept():
+    core, used = json.loads(_python(ONE_CORE))
+    assert used == [core]

@@ -56,7 +56,7 @@ from umahub.errors import ExecutionError, last_line
 from umahub.lanes import dma_lane, is_dma
 from umahub.runtime.spares import Spares
 from umahub.runtime.steps import Step, StepGraph
-from umahub.runtime.threadpool import process_cores
+from umahub.runtime.threadpool import usable_cores
 
 __all__ = ["ExecutionError", "Executor", "Inference", "Measured", "tensor_bytes"]
 
@@ -335,8 +335,9 @@ class Executor:
         self.starts = [i for i, w in enumerate(self.waits) if w == 0]
         host = graph.devices[0]
         lanes = graph.lanes
-        cores = plan_cores(lanes, host, process_cores()) if pin else {}
-        every = set(process_cores())
+        usable = usable_cores()  # a user's taskset is kept
+        cores = plan_cores(lanes, host, usable) if pin else {}
+        every = set(usable)
         self.cores = {lane: sorted(cores.get(lane, every)) for lane in lanes}
         self.lanes = {
             lane: _Lane(self, lane, set(self.cores[lane]), single_thread=lane != host)

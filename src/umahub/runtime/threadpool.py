@@ -43,7 +43,14 @@ from __future__ import annotations
 import os
 import threading
 
-__all__ = ["SPIN_COUNT", "process_cores", "spin_briefly", "use_threads", "vm_threads"]
+__all__ = [
+    "SPIN_COUNT",
+    "process_cores",
+    "spin_briefly",
+    "usable_cores",
+    "use_threads",
+    "vm_threads",
+]
 
 #: The spin count umahub gives TVM's thread pool unless the user set one.
 SPIN_COUNT = 3000
@@ -70,6 +77,14 @@ def process_cores() -> list[int]:
     except (OSError, ValueError):
         pass
     return sorted(cores) or list(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> list[int]:
+    """The cores umahub's threads may run on: the process's (:func:`process_cores`) that
+    it was started on too (``taskset``, a job scheduler's affinity), before TVM pinned
+    any thread; all the process's where that is unknown or shares none of them."""
+    every = process_cores()
+    return [c for c in every if c in _STARTED_ON] or every
 
 
 _pool = threading.local()  # per calling thread, as TVM's pools are: the count it started with
@@ -108,8 +123,6 @@ def use_threads(threads: int | None) -> None:
     now = int(tvm.get_global_func("runtime.NumThreads")())
     threads = original if threads is None else threads
     if threads != now:
-        # those the process started on too (``taskset``), where TVM had not pinned it yet
-        every = process_cores()
-        cores = [str(c) for c in [c for c in every if c in _STARTED_ON] or every]
+        cores = [str(c) for c in usable_cores()]
         # -3: TVM's kSpecifyThreadShareAllCore, every thread may run on every core given
         tvm.get_global_func("runtime.config_threadpool")(-3, threads, cores)
