@@ -67,16 +67,23 @@ def test_the_npu_convolution_is_tuned_in_its_space_and_the_rest_said(tuned):
     assert kept[key]["used"] == conv.used
 
 
-def test_compile_uses_the_partitions_verdict_and_computes_the_same(tuned, tmp_path):
+def _edited_copy(tuned, tmp_path, **changes):
+    """A copy of the tuned database with the npu convolution's verdict changed: its path,
+    and the verdict as it was."""
     path = tmp_path / "db"
     shutil.copytree(tuned["path"], path)
     kernels = json.loads((path / FILE).read_text())
     (entry,) = kernels["entries"]
     (key,) = [k for k in entry["kernels"] if k.startswith("npu:")]
-    verdict = entry["kernels"][key]
-    assert verdict["script"] is not None  # the best candidate, kept whatever the verdict
-    verdict["used"], verdict["why"] = "tuned", "made tuned by the test"
+    before = dict(entry["kernels"][key])
+    entry["kernels"][key].update(changes)
     (path / FILE).write_text(json.dumps(kernels))
+    return path, before
+
+
+def test_compile_uses_the_partitions_verdict_and_computes_the_same(tuned, tmp_path):
+    path, before = _edited_copy(tuned, tmp_path, used="tuned", why="made tuned by the test")
+    assert before["script"] is not None  # the best candidate, kept whatever the verdict
     compiled = _hub(["npu"], tuning_database=str(path)).compile(zoo.get("cnn"))
     report = compiled.report
     assert {"name": CONV, "used": "tuned", "why": "made tuned by the test"} in report.tuned_kernels
@@ -89,12 +96,9 @@ def test_compile_uses_the_partitions_verdict_and_computes_the_same(tuned, tmp_pa
 
 
 def test_a_tuned_partition_that_no_longer_fits_is_a_warning_and_its_hooks_schedule(tuned, tmp_path):
-    path = tmp_path / "db"
-    shutil.copytree(tuned["path"], path)
-    kernels = json.loads((path / FILE).read_text())
-    (entry,) = kernels["entries"]
-    (key,) = [k for k in entry["kernels"] if k.startswith("npu:")]
-    entry["kernels"][key].update(
+    path, _ = _edited_copy(
+        tuned,
+        tmp_path,
         used="tuned",
         why="x",
         script=(  # a kernel of other parameters than the partition's
@@ -103,7 +107,6 @@ def test_a_tuned_partition_that_no_longer_fits_is_a_warning_and_its_hooks_schedu
             '    def main(a: T.Buffer((2,), "float32")):\n        T.evaluate(0)\n'
         ),
     )
-    (path / FILE).write_text(json.dumps(kernels))
     with pytest.warns(umahub.UmahubWarning) as warned:
         compiled = _hub(["npu"], tuning_database=str(path)).compile(zoo.get("cnn"))
     assert (
