@@ -98,3 +98,46 @@ print(json.dumps([core, sorted({c for cores in lanes.values() for c in cores})])
 def test_the_cores_a_process_is_started_on_are_kept():
     core, used = json.loads(_python(ONE_CORE))
     assert used == [core]
+
+
+# A model run on the VM, started on the last core (TVM pins a pool's threads from
+# core 0 on): the thread that ran it, before and after, and TVM's pool size.
+VM_ON = """
+import os, json
+core = max(os.sched_getaffinity(0))
+if {one_core}:
+    os.sched_setaffinity(0, {{core}})
+import umahub, umahub.models as zoo
+hub = umahub.Hub(config={{"plugins": ["npu"]}}, project_config=False)
+compiled = hub.compile(zoo.get("cnn"))
+before = sorted(os.sched_getaffinity(0))
+compiled.run(*zoo.inputs("cnn"), executor={executor!r})
+print(json.dumps([core, before, sorted(os.sched_getaffinity(0))]))
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two cores and Linux's affinity calls",
+)
+@pytest.mark.parametrize("executor", ["vm", "auto"])
+def test_the_thread_that_runs_a_model_keeps_the_cores_it_was_started_on(executor):
+    core, before, after = json.loads(_python(VM_ON.format(one_core=True, executor=executor)))
+    assert before == after == [core]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux's affinity calls")
+def test_the_thread_that_runs_a_model_is_not_pinned_to_one_core():
+    _, before, after = json.loads(_python(VM_ON.format(one_core=False, executor="vm")))
+    assert after == before
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two cores and Linux's affinity calls",
+)
+def test_tvm_bind_threads_leaves_the_pinning_to_tvm():
+    _, before, after = json.loads(
+        _python(VM_ON.format(one_core=False, executor="vm"), TVM_BIND_THREADS="1")
+    )
+    assert len(before) >= 2 and after == [0]

@@ -19,9 +19,10 @@ accelerator lane, each accelerator's worker is pinned to its own core
 (``os.sched_setaffinity`` on the thread) and its kernels run on one thread
 (TVM's thread pool is per calling thread: ``runtime.config_threadpool`` makes
 it one thread for that worker); the host and the DMA lanes may use every core
-and the host keeps TVM's default number of threads. TVM pins a thread that
-first starts its thread pool to core 0 (and a thread inherits its creator's
-pinning), so every worker sets its affinity after starting TVM's pool.
+and the host keeps TVM's default number of threads, its pool sharing the host
+lane's cores (:func:`umahub.runtime.threadpool.share_cores`). TVM pins a thread
+that first starts its thread pool to core 0 (and a thread inherits its
+creator's pinning), so every worker sets its affinity after starting TVM's pool.
 
 A copy writes into the destination of the same copy of an earlier inference
 once nothing else holds it (:mod:`umahub.runtime.spares` says why).
@@ -56,7 +57,7 @@ from umahub.errors import ExecutionError, last_line
 from umahub.lanes import dma_lane, is_dma
 from umahub.runtime.spares import Spares
 from umahub.runtime.steps import Step, StepGraph
-from umahub.runtime.threadpool import usable_cores
+from umahub.runtime.threadpool import share_cores, usable_cores
 
 __all__ = ["ExecutionError", "Executor", "Inference", "Measured", "tensor_bytes"]
 
@@ -236,7 +237,7 @@ class _Lane:
         if self.single_thread:
             tvm.get_global_func("runtime.config_threadpool")(1, 1)
         else:
-            tvm.get_global_func("runtime.NumThreads")()  # starts (and pins) TVM's pool first
+            share_cores(self.cores)  # TVM's own count of threads, not pinned from core 0
         try:
             os.sched_setaffinity(0, self.cores)
         except (OSError, AttributeError):  # not Linux, or cores not ours: run unpinned

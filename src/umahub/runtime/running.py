@@ -41,7 +41,7 @@ from umahub.config import EXECUTORS
 from umahub.errors import UmahubError
 from umahub.runtime.choosing import AUTO_TRIAL_CALLS, ExecutorChoice, compare
 from umahub.runtime.executor import tensor_bytes
-from umahub.runtime.threadpool import spin_briefly, use_threads, vm_threads
+from umahub.runtime.threadpool import share_cores, spin_briefly, use_threads, vm_threads
 
 __all__ = [
     "Executors",
@@ -119,11 +119,13 @@ class Runner:
             self.weights = [values[i].copyto(self.devices[d]) for i, d in enumerate(weight_devices)]
 
     def vm(self) -> Any:
-        """This thread's VM (made at its first use)."""
+        """This thread's VM (made at its first use, when this thread's TVM pool is
+        also given every core the process may use: :func:`share_cores`)."""
         vm = getattr(self._local, "vm", None)
         if vm is None:
             from tvm import relax
 
+            share_cores()
             vm = self._local.vm = relax.VirtualMachine(self.library, self.devices)
             self._local.main = vm["main"]
         return vm

@@ -36,16 +36,28 @@ two threads than on one (the int8 MobileNetV2 of the zoo: 158-172 against
 the threads of its pool and on one (:func:`vm_threads`) and runs the VM on the
 count it chose (:func:`use_threads`), unless the user set ``TVM_NUM_THREADS``:
 that count is kept.
+
+Which cores: TVM pins the threads of a pool, the calling thread included, one
+to a core, counting from the machine's first core, whatever cores the process
+was given. A model run on one thread then runs on core 0 even under
+``taskset -c 1``, and cannot leave it when another process is busy there
+(the int8 ResNet-18 of the zoo, on a 2-core Intel Xeon beside a compile:
+14.0 ms pinned against 11.9 ms free to move, medians of five processes each).
+So the pool of every thread that runs a model's VM shares the cores the
+process may use (:func:`share_cores`), unless the user set
+``TVM_BIND_THREADS`` to choose TVM's binding.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Collection
 
 __all__ = [
     "SPIN_COUNT",
     "process_cores",
+    "share_cores",
     "spin_briefly",
     "usable_cores",
     "use_threads",
@@ -113,6 +125,27 @@ def _original() -> int:
     return int(_pool.original)
 
 
+def share_cores(cores: Collection[int] = ()) -> None:
+    """Let the calling thread's TVM pool, this thread included, run on any of
+    ``cores`` (default: :func:`usable_cores`), not one core each from the machine's
+    first (once per thread; a no-op where the user set ``TVM_BIND_THREADS``)."""
+    if getattr(_pool, "shared", False) or "TVM_BIND_THREADS" in os.environ:
+        return
+    import tvm
+
+    now = int(tvm.get_global_func("runtime.NumThreads")())
+    _configure(now, cores)
+
+
+def _configure(threads: int, on: Collection[int] = ()) -> None:
+    import tvm
+
+    _pool.shared = True
+    cores = [str(c) for c in sorted(on or usable_cores())]
+    # -3: TVM's kSpecifyThreadShareAllCore, every thread may run on every core given
+    tvm.get_global_func("runtime.config_threadpool")(-3, threads, cores)
+
+
 def use_threads(threads: int | None) -> None:
     """Make the calling thread's TVM pool ``threads`` threads (at most its size), not
     pinned to cores (so that the system can move them away from a busy one); ``None``:
@@ -123,6 +156,4 @@ def use_threads(threads: int | None) -> None:
     now = int(tvm.get_global_func("runtime.NumThreads")())
     threads = original if threads is None else threads
     if threads != now:
-        cores = [str(c) for c in usable_cores()]
-        # -3: TVM's kSpecifyThreadShareAllCore, every thread may run on every core given
-        tvm.get_global_func("runtime.config_threadpool")(-3, threads, cores)
+        _configure(threads)
