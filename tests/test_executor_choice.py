@@ -6,6 +6,7 @@ from __future__ import annotations
 from umahub.runtime.choosing import (
     AUTO_BLOCK,
     AUTO_CHANGE,
+    AUTO_PERSIST,
     AUTO_RECHECK,
     AUTO_SWITCH,
     AUTO_TRIALS,
@@ -112,7 +113,7 @@ def test_auto_switches_when_the_other_executor_wins_check_after_check():
     switched = 2 * AUTO_TRIALS * AUTO_BLOCK + checks[-1] + AUTO_BLOCK - 1
     assert choice.why == (
         f"switched at call {switched}: the concurrent executor took 6 ms in {AUTO_SWITCH} checks "
-        "in a row against 11 ms for the VM (the median of its last 9 calls)"
+        "in a row against 11 ms for the VM (the median of its last 10 calls)"
     )
 
 
@@ -183,27 +184,44 @@ def test_a_busy_machine_makes_auto_time_every_way_again_within_a_few_calls():
     _trials(choice, vm=0.010, vm1=0.018, concurrent=0.020)
     assert choice.chosen == "vm"
     # a neighbour starts: the VM's own calls take 2.5 times as long; its checks of the
-    # others would come 20 calls later, but the change shows within AUTO_WATCH calls
-    assert _steady(choice, AUTO_RECHECK - 1, 0.025) == AUTO_WATCH
+    # others would come 20 calls later, but the change shows within two runs of AUTO_WATCH
+    watched = AUTO_WATCH * AUTO_PERSIST
+    assert watched < AUTO_RECHECK
+    assert _steady(choice, AUTO_RECHECK - 1, 0.025) == watched
+    again = (
+        f"at call {3 * AUTO_TRIALS * AUTO_BLOCK + watched}, the VM on 2 threads took 25 ms "
+        "(the median of its last 10 calls) against 10 ms when chosen, slower by over 1.5x in "
+        "each run of 5 of them"
+    )
     assert choice.progress() == (
-        f"timing 3 ways, again (at call {3 * AUTO_TRIALS * AUTO_BLOCK + AUTO_WATCH}, the VM on "
-        "2 threads took 25 ms (the median of its last 5 calls) against 10 ms when chosen): "
-        f"0 of {3 * AUTO_TRIALS} blocks of calls timed"
+        f"timing 3 ways, again ({again}): 0 of {3 * AUTO_TRIALS} blocks of calls timed"
     )
     _trials(choice, vm=0.120, vm1=0.030, concurrent=0.040)
     assert choice.chosen == "vm1"
     assert choice.why == (
-        f"timed again (at call {3 * AUTO_TRIALS * AUTO_BLOCK + AUTO_WATCH}, the VM on 2 threads "
-        "took 25 ms (the median of its last 5 calls) against 10 ms when chosen), in blocks of 3: "
+        f"timed again ({again}), in blocks of 3: "
         "the VM on one thread 30 ms against 120 ms for the VM on 2 threads (medians of 4 and 4), "
         "faster in 4 of 4 rounds; the concurrent executor 40 ms against 120 ms for the VM on 2 "
         "threads (medians of 4 and 4), faster in 4 of 4 rounds"
     )
     # the neighbour stops: the one thread's calls drop under its time when chosen by more
     # than AUTO_CHANGE, and every way is timed again
-    assert _steady(choice, AUTO_RECHECK - 1, 0.018) == AUTO_WATCH
+    assert _steady(choice, AUTO_RECHECK - 1, 0.018) == watched
+    assert "faster by over 1.5x in each run of 5 of them" in choice.progress()
     _trials(choice, vm=0.010, vm1=0.018, concurrent=0.020)
     assert choice.chosen == "vm"
+
+
+def test_a_slowdown_that_does_not_last_keeps_the_choice_without_timing_again():
+    choice = ExecutorChoice(THREE)
+    _trials(choice, vm=0.010, vm1=0.018, concurrent=0.020)
+    # a run of slow calls (a neighbour's burst), a few more than one run of AUTO_WATCH,
+    # then the usual time: not every run of the last calls was slow, so no trials again
+    calls = [0.025] * (AUTO_WATCH + 2) + [0.010] * (AUTO_RECHECK - AUTO_WATCH - 3)
+    for seconds in calls:
+        assert _steady(choice, 1, seconds) == 1
+        assert choice.chosen == "vm"
+    assert choice.why.startswith("timed on the first calls")
 
 
 def test_noise_within_the_change_factor_keeps_the_choice():

@@ -23,7 +23,11 @@ the choice is checked while the model runs, in two ways:
 
 * the chosen way against its own times: when the median of its last
   :data:`AUTO_WATCH` calls is :data:`AUTO_CHANGE` times its median when
-  chosen, or that much under it, every way is timed again, at once;
+  chosen, or that much under it, and was so for the :data:`AUTO_WATCH` calls
+  before them too, every way is timed again, at once. A change must last
+  (:data:`AUTO_PERSIST` runs of calls) because timing every way again costs
+  calls on the slower ways: beside a neighbour whose load comes and goes, a
+  few slow calls at a time would have the trials run again and again;
 * now and then a block runs on another way (they take turns), and when one
   beats the median of the chosen way's recent calls by the margin
   :data:`AUTO_SWITCH` checks in a row, "auto" switches to it. The first check
@@ -46,6 +50,7 @@ __all__ = [
     "AUTO_BLOCK",
     "AUTO_CHANGE",
     "AUTO_MARGIN",
+    "AUTO_PERSIST",
     "AUTO_RECHECK",
     "AUTO_RECHECK_MAX",
     "AUTO_SWITCH",
@@ -75,11 +80,15 @@ AUTO_RECHECK_MAX = 2000
 AUTO_SWITCH = 3
 #: Calls of the chosen way whose median is compared with its median when chosen.
 AUTO_WATCH = 5
+#: Runs of :data:`AUTO_WATCH` calls in a row whose medians must all be off by
+#: :data:`AUTO_CHANGE` (the same way) for "auto" to time every way again.
+AUTO_PERSIST = 2
 #: How many times slower (or faster) than when chosen the chosen way must run
 #: for "auto" to time every way again.
 AUTO_CHANGE = 1.5
-#: Calls of the chosen way whose median a check is compared with.
-_RECENT = 9
+#: Calls of the chosen way kept: a check is compared with their median, and
+#: :meth:`ExecutorChoice._watch` looks at them in runs of :data:`AUTO_WATCH`.
+_RECENT = AUTO_WATCH * AUTO_PERSIST
 
 #: The ways of :func:`compare`: the VM on its thread pool as it is, and the concurrent executor.
 TWO_EXECUTORS = {"vm": "the VM", "concurrent": "the concurrent executor"}
@@ -195,15 +204,23 @@ class ExecutorChoice:
 
     def _watch(self) -> None:
         """Time every way again when the chosen way's own calls moved far from its median
-        when chosen (the machine got busy, or quiet)."""
-        if len(self._recent) < AUTO_WATCH:
+        when chosen, and stayed there (the machine got busy, or quiet)."""
+        kept = list(self._recent)
+        if len(kept) < AUTO_WATCH * AUTO_PERSIST:
             return
-        now = statistics.median(list(self._recent)[-AUTO_WATCH:])
-        if self._usual / AUTO_CHANGE <= now <= self._usual * AUTO_CHANGE:
+        runs = [kept[len(kept) - (i + 1) * AUTO_WATCH :][:AUTO_WATCH] for i in range(AUTO_PERSIST)]
+        medians = [statistics.median(run) for run in runs]
+        slower = all(m > self._usual * AUTO_CHANGE for m in medians)
+        faster = all(m < self._usual / AUTO_CHANGE for m in medians)
+        if not (slower or faster):
             return
+        watched = AUTO_WATCH * AUTO_PERSIST
         self._again = (
-            f"at call {self._calls}, {self.ways[self.chosen]} took {_ms(now)} (the median of "
-            f"its last {AUTO_WATCH} calls) against {_ms(self._usual)} when chosen"
+            f"at call {self._calls}, {self.ways[self.chosen]} took "
+            f"{_ms(statistics.median(kept[-watched:]))} (the median of its last {watched} "
+            f"calls) against {_ms(self._usual)} when chosen, "
+            f"{'slower' if slower else 'faster'} by over {AUTO_CHANGE:g}x in each run of "
+            f"{AUTO_WATCH} of them"
         )
         self.chosen = ""
         self._trials = {way: [] for way in self.ways}
