@@ -56,6 +56,24 @@ def test_config_error_is_one_clear_line(tmp_path):
     assert "unknown key 'disabel' in [tool.umahub] (did you mean 'disable'?)" in result.stderr
 
 
+def test_plugins_lists_the_installed_plugins_when_the_project_config_is_wrong(tmp_path):
+    # what is installed is what a user with a wrong config needs to see to fix it
+    (tmp_path / "pyproject.toml").write_text('[tool.umahub]\nplugins = ["npu", "nosuch"]\n')
+    result = run("plugins")
+    assert result.returncode == 2
+    wrong = (
+        f"{tmp_path / 'pyproject.toml'}: [tool.umahub] plugins: unknown plugin 'nosuch'; "
+        "known plugins: "
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"config: not used, it is wrong: {wrong}")
+    assert lines[1] == " 1. alpha            ok     umahub-test-alpha 1.0.0  (API 1)"
+    assert result.stderr.startswith(f"umahub: error: {wrong}")
+    data = json.loads(run("plugins", "--json").stdout)
+    assert data["config"].startswith(f"not used, it is wrong: {wrong}")
+    assert "npu" in [p["name"] for p in data["plugins"]]
+
+
 def test_plugins_lists_tvm_backends_entry_points_too():
     # TVM calls these at `import tvm`; umahub's own registers relax_pipeline="umahub"
     result = run("plugins")

@@ -21,7 +21,7 @@ from typing import Any
 from umahub.cli.files import check_writable, read_inputs
 from umahub.cli.progress import Progress
 from umahub.cli.summary import accelerator_lines, summary
-from umahub.errors import UmahubError
+from umahub.errors import ConfigError, UmahubError
 
 __all__ = [
     "cmd_bench",
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-def _hub(args: argparse.Namespace) -> Any:
+def _hub(args: argparse.Namespace, project_config: bool = True) -> Any:
     from umahub.hub.hub import Hub
 
     config: dict[str, Any] = {}
@@ -45,7 +45,8 @@ def _hub(args: argparse.Namespace) -> Any:
         options.setdefault(accelerator, {})[key] = value
     if options:
         config["options"] = options
-    return Hub(config=config or None, strict=True if getattr(args, "strict", False) else None)
+    strict = True if getattr(args, "strict", False) else None
+    return Hub(config=config or None, strict=strict, project_config=project_config)
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -79,12 +80,18 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     from umahub.plugin.accelerator import unknown_operators
     from umahub.plugin.device import RUNTIME_ENTRY_POINTS
 
+    wrong = None  # the project's configuration, when it is wrong: listed without it
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # failures are listed below, not warned twice
-        hub = _hub(args)
+        try:
+            hub = _hub(args)
+        except ConfigError as exc:
+            wrong = exc
+            hub = _hub(args, project_config=False)
+    source = f"not used, it is wrong: {wrong}" if wrong else hub.config.source
     if args.json:
         data = {
-            "config": hub.config.source,
+            "config": source,
             "plugins": [p.to_dict() for p in hub.plugins],
             "accelerators": [
                 {
@@ -118,8 +125,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             "tvm_backends": _entry_points(),
         }
         print(json.dumps(data, indent=2))
-        return 0
-    print(f"config: {hub.config.source}")
+        return _listed(wrong)
+    print(f"config: {source}")
     if not hub.plugins:
         print(
             "no plugins found (pip install one that declares an entry point in "
@@ -167,6 +174,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print("TVM backends (group tvm.backends, called by TVM itself at 'import tvm'):")
         for b in backends:
             print(f"  {b['name']:<16} {b['value']}  ({b['distribution']} {b['version']})")
+    return _listed(wrong)
+
+
+def _listed(wrong: ConfigError | None) -> int:
+    """``umahub plugins``' status once listed: 0, or the project's configuration error
+    (one line on stderr, exit status 2), after the plugins as installed."""
+    if wrong is not None:
+        raise wrong
     return 0
 
 
