@@ -196,3 +196,21 @@ def test_no_warning_without_a_database():
         warnings.simplefilter("error")
         report = _hub().compile(zoo.get("mlp")).report
     assert report.tuned_kernels == []
+
+
+def test_a_verdict_says_what_its_candidate_drew():
+    from tvm import s_tir, te
+
+    from umahub.tuning.search import SHOWN_DRAWS, draws
+
+    a = te.placeholder((64, 64), name="a")
+    b = te.compute((64, 64), lambda i, j: a[i, j] * 2.0, name="b")
+    sch = s_tir.Schedule(te.create_prim_func([a, b]), seed=3)
+    i, j = sch.get_loops(sch.get_sblock("b"))
+    assert draws(sch.trace) == ""
+    sch.sample_categorical([4, 8, 16], [0.0, 1.0, 0.0])
+    sch.sample_perfect_tile(i, 2, decision=[32, 2])
+    assert draws(sch.trace) == "8, 32x2"
+    for _ in range(SHOWN_DRAWS):
+        sch.sample_categorical([5], [1.0])
+    assert draws(sch.trace) == "8, 32x2, 5, 5, 5, 5, 5, 5 and 2 more"

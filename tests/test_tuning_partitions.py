@@ -10,6 +10,7 @@ of its own) are one line each, and the partition keeps its hooks' schedule.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -58,6 +59,9 @@ def test_the_npu_convolution_is_tuned_in_its_space_and_the_rest_said(tuned):
     assert 1 <= conv.trials <= TRIALS
     assert (conv.script is not None) == (conv.tuned_seconds is not None)
     assert conv.trace is None  # a partition's schedule is kept as TVMScript
+    if conv.tuned_seconds is not None:  # the npu's tile sizes, as drawn: channels, positions...
+        drew = "it drew" if conv.used == "tuned" else "the best candidate drew"
+        assert re.search(rf"; {drew} \d+(, \d+)*$", conv.why), conv.why
     assert result.lines()[len(names)] == (
         f"{GEMV}: not tuned (npu offers no search space for it; its hooks' schedule is kept)"
     )

@@ -37,7 +37,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir
 
-__all__ = ["build", "candidates", "tuning_target"]
+__all__ = ["build", "candidates", "draws", "tuning_target"]
 
 
 def _without_tensor_intrinsics() -> None:
@@ -111,6 +111,29 @@ def candidates(
             continue
         found.setdefault(tvm_ffi.structural_hash(sch.mod), sch)
     return list(found.values())
+
+
+#: The most draws :func:`draws` names; a kernel of many loops draws dozens.
+SHOWN_DRAWS = 8
+
+
+def draws(trace: Any) -> str:
+    """What a candidate's sampling instructions drew, in order, for a verdict's line: the
+    value a ``sample_categorical`` picked, the factors of a ``sample_perfect_tile``
+    (``4x16``); ``""`` for none."""
+    values = []
+    for inst in trace.insts:
+        kind = inst.kind.name
+        if inst not in trace.decisions:
+            continue
+        decision = trace.decisions[inst]
+        if kind == "SampleCategorical":
+            values.append(str(inst.attrs[0][int(decision)]))
+        elif kind == "SamplePerfectTile":
+            values.append("x".join(str(int(d)) for d in decision))
+    shown = ", ".join(values[:SHOWN_DRAWS])
+    more = len(values) - SHOWN_DRAWS
+    return f"{shown} and {more} more" if more > 0 else shown
 
 
 def build(mods: list[tvm.IRModule], target: Any, where: str) -> list[tuple[str | None, str]]:

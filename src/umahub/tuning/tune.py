@@ -165,6 +165,8 @@ def _tune_one(
     if failure:
         used, why = "hook", f"{failure}; its hooks' schedule is kept"
         warn(f"{task.name}: {why}")
+    if best is not None and failure == "" and (drew := search.draws(drawn[best[1]].trace)):
+        why += f"; {'it' if used == 'tuned' else 'the best candidate'} drew {drew}"
     trace = script = None
     if best is not None and task.partition is not None:
         script = drawn[best[1]].mod.script()  # a plugin's trace may not be writable
