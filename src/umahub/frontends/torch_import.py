@@ -128,13 +128,16 @@ def from_exported_program(program: Any) -> Any:
     A model with one output gives a ``main`` that returns it as a tensor. A
     model quantized by PT2E has its ``quantized_decomposed`` operators imported
     as Relax ``quantize`` / ``dequantize``, its parameters checked first
-    (:mod:`umahub.frontends.torch_quantized`).
+    (:mod:`umahub.frontends.torch_quantized`). Division and ``Tensor.unfold`` go
+    through umahub's converters (:mod:`umahub.frontends.torch_ops`), where TVM's
+    frontend lacks them or gets them wrong.
 
     Raises:
         UmahubError: a malformed quantization parameter (the message names the
             FX node), or TVM's PyTorch frontend failed (an unsupported
             operator); the message says which.
     """
+    from umahub.frontends import torch_ops
     from umahub.frontends.torch_quantized import check_program, converters
     from umahub.frontends.torch_rewrites import prepared, rewrite_program
 
@@ -145,7 +148,7 @@ def from_exported_program(program: Any) -> Any:
             program = prepared(program).run_decompositions()
             lifted = rewrite_program(program)
             check_program(program)
-            custom = converters(program)
+            custom = {**torch_ops.converters(), **converters(program)}
             if importer is not None:
                 mod = importer().from_exported_program(
                     program,
