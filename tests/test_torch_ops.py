@@ -1,9 +1,11 @@
-"""umahub's converters of ATen operators (umahub.frontends.torch_ops): division with
-PyTorch's types and rounding, and ``Tensor.unfold``, against PyTorch itself.
+"""umahub's converters of ATen operators (umahub.frontends.torch_ops): arithmetic in
+PyTorch's result types, division with its rounding, and ``Tensor.unfold``,
+against PyTorch itself.
 
 Found on timm's XCiT (a float tensor floor-divided by a Python int: TVM's
-frontend refused it) and HaloNet (``unfold``: missing); the integer true
-division was a silent wrong answer of TVM's frontend. Each case imports a
+frontend refused it) and HaloNet (``unfold``: missing); integer tensors with
+float numbers (``x * 0.5``, ``torch.div(x, 2)``) were silent wrong answers of
+TVM's frontend, computed in integers. Each case imports a
 one-line module and runs it through plain ``tvm.compile`` (the import is what
 is under test): PyTorch's values, type and shape exactly.
 
@@ -57,6 +59,19 @@ FLOATS = torch.linspace(-7, 7, 15).reshape(1, 15)
         pytest.param(
             lambda x: torch.div(x.to(torch.int32), x.float() + 100), INTS, id="int32-by-floats"
         ),
+        pytest.param(lambda x: x * 0.5, INTS, id="ints-times-a-float"),
+        pytest.param(lambda x: 1.5 - x, INTS, id="a-float-minus-ints"),
+        pytest.param(lambda x: x % 2.5, INTS, id="ints-modulo-a-float"),
+        pytest.param(
+            lambda x: torch.clamp(x, min=-2.5, max=2.5), INTS, id="ints-clamped-by-floats"
+        ),
+        pytest.param(lambda x: x.abs() ** 0.5, INTS, id="ints-to-a-float-power"),
+        pytest.param(lambda x: torch.where(x > 0, x, 0.5), INTS, id="where-ints-or-a-float"),
+        pytest.param(lambda x: torch.sigmoid(x), INTS, id="sigmoid-of-ints"),
+        pytest.param(lambda x: torch.exp(x.clamp(-3, 3)), INTS, id="exp-of-ints"),
+        pytest.param(lambda x: (x > 0) * 2.5, INTS, id="bools-times-a-float"),
+        pytest.param(lambda x: (x > 0) + 1, INTS, id="bools-plus-an-int"),
+        pytest.param(lambda x: x.half() + x.float(), INTS, id="float16-plus-float32"),
         pytest.param(lambda x: x.unfold(1, 4, 3), FLOATS, id="unfold"),
         pytest.param(lambda x: x.unfold(-1, 15, 1), FLOATS, id="unfold-one-window"),
         pytest.param(

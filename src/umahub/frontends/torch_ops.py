@@ -2,18 +2,26 @@
 given to its importer as ``custom_convert_map`` entries (keyed as it looks them up,
 by the overload's name).
 
+- **Types** (arithmetic, ``where``, ``clamp`` and the unary functions of float
+  values: :data:`IN_RESULT_TYPE`). TVM 0.27 makes a Python number a constant
+  of the tensor's type and computes in it, so ``int_tensor * 0.5`` gave
+  integers (zeros), ``1.5 - int_tensor`` and ``clamp(int_tensor, -2.5, 2.5)``
+  integers too, where PyTorch computes in float32: silent wrong answers; and
+  ``exp`` or ``sigmoid`` of an integer tensor failed to import. PyTorch's own
+  answer is in the export: each node's ``meta["val"]`` has the type of its
+  result, and for these operators it is the type they compute in. So their
+  tensor operands are cast to it first (``where``'s condition excepted), and
+  TVM's converter does the rest.
 - **Division** (``div.Tensor``, ``div.Scalar`` and their ``_mode`` forms). TVM
-  0.27 makes a Python number operand an ``int32`` or ``float32`` constant
-  whatever the tensor's type, so ``torch.div(x, 2, rounding_mode="floor")`` of
-  a float tensor (XCiT's position encoding) fails to import, and it divides
-  integer tensors as integers where PyTorch's true division gives floats:
-  ``torch.div(arange(5), 2)`` imported as ``[0, 0, 1, 1, 2]`` against
-  PyTorch's ``[0, 0.5, 1, 1.5, 2]``, a silent wrong answer. Here the operands
-  take PyTorch's promotion (a number takes the tensor's type, unless it is a
-  float and the tensor an integer; two tensors the wider, float over
-  integer), true division of integers is done in ``float32`` (PyTorch's
-  default type), and each rounding mode rounds as PyTorch does: ``floor``
-  toward minus infinity, ``trunc`` toward zero, for integers as for floats.
+  0.27 makes a number operand an ``int32`` or ``float32`` constant whatever
+  the tensor's type, so ``torch.div(x, 2, rounding_mode="floor")`` of a float
+  tensor (timm's XCiT) failed to import, and it divided integer tensors as
+  integers, where PyTorch's true division gives floats
+  (``torch.div(arange(5), 2)``: ``[0, 0, 1, 1, 2]`` against ``[0, 0.5, 1, 1.5,
+  2]``). Here the operands take the result's type (float32 for a true
+  division of integers) and each rounding mode rounds as PyTorch's does:
+  ``floor`` toward minus infinity, ``trunc`` toward zero, for integers as for
+  floats.
 - **Sliding windows** (``unfold.default``, ``Tensor.unfold(dim, size, step)``,
   which HaloNet's and other local-attention blocks use): missing from TVM
   0.27. Imported as one ``take`` of the windows' indices along ``dim`` (a
@@ -23,28 +31,72 @@ by the overload's name).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from umahub.errors import UmahubError
 
-__all__ = ["converters"]
+__all__ = ["IN_RESULT_TYPE", "converters"]
+
+_UNARY_FLOAT = (
+    "acos acosh asin asinh atan atanh cos cosh erf exp exp2 expm1 gelu log log10 log1p "
+    "log2 reciprocal rsqrt sigmoid silu sin sinh softplus sqrt tan tanh"
+).split()
+
+#: The operators whose tensor operands are cast to their result's type before TVM
+#: converts them (the type they compute in), by overload name; with the positions of
+#: the operands that keep their own (``where``'s condition).
+IN_RESULT_TYPE: dict[str, tuple[int, ...]] = {
+    **{
+        f"{op}.{overload}": ()
+        for op in ("add", "sub", "rsub", "mul", "remainder", "fmod")
+        for overload in ("Tensor", "Scalar")
+    },
+    **{f"pow.{overload}": () for overload in ("Tensor_Tensor", "Tensor_Scalar", "Scalar")},
+    **{
+        f"{op}.default": ()
+        for op in ("floor_divide", "maximum", "minimum", "clamp", "clamp_min", "clamp_max")
+    },
+    "clamp.Tensor": (),
+    "where.self": (0,),
+    **{f"{op}.default": () for op in _UNARY_FLOAT},
+}
 
 
 def converters() -> dict[str, Callable[[Any, Any], Any]]:
-    """The ``custom_convert_map`` entries of this module (see its documentation)."""
-    return {
-        "div.Tensor": _divide,
-        "div.Scalar": _divide,
-        "div.Tensor_mode": _divide,
-        "div.Scalar_mode": _divide,
-        "unfold.default": _unfold,
+    """The ``custom_convert_map`` entries of this module (see its documentation), for the
+    operators this TVM's frontend converts (division and ``unfold`` always)."""
+    known = _tvm_names()
+    found: dict[str, Callable[[Any, Any], Any]] = {
+        name: functools.partial(_in_result_type, name, keep)
+        for name, keep in IN_RESULT_TYPE.items()
+        if name in known
     }
+    for name in ("div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode"):
+        found[name] = _divide
+    found["unfold.default"] = _unfold
+    return found
 
 
-# --------------------------------------------------------------------------- division
+@functools.cache
+def _tvm_names() -> frozenset[str]:
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    return frozenset(k for k in ExportedProgramImporter().convert_map if isinstance(k, str))
+
+
+# --------------------------------------------------------------------------- types
+
+
+def _result_dtype(node: Any) -> str | None:
+    """The type of the node's result as PyTorch computed it at export (None: unknown)."""
+    value = node.meta.get("val") if hasattr(node, "meta") else None
+    dtype = getattr(value, "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
 
 
 def _dtype(value: Any) -> str | None:
@@ -53,32 +105,51 @@ def _dtype(value: Any) -> str | None:
         return None
     from umahub._tvm import type_of
 
-    return str(type_of(value).dtype)
+    return str(getattr(type_of(value), "dtype", "")) or None
+
+
+@contextlib.contextmanager
+def _operands_as(importer: Any, node: Any, dtype: str, keep: tuple[int, ...]) -> Iterator[None]:
+    """While open, the node's tensor operands (but those at ``keep``) read as ``dtype``."""
+    from torch import fx
+    from tvm import relax
+
+    saved = {}
+    for i, arg in enumerate(node.args):
+        if i in keep or not isinstance(arg, fx.Node) or arg not in importer.env:
+            continue
+        value = importer.env[arg]
+        if _dtype(value) not in (None, dtype) and arg not in saved:
+            saved[arg] = value
+            importer.env[arg] = importer.block_builder.emit(relax.op.astype(value, dtype))
+    try:
+        yield
+    finally:
+        importer.env.update(saved)  # the node's other readers see the operand as it was
+
+
+def _in_result_type(name: str, keep: tuple[int, ...], node: Any, importer: Any) -> Any:
+    original = _originals(importer)[name]
+    dtype = _result_dtype(node)
+    if dtype is None:
+        return original(node)
+    with _operands_as(importer, node, dtype, keep):
+        return original(node)
+
+
+def _originals(importer: Any) -> dict[str, Any]:
+    """TVM's own converters, bound to this importer (its map holds ours in their place)."""
+    found = importer.__dict__.get("_umahub_originals")
+    if found is None:
+        found = importer.__dict__["_umahub_originals"] = importer.create_convert_map()
+    return found
+
+
+# --------------------------------------------------------------------------- division
 
 
 def _is_float(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat"))
-
-
-def _bits(dtype: str) -> int:
-    digits = "".join(c for c in dtype if c.isdigit())
-    return int(digits) if digits else 1  # bool
-
-
-def _promoted(a: Any, b: Any) -> str:
-    """The type PyTorch computes ``a op b`` in: a number takes the tensor's type (a float
-    number with an integer tensor: float32); two tensors the wider, a float over an
-    integer."""
-    da, db = _dtype(a), _dtype(b)
-    if da is None or db is None:
-        tensor, number = (a, b) if db is None else (b, a)
-        dtype = _dtype(tensor) or "float32"
-        if isinstance(number, float) and not _is_float(dtype):
-            return "float32"
-        return dtype
-    if _is_float(da) != _is_float(db):
-        return da if _is_float(da) else db
-    return da if _bits(da) >= _bits(db) else db
 
 
 def _as(value: Any, dtype: str) -> Any:
@@ -95,9 +166,7 @@ def _divide(node: Any, importer: Any) -> Any:
     args = importer.retrieve_args(node)
     a, b = args[0], args[1]
     mode = node.kwargs.get("rounding_mode", args[2] if len(args) > 2 else None)
-    dtype = _promoted(a, b)
-    if mode is None and not _is_float(dtype):
-        dtype = "float32"  # true division of integers gives floats
+    dtype = _result_dtype(node) or _dtype(a) or _dtype(b) or "float32"
     a, b = _as(a, dtype), _as(b, dtype)
     emit = importer.block_builder.emit
     if mode is None:
