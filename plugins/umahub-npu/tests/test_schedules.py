@@ -272,6 +272,35 @@ def test_conv2d_channels_and_positions_no_vector_divides():
 
 
 @pytest.mark.parametrize(
+    ("H", "mr", "tp"),
+    [
+        # 105x105 positions (Inception's stem has 147x147): 9 a step would need tiles of
+        # 3 rows, more than fit; its tiles shrank past whole rows to 9 positions,
+        # ragged, and the epilogue read accumulators other tiles had not written
+        # (wrong numbers). 7 divides a row: tiles of whole rows or parts of one
+        (107, 7, 105),
+        (77, 9, 225),  # 75x75: 9 a step fits tiles of 3 rows (225)
+    ],
+)
+def test_conv2d_position_tiles_are_rectangles_of_the_output(H, mr, tp):
+    def body(bb, x, w, b):
+        y = bb.emit(relax.op.nn.conv2d(x, w))
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, b))))
+
+    C, O = 4, 32
+    mod = primfunc_from_relax([("x", (1, C, H, H)), ("w", (O, C, 3, 3)), ("b", (1, O, 1, 1))], body)
+    plan = schedules.plan(s_tir.Schedule(mod))
+    tiles = schedules.conv_tiles(plan, lanes=16, sram_bytes=256 * 1024, threads=2)
+    OW = H - 2
+    assert tiles[4] == mr and tiles[1] == tp
+    assert tp % mr == 0 and (tp % OW == 0 or OW % tp == 0)
+    x, w, b = f32(1, C, H, H), f32(O, C, 3, 3, scale=0.3), f32(1, O, 1, 1)
+    name, got = schedule_and_run(mod, [x, w, b], (1, O, OW, OW))
+    assert name == "conv2d"
+    close(got, conv_ref(x, w, b, 1, 0, 1))
+
+
+@pytest.mark.parametrize(
     "lanes, C, H, O, gate, micro",
     [
         # positions in two vectors, 12 channels broadcast: 24 of AVX-512's 32 registers

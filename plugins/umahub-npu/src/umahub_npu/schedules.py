@@ -86,10 +86,13 @@ per (f-tile, p-tile) task::
 
 * micro-kernel ``mr`` positions (unrolled, input broadcast) x ``nr`` channels
   (1 or 2 vectors): the (mr, nr) with mr | P, at most 12 accumulator vectors,
-  and the most FMAs per load (56x56: 4x16, 7x7: 7x8);
-* ``tp``: whole output rows (or a divisor of one row), <= 256 positions: a
-  tile must be a rectangle of the output, because reverse_compute_at of the
-  epilogue covers the bounding box of what the tile produces;
+  and the most FMAs per load (56x56: 4x16, 7x7: 7x8), of those with a tile
+  as below (147x147: 7, not 9, whose tiles would be 3 rows);
+* ``tp``: a multiple of mr, whole output rows (or a divisor of one row), <= 256
+  positions (or one row where a row is longer): a tile must be a rectangle of
+  the output, because reverse_compute_at of the epilogue covers the bounding
+  box of what the tile produces; it shrinks to fit ``sram_bytes`` among
+  rectangles only;
 * ``tf`` <= 64 channels; tiles shrink until there are ``2 * threads`` tasks;
 * ``tc``: the largest divisor of C/groups that fits ``sram_bytes``.
   (1,64,56,56) 3x3: tf=64, tp=224 (4 rows), tc=32: 51 KiB + 72 KiB + 56 KiB.
@@ -525,6 +528,18 @@ def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
     # counts no whole vector divides (1000 classes) take half or quarter
     # vectors, and positions no small number divides (13x13) whole rows,
     # rather than a 1-wide tile that runs scalar code
+    # a position tile must be a rectangle of the output (whole rows, or part of
+    # one row): reverse_compute_at of the epilogue covers the bounding box of
+    # the positions a tile produces, and a ragged tile would make it read
+    # accumulators another tile has not produced yet. Its size is a multiple of
+    # mr, so an mr is kept only where a rectangle of at most `limit` positions
+    # is one (9 positions a step at 147x147 would need tiles of 3 rows)
+    sizes = _divisors(P)
+    limit = max(256, OW)
+
+    def rectangles(m: int) -> list[int]:
+        return [d for d in sizes if d % m == 0 and (d % OW == 0 or OW % d == 0)]
+
     budget = {1: 24, 2: 20} if lanes >= 16 else {1: 14, 2: 12}
     best = (0.0, 1, lanes)
     widths = [(2, 2 * lanes), (1, lanes)] + [(1, w) for w in (lanes // 2, lanes // 4) if w >= 4]
@@ -533,18 +548,14 @@ def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
             continue
         fill = nr_c / (nv * lanes)
         for m in range(1, 15):
-            if P % m == 0 and m * nv <= budget[nv]:
+            if P % m == 0 and m * nv <= budget[nv] and rectangles(m)[0] <= limit:
                 best = max(best, ((m * nv) / (m + nv) * fill, m, nr_c))
     _, mr, nr = best
     if F % nr:
         nr = _pick_nr(F, lanes)
     tfs = [d for d in _divisors(F) if d % nr == 0 and d <= max(64, nr)] or [nr]
-    # a position tile must be a rectangle of the output (whole rows, or part of
-    # one row): reverse_compute_at of the epilogue covers the bounding box of
-    # the positions a tile produces, and a ragged tile would make it read
-    # accumulators another tile has not produced yet
-    tps = [d for d in _divisors(P) if d % mr == 0 and (d % OW == 0 or OW % d == 0)]
-    tps = [d for d in tps if d <= max(256, OW)] or [max(tps or [mr])]
+    valid = rectangles(mr)
+    tps = [d for d in valid if d <= limit]
     tf, tp = max(tfs), max(tps)
     while e["N"] * (F // tf) * (P // tp) < 2 * threads:
         if any(d < tp and d >= 32 for d in tps):
@@ -562,9 +573,9 @@ def conv_tiles(p: Plan, lanes: int, sram_bytes: int, threads: int):
 
     tcs = _divisors(C)
     fitting = [d for d in tcs if ws(d) <= sram_bytes]
-    while not fitting and (tp > mr or tf > nr):
-        if tp > mr:
-            tp = max(d for d in tps if d < tp) if any(d < tp for d in tps) else mr
+    while not fitting and (tp > valid[0] or tf > nr):
+        if tp > valid[0]:
+            tp = max(d for d in valid if d < tp)  # a smaller rectangle, never a ragged tile
         else:
             tf = max(d for d in tfs if d < tf) if any(d < tf for d in tfs) else nr
         fitting = [d for d in tcs if ws(d) <= sram_bytes]
