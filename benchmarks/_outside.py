@@ -113,6 +113,11 @@ MORE: dict[str, Callable[[], tuple[Any, tuple[int, ...]]]] = {
     "tv_regnet_y_400mf": _torchvision("regnet_y_400mf", 224),
     "tv_mnasnet0_5": _torchvision("mnasnet0_5", 224),
     "hf_distilbert": _hf_text("distilbert"),
+    # each found a bug of its own: XCiT's division of a float tensor by a Python int and
+    # HaloNet's unfold (the PyTorch import), Inception's 147x147 convolutions (the npu)
+    "xcit_nano": _timm("xcit_nano_12_p16_224", 224),
+    "halonet26t": _timm("halonet26t", 256),
+    "inception_v3": _timm("inception_v3", 299),
 }
 
 
