@@ -7,10 +7,13 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
 * patterns: quantized convolutions and matmuls (``dequantize -> op (+ bias)
   (+ ReLU/clip) -> quantize``, 8-bit, symmetric weights), computed in integers
   as umahub defines them (:mod:`umahub.plugin.quantization`), bit for bit the
-  host's; float32 matmul / dense and conv2d (depthwise included) with an optional
-  epilogue: a bias add (or, for conv2d, an inference batch norm), a residual
-  add (a tensor computed at run time: a residual block's input), and an
-  activation (relu, gelu, clip, SiLU, hardswish, hardsigmoid); batched matmul (attention).
+  host's, with the table that umahub made of the activation after them (a
+  SiLU, a sigmoid: ``take(table, y)``) read in their epilogue, so that the
+  output does not go to the host for its lookup and back; float32 matmul /
+  dense and conv2d (depthwise included) with an optional epilogue: a bias
+  add (or, for conv2d, an inference batch norm), a residual add (a tensor
+  computed at run time: a residual block's input), and an activation (relu,
+  gelu, clip, SiLU, hardswish, hardsigmoid); batched matmul (attention).
   umahub folds a batch norm that follows a convolution into its weight and a
   bias before partitioning, so the batch norm patterns are for the rest. A
   convolution whose input is gated per channel (a squeeze-and-excitation
@@ -69,6 +72,8 @@ OPERATORS = (
     "relax.nn.max_pool2d",
     "relax.quantize",
     "relax.dequantize",
+    "relax.take",
+    "relax.astype",
 )
 
 
@@ -322,8 +327,8 @@ def umahub_patterns():
     ]
     # quantized operators first: claimed whole, in integers (umahub.plugin.quantization)
     return (
-        quantized(NAME, "conv2d", quantized_ok)
-        + quantized(NAME, "matmul", quantized_ok)
+        quantized(NAME, "conv2d", quantized_ok, tables=True)
+        + quantized(NAME, "matmul", quantized_ok, tables=True)
         + epilogues(NAME, "matmul", matmul(), matmul_ok)
         + normalised
         + epilogues(NAME, "conv2d_scaled", scaled, scaled_conv2d_ok)
