@@ -1,7 +1,8 @@
 """A quantized operator with the table after it (a SiLU, a sigmoid made a lookup by
 umahub.host.lookup_tables) on the npu: the lookup in the kernel's epilogue, read
 64 entries a step (vpermi2b) where the CPU has AVX-512 VBMI, integers bit for bit
-the host's."""
+the host's. And the rest of a squeeze-and-excitation block in QDQ form: its gate
+and its pooling, quantized, on the npu too."""
 
 from __future__ import annotations
 
@@ -171,3 +172,77 @@ def test_a_lookup_that_could_read_outside_its_table_is_refused(entries, dtype, c
         return
     with pytest.raises(ValueError, match=problem):
         up.table_of(root, lookup)
+
+
+def squeeze_excitation(order="gate first"):
+    """A squeeze-and-excitation block's tail in QDQ form: the pooling of ``x``
+    quantized, and ``x`` times its dequantized per-channel gate, quantized."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 32, 14, 14), "uint8"))
+    g = relax.Var("g", TensorType((1, 32, 1, 1), "uint8"))
+    with bb.function("main", [x, g]):
+        with bb.dataflow():
+            dx = bb.emit(relax.op.dequantize(x, _const(0.05, "float32"), _const(3, "uint8")))
+            pooled = bb.emit(relax.op.mean(dx, axis=[2, 3], keepdims=True))
+            qm = bb.emit(
+                relax.op.quantize(
+                    pooled, _const(0.01, "float32"), _const(7, "uint8"), out_dtype="uint8"
+                )
+            )
+            dg = bb.emit(relax.op.dequantize(g, _const(1 / 255, "float32"), _const(0, "uint8")))
+            gated = (
+                relax.op.multiply(dg, dx) if order == "gate first" else relax.op.multiply(dx, dg)
+            )
+            qp = bb.emit(
+                relax.op.quantize(
+                    bb.emit(gated), _const(0.04, "float32"), _const(2, "uint8"), out_dtype="uint8"
+                )
+            )
+            out = bb.emit_output(relax.Tuple([qm, qp]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("order", ["gate first", "gate second"])
+def test_a_quantized_gate_and_pooling_stay_on_the_npu_bit_for_bit(npu_hub, order):
+    compiled = npu_hub.compile(squeeze_excitation(order))
+    on_host = npu_hub.compile(squeeze_excitation(order), placement={"*": "host"})
+    gate = "npu.qgate" if order == "gate first" else "npu.qgate_right"
+    assert [(o.op, o.device, o.pattern) for o in compiled.report.placement] == [
+        # x's dequantize is read by both (and stays on the host: a check cannot see
+        # who reads what it would make)
+        ("relax.dequantize", "host", ""),
+        ("relax.mean", "npu:0", "npu.mean_quantize"),
+        ("relax.quantize", "npu:0", "npu.mean_quantize"),
+        ("relax.dequantize", "npu:0", gate),
+        ("relax.multiply", "npu:0", gate),
+        ("relax.quantize", "npu:0", gate),
+    ]
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (1, 32, 14, 14)).astype("uint8")
+    g = rng.integers(0, 256, (1, 32, 1, 1)).astype("uint8")
+    for got, expected in zip(compiled.run(x, g), on_host.run(x, g), strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_product_of_two_whole_tensors_is_no_gate(npu_hub):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((1, 32, 14, 14), "uint8"))
+    y = relax.Var("y", TensorType((1, 32, 14, 14), "uint8"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            dx = bb.emit(relax.op.dequantize(x, _const(0.05, "float32"), _const(3, "uint8")))
+            dy = bb.emit(relax.op.dequantize(y, _const(0.05, "float32"), _const(3, "uint8")))
+            out = bb.emit_output(
+                relax.op.quantize(
+                    bb.emit(relax.op.multiply(dx, dy)),
+                    _const(0.04, "float32"),
+                    _const(2, "uint8"),
+                    out_dtype="uint8",
+                )
+            )
+        bb.emit_func_output(out)
+    compiled = npu_hub.compile(bb.get())
+    assert {o.device for o in compiled.report.placement} == {"host"}
+    refused = [o.refused for o in compiled.report.placement if o.op == "relax.multiply"]
+    assert "not one per channel" in str(refused)
