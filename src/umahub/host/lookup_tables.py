@@ -21,9 +21,11 @@ bits of 64 indices at once. Two of those (the table's halves) and a blend on
 the indices' top bit read 64 entries in three instructions, where a load per
 element is one each (LLVM scalarizes a gather of bytes: inlined into a
 vectorized epilogue, it takes the epilogue's vectors apart).
-:func:`schedule_table_read` makes a kernel's lookup (an integer kernel's
-epilogue, :func:`umahub.host.int8.schedule_int8`) a stage of its own, 64
-entries per step, and :func:`table_read_pass` writes each step as those
+:func:`table_gather_pass` writes every vector read of such a table that way
+(an integer kernel's epilogue, :func:`umahub.host.int8.schedule_int8`, reads
+its 16 or 32 outputs' entries at once); where the lookup cannot be inlined
+into a vectorized epilogue, :func:`schedule_table_read` makes it a stage of
+its own, 64 entries per step, which :func:`table_read_pass` writes as those
 instructions.
 
 Why this module is long: a table is made and read by the same module, so
@@ -49,6 +51,7 @@ __all__ = [
     "has_vbmi",
     "is_table_read",
     "schedule_table_read",
+    "table_gather_pass",
     "table_read_pass",
     "tabulate",
 ]
@@ -438,3 +441,70 @@ def table_read_pass() -> Any:
         return func.with_body(rewrite(func.body, tvm.tirx.For, post))
 
     return tvm.tirx.transform.prim_func_pass(transform, opt_level=0, name="umahub.TableRead")
+
+
+def _gathered(load: Any) -> Any:
+    """``load`` (a vector of up to 64 entries of a table of 256 bytes, at a vector of
+    bytes) as ``vpermi2b`` reads it: the indices widened to 64 lanes, the entries of
+    each half picked, blended by the indices' top bit, the first lanes kept. None
+    when ``load`` is no such gather."""
+    from umahub.plugin.compat import buffer_of
+
+    table = buffer_of(load)
+    shape = [getattr(d, "value", None) for d in table.shape]
+    if shape != [256] or len(load.indices) != 1 or str(table.dtype) not in _BYTES:
+        return None
+    index = load.indices[0]
+    kind = _dtype(index)
+    lanes = int(kind.split("x")[1]) if "x" in kind else 1
+    if lanes == 1 or lanes > _LANES:
+        return None
+    inner = index.value if isinstance(index, tvm.tirx.Cast) else index
+    if _dtype(inner) != f"uint8x{lanes}":
+        return None
+    if lanes < _LANES:
+        zeros = tvm.tirx.Broadcast(tvm.tirx.const(0, "uint8"), _LANES - lanes)
+        every = [tvm.tirx.const(i, "int32") for i in range(_LANES)]
+        inner = tvm.tirx.Shuffle([inner, zeros], every)
+    value = _lookup64(table, inner)
+    if lanes < _LANES:
+        value = tvm.tirx.Shuffle([value], [tvm.tirx.const(i, "int32") for i in range(lanes)])
+    return value
+
+
+def _lookup64(table: Any, at: Any) -> Any:
+    """The 64 entries of the 256-byte ``table`` (a buffer) at the 64 bytes ``at``."""
+    kind = f"{table.dtype}x{_LANES}"
+    quarters = [table.vload([tvm.tirx.const(q * _LANES, "int32")], kind) for q in range(4)]
+    indices = tvm.tirx.reinterpret(kind, at) if kind != _dtype(at) else at
+    picks = [
+        tvm.tirx.call_llvm_pure_intrin(
+            kind, "llvm.x86.avx512.vpermi2var.qi.512", quarters[h], indices, quarters[h + 1]
+        )
+        for h in (0, 2)
+    ]
+    top = at >= tvm.tirx.Broadcast(tvm.tirx.const(128, "uint8"), _LANES)
+    return tvm.tirx.Select(top, picks[1], picks[0])
+
+
+def table_gather_pass() -> Any:
+    """A TIR pass: each vectorized read of a 256-byte table at a vector of bytes (a
+    table's lookup inlined into a vectorized epilogue, which LLVM would scalarize)
+    computed by ``vpermi2b`` (see the module's docs), where the function's target
+    has AVX-512 VBMI. Runs after ``VectorizeLoop``."""
+
+    def transform(func: Any, _mod: Any, _ctx: Any) -> Any:
+        from umahub.plugin.compat import Load
+        from umahub.plugin.tir import rewrite
+
+        target = (func.attrs or {}).get("target")
+        if target is None or not has_vbmi(target):
+            return func
+
+        def post(node: Any) -> Any:
+            found = _gathered(node)
+            return node if found is None else found
+
+        return func.with_body(rewrite(func.body, Load, post))
+
+    return tvm.tirx.transform.prim_func_pass(transform, opt_level=0, name="umahub.TableGather")
