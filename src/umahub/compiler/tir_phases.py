@@ -42,6 +42,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from umahub.host.int8 import vnni_dot_pass
+from umahub.host.lookup_tables import table_gather_pass, table_read_pass
 from umahub.host.scratch import scratch_on_stack
 
 __all__ = ["PHASES", "PIPELINE_NAME", "phased_pipeline", "use_phase_passes"]
@@ -86,12 +87,14 @@ def _stretches(config: Any) -> list[list[Any]]:
         _p("TransformMmaBufferLayout"),
         _p("LowerOpaqueBlock"),
         _p("FlattenBuffer"),
+        table_read_pass(),  # umahub's: the int8 schedules' tables read by vpermi2b
     ]
     loops = [
         _p("BF16ComputeLegalize"),
         _p("NarrowDataType", 32),
         _p("LoopPartition"),
         _p("VectorizeLoop", not flag("tirx.disable_vectorize")),
+        table_gather_pass(),  # umahub's: a table read in a vectorized epilogue, by vpermi2b
         _p("InjectVirtualThread"),
         _p("InjectDoubleBuffer"),
         None if flag("tirx.disable_storage_rewrite") else _p("StorageRewrite"),

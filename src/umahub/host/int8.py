@@ -244,25 +244,83 @@ def _copy_in_rows(sch: s_tir.Schedule, block: Any) -> bool:
     return True
 
 
-def _tail(sch: s_tir.Schedule) -> None:
-    """Elementwise blocks after ``requantized`` (a fused consumer) inlined into it,
-    or left at the root in parallel."""
+def _tail(sch: s_tir.Schedule, target: Any = None, tables: list | None = None) -> None:
+    """Elementwise blocks after ``requantized`` (a fused consumer: an ``astype``, a
+    table's lookup) inlined into it, one after the other, or left at the root in
+    parallel. A table's lookup (:func:`umahub.host.lookup_tables.is_table_read`)
+    is inlined into the vectorized epilogue only where ``target`` reads a vector
+    of entries at once (``vpermi2b``, :func:`~umahub.host.lookup_tables.table_gather_pass`):
+    elsewhere LLVM would take the epilogue's vectors apart for it, and it is a
+    stage of its own. ``tables`` gets how each lookup is read, for the report."""
     requantized = sch.get_sblock("requantized")
-    for block in sch.get_consumers(requantized):
+    for block in _consumers_once(sch, requantized):
         if sch.get(block).name_hint == "unflattened" and _padded(sch, requantized, block):
             # inlined, the last vector of positions would be predicated (scalar code)
             _parallel_outer(sch, block)
+            for consumer in _consumers_once(sch, block):
+                _inline_or_parallel(sch, consumer, target, tables, vectorized=False)
             continue
-        try:
-            sch.reverse_compute_inline(block)
-        except Exception:  # not a one-to-one consumer: a stage of its own
-            _parallel_outer(sch, block)
-            if sch.get(block).name_hint == "unflattened":  # the consumers read it instead
-                for consumer in sch.get_consumers(block):
-                    try:
-                        sch.reverse_compute_inline(consumer)
-                    except Exception:
-                        _parallel_outer(sch, consumer)
+        inlined = _inline_or_parallel(sch, block, target, tables, vectorized=True)
+        if not inlined and sch.get(block).name_hint == "unflattened":
+            for consumer in _consumers_once(sch, block):  # the consumers read it instead
+                _inline_or_parallel(sch, consumer, target, tables, vectorized=False)
+
+
+def _consumers_once(sch: s_tir.Schedule, block: Any) -> Any:
+    """The consumers of ``block``, each once, including those that become its
+    consumers as the ones before them are inlined into it."""
+    seen: set[str] = set()
+    while True:
+        fresh = [c for c in sch.get_consumers(block) if sch.get(c).name_hint not in seen]
+        if not fresh:
+            return
+        for consumer in fresh:
+            seen.add(sch.get(consumer).name_hint)
+            yield consumer
+
+
+#: How a table's lookup is read, as the report says it.
+TABLE_READS = {
+    "epilogue": "its table read in the epilogue (vpermi2b where it is vectorized)",
+    "stage": "its table read 64 entries a step (vpermi2b)",
+    "scalar": "its table read an entry at a time",
+}
+
+
+def _inline_or_parallel(
+    sch: s_tir.Schedule,
+    block: Any,
+    target: Any = None,
+    tables: list | None = None,
+    vectorized: bool = True,
+) -> bool:
+    """``block`` inlined into its producer (True), or, where it is not a one-to-one
+    consumer, a stage of its own with its outer loops in parallel (False). A
+    table's lookup: see :func:`_tail` (``vectorized``: whether the producer is
+    the vectorized epilogue)."""
+    from umahub.host.lookup_tables import has_vbmi, is_table_read, schedule_table_read
+
+    if is_table_read(sch, block):
+        how = "scalar"
+        if vectorized and has_vbmi(target):
+            try:
+                sch.reverse_compute_inline(block)
+                how = "epilogue"
+            except Exception:  # a stage of its own, then
+                pass
+        if how != "epilogue":
+            how = "stage" if schedule_table_read(sch, block, target) else "scalar"
+            if how == "scalar":
+                _parallel_outer(sch, block)
+        if tables is not None:
+            tables.append(how)
+        return how == "epilogue"
+    try:
+        sch.reverse_compute_inline(block)
+        return True
+    except Exception:
+        _parallel_outer(sch, block)
+        return False
 
 
 def _padded(sch: s_tir.Schedule, flat: Any, shaped: Any) -> bool:
@@ -582,14 +640,17 @@ def schedule_int8(
     names = set(_block_names(sch))
     tile = {"conv2d": _conv, "pointwise": _pointwise, "matmul": _matmul}.get(kind)
 
+    tables: list[str] = []
+
     def apply(s: s_tir.Schedule) -> bool:
+        tables.clear()
         if tile is None:  # depthwise
             (_flat_depthwise if kind == "flat depthwise" else _depthwise)(s)
-            _tail(s)
+            _tail(s, target, tables)
             return False
         packed_here = _side_stages(s, weights)
         tile(s, vnni)
-        _tail(s)
+        _tail(s, target, tables)
         return packed_here
 
     sums = ""  # a depthwise's sums' type, for the report
@@ -601,10 +662,11 @@ def schedule_int8(
     except Exception:  # a primitive refusing: the function is left to other rules
         return None
     packed_here = apply(sch)
+    table = "".join(f", {TABLE_READS[how]}" for how in dict.fromkeys(tables))
     if kind in ("depthwise", "flat depthwise"):
         how = "exact float32 sums" if sums == "float32" else "int32 vectors"
         where = "the padded plane read flat" if kind == "flat depthwise" else "a row's positions"
-        return f"int8 depthwise: {how} over {where}"
+        return f"int8 depthwise: {how} over {where}{table}"
     how = "vnni, 16x4 dot" if vnni else "int32 vectors, 16 lanes (no VNNI)"
     if kind == "pointwise":
         how += " over 16 positions"
@@ -613,4 +675,4 @@ def schedule_int8(
         where = "weights packed at compile time"
     else:
         where = "weights packed at every call"
-    return f"int8 {kind}: {how}, {where}"
+    return f"int8 {kind}: {how}, {where}{table}"

@@ -14,6 +14,23 @@ what it wrote (and every device reads the same table).
 
 :func:`tabulate` rewrites each ``quantize`` (to 8 bits) that ends such a chain
 of at least two operators.
+
+Reading the table: a table of 8-bit entries fits in four 64-byte vectors, and
+AVX-512 VBMI's ``vpermi2b`` picks 64 bytes out of two of them by the low 7
+bits of 64 indices at once. Two of those (the table's halves) and a blend on
+the indices' top bit read 64 entries in three instructions, where a load per
+element is one each (LLVM scalarizes a gather of bytes: inlined into a
+vectorized epilogue, it takes the epilogue's vectors apart).
+:func:`table_gather_pass` writes every vector read of such a table that way
+(an integer kernel's epilogue, :func:`umahub.host.int8.schedule_int8`, reads
+its 16 or 32 outputs' entries at once); where the lookup cannot be inlined
+into a vectorized epilogue, :func:`schedule_table_read` makes it a stage of
+its own, 64 entries per step, which :func:`table_read_pass` writes as those
+instructions.
+
+Why this module is long: a table is made and read by the same module, so
+that what the lookup assumes of it (8-bit entries, 256 of them, indexed by
+bytes) is stated where the table is made.
 """
 
 from __future__ import annotations
@@ -28,7 +45,16 @@ from umahub._tvm import Constant, constant_value
 from umahub.ir import bindings, var_uses
 from umahub.plugin.patterns import dtype_of, shape_of
 
-__all__ = ["ELEMENTWISE", "tabulate"]
+__all__ = [
+    "ELEMENTWISE",
+    "VPERMI2B_ANNOTATION",
+    "has_vbmi",
+    "is_table_read",
+    "schedule_table_read",
+    "table_gather_pass",
+    "table_read_pass",
+    "tabulate",
+]
 
 #: Operators that work element by element (their other operands, where they have
 #: any, must be constants of one value for a chain through them to be tabulated).
@@ -239,3 +265,246 @@ def tabulate(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     out = rewriter.builder_.get()
     out["main"] = relax.analysis.remove_all_unused(new_main)
     return out, len(tables)
+
+
+# ------------------------------------------------------------------ reading a table
+
+#: The block annotation marking 64 lookups for ``vpermi2b`` (:func:`table_read_pass`).
+VPERMI2B_ANNOTATION = "umahub.vpermi2b"
+
+#: Entries one step reads: a 512-bit vector of bytes.
+_LANES = 64
+
+
+def _table_load(block: Any) -> tuple[Any, Any] | None:
+    """``(table_load, index_load)`` of a block ``out[i...] = table[idx[i...]]``: an
+    8-bit table of at least 256 entries, read at an element of an 8-bit buffer
+    whose indices, like the store's, are the block's own iteration variables in
+    order (an elementwise lookup, so that 64 neighbours in one are 64 in the
+    other). None for any other block."""
+    from umahub.plugin.compat import Load, buffer_of, nodes_in
+
+    store = block.body
+    if not isinstance(store, tvm.tirx.BufferStore) or not isinstance(store.value, Load):
+        return None
+    table = store.value
+    if len(table.indices) != 1 or len(buffer_of(table).shape) != 1:
+        return None
+    entries = buffer_of(table).shape[0]
+    if not hasattr(entries, "value") or int(entries.value) < 256:
+        return None
+    if str(buffer_of(table).dtype) not in _BYTES or str(buffer_of(store).dtype) not in _BYTES:
+        return None
+    loads = nodes_in(table.indices[0], Load)
+    if len(loads) != 1 or str(buffer_of(loads[0]).dtype) != "uint8":
+        return None
+    index = loads[0]
+    own = [iv.var for iv in block.iter_vars]
+
+    def elementwise(indices: Any) -> bool:
+        return len(indices) == len(own) and all(i.same_as(v) for i, v in zip(indices, own))
+
+    if not (elementwise(store.indices) and elementwise(index.indices)):
+        return None
+    shapes = [[int(d) for d in buffer_of(x).shape] for x in (store, index)]
+    extents = [int(iv.dom.extent) for iv in block.iter_vars]
+    if not shapes[0] == shapes[1] == extents:
+        return None
+    return table, index
+
+
+def is_table_read(sch: Any, block: Any) -> bool:
+    """Whether ``block`` (of the schedule ``sch``) reads a table of 8-bit entries
+    elementwise, indexed by another buffer's bytes: a ``take`` of
+    :func:`tabulate`'s, legalized."""
+    return _table_load(sch.get(block)) is not None
+
+
+def has_vbmi(target: Any = None) -> bool:
+    """Whether ``target`` (None: this machine's CPU) has AVX-512 VBMI (``vpermi2b``)."""
+    from umahub.targets import host_target
+
+    if target is None:
+        target = host_target()
+    if not isinstance(target, tvm.target.Target):
+        target = tvm.target.Target(target)
+    if str(target.kind.name) != "llvm":
+        return False
+    try:
+        return bool(tvm.target.codegen.target_has_features("avx512vbmi", target))
+    except Exception:  # an LLVM that cannot say
+        return False
+
+
+def schedule_table_read(sch: Any, block: Any, target: Any = None) -> bool:
+    """A table's lookup (:func:`is_table_read`) as a stage of its own: its loops
+    fused into one, in parallel, 64 entries per step marked for ``vpermi2b``
+    (:func:`table_read_pass`) where ``target`` (None: this machine) has AVX-512
+    VBMI and the entries are a multiple of 64. Whether it was; otherwise the
+    stage is left to the caller (a load per entry).
+
+    The block iterates over its buffers' whole shape, row-major, at the root
+    (:func:`is_table_read`): fused, 64 steps of its loop are 64 consecutive
+    elements of both, which is what the marker promises the pass."""
+    loops = sch.get_loops(block)
+    count = 1
+    for loop in loops:
+        count *= int(sch.get(loop).extent)
+    if count % _LANES or not has_vbmi(target):
+        return False
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    outer, inner = sch.split(fused, [None, _LANES])
+    if count > _LANES:
+        sch.parallel(outer)
+    sch.annotate(inner, VPERMI2B_ANNOTATION, 1)
+    return True
+
+
+def _vpermi2b(loop: Any) -> Any:
+    """The marked loop ``for i in 0..64: out[b + i] = table[idx[b + i]]`` (flat
+    buffers) as one step: 64 indices loaded, the entries of each half of the
+    table picked by ``vpermi2b``, blended by the indices' top bit, stored. None
+    when the loop is not that. The marker is the promise that ``i`` walks 64
+    consecutive elements of both buffers (:func:`schedule_table_read` sets it on
+    a loop that does): flattened, their indices are sums of divisions of the
+    fused loop's, which no simplifier needs to see through."""
+    from umahub.plugin.compat import Analyzer, Load, buffer_of, nodes_in
+    from umahub.plugin.tir import rewrite
+
+    store = loop.body
+    if not isinstance(store, tvm.tirx.BufferStore) or not isinstance(store.value, Load):
+        return None
+    table = store.value
+    loads = nodes_in(table.indices[0], Load) if len(table.indices) == 1 else []
+    if len(loads) != 1 or len(store.indices) != 1 or len(loads[0].indices) != 1:
+        return None
+    index = loads[0]
+    var = loop.loop_var
+    analyzer = Analyzer()
+
+    def at_zero(expr: Any) -> Any:
+        zero = tvm.tirx.const(0, _dtype(var))
+        return rewrite(expr, tvm.tirx.Var, lambda v: zero if v.same_as(var) else v)
+
+    def lanes(expr: Any) -> Any:
+        # consecutive by construction (see schedule_table_read): the loop's 64 steps
+        # are 64 neighbours of a row-major iteration over both buffers' own shape
+        base = analyzer.simplify(at_zero(expr))
+        return tvm.tirx.Ramp(base, tvm.tirx.const(1, _dtype(base)), _LANES)
+
+    out_at, index_at = lanes(store.indices[0]), lanes(index.indices[0])
+    at = buffer_of(index).vload([index_at.base], f"uint8x{_LANES}")
+    entries = buffer_of(table)
+    kind = f"{_dtype(table)}x{_LANES}"
+    quarters = [entries.vload([tvm.tirx.const(q * _LANES, "int32")], kind) for q in range(4)]
+    indices = tvm.tirx.reinterpret(kind, at) if kind != _dtype(at) else at
+    picks = [
+        tvm.tirx.call_llvm_pure_intrin(
+            kind, "llvm.x86.avx512.vpermi2var.qi.512", quarters[h], indices, quarters[h + 1]
+        )
+        for h in (0, 2)
+    ]
+    top = at >= tvm.tirx.Broadcast(tvm.tirx.const(128, "uint8"), _LANES)
+    value = tvm.tirx.Select(top, picks[1], picks[0])
+    if _dtype(store.value) != _dtype(table):
+        value = tvm.tirx.reinterpret(f"{_dtype(store.value)}x{_LANES}", value)
+    return tvm.tirx.BufferStore(buffer_of(store), value, [out_at])
+
+
+def _dtype(expr: Any) -> str:
+    """A TIR expression's type (``.dtype``, or ``.ty`` where TVM has moved it)."""
+    found = getattr(expr, "dtype", None)
+    return str(found if found is not None else expr.ty)
+
+
+def table_read_pass() -> Any:
+    """A TIR pass: each loop :func:`schedule_table_read` marked with
+    :data:`VPERMI2B_ANNOTATION` computed by ``vpermi2b`` (see the module's docs).
+    Runs after the buffers are flattened (umahub's TIR pipeline runs it after
+    ``FlattenBuffer``); a loop it cannot rewrite stays a load per entry, and a
+    function without such loops is left as it is."""
+
+    def transform(func: Any, _mod: Any, _ctx: Any) -> Any:
+        from umahub.plugin.tir import rewrite
+
+        def post(node: Any) -> Any:
+            if VPERMI2B_ANNOTATION not in node.annotations:
+                return node
+            step = _vpermi2b(node) if int(node.extent) == _LANES else None
+            if step is not None:
+                return step
+            annotations = {k: v for k, v in node.annotations.items() if k != VPERMI2B_ANNOTATION}
+            return tvm.tirx.For(
+                node.loop_var, node.min, node.extent, node.kind, node.body, None, annotations
+            )
+
+        return func.with_body(rewrite(func.body, tvm.tirx.For, post))
+
+    return tvm.tirx.transform.prim_func_pass(transform, opt_level=0, name="umahub.TableRead")
+
+
+def _gathered(load: Any) -> Any:
+    """``load`` (a vector of up to 64 entries of a table of 256 bytes, at a vector of
+    bytes) as ``vpermi2b`` reads it: the indices widened to 64 lanes, the entries of
+    each half picked, blended by the indices' top bit, the first lanes kept. None
+    when ``load`` is no such gather."""
+    from umahub.plugin.compat import buffer_of
+
+    table = buffer_of(load)
+    shape = [getattr(d, "value", None) for d in table.shape]
+    if shape != [256] or len(load.indices) != 1 or str(table.dtype) not in _BYTES:
+        return None
+    index = load.indices[0]
+    kind = _dtype(index)
+    lanes = int(kind.split("x")[1]) if "x" in kind else 1
+    if lanes == 1 or lanes > _LANES:
+        return None
+    inner = index.value if isinstance(index, tvm.tirx.Cast) else index
+    if _dtype(inner) != f"uint8x{lanes}":
+        return None
+    if lanes < _LANES:
+        zeros = tvm.tirx.Broadcast(tvm.tirx.const(0, "uint8"), _LANES - lanes)
+        every = [tvm.tirx.const(i, "int32") for i in range(_LANES)]
+        inner = tvm.tirx.Shuffle([inner, zeros], every)
+    value = _lookup64(table, inner)
+    if lanes < _LANES:
+        value = tvm.tirx.Shuffle([value], [tvm.tirx.const(i, "int32") for i in range(lanes)])
+    return value
+
+
+def _lookup64(table: Any, at: Any) -> Any:
+    """The 64 entries of the 256-byte ``table`` (a buffer) at the 64 bytes ``at``."""
+    kind = f"{table.dtype}x{_LANES}"
+    quarters = [table.vload([tvm.tirx.const(q * _LANES, "int32")], kind) for q in range(4)]
+    indices = tvm.tirx.reinterpret(kind, at) if kind != _dtype(at) else at
+    picks = [
+        tvm.tirx.call_llvm_pure_intrin(
+            kind, "llvm.x86.avx512.vpermi2var.qi.512", quarters[h], indices, quarters[h + 1]
+        )
+        for h in (0, 2)
+    ]
+    top = at >= tvm.tirx.Broadcast(tvm.tirx.const(128, "uint8"), _LANES)
+    return tvm.tirx.Select(top, picks[1], picks[0])
+
+
+def table_gather_pass() -> Any:
+    """A TIR pass: each vectorized read of a 256-byte table at a vector of bytes (a
+    table's lookup inlined into a vectorized epilogue, which LLVM would scalarize)
+    computed by ``vpermi2b`` (see the module's docs), where the function's target
+    has AVX-512 VBMI. Runs after ``VectorizeLoop``."""
+
+    def transform(func: Any, _mod: Any, _ctx: Any) -> Any:
+        from umahub.plugin.compat import Load
+        from umahub.plugin.tir import rewrite
+
+        target = (func.attrs or {}).get("target")
+        if target is None or not has_vbmi(target):
+            return func
+
+        def post(node: Any) -> Any:
+            found = _gathered(node)
+            return node if found is None else found
+
+        return func.with_body(rewrite(func.body, Load, post))
+
+    return tvm.tirx.transform.prim_func_pass(transform, opt_level=0, name="umahub.TableGather")

@@ -38,8 +38,9 @@ Claiming operators (``umahub_patterns``)
     :func:`bias_add`, :func:`activated`, :func:`relu6`, :func:`hardsigmoid`,
     :func:`hardswish`, :func:`epilogues`, :data:`ACTIVATIONS`; quantized
     operators (:mod:`~umahub.plugin.quantization`): :func:`quantized`,
-    :func:`dequantized`, and for their checks :func:`quantized_operator`
-    (:class:`QuantizedOperator`, :class:`QuantParams`). For the
+    :func:`dequantized`, :func:`table_lookup` (an 8-bit tensor read through a
+    table of its 256 values), and for their checks :func:`quantized_operator`
+    (:class:`QuantizedOperator`, :class:`QuantParams`), :func:`table_of`. For the
     checks: :class:`Refusal`, :func:`refusal_reason`, :func:`calls`,
     :func:`shape_of`, :func:`bounded_shape_of`, :func:`dtype_of`, :func:`match_bytes`,
     :func:`human_size`, :data:`UNBOUNDED`, :func:`element_bytes`,
@@ -145,6 +146,8 @@ from umahub.plugin.quantization import (
     quantized_operator,
     requantization,
     requantize,
+    table_lookup,
+    table_of,
 )
 from umahub.plugin.tuning import TuningSpace
 from umahub.sizes import human_size
@@ -316,6 +319,8 @@ __all__ = [
     "single_primfunc",
     "static_int",
     "static_ints",
+    "table_lookup",
+    "table_of",
     "tensor_bytes",
     "tir",
     "type_args",

@@ -24,6 +24,14 @@ and a check reads its scales and zero points with :func:`quantized_operator`::
             return up.Refusal("per-channel weight scales; the array takes one scale per tensor")
         return True
 
+An elementwise function of the quantized operator's 8-bit output that umahub
+has made a table of 256 entries (a SiLU, a sigmoid, a GELU between two
+quantized operators: ``take(table, y)``, see the guide's page on quantized
+models) can be claimed with it, ``quantized(..., tables=True)``: the kernel
+reads the table per element of its output, in its epilogue, and the output
+never leaves the accelerator for the host's lookup. :func:`table_lookup` is
+that pattern alone, for an accelerator that reads tables after any operator.
+
 A quantized operator is claimed whole or not at all: umahub refuses any other
 pattern's match that holds part of one (a float ``conv2d`` pattern would
 otherwise take the convolution out of its integer operator and compute it in
@@ -73,6 +81,8 @@ __all__ = [
     "quantized_operator",
     "requantization",
     "requantize",
+    "table_lookup",
+    "table_of",
 ]
 
 #: The operators :func:`quantized` makes patterns for.
@@ -140,6 +150,53 @@ def dequantized(data: Any = None) -> Any:
     )
 
 
+def table_lookup(data: Any = None) -> Any:
+    """``take(table, data)``: 8-bit integers read through a constant table, as umahub
+    writes an elementwise function of one 8-bit tensor (a table of its 256 values);
+    an int8 ``data`` is read by its bits, ``take(table, astype(data, "uint8"))``.
+    ``data`` any tensor unless given. A check reads the match with :func:`table_of`
+    (which refuses an index that could fall outside the table)."""
+    from tvm.relax.dpl import is_const, is_op, wildcard
+
+    data = data if data is not None else wildcard()
+    as_bytes = is_op("relax.astype")(data)
+    return is_op("relax.take")(is_const(), data) | is_op("relax.take")(is_const(), as_bytes)
+
+
+def table_of(root: Any, lookup: Any) -> tuple[Any, Any]:
+    """``(table, data)`` of a :func:`table_lookup` ``root`` (a ``relax.take`` call):
+    the table (a ``relax.Constant``) and the tensor it is indexed by (before the
+    ``astype``); ``lookup(var)`` gives a variable's bound value.
+
+    Raises ValueError, with the reason, when the lookup could read outside the
+    table: an index not uint8 (an int8 read as itself), a table not one axis of
+    at least 256 entries, a take along another axis.
+    """
+    from umahub._tvm import Constant, constant_value
+    from umahub.plugin.patterns import dtype_of
+
+    take = _call(root, lookup, "relax.take")
+    if take is None:
+        raise ValueError("it is no table lookup (take)")
+    table, index = bound_value(take.args[0], lookup), take.args[1]
+    if not isinstance(table, Constant):
+        raise ValueError("a lookup in a table that is not a constant")
+    entries = constant_value(table).shape
+    if len(entries) != 1 or int(entries[0]) < 256:
+        raise ValueError(f"a lookup in a table of shape {tuple(entries)}, not 256 entries")
+    if take.attrs.axis is not None and int(take.attrs.axis) != 0:
+        raise ValueError("a lookup along an axis other than the table's")
+    if dtype_of(index) != "uint8":
+        raise ValueError(f"a lookup indexed by {dtype_of(index)} (uint8 indexes 256 entries)")
+    data = index
+    cast = _call(index, lookup, "relax.astype")
+    if cast is not None:
+        if dtype_of(cast.args[0]) not in ("int8", "uint8"):
+            raise ValueError(f"a lookup indexed by {dtype_of(cast.args[0])} read as uint8")
+        data = cast.args[0]
+    return table, data
+
+
 def _producer(kind: str) -> Any:
     from tvm.relax.dpl import is_const, is_op
 
@@ -150,7 +207,9 @@ def _producer(kind: str) -> Any:
     raise ValueError(f"no quantized pattern for {kind!r}; the kinds are {', '.join(KINDS)}")
 
 
-def quantized(accelerator: str, kind: str, check: Any = None) -> list[tuple[str, Any, dict, Any]]:
+def quantized(
+    accelerator: str, kind: str, check: Any = None, tables: bool = False
+) -> list[tuple[str, Any, dict, Any]]:
     """The quantized ``kind`` (``"conv2d"`` or ``"matmul"``) with its epilogues, as
     named patterns, largest match first (see the module's docs for the form).
 
@@ -163,6 +222,11 @@ def quantized(accelerator: str, kind: str, check: Any = None) -> list[tuple[str,
     clip. Each pattern has ``check``: umahub's own conditions (:func:`describe_quantized`: one scale
     for the input, per-tensor or per-output-channel for the weight and the
     output...) are checked before it.
+
+    With ``tables``, each form also with its output read through a table
+    (:func:`table_lookup`), named with ``_table`` after the form's name and
+    tried before every form without one: the accelerator's kernel then reads
+    the table in its epilogue (:attr:`QuantizedOperator.table` says which).
     """
     from tvm.relax.dpl import is_const, is_op, wildcard
 
@@ -182,16 +246,18 @@ def quantized(accelerator: str, kind: str, check: Any = None) -> list[tuple[str,
 
     name = f"{accelerator}.q{kind}"
     checked = _exact_first(check)
-    return [
-        (f"{name}_bias_residual_act", out(activated(residual(biased))), {}, checked),
-        (f"{name}_bias_residual", out(residual(biased)), {}, checked),
-        (f"{name}_residual_act", out(activated(residual(producer))), {}, checked),
-        (f"{name}_residual", out(residual(producer)), {}, checked),
-        (f"{name}_bias_act", out(activated(biased)), {}, checked),
-        (f"{name}_bias", out(biased), {}, checked),
-        (f"{name}_act", out(activated(producer)), {}, checked),
-        (name, out(producer), {}, checked),
+    forms = [
+        (f"{name}_bias_residual_act", out(activated(residual(biased)))),
+        (f"{name}_bias_residual", out(residual(biased))),
+        (f"{name}_residual_act", out(activated(residual(producer)))),
+        (f"{name}_residual", out(residual(producer))),
+        (f"{name}_bias_act", out(activated(biased))),
+        (f"{name}_bias", out(biased)),
+        (f"{name}_act", out(activated(producer))),
+        (name, out(producer)),
     ]
+    looked_up = [(f"{n}_table", table_lookup(p)) for n, p in forms] if tables else []
+    return [(n, p, {}, checked) for n, p in looked_up + forms]
 
 
 def _exact_first(check: Any) -> Any:
@@ -261,6 +327,9 @@ class QuantizedOperator:
         activation: None, ``"relu"`` or ``("clip", low, high)`` (float bounds).
         residual: the quantization of a tensor added before the activation (a
             residual block's input, as PyTorch's X86 quantizer fuses it), or None.
+        table: the constant table its output is read through (a ``relax.Constant``
+            of at least 256 entries, indexed by the output's bits as uint8: a
+            match of ``quantized(..., tables=True)``'s ``_table`` patterns), or None.
         exprs: the Relax expressions of the operands, by role: ``data``,
             ``data_scale``, ``data_zp``, ``weight``, ``weight_scale``,
             ``weight_zp``, ``bias`` (with ``bias_scale``, ``bias_zp`` when it is
@@ -279,6 +348,7 @@ class QuantizedOperator:
     activation: Any
     exprs: dict
     residual: QuantParams | None = None
+    table: Any = None
 
     @property
     def multiplier(self) -> Any:
@@ -396,16 +466,21 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
     """The quantized operator whose final ``relax.quantize`` call is ``root``.
 
     ``lookup(var)`` gives the value bound to a Relax variable (None for a
-    parameter). Raises ValueError, with a reason that completes "umahub cannot
-    compute it in integers: ...", when ``root`` ends no quantized operator
-    umahub computes exactly (a per-channel scale on the input, a weight scale
-    along another axis than the output channels, a layout other than
-    NCHW/OIHW...).
+    parameter). ``root`` may also be a table lookup of that quantize's output
+    (:func:`table_lookup`): the operator's ``table`` is then that table.
+    Raises ValueError, with a reason that completes "umahub cannot compute it
+    in integers: ...", when ``root`` ends no quantized operator umahub
+    computes exactly (a per-channel scale on the input, a weight scale along
+    another axis than the output channels, a layout other than NCHW/OIHW...,
+    a table lookup that could read outside its table).
     """
     import numpy as np
 
     from umahub.plugin.patterns import dtype_of, shape_of
 
+    table = None
+    if _call(root, lookup, "relax.take") is not None:
+        table, root = table_of(root, lookup)
     quantize = _call(root, lookup, "relax.quantize")
     if quantize is None:
         raise ValueError("it does not end in a quantize")
@@ -550,6 +625,7 @@ def describe_quantized(root: Any, lookup: Any) -> QuantizedOperator:
         activation=activation,
         exprs=exprs,
         residual=residual,
+        table=table,
     )
 
 

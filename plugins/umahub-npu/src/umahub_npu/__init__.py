@@ -7,10 +7,13 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
 * patterns: quantized convolutions and matmuls (``dequantize -> op (+ bias)
   (+ ReLU/clip) -> quantize``, 8-bit, symmetric weights), computed in integers
   as umahub defines them (:mod:`umahub.plugin.quantization`), bit for bit the
-  host's; float32 matmul / dense and conv2d (depthwise included) with an optional
-  epilogue: a bias add (or, for conv2d, an inference batch norm), a residual
-  add (a tensor computed at run time: a residual block's input), and an
-  activation (relu, gelu, clip, SiLU, hardswish, hardsigmoid); batched matmul (attention).
+  host's, with the table that umahub made of the activation after them (a
+  SiLU, a sigmoid: ``take(table, y)``) read in their epilogue, so that the
+  output does not go to the host for its lookup and back; float32 matmul /
+  dense and conv2d (depthwise included) with an optional epilogue: a bias
+  add (or, for conv2d, an inference batch norm), a residual add (a tensor
+  computed at run time: a residual block's input), and an activation (relu,
+  gelu, clip, SiLU, hardswish, hardsigmoid); batched matmul (attention).
   umahub folds a batch norm that follows a convolution into its weight and a
   bias before partitioning, so the batch norm patterns are for the rest. A
   convolution whose input is gated per channel (a squeeze-and-excitation
@@ -18,6 +21,10 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   that x does not go to the host and back for it. The conv2d check needs the
   input channels to fill the engine's 8-wide array (a multiple of 8), or a
   depthwise convolution; a convolution on 3 RGB channels is left to others.
+  In QDQ form, a squeeze-and-excitation block's gate (``quantize(x *
+  dequantize(gate))``, one 8-bit value per channel) and its pooling quantized
+  (``quantize(mean(x))``) are elementwise after the float values the host
+  computes too, so they stay on the npu, bit for bit the host's.
   And a mean over a tensor's last axes (a global average pooling), a max
   pooling (with the ReLU before it), and a concatenation (its DMA gathers the
   pieces): SqueezeNet's and Inception's branches meet and are pooled on the
@@ -69,6 +76,8 @@ OPERATORS = (
     "relax.nn.max_pool2d",
     "relax.quantize",
     "relax.dequantize",
+    "relax.take",
+    "relax.astype",
 )
 
 
@@ -210,17 +219,15 @@ def scaled_conv2d_ok(ctx) -> bool | Refusal:
 def mean_ok(ctx) -> bool | Refusal:
     """float32, static shapes, the mean over the tensor's last axes (a global
     average pooling's spatial axes)."""
-    from umahub.plugin import calls, shape_of
+    from umahub.plugin import calls
 
     refused = _float32_static(ctx)
     if refused is not None:
         return refused
     for mean in calls(ctx, "relax.mean"):
-        ndim = len(shape_of(mean.args[0]))
-        axes = mean.attrs.axis
-        axes = sorted(int(a) % ndim for a in axes) if axes is not None else list(range(ndim))
-        if axes != list(range(ndim - len(axes), ndim)):
-            return Refusal(f"a mean over axes {axes}; the npu takes the last axes only")
+        checked = _mean_axes(mean)
+        if checked is not True:
+            return checked
     return True
 
 
@@ -269,6 +276,63 @@ def quantized_ok(ctx) -> bool | Refusal:
     return True
 
 
+def _one_scale(call) -> bool:
+    """Whether a quantize's or dequantize's scale and zero point are one value each."""
+    from umahub.plugin import shape_of
+
+    return all(shape_of(a) in ((), (1,)) for a in call.args[1:])
+
+
+def quantized_mean_ok(ctx) -> bool | Refusal:
+    """A float32 mean of static shape over the tensor's last axes (:func:`mean_ok`'s),
+    its result quantized with one scale (a squeeze-and-excitation block's pooling,
+    quantized for the convolution after it)."""
+    from umahub.plugin import calls, dtype_of, shape_of
+
+    if not all(_one_scale(q) for q in calls(ctx, "relax.quantize")):
+        return Refusal("a quantize with a scale per channel")
+    for mean in calls(ctx, "relax.mean"):
+        if dtype_of(mean) != "float32" or shape_of(mean.args[0]) is None:
+            return Refusal("a mean that is not of a float32 tensor of static shape")
+        checked = _mean_axes(mean)
+        if checked is not True:
+            return checked
+    return True
+
+
+def quantized_gate_ok(ctx) -> bool | Refusal:
+    """A float32 (N, C, H, W) tensor times a dequantized 8-bit (N, C, 1, 1) gate,
+    quantized with one scale: a squeeze-and-excitation block's gate in QDQ form,
+    elementwise in the host's arithmetic (no sum: every device rounds it alike)."""
+    from umahub.plugin import calls, dtype_of, shape_of
+
+    (product,) = calls(ctx, "relax.multiply")
+    (gate,) = calls(ctx, "relax.dequantize")
+    (out,) = calls(ctx, "relax.quantize")
+    if dtype_of(gate.args[0]) not in ("int8", "uint8"):
+        return Refusal(f"a {dtype_of(gate.args[0])} gate; the npu's gates are 8-bit")
+    if not (_one_scale(gate) and _one_scale(out)):
+        return Refusal("a quantize or dequantize with a scale per channel")
+    data = next((a for a in product.args if a not in ctx.matched_bindings), None)
+    shape, gate_shape = shape_of(data) if data is not None else None, shape_of(gate)
+    if shape is None or gate_shape is None or dtype_of(data) != "float32":
+        return Refusal("a product that is not of a float32 tensor of static shape")
+    if not (len(shape) == 4 and gate_shape == (*shape[:2], 1, 1)):
+        return Refusal(f"a gate of shape {gate_shape} for a tensor of {shape}, not one per channel")
+    return True
+
+
+def _mean_axes(mean) -> bool | Refusal:
+    from umahub.plugin import shape_of
+
+    ndim = len(shape_of(mean.args[0]) or ())
+    axes = mean.attrs.axis
+    axes = sorted(int(a) % ndim for a in axes) if axes is not None else list(range(ndim))
+    if axes != list(range(ndim - len(axes), ndim)):
+        return Refusal(f"a mean over axes {axes}; the npu takes the last axes only")
+    return True
+
+
 #: The most tensors a concatenation on the npu joins (DenseNet's have more).
 CONCAT_MAX = 8
 
@@ -282,9 +346,9 @@ def concat_ok(ctx) -> bool | Refusal:
 @hookimpl(accelerator=NAME)
 def umahub_patterns():
     """Largest matches first: op + bias + activation, op + bias, op + activation, op."""
-    from tvm.relax.dpl import is_op, is_tuple, is_tuple_get_item, wildcard
+    from tvm.relax.dpl import is_const, is_op, is_tuple, is_tuple_get_item, wildcard
 
-    from umahub.plugin import conv2d, epilogues, matmul, quantized
+    from umahub.plugin import conv2d, dequantized, epilogues, matmul, quantized
 
     conv = conv2d()
     # an inference batch norm after the convolution is part of its epilogue
@@ -301,8 +365,28 @@ def umahub_patterns():
     # a squeeze-and-excitation block's gate applied to the convolution's input:
     # the product stays on the npu, instead of going to the host and back
     scaled = conv2d(is_op("relax.multiply")(wildcard(), wildcard()))
-    # a global average pooling: the tensor it reads need not go to the host for it
-    mean = [(f"{NAME}.mean", is_op("relax.mean")(wildcard()), {}, mean_ok)]
+    # a global average pooling: the tensor it reads need not go to the host for it;
+    # quantized (a squeeze-and-excitation block's in QDQ form), its result need not either
+    out = is_op("relax.quantize")
+    mean = [
+        (
+            f"{NAME}.mean_quantize",
+            out(is_op("relax.mean")(wildcard()), is_const(), is_const()),
+            {},
+            quantized_mean_ok,
+        ),
+        (f"{NAME}.mean", is_op("relax.mean")(wildcard()), {}, mean_ok),
+    ]
+    # a squeeze-and-excitation block's gate in QDQ form: quantize(x * dequantize(gate))
+    # (both operands may be dequantized: one pattern per order, each checked on its own)
+    multiply = is_op("relax.multiply")
+    gated = [
+        (f"{NAME}.qgate{side}", out(product, is_const(), is_const()), {}, quantized_gate_ok)
+        for side, product in (
+            ("", multiply(dequantized(), wildcard())),
+            ("_right", multiply(wildcard(), dequantized())),
+        )
+    ]
     # a max pooling, with the ReLU before it (SqueezeNet's stem, ResNet's)
     pool = is_op("relax.nn.max_pool2d")
     pools = [
@@ -322,13 +406,14 @@ def umahub_patterns():
     ]
     # quantized operators first: claimed whole, in integers (umahub.plugin.quantization)
     return (
-        quantized(NAME, "conv2d", quantized_ok)
-        + quantized(NAME, "matmul", quantized_ok)
+        quantized(NAME, "conv2d", quantized_ok, tables=True)
+        + quantized(NAME, "matmul", quantized_ok, tables=True)
         + epilogues(NAME, "matmul", matmul(), matmul_ok)
         + normalised
         + epilogues(NAME, "conv2d_scaled", scaled, scaled_conv2d_ok)
         + epilogues(NAME, "conv2d", conv, conv2d_ok)
         + mean
+        + gated
         + pools
         + concat
     )
