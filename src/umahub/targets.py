@@ -40,6 +40,7 @@ __all__ = [
     "BuildTarget",
     "TargetError",
     "elf_machine",
+    "has_feature",
     "host_target",
     "machine_of",
     "parse_target",
@@ -67,6 +68,24 @@ def host_target() -> dict[str, str]:
     except Exception:  # an LLVM that cannot say
         cpu = ""
     return {"kind": "llvm", "mcpu": cpu} if cpu and cpu != "generic" else {"kind": "llvm"}
+
+
+def has_feature(feature: str, target: Any = None) -> bool:
+    """Whether the LLVM ``target`` (a ``tvm.target.Target``, a dict or a string; None:
+    :func:`host_target`) has CPU feature ``feature`` as LLVM names it
+    (``"avx512vnni"``); False for another kind of target or an LLVM that cannot say."""
+    import tvm
+
+    if target is None:
+        target = host_target()
+    if not isinstance(target, tvm.target.Target):
+        target = tvm.target.Target(target)
+    if str(target.kind.name) != "llvm":
+        return False
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, target))
+    except Exception:  # an LLVM that cannot say
+        return False
 
 
 def _cpu_flags() -> set[str]:

@@ -322,18 +322,9 @@ def is_table_read(sch: Any, block: Any) -> bool:
 
 def has_vbmi(target: Any = None) -> bool:
     """Whether ``target`` (None: this machine's CPU) has AVX-512 VBMI (``vpermi2b``)."""
-    from umahub.targets import host_target
+    from umahub.targets import has_feature
 
-    if target is None:
-        target = host_target()
-    if not isinstance(target, tvm.target.Target):
-        target = tvm.target.Target(target)
-    if str(target.kind.name) != "llvm":
-        return False
-    try:
-        return bool(tvm.target.codegen.target_has_features("avx512vbmi", target))
-    except Exception:  # an LLVM that cannot say
-        return False
+    return has_feature("avx512vbmi", target)
 
 
 def schedule_table_read(sch: Any, block: Any, target: Any = None) -> bool:
@@ -394,20 +385,7 @@ def _vpermi2b(loop: Any) -> Any:
 
     out_at, index_at = lanes(store.indices[0]), lanes(index.indices[0])
     at = buffer_of(index).vload([index_at.base], f"uint8x{_LANES}")
-    entries = buffer_of(table)
-    kind = f"{_dtype(table)}x{_LANES}"
-    quarters = [entries.vload([tvm.tirx.const(q * _LANES, "int32")], kind) for q in range(4)]
-    indices = tvm.tirx.reinterpret(kind, at) if kind != _dtype(at) else at
-    picks = [
-        tvm.tirx.call_llvm_pure_intrin(
-            kind, "llvm.x86.avx512.vpermi2var.qi.512", quarters[h], indices, quarters[h + 1]
-        )
-        for h in (0, 2)
-    ]
-    top = at >= tvm.tirx.Broadcast(tvm.tirx.const(128, "uint8"), _LANES)
-    value = tvm.tirx.Select(top, picks[1], picks[0])
-    if _dtype(store.value) != _dtype(table):
-        value = tvm.tirx.reinterpret(f"{_dtype(store.value)}x{_LANES}", value)
+    value = _lookup64(buffer_of(table), at)
     return tvm.tirx.BufferStore(buffer_of(store), value, [out_at])
 
 
