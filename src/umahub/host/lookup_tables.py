@@ -43,6 +43,7 @@ from tvm import relax
 
 from umahub._tvm import Constant, constant_value
 from umahub.ir import bindings, var_uses
+from umahub.plugin.compat import dtype_of_expr
 from umahub.plugin.patterns import dtype_of, shape_of
 
 __all__ = [
@@ -374,25 +375,19 @@ def _vpermi2b(loop: Any) -> Any:
     analyzer = Analyzer()
 
     def at_zero(expr: Any) -> Any:
-        zero = tvm.tirx.const(0, _dtype(var))
+        zero = tvm.tirx.const(0, dtype_of_expr(var))
         return rewrite(expr, tvm.tirx.Var, lambda v: zero if v.same_as(var) else v)
 
     def lanes(expr: Any) -> Any:
         # consecutive by construction (see schedule_table_read): the loop's 64 steps
         # are 64 neighbours of a row-major iteration over both buffers' own shape
         base = analyzer.simplify(at_zero(expr))
-        return tvm.tirx.Ramp(base, tvm.tirx.const(1, _dtype(base)), _LANES)
+        return tvm.tirx.Ramp(base, tvm.tirx.const(1, dtype_of_expr(base)), _LANES)
 
     out_at, index_at = lanes(store.indices[0]), lanes(index.indices[0])
     at = buffer_of(index).vload([index_at.base], f"uint8x{_LANES}")
     value = _lookup64(buffer_of(table), at)
     return tvm.tirx.BufferStore(buffer_of(store), value, [out_at])
-
-
-def _dtype(expr: Any) -> str:
-    """A TIR expression's type (``.dtype``, or ``.ty`` where TVM has moved it)."""
-    found = getattr(expr, "dtype", None)
-    return str(found if found is not None else expr.ty)
 
 
 def table_read_pass() -> Any:
@@ -433,12 +428,12 @@ def _gathered(load: Any) -> Any:
     if shape != [256] or len(load.indices) != 1 or str(table.dtype) not in _BYTES:
         return None
     index = load.indices[0]
-    kind = _dtype(index)
+    kind = dtype_of_expr(index)
     lanes = int(kind.split("x")[1]) if "x" in kind else 1
     if lanes == 1 or lanes > _LANES:
         return None
     inner = index.value if isinstance(index, tvm.tirx.Cast) else index
-    if _dtype(inner) != f"uint8x{lanes}":
+    if dtype_of_expr(inner) != f"uint8x{lanes}":
         return None
     if lanes < _LANES:
         zeros = tvm.tirx.Broadcast(tvm.tirx.const(0, "uint8"), _LANES - lanes)
@@ -454,7 +449,7 @@ def _lookup64(table: Any, at: Any) -> Any:
     """The 64 entries of the 256-byte ``table`` (a buffer) at the 64 bytes ``at``."""
     kind = f"{table.dtype}x{_LANES}"
     quarters = [table.vload([tvm.tirx.const(q * _LANES, "int32")], kind) for q in range(4)]
-    indices = tvm.tirx.reinterpret(kind, at) if kind != _dtype(at) else at
+    indices = tvm.tirx.reinterpret(kind, at) if kind != dtype_of_expr(at) else at
     picks = [
         tvm.tirx.call_llvm_pure_intrin(
             kind, "llvm.x86.avx512.vpermi2var.qi.512", quarters[h], indices, quarters[h + 1]

@@ -94,6 +94,7 @@ __all__ = [
     "buffer_of",
     "data_pointer",
     "detect_linear_equation",
+    "dtype_of_expr",
     "is_buffer",
     "name_of",
     "nodes_in",
@@ -251,11 +252,13 @@ def data_pointer(buf: Any) -> Any:
     data = buf.data
     if not isinstance(data, tirx.Var):
         return data
-    zeros = [tirx.const(0, _dtype(d)) for d in buf.shape]
+    zeros = [tirx.const(0, dtype_of_expr(d)) for d in buf.shape]
     return tirx.address_of(tirx.BufferLoad(buf, zeros))
 
 
-def _dtype(expr: Any) -> str:
+def dtype_of_expr(expr: Any) -> str:
+    """A TIR expression's type as a string (``expr.dtype``; ``expr.ty`` where a TVM
+    has moved it), ``"int64"`` or ``"float32x16"``."""
     dt = getattr(expr, "dtype", None)
     return str(dt if dt is not None else expr.ty)
 

@@ -124,13 +124,11 @@ def full_region(buffer: Any) -> Any:
     import tvm
     from tvm import tirx
 
-    ranges = [tvm.ir.Range.from_min_extent(tirx.const(0, _index_dtype(d)), d) for d in buffer.shape]
+    ranges = [
+        tvm.ir.Range.from_min_extent(tirx.const(0, compat.dtype_of_expr(d)), d)
+        for d in buffer.shape
+    ]
     return tirx.BufferRegion(buffer, ranges)
-
-
-def _index_dtype(dim: Any) -> str:
-    dtype = getattr(dim, "dtype", None)
-    return str(dtype if dtype is not None else dim.ty)
 
 
 def extern_block(
