@@ -44,6 +44,7 @@ from tvm import s_tir, tirx
 from umahub.host.int8 import vnni_dot_pass
 from umahub.host.lookup_tables import table_gather_pass, table_read_pass
 from umahub.host.scratch import scratch_on_stack
+from umahub.host.strided_loads import strided_load_pass
 
 __all__ = ["PHASES", "PIPELINE_NAME", "phased_pipeline", "use_phase_passes"]
 
@@ -95,6 +96,7 @@ def _stretches(config: Any) -> list[list[Any]]:
         _p("LoopPartition"),
         _p("VectorizeLoop", not flag("tirx.disable_vectorize")),
         table_gather_pass(),  # umahub's: a table read in a vectorized epilogue, by vpermi2b
+        strided_load_pass(),  # umahub's: a strided vector load as contiguous ones, shuffled
         _p("InjectVirtualThread"),
         _p("InjectDoubleBuffer"),
         None if flag("tirx.disable_storage_rewrite") else _p("StorageRewrite"),
