@@ -2,18 +2,23 @@
 exact int32 fallback elsewhere, both bit for bit the arithmetic's numpy reference.
 
 The fallback is forced by the target: ``skylake-avx512`` has AVX-512 but no VNNI.
+The VNNI schedule is built for this machine's own CPU (``emeraldrapids``,
+``znver4``...): built for another with VNNI, LLVM may use what this one lacks
+(an Emerald Rapids target on an AMD EPYC stopped the process on an illegal
+instruction).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import tvm
 from test_quantized import _matmul_reference, qconv_graph, qmatmul_graph, reference
 
 import umahub
 from umahub.host.int8 import has_vnni
 
-VNNI = {"kind": "llvm", "mcpu": "emeraldrapids"}
+VNNI = {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu())}
 NO_VNNI = {"kind": "llvm", "mcpu": "skylake-avx512"}
 
 needs_vnni = pytest.mark.skipif(not has_vnni(), reason="this CPU has no AVX-512 VNNI")
