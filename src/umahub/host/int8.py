@@ -514,44 +514,41 @@ def _requantize_by_channels(
 
 def _depthwise(sch: s_tir.Schedule) -> None:
     """A depthwise convolution in the plain sum (any stride, padding, row width):
-    a tile of one channel by a run of up to 64 positions of one row, its
+    per channel, its padded plane copied (it stays in the core's cache for the
+    channel's rows, where a copy of every plane first wrote them all out to
+    memory), then a tile of a run of up to 64 positions of one row at a time, its
     accumulators vectors over the positions (float32 where exact, else int32:
     :func:`umahub.host.quantized._exact_in_float`), the kernel's rows and columns
     outside them (each weight broadcast once), the requantization in the same
-    vectors; the padded copy by rows."""
+    vectors. A stride's every other input is read as two contiguous vectors and a
+    shuffle (:mod:`umahub.host.strided_loads`)."""
     pad = sch.get_sblock("pad_zero_point")
-    loops = sch.get_loops(pad)
-    rows = sch.fuse(*loops[:-1])
-    if int(sch.get(rows).extent) > 1:
-        sch.parallel(rows)
     acc = sch.get_sblock("acc")
     out = sch.get_sblock("requantized")
-    n, o, y, x = sch.get_loops(out)
+    n, o, _, x = sch.get_loops(out)
     xi = _divisor_at_most(int(sch.get(x).extent), 64)  # a row: 4 vectors of 16
     x0, x1 = sch.split(x, [None, xi])
-    tile = sch.fuse(n, o, y)
-    if int(sch.get(tile).extent) > 1:
-        sch.parallel(tile)
+    plane = sch.fuse(n, o)
+    if int(sch.get(plane).extent) > 1:
+        sch.parallel(plane)
     sch.compute_at(acc, x0, preserve_unit_loops=True)
+    sch.compute_at(pad, plane, preserve_unit_loops=True)
     *_, lane, rc, ry, rx = sch.get_loops(acc)
     sch.reorder(rc, ry, rx, lane)
+    sch.vectorize(lane)  # before the init is split off: the update alone may not be
     sch.decompose_reduction(acc, rc)
     sch.unroll(ry)
-    sch.unroll(rx)  # the lanes innermost and contiguous: LLVM's vector
+    sch.unroll(rx)
     init = sch.get_sblock("acc_init")
     sch.vectorize(sch.get_loops(init)[-1])
     sch.vectorize(x1)
 
 
 def _flat_depthwise(sch: s_tir.Schedule) -> None:
-    """A depthwise convolution over its flat padded plane: per channel, tiles of up
-    to 64 positions (4 vectors of 16), the taps outside them, the requantization
-    in the same vectors; the padded copy by rows, channels in parallel."""
+    """A depthwise convolution over its flat padded plane: per channel, its plane
+    copied (in the core's cache for its tiles), then tiles of up to 64 positions (4
+    vectors of 16), the taps outside them, the requantization in the same vectors."""
     pad = sch.get_sblock("pad_zero_point")
-    b, ch, _, _ = sch.get_loops(pad)
-    planes = sch.fuse(b, ch)
-    if int(sch.get(planes).extent) > 1:
-        sch.parallel(planes)
     sch.compute_inline(sch.get_sblock("pad_flat"))  # the flat plane is the padded one, read flat
     acc = sch.get_sblock("acc_flat")
     out = sch.get_sblock("requantized")
@@ -562,6 +559,7 @@ def _flat_depthwise(sch: s_tir.Schedule) -> None:
     if int(sch.get(tile).extent) > 1:
         sch.parallel(tile)
     sch.compute_at(acc, q0, preserve_unit_loops=True)
+    sch.compute_at(pad, tile, preserve_unit_loops=True)
     *_, lane, ry, rx = sch.get_loops(acc)
     sch.reorder(ry, rx, lane)
     sch.decompose_reduction(acc, ry)
