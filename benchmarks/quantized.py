@@ -19,7 +19,8 @@ on a shared machine the engines' times move together with it.
 Agreement: umahub's int8 output against ORT's in output quantization units
 (the final DequantizeLinear's scale): how many elements differ by 1, by more;
 and each int8 output's relative error against umahub's float32 one. Results:
-``results/quantized.json``.
+``results/quantized_<kind>.json``, one file per kind of machine (``intel``,
+``amd``), as ``engines.py`` writes them.
 
     python benchmarks/quantized.py [MODEL ...] [--repeat N] [--rounds N]
 """
@@ -34,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _common import add_rounds_option, fastest, run_worker, worker_env, write
+from _common import add_rounds_option, cpu_kind, fastest, run_worker, worker_env, write
 
 MODELS = ("resnet18", "mobilenetv2", "bert", "resnet50", "efficientnet_b0")
 TORCHVISION = ("resnet50", "efficientnet_b0", "mobilenet_v3_large")
@@ -199,7 +200,11 @@ def main() -> None:
     parser.add_argument("models", nargs="*", default=list(MODELS))
     parser.add_argument("--repeat", type=int, default=30)
     add_rounds_option(parser)
-    parser.add_argument("--results", default="quantized", help="results/<name>.json")
+    parser.add_argument(
+        "--results",
+        default=f"quantized_{cpu_kind()}",
+        help="results/<name>.json (default: quantized_intel or quantized_amd, by this CPU)",
+    )
     args = parser.parse_args()
     results = {}
     load_before = os.getloadavg()  # the machine is shared: how busy it was
