@@ -22,7 +22,8 @@ from typing import Any
 
 import tvm
 
-from umahub.plugin.compat import dtype_of_expr
+from umahub.plugin.compat import Load, buffer_of, dtype_of_expr
+from umahub.plugin.tir import rewrite, static_int
 
 __all__ = ["MAX_STRIDE", "MIN_LANES", "contiguous_loads", "strided_load_pass"]
 
@@ -30,10 +31,6 @@ __all__ = ["MAX_STRIDE", "MIN_LANES", "contiguous_loads", "strided_load_pass"]
 MAX_STRIDE = 4
 #: The fewest lanes rewritten.
 MIN_LANES = 4
-
-
-def _int(value: Any) -> int | None:
-    return int(value.value) if isinstance(value, tvm.tirx.IntImm) else None
 
 
 def contiguous_loads(buffer: Any, base: Any, stride: int, lanes: int) -> Any:
@@ -55,14 +52,12 @@ def contiguous_loads(buffer: Any, base: Any, stride: int, lanes: int) -> Any:
 def _rewritten(load: Any) -> Any:
     """``load`` as :func:`contiguous_loads`, or None when it is no strided vector load of
     one flat buffer with a stride from 2 to :data:`MAX_STRIDE`."""
-    from umahub.plugin.compat import buffer_of
-
     if len(load.indices) != 1 or getattr(load, "predicate", None) is not None:
         return None
     index = load.indices[0]
     if not isinstance(index, tvm.tirx.Ramp):
         return None
-    stride, lanes = _int(index.stride), _int(index.lanes)
+    stride, lanes = static_int(index.stride), static_int(index.lanes)
     if stride is None or lanes is None or not 2 <= stride <= MAX_STRIDE or lanes < MIN_LANES:
         return None
     buffer = buffer_of(load)
@@ -77,9 +72,6 @@ def strided_load_pass() -> Any:
     without such loads is left as it is."""
 
     def transform(func: Any, _mod: Any, _ctx: Any) -> Any:
-        from umahub.plugin.compat import Load
-        from umahub.plugin.tir import rewrite
-
         def post(node: Any) -> Any:
             found = _rewritten(node)
             return node if found is None else found
