@@ -484,11 +484,11 @@ def test_a_dequantize_shared_by_two_convolutions_gives_each_its_own(npu_hub):
         np.testing.assert_array_equal(a, b)
 
 
-def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3):
+def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3, groups=1):
     """``quantize(relu(conv(dq(x), dq(w)) + b + dequantize(r)))``: a residual block's
     last convolution and its sum, as PyTorch's X86 quantizer fuses them."""
     rng = np.random.default_rng(seed)
-    w = rng.integers(-127, 128, size=(8, 8, kernel, kernel)).astype("int8")
+    w = rng.integers(-127, 128, size=(8, 8 // groups, kernel, kernel)).astype("int8")
     pad = kernel // 2
     w_scale = rng.uniform(0.002, 0.02, 8).astype("float32")
     b = rng.uniform(-1, 1, size=(1, 8, 1, 1)).astype("float32")
@@ -506,7 +506,7 @@ def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3):
                     axis=0,
                 )
             )
-            y = bb.emit(relax.op.nn.conv2d(dx, dw, padding=(pad,) * 4))
+            y = bb.emit(relax.op.nn.conv2d(dx, dw, padding=(pad,) * 4, groups=groups))
             y = bb.emit(relax.op.add(y, _const(b, "float32")))
             dr = bb.emit(relax.op.dequantize(r, _const(0.04, "float32"), _const(9, "uint8")))
             y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, dr))))
@@ -516,7 +516,7 @@ def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3):
             out = bb.emit_output(q)
         bb.emit_func_output(out)
     parts = dict(w=w, w_scale=w_scale, w_zp=np.zeros(8, "int8"), x_scale=np.float32(0.05))
-    parts.update(x_zp=5, y_scale=np.float32(0.1), y_zp=2, groups=1, strides=(1, 1))
+    parts.update(x_zp=5, y_scale=np.float32(0.1), y_zp=2, groups=groups, strides=(1, 1))
     parts.update(padding=(pad,) * 4, dilation=(1, 1), activation="relu")
     units = np.float64(np.float32(0.05)) * w_scale.astype(np.float64)
     parts["bias"] = np.rint(b.reshape(-1).astype(np.float64) / units).astype(np.int64)
@@ -535,7 +535,11 @@ def _residual_reference(x, res, parts):
     acc = np.zeros((1, 8, 6, 6), np.int64)
     for i in range(kernel):
         for j in range(kernel):
-            acc[0] += np.einsum("chw,oc->ohw", xp[0, :, i : i + 6, j : j + 6], w[:, :, i, j])
+            window = xp[0, :, i : i + 6, j : j + 6]
+            if parts["groups"] == 1:
+                acc[0] += np.einsum("chw,oc->ohw", window, w[:, :, i, j])
+            else:  # depthwise
+                acc[0] += window * w[:, 0, i, j].reshape(-1, 1, 1)
     acc += mod_parts["bias"].reshape(1, -1, 1, 1)
     m, k = requantization(units_multiplier(parts))
     m_r, k_r = requantization(np.float64(np.float32(0.04)) / np.float64(np.float32(0.1)))
@@ -553,9 +557,12 @@ def units_multiplier(parts):
     )
 
 
-@pytest.mark.parametrize("kernel", [3, 1], ids=["3x3", "1x1"])
-def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub, kernel):
-    mod, parts = qconv_residual_graph(kernel=kernel)
+@pytest.mark.parametrize(
+    "kernel, groups", [(3, 1), (1, 1), (3, 8)], ids=["3x3", "1x1", "3x3 depthwise"]
+)
+def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub, kernel, groups):
+    # depthwise: the flat form, whose rows run past the output's (residual read clamped)
+    mod, parts = qconv_residual_graph(kernel=kernel, groups=groups)
     x = _input("uint8")[:, :, :6, :6].astype("uint8")
     res = _input("uint8", seed=4)[:, :, :6, :6].astype("uint8")
     lowered, count = lower_quantized(mod)
@@ -568,6 +575,9 @@ def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub,
     assert [(r["device"], r["pattern"]) for r in compiled.report.quantized] == [
         ("npu:0", "npu.qconv2d_bias_residual_act")
     ]
+    if groups > 1:
+        flat = "int8 depthwise: exact float32 sums over the padded plane read flat"
+        assert [p.schedule for p in compiled.report.partitions] == [[flat]]
     np.testing.assert_array_equal(compiled.run(x, res), expected)
 
 

@@ -39,7 +39,10 @@ own only where they were (inlined, the last vector would be predicated).
 
 A depthwise convolution of stride 1 is computed over its padded input plane
 read as one flat row (``acc_flat``, :func:`umahub.host.quantized.flat_depthwise`):
-whole vectors of positions however narrow the rows, each tap an offset.
+whole vectors of positions however narrow the rows, each tap an offset. A tile
+is whole rows of that plane, and its output rows (the columns computed past a
+row's end dropped) are written under it, while they are in cache: not in a
+pass of their own over the whole output.
 Otherwise, a depthwise convolution stays in the plain sum (``acc``; no byte dot product
 fits one input channel per output channel): :func:`schedule_int8` computes
 it a row of up to 64 positions at a time as int32 vectors, the kernel's taps
@@ -60,7 +63,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tvm import s_tir
+from tvm import s_tir, tirx
 
 from umahub.plugin.compat import buffer_of
 
@@ -170,9 +173,7 @@ def _parallel_outer(sch: s_tir.Schedule, block: Any, keep: int = 1) -> None:
     if len(loops) <= keep:
         return
     outer = loops[:-keep]
-    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    if int(sch.get(fused).extent) > 1:
-        sch.parallel(fused)
+    _parallel_tile(sch, *outer)
 
 
 def _param_index(sch: s_tir.Schedule, block: Any) -> int | None:
@@ -218,17 +219,13 @@ def _copy_in_rows(sch: s_tir.Schedule, block: Any) -> bool:
     loops = sch.get_loops(block)
     if len(loops) == 4:  # a 1x1 convolution's copy: [N, C/4, positions, 4]
         b, cb, _, ci = loops
-        rows = sch.fuse(b, cb)
-        if int(sch.get(rows).extent) > 1:
-            sch.parallel(rows)
+        _parallel_tile(sch, b, cb)
         sch.unroll(ci)
         return True
     if len(loops) != 5:
         return False
     b, cb, i, _, ci = loops
-    rows = sch.fuse(b, cb, i)
-    if int(sch.get(rows).extent) > 1:
-        sch.parallel(rows)
+    _parallel_tile(sch, b, cb, i)
     sch.unroll(ci)  # scalar bytes: LLVM's vectors of this gather are far slower
     return True
 
@@ -244,8 +241,10 @@ def _tail(sch: s_tir.Schedule, target: Any = None, tables: list | None = None) -
     requantized = sch.get_sblock("requantized")
     for block in _consumers_once(sch, requantized):
         if sch.get(block).name_hint == "unflattened" and _padded(sch, requantized, block):
-            # inlined, the last vector of positions would be predicated (scalar code)
-            _parallel_outer(sch, block)
+            # inlined, the last vector of positions would be predicated (scalar code);
+            # a flat depthwise computes its tiles under it already
+            if not _in_parallel(sch, block):
+                _parallel_outer(sch, block)
             for consumer in _consumers_once(sch, block):
                 _inline_or_parallel(sch, consumer, target, tables, vectorized=False)
             continue
@@ -310,6 +309,11 @@ def _inline_or_parallel(
     except Exception:
         _parallel_outer(sch, block)
         return False
+
+
+def _in_parallel(sch: s_tir.Schedule, block: Any) -> bool:
+    """Whether one of ``block``'s loops runs in parallel."""
+    return any(sch.get(loop).kind == tirx.ForKind.PARALLEL for loop in sch.get_loops(block))
 
 
 def _padded(sch: s_tir.Schedule, flat: Any, shaped: Any) -> bool:
@@ -459,9 +463,7 @@ def _conv(sch: s_tir.Schedule, vnni: bool) -> None:
     o0, o1 = sch.split(o, [None, min(channels, bi * 16)])
     x0, x1 = sch.split(x, [None, xi])
     sch.reorder(n, o0, y, x0, o1, x1)
-    tile = sch.fuse(n, o0, y, x0)
-    if int(sch.get(tile).extent) > 1:
-        sch.parallel(tile)
+    tile = _parallel_tile(sch, n, o0, y, x0)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
     _requantize_by_channels(sch, o1, x1, channels)
     b, ob, yy, xx, oi, rc, ry, rx, ri = sch.get_loops(dot)[1:]
@@ -485,9 +487,7 @@ def _pointwise(sch: s_tir.Schedule, vnni: bool) -> None:
     o0, o1 = sch.split(o, [None, oc])
     p0, p1 = sch.split(p, [None, 16 * vectors])
     sch.reorder(n, o0, p0, o1, p1)
-    tile = sch.fuse(n, o0, p0)
-    if int(sch.get(tile).extent) > 1:
-        sch.parallel(tile)
+    tile = _parallel_tile(sch, n, o0, p0)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
     sch.vectorize(p1)
     b, oo, pp, rc, ri = sch.get_loops(dot)[1:]
@@ -528,9 +528,7 @@ def _depthwise(sch: s_tir.Schedule) -> None:
     n, o, _, x = sch.get_loops(out)
     xi = _divisor_at_most(int(sch.get(x).extent), 64)  # a row: 4 vectors of 16
     x0, x1 = sch.split(x, [None, xi])
-    plane = sch.fuse(n, o)
-    if int(sch.get(plane).extent) > 1:
-        sch.parallel(plane)
+    plane = _parallel_tile(sch, n, o)
     sch.compute_at(acc, x0, preserve_unit_loops=True)
     sch.compute_at(pad, plane, preserve_unit_loops=True)
     *_, lane, rc, ry, rx = sch.get_loops(acc)
@@ -546,27 +544,43 @@ def _depthwise(sch: s_tir.Schedule) -> None:
 
 def _flat_depthwise(sch: s_tir.Schedule) -> None:
     """A depthwise convolution over its flat padded plane: per channel, its plane
-    copied (in the core's cache for its tiles), then tiles of up to 64 positions (4
-    vectors of 16), the taps outside them, the requantization in the same vectors."""
+    copied (in the core's cache for its tiles), then tiles of whole rows of it (up
+    to 64 positions, 4 vectors of 16; one row where a row is longer), the taps
+    outside them, the requantization in the same vectors, and the tile's output
+    rows written out (without the columns the flat form computes past a row's end)
+    while they are in cache."""
     pad = sch.get_sblock("pad_zero_point")
     sch.compute_inline(sch.get_sblock("pad_flat"))  # the flat plane is the padded one, read flat
     acc = sch.get_sblock("acc_flat")
-    out = sch.get_sblock("requantized")
-    n, o, q = sch.get_loops(out)
-    qi = _divisor_at_most(int(sch.get(q).extent), 64)
-    q0, q1 = sch.split(q, [None, qi])
-    tile = sch.fuse(n, o)
-    if int(sch.get(tile).extent) > 1:
-        sch.parallel(tile)
-    sch.compute_at(acc, q0, preserve_unit_loops=True)
+    requantized = sch.get_sblock("requantized")
+    n, o, y, x = sch.get_loops(requantized)
+    rows, pitch = (int(sch.get(loop).extent) for loop in (y, x))
+    per_tile = max(d for d in range(1, rows + 1) if rows % d == 0 and (d == 1 or d * pitch <= 64))
+    y0, y1 = sch.split(y, [None, per_tile])
+    tile = _parallel_tile(sch, n, o)
+    sch.compute_at(acc, y0, preserve_unit_loops=True)
+    sch.vectorize(sch.fuse(y1, x))
+    for shaped in sch.get_consumers(requantized):
+        if sch.get(shaped).name_hint == "unflattened" and _padded(sch, requantized, shaped):
+            sch.reverse_compute_at(shaped, y0, preserve_unit_loops=True)
+            sch.vectorize(sch.get_loops(shaped)[-1])
     sch.compute_at(pad, tile, preserve_unit_loops=True)
-    *_, lane, ry, rx = sch.get_loops(acc)
-    sch.reorder(ry, rx, lane)
+    *_, ty, tx, ry, rx = sch.get_loops(acc)
+    sch.reorder(ry, rx, ty, tx)
     sch.decompose_reduction(acc, ry)
     sch.unroll(ry)
     sch.unroll(rx)
-    sch.vectorize(sch.get_loops(sch.get_sblock("acc_flat_init"))[-1])
-    sch.vectorize(q1)
+    sch.fuse(ty, tx)  # one run of positions, which LLVM vectorizes (vectorize refuses an update)
+    init = sch.get_loops(sch.get_sblock("acc_flat_init"))
+    sch.vectorize(sch.fuse(*init[-2:]))
+
+
+def _parallel_tile(sch: s_tir.Schedule, *loops: Any) -> Any:
+    """``loops`` fused, in parallel where there is more than one iteration."""
+    tile = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if int(sch.get(tile).extent) > 1:
+        sch.parallel(tile)
+    return tile
 
 
 def _unroll_small(sch: s_tir.Schedule, *loops: Any) -> None:
@@ -586,9 +600,7 @@ def _matmul(sch: s_tir.Schedule, vnni: bool) -> None:
     m0, m1 = sch.split(m, [None, mi])
     n0, n1 = sch.split(n, [None, min(channels, bi * 16)])
     sch.reorder(*lead, m0, n0, m1, n1)
-    tile = sch.fuse(*lead, m0, n0)
-    if int(sch.get(tile).extent) > 1:
-        sch.parallel(tile)
+    tile = _parallel_tile(sch, *lead, m0, n0)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
     *spatial, ni, rk, ri = sch.get_loops(dot)[1:]
     mm, nb = spatial[-2:]

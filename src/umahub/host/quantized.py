@@ -302,14 +302,15 @@ def quantized_kernel(
             prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype))
         )
         shape, pitch = out_shape, out_shape[-1]  # pitch: a flat form's positions per row
+        wide = False  # rows computed to the pitch, the columns past the output's dropped
         if flat:
             shape = (*out_shape[:2], _ceil(out_shape[2] * out_shape[3], BLOCK_O) * BLOCK_O)
             at = _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked)
         elif flat_depthwise(op, str(x.dtype)):
-            flat = True
+            wide = True
             pitch = int(x.shape[3]) + int(op.call.attrs.padding[1]) + int(op.call.attrs.padding[3])
-            shape = (*out_shape[:2], _ceil(out_shape[2] * pitch, BLOCK_O) * BLOCK_O)
-            at = _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch)
+            shape = (*out_shape[:3], pitch)
+            at = _flat_depthwise_acc(op, x, x_zero, w, zw, shape)
         elif prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
             at = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
         elif conv:
@@ -325,6 +326,8 @@ def quantized_kernel(
             r_zero = _read(zr, 0, 1).astype("int64")
 
         def residual_at(i: tuple) -> Any:
+            if wide:
+                return r[i[0], i[1], i[2], tirx.min(i[3], out_shape[3] - 1)]  # past a row: its last
             if not flat:
                 return r[i]
             row = tirx.min(i[2] // pitch, out_shape[2] - 1)  # past the rows: the last one
@@ -345,6 +348,8 @@ def quantized_kernel(
             return tirx.Let(product, p, clamped)
 
         result = te.compute(shape, out, name="requantized")
+        if wide:
+            return te.compute(out_shape, lambda *i: result[i], name="unflattened")
         if not flat:
             return result
         return te.compute(
@@ -402,12 +407,13 @@ def _plane_less_zero(x: te.Tensor, x_zero: Any, top: int, left: int, kind: str):
     return value
 
 
-def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
+def _flat_depthwise_acc(op, x, x_zero, w, zw, shape):
     """A depthwise convolution of stride 1 as a sum over its padded plane read flat.
 
     The input is copied padded, ``[N, C, rows * pitch]`` with ``pitch`` the padded
-    row; output position ``q = y * pitch + x`` (``x`` up to the pitch: the last
-    columns of each row are computed and dropped) reads tap ``(ky, kx)`` at
+    row; the sums are ``shape``, ``[N, C, OH, pitch]``: output position ``(y, x)``
+    (``x`` up to the pitch: the last columns of each row are computed and
+    dropped), at ``q = y * pitch + x`` of the plane, reads tap ``(ky, kx)`` at
     ``q + ky * dh * pitch + kx * dw``. So every vector of positions is whole,
     however narrow the rows (a row of 7 or 14 in a vector of 16 wasted most of
     it), and the kernel's taps are offsets, each weight broadcast once per vector.
@@ -421,8 +427,9 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
     top, left, _, _ = (int(p) for p in attrs.padding)
     n, c = (int(d) for d in x.shape[:2])
     _, _, kh, kw = (int(d) for d in w.shape)
+    pitch = shape[3]
     reach = (kh - 1) * dh * pitch + (kw - 1) * dw
-    rows = _ceil(shape[2] + reach, pitch)
+    rows = _ceil(shape[2] * pitch + reach, pitch)
     # in float32 where that is exact: see the docstring
     kind = "float32" if _exact_in_float(kh * kw, x, w) else "int32"
     plane = te.compute(
@@ -436,8 +443,8 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape, pitch):
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
 
-    def acc(b: Any, o: Any, q: Any) -> Any:
-        data = xp[b, o, q + ry * dh * pitch + rx * dw]
+    def acc(b: Any, o: Any, y: Any, column: Any) -> Any:
+        data = xp[b, o, y * pitch + column + ry * dh * pitch + rx * dw]
         weight = w[o, 0, ry, rx].astype("int32") - _read(zw, o, shape[1]).astype("int32")
         return te.sum(data * weight.astype(kind), axis=[ry, rx])
 
