@@ -57,7 +57,11 @@ plugin's kernels all follow it):
    ReLU -> quantize``, as PyTorch's X86 quantizer fuses a residual block's
    sum): ``y = round_half_to_even((acc * m + ((r - r_zp) * m_r << (k - k_r)))
    / 2**k) + y_zp``, ``(m_r, k_r)`` the fixed point of ``r_scale / y_scale``
-   (``0 <= k - k_r <= 22``, else it is not computed in integers).
+   (``0 <= k - k_r <= 22``, else it is not computed in integers). Without a
+   residual, ``nearbyint(f64(acc) * (m * 2**-k))`` is the same integer wherever
+   ``k <= 52 - bits`` of the output type (44 for 8 bits): umahub's flat
+   depthwise kernel computes it so where the scales are constants
+   (:func:`umahub.host.quantized.requantizes_in_double` says why it is exact).
 
 Why this module is long: the arithmetic, the patterns and what a check reads of
 a match are one definition, which plugins, the host and the kit share.
