@@ -191,8 +191,9 @@ def _param_index(sch: s_tir.Schedule, block: Any) -> int | None:
 
 def _side_stages(sch: s_tir.Schedule, weights: frozenset[int]) -> bool:
     """The stages around ``dot``: the input's copy and the window sums in parallel,
-    the weight's packing for compile time (a constant) or in parallel. Whether the
-    weight is packed at compile time."""
+    the weight's sums in parallel vectors (:func:`_weight_sum`), the weight's
+    packing for compile time (a constant) or in parallel. Whether the weight is
+    packed at compile time."""
     names = set(_block_names(sch))
     for name in ("pad_zero_point", "window_sum"):
         if name in names:
@@ -217,9 +218,9 @@ def _weight_sum(sch: s_tir.Schedule, block: Any) -> None:
     """The packed weight's sum per output channel (``[o/16][..][16][4]``), which the
     kernel computes at every call (it is no layout of one parameter, which is all
     a compile-time packing is): its blocks of 16 channels in parallel, each a
-    16-lane vector summed over the block's steps, every 4th byte of a step at a
-    time (the strided loads: :mod:`umahub.host.strided_loads`).
-    Left to run serially, it was most of a 1x1280 by 1280x1000 product's time."""
+    16-lane vector summed over the block's steps (a lane reads every 4th byte of
+    a step). Left to run serially at the root, it was most of a 1x1280 by
+    1280x1000 product's time."""
     o, *reduction = sch.get_loops(block)
     blocks, lanes = sch.split(o, [None, 16])
     _parallel_tile(sch, blocks)
