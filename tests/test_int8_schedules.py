@@ -123,6 +123,61 @@ def test_a_quantized_matmul_by_a_weight_is_exact_with_either_schedule(host_hub, 
     np.testing.assert_array_equal(compiled.run(a), expected)
 
 
+def _classifier(channels, depth=64, seed=0):
+    """``quantize(dequantize(a) @ dequantize(w) + dequantize(bias))``, ``a`` one row of
+    ``depth`` uint8 values: a classifier's last product, ORT's QDQ form."""
+    from test_quantized import _const
+    from tvm import relax
+
+    from umahub._tvm import TensorType
+
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-127, 128, size=(depth, channels)).astype("int8")
+    w_scale = rng.uniform(0.001, 0.01, channels).astype("float32")
+    bias = rng.integers(-5000, 5000, size=(channels,)).astype("int32")
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", TensorType((1, depth), "uint8"))
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            da = bb.emit(relax.op.dequantize(a, _const(0.03, "float32"), _const(3, "uint8")))
+            zeros = _const(np.zeros(channels), "int8")
+            dw = bb.emit(
+                relax.op.dequantize(_const(w, "int8"), _const(w_scale, "float32"), zeros, axis=1)
+            )
+            y = bb.emit(relax.op.matmul(da, dw))
+            units = _const(np.float32(0.03) * w_scale, "float32")
+            db = bb.emit(
+                relax.op.dequantize(
+                    _const(bias, "int32"), units, _const(np.zeros(channels), "int32")
+                )
+            )
+            y = bb.emit(relax.op.add(y, db))
+            q = bb.emit(
+                relax.op.quantize(
+                    y, _const(0.2, "float32"), _const(100, "uint8"), out_dtype="uint8"
+                )
+            )
+            out = bb.emit_output(q)
+        bb.emit_func_output(out)
+    return bb.get(), rng.integers(0, 256, size=(1, depth)).astype("uint8")
+
+
+@pytest.mark.parametrize("channels", [40, 48], ids=["40 channels", "48 channels"])
+def test_a_one_row_product_runs_its_channel_tiles_in_parallel(host_hub, channels):
+    """One row (a classifier's) is one tile of rows: its channels are split into tiles
+    for the threads, also where they are no whole number of 16-channel blocks (the
+    last tile partly past them); it once ran as one tile on one thread."""
+    mod, a = _classifier(channels)
+    recorder = _BlockRecorder()
+    compiled = umahub.Hub(config={"plugins": ["npu"]}, plugins=[recorder]).compile(mod)
+    how = "vnni, 16x4 dot" if has_vnni() else "int32 vectors, 16 lanes (no VNNI)"
+    assert [p.schedule for p in compiled.report.partitions] == [
+        [f"int8 matmul: {how}, weights packed at compile time"]
+    ]
+    assert recorder.loops[0]["dot_init"][0] == "PARALLEL"
+    np.testing.assert_array_equal(compiled.run(a), host_hub.compile(mod).run(a))
+
+
 @pytest.mark.parametrize("options", [{"strides": (2, 2), "size": 30}], ids=["stride 2"])
 def test_the_host_leaves_strided_narrow_depthwise_convolutions_to_its_generic_rules(
     host_hub, options

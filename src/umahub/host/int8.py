@@ -617,6 +617,11 @@ def _matmul(sch: s_tir.Schedule, vnni: bool) -> None:
     channels = int(sch.get(n).extent)
     mi = _divisor_at_most(rows, 8)
     bi = _blocks_per_tile(blocks, channels, mi)
+    if rows == mi and bi == blocks and blocks > 1:
+        # one row tile (a classifier's single row) and all the channel blocks in it:
+        # tiles of channels instead, for the threads (the last one partly past the
+        # channels when they are no whole number of blocks)
+        bi = _divisor_at_most(blocks, max(1, blocks // 4))
     m0, m1 = sch.split(m, [None, mi])
     n0, n1 = sch.split(n, [None, min(channels, bi * 16)])
     sch.reorder(*lead, m0, n0, m1, n1)
