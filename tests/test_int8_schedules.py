@@ -220,31 +220,18 @@ class _BlockRecorder:
 
     @umahub.hookimpl
     def umahub_schedule(self, accelerator, schedule, context):
+        from tvm import tirx
+
         from umahub.plugin.compat import SBlock, nodes_in
 
         func = schedule.mod[context.symbol]
-        self.blocks.append({b.name_hint for b in nodes_in(func.body, SBlock)})
-        self.loops.append(_loop_kinds(func.body))
-
-
-def _loop_kinds(stmt, around=()):
-    """Each block's name -> the kinds of the loops around it, outermost first."""
-    from tvm import tirx
-
-    found = {}
-    if isinstance(stmt, tirx.For):
-        return _loop_kinds(stmt.body, (*around, tirx.ForKind(stmt.kind).name))
-    if isinstance(stmt, tirx.SeqStmt):
-        for part in stmt.seq:
-            found.update(_loop_kinds(part, around))
-        return found
-    block = getattr(stmt, "block", None)  # a realize
-    if block is not None:
-        found[block.name_hint] = list(around)
-        found.update(_loop_kinds(block.body, around))
-    elif hasattr(stmt, "body"):
-        found.update(_loop_kinds(stmt.body, around))
-    return found
+        names = {b.name_hint for b in nodes_in(func.body, SBlock)}
+        self.blocks.append(names)
+        loops = {name: schedule.get_loops(schedule.get_sblock(name)) for name in names}
+        kinds = {
+            n: [tirx.ForKind(schedule.get(lp).kind).name for lp in ls] for n, ls in loops.items()
+        }
+        self.loops.append(kinds)
 
 
 @pytest.mark.parametrize(
