@@ -24,15 +24,29 @@ machine; and under each thread setting of ``--settings`` (default: all three):
 * ``tvm2``: ``TVM_NUM_THREADS=2``, set by the user: "auto" keeps it.
 
 ``--rounds N`` runs the whole set N times, round-robin, and keeps each
-figure's median over the rounds. A figure's verdict: ``auto`` is "not
-slower" when its median is at most the VM's plus the noise, the spread (max -
-min) of the VM's round medians, or 5% where there is one round.
+figure's median over the rounds.
+
+**The verdict is paired, in one process.** A process's VM runs at one of two
+speeds and keeps it for all its calls (up to 1.7x apart, cause unknown), so
+figures from separate processes differ by more than what auto adds. The
+``auto`` worker therefore also times, after its own calls, ``--pairs``
+triples of blocks of :data:`BLOCK` calls each: the VM asked for
+(``executor="vm"``), the default, the VM again. Each triple gives auto's
+block median over the mean of the two VM blocks around it, and the VM's
+second block over its first: the VM against itself, the noise of one such
+comparison. A figure's verdict: ``auto`` is "not slower" when the median of
+its ratios over every round's triples is at most 1 plus the noise, the
+median distance from 1 of the VM's own ratios (at least 2%). The figures of
+separate processes and their old verdict (auto's median against the VM's
+plus the spread of the VM's rounds) are kept beside it
+(``across_processes``).
 
 Models: the zoo's resnet18, mobilenetv2 and bert, the int8 mobilenetv2 and
 resnet18, and torchvision's mobilenet_v3_small and efficientnet_b0 (random
 weights; squeeze-and-excitation blocks) when PyTorch is installed.
 
-    python benchmarks/executors.py [MODEL ...] [--repeat N] [--rounds N] [--settings ...]
+    python benchmarks/executors.py [MODEL ...] [--repeat N] [--rounds N] [--pairs N]
+                                   [--settings ...]
 
 Writes benchmarks/results/executors.json.
 """
@@ -59,6 +73,8 @@ MODELS = [
     "efficientnet_b0",
 ]
 EXECUTORS = ["vm", "concurrent", "auto"]
+#: Calls in each block of a triple (see the docstring); a block's median is kept.
+BLOCK = 3
 CONDITIONS = ["idle", "busy"]
 #: Each thread setting's environment (see the docstring).
 SETTINGS = {
@@ -88,19 +104,32 @@ import json, statistics, sys, time
 import numpy as np
 import umahub
 path, executor, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pairs, block = int(sys.argv[4]), int(sys.argv[5])
 with np.load(path + ".inputs.npz") as f:
     arrays = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
 model = umahub.load(path)
 kw = {} if executor == "auto" else {"executor": executor}
 model.warm_up(*arrays, at_least=2, **kw)
-times = []
-for _ in range(repeat):
-    start = time.perf_counter()
-    model.run(*arrays, **kw)
-    times.append(time.perf_counter() - start)
+
+def timed(calls, **how):
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        model.run(*arrays, **how)
+        times.append(time.perf_counter() - start)
+    return times
+
+times = timed(repeat, **kw)
+triples = []
+if executor == "auto":  # the default against the VM asked for, in this process
+    for _ in range(pairs):
+        vm = {"executor": "vm"}
+        before, auto, after = (statistics.median(timed(block, **how)) for how in (vm, {}, vm))
+        triples.append([before * 1e3, auto * 1e3, after * 1e3])
 print(json.dumps({
     "median_ms": statistics.median(times) * 1e3,
     "min_ms": min(times) * 1e3,
+    "triples_ms": triples,
     "in_use": model.executor_in_use,
     "why": model.executor_why(None if executor == "auto" else executor),
 }))
@@ -122,8 +151,9 @@ def _available(name: str) -> bool:
 
 
 def verdict(vm_rounds: list[float], auto_rounds: list[float]) -> dict:
-    """``auto`` against the VM: the medians over the rounds, the noise, and "not slower"
-    when auto's median is within the VM's plus the noise."""
+    """``auto`` against the VM across processes: the medians over the rounds, the
+    noise, and "not slower" when auto's median is within the VM's plus the noise
+    (the spread of the VM's rounds, or 5% with one round; at least 2%)."""
     vm, auto = statistics.median(vm_rounds), statistics.median(auto_rounds)
     noise = (max(vm_rounds) - min(vm_rounds)) if len(vm_rounds) > 1 else 0.05 * vm
     noise = max(noise, 0.02 * vm)
@@ -134,11 +164,30 @@ def verdict(vm_rounds: list[float], auto_rounds: list[float]) -> dict:
     }
 
 
+def paired_verdict(triples: list[list[float]]) -> dict:
+    """``auto`` against the VM in the same processes, from ``[vm, auto, vm]`` block
+    medians: the median of auto over the mean of the VM around it, the noise (the
+    median distance from 1 of the second VM block over the first; at least 2%),
+    and "not slower" when the ratio is at most 1 plus the noise."""
+    ratios = [auto / ((before + after) / 2) for before, auto, after in triples]
+    noise = max(0.02, statistics.median(abs(after / before - 1) for before, _, after in triples))
+    ratio = statistics.median(ratios)
+    return {
+        "auto_over_vm": ratio,
+        "noise": noise,
+        "triples": len(triples),
+        "verdict": "not slower" if ratio <= 1 + noise else "slower",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=MODELS)
     parser.add_argument("--repeat", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--pairs", type=int, default=10, help="triples of blocks per auto process (docstring)"
+    )
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     args = parser.parse_args()
     env = worker_env(1)
@@ -168,7 +217,11 @@ def main() -> None:
                     setting = dict(env, **SETTINGS[condition.split()[1]])
                     try:
                         for executor in EXECUTORS:
-                            got = run_worker(_RUN, [path, executor, str(args.repeat)], setting)
+                            got = run_worker(
+                                _RUN,
+                                [path, executor, str(args.repeat), str(args.pairs), str(BLOCK)],
+                                setting,
+                            )
                             results.setdefault((name, condition, executor), []).append(got)
                     finally:
                         if neighbour is not None:
@@ -187,8 +240,12 @@ def main() -> None:
                     if executor == "auto":
                         cell[executor]["chosen"] = [r["in_use"] for r in runs if "in_use" in r]
                         cell[executor]["why"] = runs[-1].get("why", "")
+                runs = results[(name, condition, "auto")]
+                triples = [t for r in runs for t in r.get("triples_ms", [])]
                 if all("rounds_ms" in cell[e] for e in ("vm", "auto")):
-                    cell.update(verdict(cell["vm"]["rounds_ms"], cell["auto"]["rounds_ms"]))
+                    across = verdict(cell["vm"]["rounds_ms"], cell["auto"]["rounds_ms"])
+                    cell["across_processes"] = across
+                    cell.update(paired_verdict(triples) if triples else across)
                 rows[name][condition] = cell
                 shown = "  ".join(
                     f"{e} {cell[e]['median_ms']:7.2f} ms" if "median_ms" in cell[e] else f"{e} -"
@@ -197,6 +254,7 @@ def main() -> None:
                 chosen = ",".join(cell.get("auto", {}).get("chosen", []))
                 print(
                     f"{name:20} {condition:13} {shown}  auto chose {chosen or '-'}  "
+                    f"auto/VM {cell.get('auto_over_vm', float('nan')):.3f}  "
                     f"{cell.get('verdict', '')}",
                     flush=True,
                 )
@@ -206,6 +264,8 @@ def main() -> None:
             "settings": {s: SETTINGS[s] for s in args.settings},
             "repeat": args.repeat,
             "rounds": args.rounds,
+            "pairs": args.pairs,
+            "block": BLOCK,
             "neighbour": "busy: one Python process in a busy loop (one core's worth) from "
             "before the worker starts until it ends",
             "models": rows,

@@ -724,7 +724,18 @@ def _generic(data: dict[str, Any]) -> list[str]:
 
 
 def _executors(data: dict[str, Any]) -> list[str]:
-    header = ["model", "machine", "VM", "concurrent", "auto", "auto chose", "auto / VM", "verdict"]
+    header = [
+        "model",
+        "machine",
+        "VM",
+        "concurrent",
+        "auto",
+        "auto chose",
+        "auto / VM, paired",
+        "noise",
+        "verdict",
+        "across processes",
+    ]
     rows = []
     for name, row in data.get("models", {}).items():
         # "idle" and "busy", or each under a thread setting: "idle pool2"
@@ -734,17 +745,25 @@ def _executors(data: dict[str, Any]) -> list[str]:
             auto = cell.get("auto", {})
             # what runs, with its thread count: the why's head ("vm on one thread, chosen ...")
             chose = auto.get("why", "").split(",")[0].split(":")[0]
+            across = cell.get("across_processes", {})  # files before the paired verdict: none
             rows.append(
                 [
                     name,
                     condition,
                     *[_ms(cell.get(e, {}).get("median_ms")) for e in ("vm", "concurrent", "auto")],
                     chose or ", ".join(auto.get("chosen", [])) or "-",
-                    _ratio(cell.get("auto_over_vm")),
+                    _ratio(cell.get("auto_over_vm"), 3),
+                    _pct(100 * cell["noise"]) if "noise" in cell else "-",
                     cell.get("verdict", "-"),
+                    f"{_ratio(across.get('auto_over_vm'))}: {across['verdict']}" if across else "-",
                 ]
             )
-    return _table(header, rows, "Median latency of each executor, idle and beside a busy process")
+    return _table(
+        header,
+        rows,
+        "Median latency of each executor, idle and beside a busy process (each in a process "
+        "of its own); auto against the VM in the same processes (paired)",
+    )
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
