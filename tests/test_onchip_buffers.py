@@ -46,9 +46,9 @@ class Staging:
         return "input staged"
 
 
-def _compile(shape, scope="local.stage.buf", **config):
+def _compile(shape, scope="local.stage.buf", placement=None, **config):
     hub = umahub.Hub(autoload=False, plugins=[Staging(scope)], config=config, project_config=False)
-    return hub.compile(chain(shape=shape, ops=("relu",)))
+    return hub.compile(chain(shape=shape, ops=("relu",)), placement=placement)
 
 
 def test_tiles_that_fit_are_counted_per_buffer():
@@ -86,6 +86,19 @@ def test_tiles_that_do_not_fit_are_refused_naming_the_buffer():
     assert f"{why}; its operators were placed again: on the host" in compiled.report.notes
     x = np.random.default_rng(1).standard_normal((8, 64)).astype("float32")
     assert np.array_equal(compiled.run(x), np.maximum(x, 0))
+
+
+def test_placement_by_cost_placed_again_reports_the_try_that_was_built():
+    # a partition that does not fit starts the compile again, and that try places by cost
+    # again, with an auto of its own: the report is that try's, with its knockout's verdict
+    # or why there was none (it was the first try's, with neither)
+    with pytest.warns(umahub.UmahubWarning, match="placed again: on the host"):
+        compiled = _compile((8, 64), placement="auto")
+    (op,) = compiled.report.placement
+    assert op.device == "host" and list(op.refused) == ["stage"]
+    auto = compiled.report.auto
+    assert auto["finalists"] == {"skipped": "no other starting point places differently"}
+    assert auto["baselines_ms"].keys() == {"priority stage", "stage alone", "host alone"}
 
 
 def test_what_does_not_fit_one_accelerator_goes_to_the_next_that_fits_it():

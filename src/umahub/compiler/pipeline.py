@@ -270,18 +270,22 @@ def _checked_by_measurement(
     from umahub.auto.cache import CostCache
     from umahub.runtime.compiled import example_inputs
 
-    auto = comp.auto
     why = finalists.skipped(comp)
     if why:
-        auto.finalists = {"skipped": why}
-        return _built(comp)
+        _built(comp)  # it may place again (refit): the try built has an auto of its own
+        if comp.auto is not None:
+            comp.auto.finalists = {"skipped": finalists.skipped(comp) or why}
+        return comp
     cache = CostCache()
     winner = finalists.cached_winner(comp, cache)
     if winner is not None and winner != "auto":
-        return _kept(_built(claiming(finalists.accelerators_of(winner))), auto, winner)
+        return _kept(_built(claiming(finalists.accelerators_of(winner))), comp.auto, winner)
     if winner == "auto":
         return _built(comp)
     _built(comp, verify=False)  # only the winner is verified
+    # read after the build: a partition that did not fit starts the compile again
+    # (refit), and that try places by cost again, with an auto of its own
+    auto = comp.auto
     with comp.clock.stage("finalists"):
         try:
             kept, other = finalists.measure(
