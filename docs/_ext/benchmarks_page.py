@@ -745,17 +745,19 @@ def _executors(data: dict[str, Any]) -> list[str]:
             auto = cell.get("auto", {})
             # what runs, with its thread count: the why's head ("vm on one thread, chosen ...")
             chose = auto.get("why", "").split(",")[0].split(":")[0]
-            across = cell.get("across_processes", {})  # files before the paired verdict: none
+            paired, across = cell, cell.get("across_processes")
+            if across is None and "verdict" in cell:  # a file from before the paired verdict
+                paired, across = {}, cell
             rows.append(
                 [
                     name,
                     condition,
                     *[_ms(cell.get(e, {}).get("median_ms")) for e in ("vm", "concurrent", "auto")],
                     chose or ", ".join(auto.get("chosen", [])) or "-",
-                    _ratio(cell.get("auto_over_vm"), 3),
-                    _pct(100 * cell["noise"]) if "noise" in cell else "-",
-                    cell.get("verdict", "-"),
-                    f"{_ratio(across.get('auto_over_vm'))}: {across['verdict']}" if across else "-",
+                    _ratio(paired.get("auto_over_vm"), 3),
+                    _pct(100 * paired["noise"]) if "noise" in paired else "-",
+                    paired.get("verdict", "-"),
+                    f"{_ratio(across['auto_over_vm'])}: {across['verdict']}" if across else "-",
                 ]
             )
     return _table(

@@ -273,8 +273,7 @@ def _checked_by_measurement(
     why = finalists.skipped(comp)
     if why:
         _built(comp)  # it may place again (refit): the try built has an auto of its own
-        if comp.auto is not None:
-            comp.auto.finalists = {"skipped": finalists.skipped(comp) or why}
+        comp.auto.finalists = {"skipped": finalists.skipped(comp) or why}
         return comp
     cache = CostCache()
     winner = finalists.cached_winner(comp, cache)
