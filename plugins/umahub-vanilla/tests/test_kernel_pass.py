@@ -310,10 +310,11 @@ def test_exported_module_matches_numpy(tmp_path, xs, ws, kw, bias):
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_a_convolution_feeding_only_another_keeps_its_loop_nest(tmp_path):
-    # conv -> conv in one partition: the intermediate, touched by extern calls only,
-    # would be reached through its first element's address, and TVM 0.25 sizes such
-    # a buffer to that one element; the first convolution stays TIR, the last is the call
+def test_a_convolution_feeding_only_another_is_a_call_where_its_output_stays_whole(tmp_path):
+    # conv -> conv in one partition (a residual block's): the intermediate is touched by
+    # extern calls only. TVM 0.26 and 0.27 pass its data pointer and keep it whole: both
+    # convolutions are calls. TVM 0.25 reaches it through its first element's address
+    # and sizes it to that one element: there the first convolution stays TIR.
     bb = relax.BlockBuilder()
     x = relax.Var("x", R.Tensor((1, 4, 6, 6), "float32"))
     w1 = relax.Var("w1", R.Tensor((8, 4, 3, 3), "float32"))
@@ -328,7 +329,8 @@ def test_a_convolution_feeding_only_another_keeps_its_loop_nest(tmp_path):
     # one PrimFunc for the whole partition, as umahub's default lowering makes it
     mod = default_relax_to_tir(bb.get()["main"], "vanilla_0", "vanilla_accel")
     mod = passes.conv2d_to_extern()(mod)
-    assert mod["vanilla_0"].script().count('T.call_extern("int32", "vanilla_conv2d_nchw"') == 1
+    calls = mod["vanilla_0"].script().count('T.call_extern("int32", "vanilla_conv2d_nchw"')
+    assert calls == (1 if tvm.__version__.startswith("0.25") else 2)
     lib = _export(mod, tmp_path / "vanilla_0.so")
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((1, 4, 6, 6)).astype("float32")

@@ -643,21 +643,35 @@ def _read_by_loops(buf, stmts, skip: set[int]) -> bool:
     return False
 
 
+def _through_first_element(buf) -> bool:
+    """Whether the extern call reaches ``buf`` through the address of its first
+    element rather than through its data pointer: where ``buf.data`` is a handle
+    variable (TVM 0.25), as :func:`umahub.plugin.data_pointer` decides."""
+    return isinstance(buf.data, tirx.Var)
+
+
 def _kept(matches: list[ConvMatch], root, stmts) -> list[ConvMatch]:
     """The matches whose output buffer stays whole in the generated code.
 
-    An intermediate buffer that only extern calls touch is reached through
-    the address of its first element, and TVM 0.25's buffer compaction then
-    sizes it to that one element (``float conv2d_nchw[1];``): the next call
-    writes past it. Such a convolution keeps its loop nest, which writes the
-    buffer as TIR and so keeps it whole; the extern call reads it.
+    On TVM 0.25 an intermediate buffer that only extern calls touch is reached
+    through the address of its first element (:func:`_through_first_element`),
+    and buffer compaction then sizes it to that one element (``float
+    conv2d_nchw[1];``): the next call writes past it. There such a convolution
+    keeps its loop nest, which writes the buffer as TIR and so keeps it whole;
+    the extern call reads it. Where the call takes the buffer's data pointer
+    (0.26, 0.27) the buffer stays whole, and every match is kept: a partition
+    of two convolutions (a residual block's) runs both as calls.
     """
     allocated = list(root.alloc_buffers)
     rewritten = {i for m in matches for i in (m.conv_index, *m.absorbed)}
     kept = []
     for m in matches:
         intermediate = any(m.out.same_as(b) for b in allocated)
-        if intermediate and not _read_by_loops(m.out, stmts, rewritten):
+        if (
+            intermediate
+            and _through_first_element(m.out)
+            and not _read_by_loops(m.out, stmts, rewritten)
+        ):
             continue
         kept.append(m)
     return kept
