@@ -76,7 +76,8 @@ def test_placement_by_cost_takes_the_simnpus_seconds_from_its_cycle_model(monkey
     # at its 1 GHz, the simnpu's cycles for these tiny layers (2-5 us) are level with the
     # host's measured seconds on a fast machine; at 100 GHz they are a fraction of them
     # on any machine, and the choice follows from the cycle model, not from the machine
-    monkeypatch.setattr(umahub_simnpu, "CLOCK_HZ", 100e9)
+    clock_hz = 100e9
+    monkeypatch.setattr(umahub_simnpu, "CLOCK_HZ", clock_hz)
     mod, xs = zoo.get("cnn_int8"), zoo.inputs("cnn_int8")
     hub = umahub.Hub(
         config={"on-error": "error", "priority": "auto"},
@@ -103,7 +104,7 @@ def test_placement_by_cost_takes_the_simnpus_seconds_from_its_cycle_model(monkey
     assert [q["device"].split(":")[0] for q in compiled.report.quantized] == ["simnpu"] * 3
     programs = [p.program for p in compiled.report.partitions]
     assert [g["costs"]["simnpu"]["seconds"] for g in on_simnpu] == [
-        p["cycles"] / 100e9 for p in programs
+        p["cycles"] / clock_hz for p in programs
     ]
     assert np.array_equal(compiled.run(*xs), _host(mod, xs))
 
