@@ -8,8 +8,8 @@ taken in a process of its own that loads the library (``umahub.load``):
 * ``vm``: ``executor="vm"``;
 * ``concurrent``: ``executor="concurrent"``;
 * ``auto``: the default, timed only after ``warm_up`` (auto has chosen), with
-  the executor it chose and why (``executor_why()``); the timed calls include
-  auto's checks of its choice.
+  the executor it chose and why (``executor_why()``: ``why`` the last round's,
+  ``whys`` every round's); the timed calls include auto's checks of its choice.
 
 Each under two conditions: ``idle`` (this benchmark alone) and ``busy``: a
 CPU-bound neighbour process (a Python loop, one core's worth) started before
@@ -240,6 +240,7 @@ def main() -> None:
                     if executor == "auto":
                         cell[executor]["chosen"] = [r["in_use"] for r in runs if "in_use" in r]
                         cell[executor]["why"] = runs[-1].get("why", "")
+                        cell[executor]["whys"] = [r["why"] for r in runs if "why" in r]
                 runs = results[(name, condition, "auto")]
                 triples = [t for r in runs for t in r.get("triples_ms", [])]
                 if all("rounds_ms" in cell[e] for e in ("vm", "auto")):

@@ -22,19 +22,37 @@ The machine can change after the choice (a neighbour starts or stops), so
 the choice is checked while the model runs, in two ways:
 
 * the chosen way against its own times: when the median of its last
-  :data:`AUTO_WATCH` calls is :data:`AUTO_CHANGE` times its median when
-  chosen, or that much under it, and was so for the :data:`AUTO_WATCH` calls
-  before them too, every way is timed again, at once. A change must last
+  :data:`AUTO_WATCH` calls is :data:`AUTO_CHANGE` times its usual time, or
+  that much under it, and was so for the :data:`AUTO_WATCH` calls before them
+  too, every way is timed again, at once. A change must last
   (:data:`AUTO_PERSIST` runs of calls) because timing every way again costs
   calls on the slower ways: beside a neighbour whose load comes and goes, a
-  few slow calls at a time would have the trials run again and again;
-* now and then a block runs on another way (they take turns), and when one
-  beats the median of the chosen way's recent calls by the margin
-  :data:`AUTO_SWITCH` checks in a row, "auto" switches to it. The first check
-  comes :data:`AUTO_RECHECK` calls after the choice; each check lost doubles
-  the wait for the next (up to :data:`AUTO_RECHECK_MAX` calls), so that
-  checking a way many times slower costs next to nothing, and a check won
-  brings the next one back to :data:`AUTO_RECHECK` calls.
+  few slow calls at a time would have the trials run again and again. Its
+  usual time is the lower of its median in the trials and the median of its
+  first calls once chosen: the trials are a process's first calls, in short
+  blocks between other ways, and the VM on several threads can run slower
+  there than it does once it runs alone (the torchvision MobileNetV3-Small
+  on a 2-core AMD EPYC: 2.5-3.3 ms in its first calls, 1.7-2.0 ms after),
+  which would read as the machine getting quieter and set off the trials
+  again;
+* now and then a block runs on another way, and when one beats the median of
+  the chosen way's recent calls by the margin :data:`AUTO_SWITCH` checks in a
+  row, "auto" switches to it. Each way has its own wait: its first check comes
+  :data:`AUTO_RECHECK` calls after the choice; each check it lost by more
+  than the margin (it ran that much slower than the chosen way) doubles its
+  wait, up to :data:`AUTO_RECHECK_MAX` calls, so that checking a way many
+  times slower costs next to nothing; any other check brings its wait back to
+  :data:`AUTO_RECHECK` calls, and a check it won brings its next one
+  :data:`AUTO_CONFIRM` calls later: neither cost anything. Of two ways due,
+  the one due first (the earlier in ``ways`` on a tie). A wait of their own
+  keeps a way that keeps losing from holding back one that wins: with one
+  wait for all, the VM on two threads, 30% faster than the one thread "auto"
+  had chosen from its first calls, took 170 calls to win its three checks,
+  each of its wins undone by the concurrent executor's loss next to it. And
+  the VM on several threads can keep getting faster for a hundred calls
+  after a process's first (the same model: 2.1 ms over calls 1-20, 1.65 over
+  calls 60-120, a one-thread VM flat at 2.3): a check it lost by a little,
+  early on, must not put it off for long.
 
 :attr:`ExecutorChoice.why` says what was timed, and when and why it changed.
 """
@@ -49,6 +67,7 @@ from collections.abc import Mapping, Sequence
 __all__ = [
     "AUTO_BLOCK",
     "AUTO_CHANGE",
+    "AUTO_CONFIRM",
     "AUTO_MARGIN",
     "AUTO_PERSIST",
     "AUTO_RECHECK",
@@ -74,16 +93,19 @@ AUTO_TRIAL_CALLS = 3 * AUTO_TRIALS * AUTO_BLOCK
 AUTO_MARGIN = 0.05
 #: Calls after the choice (and after a check another way won) before the next check.
 AUTO_RECHECK = 20
+#: Calls after a check another way won before that way's next check: a check won
+#: cost nothing (that way ran faster), so the next one comes soon.
+AUTO_CONFIRM = 5
 #: The longest wait, in calls, between two checks.
 AUTO_RECHECK_MAX = 2000
 #: Checks in a row another way must win for "auto" to switch to it.
 AUTO_SWITCH = 3
-#: Calls of the chosen way whose median is compared with its median when chosen.
+#: Calls of the chosen way whose median is compared with its usual time.
 AUTO_WATCH = 5
 #: Runs of :data:`AUTO_WATCH` calls in a row whose medians must all be off by
 #: :data:`AUTO_CHANGE` (the same way) for "auto" to time every way again.
 AUTO_PERSIST = 2
-#: How many times slower (or faster) than when chosen the chosen way must run
+#: How many times slower (or faster) than its usual time the chosen way must run
 #: for "auto" to time every way again.
 AUTO_CHANGE = 1.5
 #: Calls of the chosen way kept: a check is compared with their median, and
@@ -149,10 +171,10 @@ class ExecutorChoice:
         self._block_times: list[float] = []
         self._calls = 0
         self._wins: dict[str, int] = {}
-        self._checked = 0  # checks so far: the next checks the others in turn
-        self._interval = AUTO_RECHECK
-        self._next_check = 0
-        self._usual = 0.0  # the chosen way's median when chosen
+        self._wait: dict[str, int] = {}  # each other way's wait between its checks, in calls
+        self._due: dict[str, int] = {}  # the call from which each other way's next check may start
+        self._usual = 0.0  # the chosen way's usual time (the module's docstring)
+        self._settled = False  # whether _usual has taken the chosen way's first calls in
         self._again = ""  # why the trials run again, "" the first time
         self._reason = reason
         self.chosen = ""
@@ -176,11 +198,11 @@ class ExecutorChoice:
             if not self.chosen:
                 done = [len(t) for t in self._trials.values()]
                 return self._start(list(self._trials)[done.index(min(done))])
-            if len(self.ways) > 1 and self._calls >= self._next_check and not self._block:
-                others = [w for w in self.ways if w != self.chosen]
-                self._checked += 1
-                self._next_check = self._calls + self._interval
-                return self._start(others[self._checked % len(others)])
+            due = [(at, i, w) for i, (w, at) in enumerate(self._due.items()) if at <= self._calls]
+            if due and not self._block:
+                way = min(due)[2]
+                self._due[way] = self._calls + self._wait[way]  # if its block never ends
+                return self._start(way)
             return self.chosen
 
     def _start(self, which: str) -> str:
@@ -200,11 +222,14 @@ class ExecutorChoice:
                     self._block_done(which, timed)
             elif which == self.chosen and len(self.ways) > 1:
                 self._recent.append(seconds)
+                if not self._settled and len(self._recent) == _RECENT:
+                    self._usual = min(self._usual, statistics.median(self._recent))
+                    self._settled = True
                 self._watch()
 
     def _watch(self) -> None:
-        """Time every way again when the chosen way's own calls moved far from its median
-        when chosen, and stayed there (the machine got busy, or quiet)."""
+        """Time every way again when the chosen way's own calls moved far from its usual
+        time, and stayed there (the machine got busy, or quiet)."""
         kept = list(self._recent)
         if len(kept) < AUTO_WATCH * AUTO_PERSIST:
             return
@@ -218,7 +243,7 @@ class ExecutorChoice:
         self._again = (
             f"at call {self._calls}, {self.ways[self.chosen]} took "
             f"{_ms(statistics.median(kept[-watched:]))} (the median of its last {watched} "
-            f"calls) against {_ms(self._usual)} when chosen, "
+            f"calls) against its usual {_ms(self._usual)}, "
             f"{'slower' if slower else 'faster'} by over {AUTO_CHANGE:g}x in each run of "
             f"{AUTO_WATCH} of them"
         )
@@ -236,8 +261,10 @@ class ExecutorChoice:
         usual = statistics.median(self._recent)
         won = seconds < usual * (1 - AUTO_MARGIN)
         self._wins[which] = self._wins.get(which, 0) + 1 if won else 0
-        self._interval = AUTO_RECHECK if won else min(2 * self._interval, AUTO_RECHECK_MAX)
-        self._next_check = self._calls + self._interval
+        # only a check lost by more than the margin cost calls: only that one backs off
+        slower = seconds > usual * (1 + AUTO_MARGIN)
+        self._wait[which] = min(2 * self._wait[which], AUTO_RECHECK_MAX) if slower else AUTO_RECHECK
+        self._due[which] = self._calls + (AUTO_CONFIRM if won else self._wait[which])
         if self._wins[which] >= AUTO_SWITCH:
             self.why = (
                 f"switched at call {self._calls}: {self.ways[which]} took {_ms(seconds)} in "
@@ -258,8 +285,10 @@ class ExecutorChoice:
     def _chosen(self, way: str) -> None:
         self.chosen, self._wins = way, {}
         self._recent.clear()
-        self._interval = AUTO_RECHECK
-        self._next_check = self._calls + AUTO_RECHECK
+        self._settled = False
+        others = [w for w in self.ways if w != way]
+        self._wait = dict.fromkeys(others, AUTO_RECHECK)
+        self._due = dict.fromkeys(others, self._calls + AUTO_RECHECK)
 
     def progress(self) -> str:
         """How far the trials are, for a "not chosen yet" message."""
