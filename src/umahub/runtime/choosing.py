@@ -21,10 +21,10 @@ the lowest median. Anything less keeps the first.
 The machine can change after the choice (a neighbour starts or stops), so
 the choice is checked while the model runs, in two ways:
 
-* the chosen way against its own times: when the median of its last
-  :data:`AUTO_WATCH` calls is :data:`AUTO_CHANGE` times its usual time, or
-  that much under it, and was so for the :data:`AUTO_WATCH` calls before them
-  too, every way is timed again, at once. A change must last
+* the chosen way against its own times, after each run of :data:`AUTO_WATCH`
+  of its calls: when the run's median is :data:`AUTO_CHANGE` times its usual
+  time, or that much under it, and the run before was so too, every way is
+  timed again, at once. A change must last
   (:data:`AUTO_PERSIST` runs of calls) because timing every way again costs
   calls on the slower ways: beside a neighbour whose load comes and goes, a
   few slow calls at a time would have the trials run again and again. Its
@@ -173,6 +173,8 @@ class ExecutorChoice:
         self._wins: dict[str, int] = {}
         self._wait: dict[str, int] = {}  # each other way's wait between its checks, in calls
         self._due: dict[str, int] = {}  # the call from which each other way's next check may start
+        self._first_due = 0  # the earliest of them (what every call compares with)
+        self._own = 0  # calls of the chosen way recorded since it was chosen
         self._usual = 0.0  # the chosen way's usual time (the module's docstring)
         self._settled = False  # whether _usual has taken the chosen way's first calls in
         self._again = ""  # why the trials run again, "" the first time
@@ -198,12 +200,16 @@ class ExecutorChoice:
             if not self.chosen:
                 done = [len(t) for t in self._trials.values()]
                 return self._start(list(self._trials)[done.index(min(done))])
-            due = [(at, i, w) for i, (w, at) in enumerate(self._due.items()) if at <= self._calls]
-            if due and not self._block:
-                way = min(due)[2]
-                self._due[way] = self._calls + self._wait[way]  # if its block never ends
+            if self._due and self._calls >= self._first_due and not self._block:
+                due = [(at, i, w) for i, (w, at) in enumerate(self._due.items())]
+                way = min(d for d in due if d[0] <= self._calls)[2]
+                self._set_due(way, self._calls + self._wait[way])  # if its block never ends
                 return self._start(way)
             return self.chosen
+
+    def _set_due(self, way: str, call: int) -> None:
+        self._due[way] = call
+        self._first_due = min(self._due.values())
 
     def _start(self, which: str) -> str:
         self._block, self._block_left, self._block_times = which, AUTO_BLOCK - 1, []
@@ -222,6 +228,9 @@ class ExecutorChoice:
                     self._block_done(which, timed)
             elif which == self.chosen and len(self.ways) > 1:
                 self._recent.append(seconds)
+                self._own += 1
+                if self._own % AUTO_WATCH:
+                    return  # once per run: at every call, the medians cost a 2.5 ms model 1%
                 if not self._settled and len(self._recent) == _RECENT:
                     self._usual = min(self._usual, statistics.median(self._recent))
                     self._settled = True
@@ -264,7 +273,7 @@ class ExecutorChoice:
         # only a check lost by more than the margin cost calls: only that one backs off
         slower = seconds > usual * (1 + AUTO_MARGIN)
         self._wait[which] = min(2 * self._wait[which], AUTO_RECHECK_MAX) if slower else AUTO_RECHECK
-        self._due[which] = self._calls + (AUTO_CONFIRM if won else self._wait[which])
+        self._set_due(which, self._calls + (AUTO_CONFIRM if won else self._wait[which]))
         if self._wins[which] >= AUTO_SWITCH:
             self.why = (
                 f"switched at call {self._calls}: {self.ways[which]} took {_ms(seconds)} in "
@@ -285,10 +294,11 @@ class ExecutorChoice:
     def _chosen(self, way: str) -> None:
         self.chosen, self._wins = way, {}
         self._recent.clear()
-        self._settled = False
+        self._settled, self._own = False, 0
         others = [w for w in self.ways if w != way]
         self._wait = dict.fromkeys(others, AUTO_RECHECK)
         self._due = dict.fromkeys(others, self._calls + AUTO_RECHECK)
+        self._first_due = self._calls + AUTO_RECHECK
 
     def progress(self) -> str:
         """How far the trials are, for a "not chosen yet" message."""
