@@ -91,7 +91,8 @@ AUTO_TRIAL_CALLS = 3 * AUTO_TRIALS * AUTO_BLOCK
 #: How much faster than the first way (its median) another must be to be kept,
 #: and how much faster another way must be, check after check, for a switch.
 AUTO_MARGIN = 0.05
-#: Calls after the choice (and after a check another way won) before the next check.
+#: Calls after the choice before each other way's first check; its wait after a check
+#: it did not lose by more than the margin.
 AUTO_RECHECK = 20
 #: Calls after a check another way won before that way's next check: a check won
 #: cost nothing (that way ran faster), so the next one comes soon.
