@@ -177,7 +177,6 @@ class ExecutorChoice:
         self._first_due = 0  # the earliest of them (what every call compares with)
         self._own = 0  # calls of the chosen way recorded since it was chosen
         self._usual = 0.0  # the chosen way's usual time (the module's docstring)
-        self._settled = False  # whether _usual has taken the chosen way's first calls in
         self._again = ""  # why the trials run again, "" the first time
         self._reason = reason
         self.chosen = ""
@@ -202,8 +201,7 @@ class ExecutorChoice:
                 done = [len(t) for t in self._trials.values()]
                 return self._start(list(self._trials)[done.index(min(done))])
             if self._due and self._calls >= self._first_due and not self._block:
-                due = [(at, i, w) for i, (w, at) in enumerate(self._due.items())]
-                way = min(d for d in due if d[0] <= self._calls)[2]
+                way = min(self._due, key=self._due.__getitem__)  # the earlier in ways on a tie
                 self._set_due(way, self._calls + self._wait[way])  # if its block never ends
                 return self._start(way)
             return self.chosen
@@ -232,9 +230,8 @@ class ExecutorChoice:
                 self._own += 1
                 if self._own % AUTO_WATCH:
                     return  # once per run: at every call, the medians cost a 2.5 ms model 1%
-                if not self._settled and len(self._recent) == _RECENT:
+                if self._own == _RECENT:  # its first calls once chosen: its usual time
                     self._usual = min(self._usual, statistics.median(self._recent))
-                    self._settled = True
                 self._watch()
 
     def _watch(self) -> None:
@@ -295,7 +292,7 @@ class ExecutorChoice:
     def _chosen(self, way: str) -> None:
         self.chosen, self._wins = way, {}
         self._recent.clear()
-        self._settled, self._own = False, 0
+        self._own = 0
         others = [w for w in self.ways if w != way]
         self._wait = dict.fromkeys(others, AUTO_RECHECK)
         self._due = dict.fromkeys(others, self._calls + AUTO_RECHECK)
