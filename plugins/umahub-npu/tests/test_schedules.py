@@ -301,6 +301,48 @@ def test_conv2d_position_tiles_are_rectangles_of_the_output(H, mr, tp):
 
 
 @pytest.mark.parametrize(
+    ("kernel", "padding", "gate", "stages"),
+    [
+        # 14x14 positions: no whole vectors of them, so the implicit GEMM. An unpadded
+        # convolution's "padding" is a copy of its input: read in place, where a
+        # stage of its own took a pass over the input and a parallel launch
+        (1, 0, False, []),
+        (3, 0, False, []),
+        (3, 1, False, ["pad_temp"]),  # a real padding keeps its stage
+        # a gate stays a stage of its own: read in place, the implicit GEMM's
+        # accumulator layout was refused and the kernel ran unscheduled
+        (1, 0, True, ["T_multiply"]),
+    ],
+)
+def test_the_implicit_gemm_reads_an_unpadded_input_in_place(kernel, padding, gate, stages):
+    from tvm import te, topi
+
+    C, H, O = 16, 14, 32
+    x, s, w, b = (
+        te.placeholder(shape, name=name)
+        for name, shape in (
+            ("x", (1, C, H, H)),
+            ("s", (1, C, 1, 1)),
+            ("w", (O, C, kernel, kernel)),
+            ("b", (1, O, 1, 1)),
+        )
+    )
+    data = topi.multiply(x, s) if gate else x
+    conv = topi.nn.conv2d_nchw(data, w, 1, padding, 1)
+    out = topi.clip(topi.add(conv, b), 0.0, 6.0)
+    prim = te.create_prim_func([x, s, w, b, out] if gate else [x, w, b, out])
+    sch = s_tir.Schedule(tvm.IRModule({"main": prim}))
+    assert schedules.schedule(sch, lanes=16) == "conv2d"
+    blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert [n for n in blocks if n.startswith(("pad_temp", "T_multiply"))] == stages
+    x, s, b = f32(1, C, H, H), f32(1, C, 1, 1), f32(1, O, 1, 1)
+    w = f32(O, C, kernel, kernel, scale=0.3)
+    args = [x, s, w, b] if gate else [x, w, b]
+    want = np.clip(conv_ref(x * s if gate else x, w, b, 1, padding, 1), 0, 6)
+    close(run(sch.mod, args, want.shape), want)
+
+
+@pytest.mark.parametrize(
     "lanes, C, H, O, gate, micro",
     [
         # positions in two vectors, 12 channels broadcast: 24 of AVX-512's 32 registers

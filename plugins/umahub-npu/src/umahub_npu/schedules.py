@@ -28,7 +28,8 @@ Strategies
     computed per tile.
 ``"conv2d"``
     NCHW conv2d (groups == 1 or grouped), padding block kept as a separate
-    parallel, vectorized stage, bias/relu/clip epilogue per tile.
+    parallel, vectorized stage (an unpadded convolution's input read in place),
+    bias/relu/clip epilogue per tile.
 ``"pointwise"``
     A 1x1, stride-1, ungrouped conv2d whose output positions fill whole
     vectors: the matmul ``W[f, c] x X[c, p]`` of NCHW's own layout, the input
@@ -98,7 +99,8 @@ per (f-tile, p-tile) task::
   (1,64,56,56) 3x3: tf=64, tp=224 (4 rows), tc=32: 51 KiB + 72 KiB + 56 KiB.
 * the filters are read as ``[f/nr][c][kh][kw][nr]``: packed at compile time
   when they are constants, else the tile of each (f-tile, c-step) per task.
-* the padding block stays a separate stage (parallel, vectorized) at the root.
+* the padding block stays a separate stage (parallel, vectorized) at the root;
+  an unpadded convolution's, a copy of its input, is read in place.
 
 pointwise, per (f-tile, p-tile) task::
 
@@ -920,10 +922,30 @@ def _schedule_gemv(
     return "gemv"
 
 
-def _schedule_pad(sch: s_tir.Schedule, p: Plan, lanes: int, skip: list[str] = ()):
+def _schedule_pad(
+    sch: s_tir.Schedule, p: Plan, lanes: int, skip: list[str] = (), gates: bool = False
+):
+    """A convolution's prologue blocks (but ``skip``): those that only copy its input
+    read in place, the others (a zero padding) a parallel, vectorized stage each.
+
+    An unpadded convolution's "padding" (every 1x1 one's) is a copy of its input:
+    a stage of its own is a pass over the input and a parallel launch that compute
+    nothing. ``gates``: a gate (``x * scale[c]``, squeeze-and-excitation) is read
+    in place too, one multiply per load, as the pointwise strategy reads each input
+    once per tile (the implicit GEMM's accumulator layout is refused after it).
+    """
+    in_place = (_LOAD, tirx.Mul) if gates else (_LOAD,)
     for name in p.prologue:
-        if name not in skip:
-            _parallel_spatial(sch, sch.get_sblock(name), lanes)
+        if name in skip:
+            continue
+        block = sch.get_sblock(name)
+        if isinstance(sch.get(block).body.value, in_place):
+            try:
+                sch.compute_inline(block)
+                continue
+            except ScheduleError:  # the primitive refused: a stage of its own
+                pass
+        _parallel_spatial(sch, block, lanes)
 
 
 def _filter_padding(sch: s_tir.Schedule, red, w_index: int, weights: frozenset[int]):
@@ -1015,19 +1037,8 @@ def _schedule_pointwise(
     red = sch.get_sblock(p.reduction)
     w_index = _weight_index(sch, p)
     padding = _filter_padding(sch, red, w_index, weights)
-    for name in p.prologue:
-        block = sch.get_sblock(name)
-        if padding is not None and sch.get(block).same_as(sch.get(padding)):
-            continue
-        # a 1x1 convolution's "padding" is a copy of its input, and a gate
-        # (x * scale[c]) one multiply per load: read in place
-        if isinstance(sch.get(block).body.value, (_LOAD, tirx.Mul)):
-            try:
-                sch.compute_inline(block)
-                continue
-            except ScheduleError:
-                pass
-        _parallel_spatial(sch, block, lanes)
+    skip = [sch.get(padding).name_hint] if padding else []
+    _schedule_pad(sch, p, lanes, skip=skip, gates=True)
     red, out, rest = _accumulator_and_epilogue(sch, p)
     tf, tp, tc, mr, nr = pointwise_tiles(p, lanes, sram, threads)
     if padding is not None or _reads_weight(sch, red, w_index, weights):
