@@ -169,3 +169,25 @@ def test_a_one_by_one_filter_on_whole_vectors_of_positions_is_packed_unpadded():
     assert part.packed == [f"weight 1 (72x64x1x1 -> {72 // mr}x64x1x1x{mr})"]
     assert part.max_error is not None and part.max_error < 1e-4
     _matches_plain_tvm(compiled, mod, (1, 64, 16, 16))
+
+
+def test_the_filter_of_a_gated_one_by_one_convolution_is_packed_at_compile_time():
+    # squeeze-and-excitation: the gate x * s[c] is read in place by the convolution,
+    # which puts the scale's read before the filter's; the filter was looked up by
+    # its index before that, the scale taken for it, and the filter left unpacked
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 32, 16, 16), "float32"))
+    w = RNG.standard_normal((48, 32, 1, 1)).astype("float32")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gate = bb.emit(relax.op.sigmoid(relax.op.mean(x, axis=[2, 3], keepdims=True)))
+            conv = relax.op.nn.conv2d(bb.emit(relax.op.multiply(x, gate)), relax.const(w))
+            out = bb.emit_output(relax.op.nn.relu(conv))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    compiled = _compile(mod)
+    (part,) = [p for p in compiled.report.partitions if "conv2d" in p.symbol]
+    assert part.schedule == ["pointwise: tiles fit npu.sram (256 KiB)"]
+    mr = 12 if vector_lanes() >= 16 else 6
+    assert part.packed == [f"weight 2 (48x32x1x1 -> {48 // mr}x32x1x1x{mr})"]
+    _matches_plain_tvm(compiled, mod, (1, 32, 16, 16))
