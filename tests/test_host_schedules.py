@@ -544,6 +544,64 @@ def test_a_host_convolution_tiles_channels_by_columns_and_reads_strided_columns_
     assert [int(d) for d in padded.shape] == [1, 8, 18, 2, 9]
 
 
+def _host_conv_stages(mod: tvm.IRModule) -> list[str]:
+    """The blocks at the root of ``mod``'s convolution once the host has scheduled it."""
+    mod = relax.transform.FuseTIR()(
+        relax.transform.FuseOps()(
+            relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(mod))
+        )
+    )
+    func = next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
+    scheduled, how = default_schedule(func.with_attr("global_symbol", "main"), "llvm")
+    assert how == "conv2d"
+    sch = s_tir.Schedule(scheduled)
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def test_read_in_place_inlines_a_copy_and_with_gates_a_gate_only():
+    from tvm import te, topi
+
+    from umahub.plugin import read_in_place
+
+    x, s = te.placeholder((1, 4, 6, 6), name="x"), te.placeholder((1, 4, 1, 1), name="s")
+    copy = te.compute(x.shape, lambda *i: x[i], name="copy")
+    gate = topi.multiply(copy, s)  # "T_multiply"
+    padded = topi.nn.pad(gate, (0, 0, 1, 1), name="padded")
+    out = te.compute(padded.shape, lambda *i: padded[i], name="out")  # a copy too
+
+    def schedule():
+        return s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, s, out])}))
+
+    sch = schedule()
+    assert read_in_place(sch, sch.get_sblock("copy"))
+    assert not read_in_place(sch, sch.get_sblock("T_multiply"))  # a gate: only with gates
+    assert not read_in_place(sch, sch.get_sblock("padded"), gates=True)  # computes zeros
+    assert not read_in_place(sch, sch.get_sblock("out"))  # writes the output: refused
+    sch = schedule()
+    assert read_in_place(sch, sch.get_sblock("T_multiply"), gates=True)
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert names == ["copy", "padded", "out"]
+
+
+@pytest.mark.parametrize(
+    ("kernel", "padding", "stages"),
+    [
+        # an unpadded convolution's "padding" is a copy of its input: read in place,
+        # where a stage of its own took a pass over it and a parallel launch
+        (1, 0, []),
+        (3, 0, []),
+        (3, 1, ["pad_temp"]),  # a real padding keeps its stage
+    ],
+)
+def test_a_host_convolution_reads_an_unpadded_input_in_place(kernel, padding, stages):
+    mod = _conv_model(16, 14, 24, kernel, 1, padding)
+    assert [n for n in _host_conv_stages(mod) if n.startswith("pad_temp")] == stages
+    compiled = umahub.Hub(autoload=False).compile(mod)
+    xs = [np.random.default_rng(4).standard_normal((1, 16, 14, 14)).astype("float32")]
+    want = _plain(mod, xs)
+    np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.parametrize(
     "op, channels, extents",
     [  # the (1, 64, 55, 55) output's loops below the parallel (n, c) one

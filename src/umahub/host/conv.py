@@ -15,7 +15,8 @@ output columns (a vector), whose accumulators stay in registers::
 
 Each step loads a row piece of the input once and multiplies it by ``fr``
 weights; the epilogue is applied to the tile after its reduction. The padding
-stage stays at the root, its rows in parallel.
+stage stays at the root, its rows in parallel; an unpadded convolution's, a copy
+of its input, is read in place.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from tvm import s_tir, tirx
 
 from umahub.plugin.compat import Load, buffer_of, nodes_in
-from umahub.plugin.tir import loop_extents
+from umahub.plugin.tir import loop_extents, read_in_place
 
 __all__ = ["schedule_conv2d"]
 
@@ -124,6 +125,8 @@ def schedule_conv2d(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str
     sch.vectorize(x1)
     sch.decompose_reduction(red, rc)
     for block in before:  # the padding: its rows in parallel, each row one loop
+        if stride == 1 and read_in_place(sch, block):  # an unpadded one's: a copy
+            continue
         rows = sch.get_loops(block)[:-1]
         if rows:
             sch.parallel(sch.fuse(*rows) if len(rows) > 1 else rows[0])

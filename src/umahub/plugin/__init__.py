@@ -69,7 +69,8 @@ Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
     (:mod:`~umahub.plugin.tir`: :func:`root_block` and its :class:`Root`,
     :func:`with_root_body`, :func:`perfect_nest`, :func:`full_region`,
     :func:`extern_block`, :func:`rewrite`, :func:`blocks`, :func:`static_int`,
-    :func:`static_ints`, :func:`loop_extents`).
+    :func:`static_ints`, :func:`loop_extents`, and :func:`read_in_place`, which
+    inlines a stage that only copies its input).
 
 Tuning (``umahub_tuning_space``)
     :class:`TuningSpace`: a design space (the plugin's schedule with its
@@ -194,6 +195,7 @@ if TYPE_CHECKING:
         full_region,
         loop_extents,
         perfect_nest,
+        read_in_place,
         rewrite,
         root_block,
         static_int,
@@ -305,6 +307,7 @@ __all__ = [
     "perfect_nest",
     "quantized",
     "quantized_operator",
+    "read_in_place",
     "refusal_reason",
     "relu6",
     "requantization",

@@ -36,6 +36,7 @@ __all__ = [
     "full_region",
     "loop_extents",
     "perfect_nest",
+    "read_in_place",
     "rewrite",
     "root_block",
     "static_int",
@@ -175,6 +176,31 @@ def loop_extents(sch: Any, loops: Sequence[Any]) -> list[int] | None:
     """The extent of each of ``loops`` (loop references of the ``tvm.s_tir.Schedule``
     ``sch``), or None when any of them is known only at run time."""
     return static_ints(sch.get(loop).extent for loop in loops)
+
+
+def read_in_place(sch: Any, block: Any, gates: bool = False) -> bool:
+    """Inline ``block`` (of the ``tvm.s_tir.Schedule`` ``sch``) into what reads it when
+    it only copies a tensor; with ``gates``, also when it multiplies one (a
+    squeeze-and-excitation gate, ``x * scale[c]``). Returns whether it was inlined.
+
+    An unpadded convolution's "padding" (every 1x1 one's, as TVM legalizes it) is
+    such a copy: left a stage of its own, it is a pass over the input and a
+    parallel launch that compute nothing. A gate read in place costs a multiply per
+    load: a gain where each input is loaded once per tile (positions in the
+    vectors), a loss where it is broadcast once per vector of channels. A block
+    the primitive refuses (it writes an output, say) stays, and False says so.
+    """
+    from tvm import tirx
+    from tvm.s_tir.schedule import ScheduleError
+
+    value = getattr(sch.get(block).body, "value", None)
+    if not isinstance(value, (compat.Load, tirx.Mul) if gates else compat.Load):
+        return False
+    try:
+        sch.compute_inline(block)
+    except ScheduleError:
+        return False
+    return True
 
 
 def blocks(func: Any) -> list[Any]:

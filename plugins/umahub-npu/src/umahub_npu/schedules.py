@@ -145,6 +145,7 @@ from umahub.plugin import (
     detect_linear_equation,
     pack_weight,
     param_buffers,
+    read_in_place,
     schedule_elementwise,
     schedule_pooling,
     upper_bound,
@@ -926,28 +927,15 @@ def _schedule_pad(
     sch: s_tir.Schedule, p: Plan, lanes: int, skip: list[str] = (), gates: bool = False
 ):
     """A convolution's prologue blocks (but ``skip``): those that only copy its input
-    read in place, the others (a zero padding) a parallel, vectorized stage each.
-
-    An unpadded convolution's "padding" (every 1x1 one's) is a copy of its input:
-    a stage of its own is a pass over the input and a parallel launch that compute
-    nothing. ``gates``: a gate (``x * scale[c]``, squeeze-and-excitation) is read
-    in place too, one multiply per load, where a stage of its own writes the gated
-    input out and reads it back. The pointwise strategy reads each input once per
-    tile and gains; the implicit GEMM broadcasts each input once per vector of
-    channels, and measured slower with it (efficientnet_b0 1.1x, AMD EPYC).
-    """
-    in_place = (_LOAD, tirx.Mul) if gates else (_LOAD,)
+    (an unpadded convolution's "padding"), and with ``gates`` those that gate it,
+    read in place (:func:`umahub.plugin.read_in_place`); the others (a zero
+    padding) a parallel, vectorized stage each. The pointwise strategy reads each
+    input once per tile and gains by gates read in place; the implicit GEMM
+    broadcasts each input once per vector of channels, and measured slower with
+    them (efficientnet_b0 1.1x, AMD EPYC)."""
     for name in p.prologue:
-        if name in skip:
-            continue
-        block = sch.get_sblock(name)
-        if isinstance(sch.get(block).body.value, in_place):
-            try:
-                sch.compute_inline(block)
-                continue
-            except ScheduleError:  # the primitive refused: a stage of its own
-                pass
-        _parallel_spatial(sch, block, lanes)
+        if name not in skip and not read_in_place(sch, sch.get_sblock(name), gates):
+            _parallel_spatial(sch, sch.get_sblock(name), lanes)
 
 
 def _prologue(
