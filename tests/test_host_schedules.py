@@ -567,7 +567,8 @@ def test_read_in_place_inlines_a_copy_and_with_gates_a_gate_only():
     copy = te.compute(x.shape, lambda *i: x[i], name="copy")
     gate = topi.multiply(copy, s)  # "T_multiply"
     padded = topi.nn.pad(gate, (0, 0, 1, 1), name="padded")
-    out = te.compute(padded.shape, lambda *i: padded[i], name="out")  # a copy too
+    flipped = te.compute(padded.shape, lambda n, c, h, w: padded[n, c, w, h], name="flipped")
+    out = te.compute(flipped.shape, lambda *i: flipped[i], name="out")  # a copy too
 
     def schedule():
         return s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([x, s, out])}))
@@ -576,11 +577,12 @@ def test_read_in_place_inlines_a_copy_and_with_gates_a_gate_only():
     assert read_in_place(sch, sch.get_sblock("copy"))
     assert not read_in_place(sch, sch.get_sblock("T_multiply"))  # a gate: only with gates
     assert not read_in_place(sch, sch.get_sblock("padded"), gates=True)  # computes zeros
+    assert not read_in_place(sch, sch.get_sblock("flipped"))  # a transposed copy
     assert not read_in_place(sch, sch.get_sblock("out"))  # writes the output: refused
     sch = schedule()
     assert read_in_place(sch, sch.get_sblock("T_multiply"), gates=True)
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    assert names == ["copy", "padded", "out"]
+    assert names == ["copy", "padded", "flipped", "out"]
 
 
 @pytest.mark.parametrize(

@@ -180,8 +180,9 @@ def loop_extents(sch: Any, loops: Sequence[Any]) -> list[int] | None:
 
 def read_in_place(sch: Any, block: Any, gates: bool = False) -> bool:
     """Inline ``block`` (of the ``tvm.s_tir.Schedule`` ``sch``) into what reads it when
-    it only copies a tensor; with ``gates``, also when it multiplies one (a
-    squeeze-and-excitation gate, ``x * scale[c]``). Returns whether it was inlined.
+    it only copies a tensor, element for element (``y[i] = x[i]``); with ``gates``,
+    also when it multiplies one by something (a squeeze-and-excitation gate,
+    ``y[i] = x[i] * scale[c]``). Returns whether it was inlined.
 
     An unpadded convolution's "padding" (every 1x1 one's, as TVM legalizes it) is
     such a copy: left a stage of its own, it is a pass over the input and a
@@ -193,8 +194,17 @@ def read_in_place(sch: Any, block: Any, gates: bool = False) -> bool:
     from tvm import tirx
     from tvm.s_tir.schedule import ScheduleError
 
-    value = getattr(sch.get(block).body, "value", None)
-    if not isinstance(value, (compat.Load, tirx.Mul) if gates else compat.Load):
+    store = sch.get(block).body
+    value = getattr(store, "value", None)
+    operands = [value.a, value.b] if gates and isinstance(value, tirx.Mul) else [value]
+    # where it was written: a transposed copy, read in place, would put its
+    # strided reads in the consumer's innermost loop
+    if not any(
+        isinstance(v, compat.Load)
+        and len(v.indices) == len(store.indices)
+        and all(a.same_as(b) for a, b in zip(v.indices, store.indices))
+        for v in operands
+    ):
         return False
     try:
         sch.compute_inline(block)
