@@ -512,17 +512,21 @@ def test_a_convolution_on_the_host_is_register_tiled_and_computes_the_same(case,
     np.testing.assert_allclose(compiled.run(*xs), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-def test_a_host_convolution_tiles_channels_by_columns_and_reads_strided_columns_in_phases():
+def _host_conv(mod: tvm.IRModule) -> tvm.tirx.PrimFunc:
+    """``mod``'s convolution, fused as the host's part is, as the host schedules it."""
     mod = relax.transform.FuseTIR()(
         relax.transform.FuseOps()(
-            relax.transform.AnnotateTIROpPattern()(
-                relax.transform.LegalizeOps()(_conv_model(8, 16, 16, 3, 2, 1))
-            )
+            relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(mod))
         )
     )
     func = next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
     scheduled, how = default_schedule(func.with_attr("global_symbol", "main"), "llvm")
     assert how == "conv2d"
+    return scheduled
+
+
+def test_a_host_convolution_tiles_channels_by_columns_and_reads_strided_columns_in_phases():
+    scheduled = _host_conv(_conv_model(8, 16, 16, 3, 2, 1))
     sch = s_tir.Schedule(scheduled)
     # [n, f0, y] parallel | x0 | c | ry | rx | f1 unrolled | x1 vectorized
     update = next(
@@ -542,20 +546,6 @@ def test_a_host_convolution_tiles_channels_by_columns_and_reads_strided_columns_
     # the padded input: [n, c, y, x % 2, x // 2], so a vector of outputs reads consecutive columns
     (padded,) = [b for b in scheduled.body.block.alloc_buffers if len(b.shape) == 5]
     assert [int(d) for d in padded.shape] == [1, 8, 18, 2, 9]
-
-
-def _host_conv_stages(mod: tvm.IRModule) -> list[str]:
-    """The blocks at the root of ``mod``'s convolution once the host has scheduled it."""
-    mod = relax.transform.FuseTIR()(
-        relax.transform.FuseOps()(
-            relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(mod))
-        )
-    )
-    func = next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
-    scheduled, how = default_schedule(func.with_attr("global_symbol", "main"), "llvm")
-    assert how == "conv2d"
-    sch = s_tir.Schedule(scheduled)
-    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
 
 
 def test_read_in_place_inlines_a_copy_and_with_gates_a_gate_only():
@@ -597,7 +587,9 @@ def test_read_in_place_inlines_a_copy_and_with_gates_a_gate_only():
 )
 def test_a_host_convolution_reads_an_unpadded_input_in_place(kernel, padding, stages):
     mod = _conv_model(16, 14, 24, kernel, 1, padding)
-    assert [n for n in _host_conv_stages(mod) if n.startswith("pad_temp")] == stages
+    sch = s_tir.Schedule(_host_conv(mod))
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert [n for n in names if n.startswith("pad_temp")] == stages
     compiled = umahub.Hub(autoload=False).compile(mod)
     xs = [np.random.default_rng(4).standard_normal((1, 16, 14, 14)).astype("float32")]
     want = _plain(mod, xs)

@@ -923,28 +923,20 @@ def _schedule_gemv(
     return "gemv"
 
 
-def _schedule_pad(
-    sch: s_tir.Schedule, p: Plan, lanes: int, skip: list[str] = (), gates: bool = False
-):
-    """A convolution's prologue blocks (but ``skip``): those that only copy its input
-    (an unpadded convolution's "padding"), and with ``gates`` those that gate it,
-    read in place (:func:`umahub.plugin.read_in_place`); the others (a zero
-    padding) a parallel, vectorized stage each. The pointwise strategy reads each
-    input once per tile and gains by gates read in place; the implicit GEMM
-    broadcasts each input once per vector of channels, and measured slower with
-    them (efficientnet_b0 1.1x, AMD EPYC)."""
-    for name in p.prologue:
-        if name not in skip and not read_in_place(sch, sch.get_sblock(name), gates):
-            _parallel_spatial(sch, sch.get_sblock(name), lanes)
-
-
 def _prologue(
     sch: s_tir.Schedule, p: Plan, lanes: int, weights: frozenset[int], gates: bool = False
 ):
-    """A convolution's prologue scheduled (:func:`_schedule_pad`, ``gates`` read in
-    place or not); returns which of the reduction's reads is then its filter, and
-    the block that zero-pads a constant filter (:func:`_filter_padding`, left for
-    the packing) or None.
+    """A convolution's prologue scheduled; returns which of the reduction's reads is
+    then its filter, and the block that zero-pads a constant filter
+    (:func:`_filter_padding`, left for the packing) or None.
+
+    A block that only copies the input (an unpadded convolution's "padding"), and
+    with ``gates`` one that gates it, is read in place
+    (:func:`umahub.plugin.read_in_place`); the others (a zero padding) are a
+    parallel, vectorized stage each. The pointwise strategy reads each input once
+    per tile and gains by gates read in place; the implicit GEMM broadcasts each
+    input once per vector of channels, and measured slower with them
+    (efficientnet_b0 1.1x, AMD EPYC).
 
     The filter is found again after the prologue: a block read in place puts its
     own reads in the reduction's (a gate's scale, ``[1, C, 1, 1]``, before the
@@ -954,8 +946,12 @@ def _prologue(
     w_index = _weight_index(sch, p)
     filt = _buf(sch.get(red).reads[w_index])
     padding = _filter_padding(sch, red, w_index, weights)
-    skip = [sch.get(padding).name_hint] if padding is not None else []
-    _schedule_pad(sch, p, lanes, skip=skip, gates=gates)
+    for name in p.prologue:
+        block = sch.get_sblock(name)
+        if padding is not None and sch.get(block).same_as(sch.get(padding)):
+            continue
+        if not read_in_place(sch, block, gates):
+            _parallel_spatial(sch, block, lanes)
     reads = sch.get(sch.get_sblock(p.reduction)).reads
     return next(i for i, r in enumerate(reads) if _buf(r).same_as(filt)), padding
 
