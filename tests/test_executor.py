@@ -172,8 +172,12 @@ def test_auto_times_both_then_keeps_the_faster_and_vm_for_one_device(hub):
     if len(counts) < 2:  # one way: the VM as it is, or on its one thread
         runs = "vm on one thread" if counts else "vm"
         assert alone.executor_why() == f"{runs}: {reason}; {cannot}"
-    else:
-        assert alone.executor_why().endswith(f"not 5% faster in most ({cannot})")
+    else:  # timed like the first (a model of microsecond kernels may keep one thread)
+        chosen, why = choose(alone._executors.auto._trials, alone._executors.auto.ways)
+        runs = f"vm on {'one thread' if chosen == 'vm1' else f'{counts[0]} threads'}"
+        assert alone.executor_why() == (
+            f"{runs}, chosen by auto: timed on the first calls, in blocks of 3: {why} ({cannot})"
+        )
     with pytest.raises(UmahubError) as info:
         alone.run(*inputs(alone), executor="concurrent")
     assert str(info.value) == (
@@ -568,8 +572,9 @@ def test_sizes_known_only_at_run_time_run_on_the_vm(hub):
     compiled = hub.compile(mod, placement={"a": "dsp_cpu:0"})
     assert compiled.devices == ["host", "dsp_cpu:0"]
     assert compiled.step_graph.unsupported == "input x has a size known only at run time"
-    assert compiled.executor_in_use == "vm"
     x = np.random.default_rng(0).standard_normal((3, 16)).astype("float32")
+    compiled.warm_up(x)  # "auto" may time the VM's thread counts first
+    assert compiled.executor_in_use == "vm"
     np.testing.assert_allclose(compiled.run(x), 1 / (1 + np.exp(-np.maximum(x, 0))), rtol=1e-5)
 
 

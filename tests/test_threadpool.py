@@ -142,3 +142,83 @@ def test_tvm_bind_threads_leaves_the_pinning_to_tvm():
     code = VM_ON.format(one_core=False, executor="vm")
     _, before, after = json.loads(_python(code, TVM_BIND_THREADS="1", TVM_NUM_THREADS="1"))
     assert len(before) >= 2 and after == [0]
+
+
+# A model run with the environment the user gave: TVM's pool size after it, the
+# count umahub would start a pool with, and the variables the run changed.
+POOL = """
+import os, json, tvm
+before = dict(os.environ)
+import umahub, umahub.models as zoo
+from umahub.runtime.threadpool import default_threads
+hub = umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
+hub.compile(zoo.get("cnn")).run(*zoo.inputs("cnn"))
+pool = tvm.get_global_func("runtime.NumThreads")()
+changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
+print(json.dumps([pool, default_threads(), changed]))
+"""
+
+
+def _without_thread_counts(code, **env):
+    drop = ("TVM_NUM_THREADS", "OMP_NUM_THREADS")
+    saved = {k: os.environ.pop(k) for k in drop if k in os.environ}
+    try:
+        return json.loads(_python(code, **env))
+    finally:
+        os.environ.update(saved)
+
+
+def test_a_model_runs_on_one_thread_per_physical_core_and_the_environment_is_kept():
+    # TVM alone would start half the logical CPUs on x86 (one thread on a 2-vCPU VM)
+    pool, default, changed = _without_thread_counts(POOL)
+    assert default is not None  # Linux says which CPUs share a core (CI's machine does)
+    assert pool == default
+    assert changed == [SPIN]  # the spin count only: TVM_NUM_THREADS was set while TVM read it
+
+
+@pytest.mark.parametrize("variable", ["TVM_NUM_THREADS", "OMP_NUM_THREADS"])
+def test_a_thread_count_the_user_set_is_kept(variable):
+    pool, _, changed = _without_thread_counts(POOL, **{variable: "1"})
+    assert (pool, changed) == (1, [SPIN])
+
+
+def _cpus(root, siblings):
+    """A sysfs tree of CPUs: ``siblings[i]`` the core_cpus_list of CPU i."""
+    for cpu, text in enumerate(siblings):
+        topology = root / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "core_cpus_list").write_text(text + "\n")
+
+
+@pytest.mark.parametrize(
+    ("siblings", "cores", "cpu_max", "expected"),
+    [
+        (["0", "1"], [0, 1], None, 2),  # a VM whose vCPUs are whole cores
+        (["0,2", "1,3", "0,2", "1,3"], [0, 1, 2, 3], None, 2),  # two cores, two threads each
+        (["0,2", "1,3", "0,2", "1,3"], [0, 2], None, 1),  # both threads of one core
+        (["0", "1", "2", "3"], [0, 1, 2, 3], "150000 100000", 2),  # a quota of 1.5 CPUs
+        (["0", "1", "2", "3"], [0, 1, 2, 3], "100000 100000", 1),
+        (["0", "1", "2", "3"], [0, 1, 2, 3], "max 100000", 4),
+    ],
+)
+def test_default_threads_counts_physical_cores_within_the_cpu_quota(
+    tmp_path, monkeypatch, siblings, cores, cpu_max, expected
+):
+    from umahub.runtime import threadpool
+
+    _cpus(tmp_path / "cpus", siblings)
+    (tmp_path / "cgroup").mkdir()
+    if cpu_max:
+        (tmp_path / "cgroup" / "cpu.max").write_text(cpu_max + "\n")
+    monkeypatch.setattr(threadpool, "SYSFS_CPUS", str(tmp_path / "cpus"))
+    monkeypatch.setattr(threadpool, "CGROUP", str(tmp_path / "cgroup"))
+    assert threadpool.default_threads(cores) == expected
+
+
+def test_default_threads_leaves_the_count_to_tvm_where_the_topology_is_unknown(
+    tmp_path, monkeypatch
+):
+    from umahub.runtime import threadpool
+
+    monkeypatch.setattr(threadpool, "SYSFS_CPUS", str(tmp_path))
+    assert threadpool.default_threads([0, 1]) is None

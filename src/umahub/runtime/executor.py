@@ -19,7 +19,8 @@ accelerator lane, each accelerator's worker is pinned to its own core
 (``os.sched_setaffinity`` on the thread) and its kernels run on one thread
 (TVM's thread pool is per calling thread: ``runtime.config_threadpool`` makes
 it one thread for that worker); the host and the DMA lanes may use every core
-and the host keeps TVM's default number of threads, its pool sharing the host
+and the host keeps its pool's number of threads (one per physical core:
+:func:`umahub.runtime.threadpool.start_pool`), its pool sharing the host
 lane's cores (:func:`umahub.runtime.threadpool.share_cores`). TVM pins a thread
 that first starts its thread pool to core 0 (and a thread inherits its
 creator's pinning), so every worker sets its affinity after starting TVM's pool.

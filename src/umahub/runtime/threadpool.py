@@ -27,7 +27,20 @@ a parallel kernel before umahub loaded a model the pool keeps the count it
 started with (set ``TVM_THREAD_POOL_SPIN_COUNT`` yourself to choose one for
 the whole process).
 
-How many threads: TVM splits every parallel loop into equal chunks, one per
+How many threads: TVM starts a pool with one thread per core on most machines
+but half the logical CPUs on x86, taking every pair for a core's two
+hyperthreads. A cloud VM's vCPUs are often whole cores (a 2-vCPU AMD EPYC
+here: a 3x3 convolution of the npu 0.56 ms on TVM's one thread, 0.32 ms on
+two), and a container limited to 2 cores of a 64-core machine gets 32 threads
+for them. So umahub starts the pool of each thread that runs a model with one
+thread per physical core the process may use, at most its cgroup's CPU quota
+(:func:`default_threads`), unless the user chose (``TVM_NUM_THREADS`` or
+``OMP_NUM_THREADS`` set): the count ONNX Runtime and PyTorch use by default.
+It sets ``TVM_NUM_THREADS`` only while TVM creates that pool
+(:func:`start_pool`), so neither the environment nor other TVM programs'
+pools change.
+
+TVM splits every parallel loop into equal chunks, one per
 thread of the pool, and waits for the last. Beside a busy process, the thread
 whose core the neighbour holds finishes a scheduler quantum late, kernel
 after kernel: a model of many small kernels then runs several times slower on
@@ -56,9 +69,11 @@ from collections.abc import Collection
 
 __all__ = [
     "SPIN_COUNT",
+    "default_threads",
     "process_cores",
     "share_cores",
     "spin_briefly",
+    "start_pool",
     "usable_cores",
     "use_threads",
     "vm_threads",
@@ -99,13 +114,88 @@ def usable_cores() -> list[int]:
     return [c for c in every if c in _STARTED_ON] or every
 
 
+# Where Linux describes the CPUs and the process's cgroup (tests point them elsewhere).
+SYSFS_CPUS = "/sys/devices/system/cpu"
+CGROUP = "/sys/fs/cgroup"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _cpu_quota() -> float | None:
+    """The CPUs' worth of time the process's cgroup allows per period, or None."""
+    limit = _read(f"{CGROUP}/cpu.max")  # cgroup v2: "<quota> <period>" or "max <period>"
+    if limit is not None:
+        quota, _, period = limit.partition(" ")
+    else:  # cgroup v1
+        quota = _read(f"{CGROUP}/cpu/cpu.cfs_quota_us") or "-1"
+        period = _read(f"{CGROUP}/cpu/cpu.cfs_period_us") or ""
+    try:
+        value, per = int(quota), int(period)
+    except ValueError:
+        return None
+    return value / per if value > 0 and per > 0 else None
+
+
+def default_threads(cores: Collection[int] = ()) -> int | None:
+    """How many threads umahub starts a TVM pool with where the user chose none: one
+    per physical core of ``cores`` (default :func:`usable_cores`; the hyperthreads of
+    one core count once), at most the process's cgroup CPU quota rounded up; None
+    where Linux does not say which CPUs share a core (TVM's own count then)."""
+    physical = set()
+    for core in cores or usable_cores():
+        topology = f"{SYSFS_CPUS}/cpu{core}/topology"
+        siblings = _read(f"{topology}/core_cpus_list") or _read(f"{topology}/thread_siblings_list")
+        if not siblings:
+            return None
+        physical.add(siblings)
+    if not physical:
+        return None
+    quota = _cpu_quota()
+    return max(1, min(len(physical), -int(-quota // 1))) if quota else len(physical)
+
+
+def user_chose_threads() -> bool:
+    """Whether the user chose TVM's thread count (``TVM_NUM_THREADS``, or
+    ``OMP_NUM_THREADS``, which TVM reads when the other is not set)."""
+    return bool(os.environ.get("TVM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS"))
+
+
 _pool = threading.local()  # per calling thread, as TVM's pools are: the count it started with
+_environ_lock = threading.Lock()
+
+
+def start_pool() -> None:
+    """Start the calling thread's TVM pool with :func:`default_threads` threads (once
+    per thread), unless the user chose a count (:func:`user_chose_threads`) or TVM's
+    binding (``TVM_BIND_THREADS``), or a TVM kernel already started this thread's
+    pool (it keeps its count then)."""
+    if getattr(_pool, "started", False) or "TVM_BIND_THREADS" in os.environ:
+        return
+    _pool.started = True
+    threads = None if user_chose_threads() else default_threads()
+    if threads is None:
+        return
+    import tvm
+
+    count = tvm.get_global_func("runtime.NumThreads")
+    with _environ_lock:  # TVM reads the count from the environment as it makes the pool
+        os.environ["TVM_NUM_THREADS"] = str(threads)
+        try:
+            count()
+        finally:
+            del os.environ["TVM_NUM_THREADS"]
 
 
 def vm_threads() -> tuple[list[int], str]:
     """The thread counts "auto" may run the VM on, most first, and why not more: all
-    the threads of the calling thread's TVM pool (TVM makes it half the machine's
-    cores on x86, one per core it takes for a hyperthread pair) and one; ``[]``
+    the threads of the calling thread's TVM pool (one per physical core where umahub
+    started it: :func:`start_pool`) and one; ``[]``
     (the pool as it is) when the user set ``TVM_NUM_THREADS``."""
     if os.environ.get("TVM_NUM_THREADS"):
         threads = os.environ["TVM_NUM_THREADS"]
@@ -121,6 +211,7 @@ def _original() -> int:
     import tvm
 
     if not hasattr(_pool, "original"):
+        start_pool()
         _pool.original = int(tvm.get_global_func("runtime.NumThreads")())
     return int(_pool.original)
 
@@ -128,7 +219,9 @@ def _original() -> int:
 def share_cores(cores: Collection[int] = ()) -> None:
     """Let the calling thread's TVM pool, this thread included, run on any of
     ``cores`` (default: :func:`usable_cores`), not one core each from the machine's
-    first (once per thread; a no-op where the user set ``TVM_BIND_THREADS``)."""
+    first (once per thread; a no-op where the user set ``TVM_BIND_THREADS``). Starts
+    the pool first (:func:`start_pool`)."""
+    start_pool()
     if getattr(_pool, "shared", False) or "TVM_BIND_THREADS" in os.environ:
         return
     import tvm
