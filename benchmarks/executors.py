@@ -16,8 +16,9 @@ CPU-bound neighbour process (a Python loop, one core's worth) started before
 the worker, so that auto also makes its choice beside it, as on a shared
 machine; and under each thread setting of ``--settings`` (default: all three):
 
-* ``default``: TVM's own thread pool (on x86, half the cores: one thread on a
-  two-core machine), nothing set;
+* ``default``: nothing set: umahub's pool, one thread per physical core
+  (``umahub.runtime.threadpool.start_pool``; before 0b08e28, TVM's own, half
+  the logical CPUs on x86: one thread on a two-vCPU machine);
 * ``pool2``: ``OMP_NUM_THREADS=2``, which TVM reads for its pool's size: a pool
   of two threads that "auto" may run on one (what a machine of four or more
   cores gets by default);
