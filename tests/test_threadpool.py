@@ -193,7 +193,7 @@ def _cpus(root, siblings):
 @pytest.mark.parametrize(
     ("siblings", "cores", "cpu_max", "expected"),
     [
-        (["0", "1"], [0, 1], None, 2),  # a VM whose vCPUs are whole cores
+        (["0", "1"], [0, 1], None, 2),  # a VM's vCPUs, reported as cores of their own
         (["0,2", "1,3", "0,2", "1,3"], [0, 1, 2, 3], None, 2),  # two cores, two threads each
         (["0,2", "1,3", "0,2", "1,3"], [0, 2], None, 1),  # both threads of one core
         (["0", "1", "2", "3"], [0, 1, 2, 3], "150000 100000", 2),  # a quota of 1.5 CPUs

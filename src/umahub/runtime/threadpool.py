@@ -29,13 +29,17 @@ the whole process).
 
 How many threads: TVM starts a pool with one thread per core on most machines
 but half the logical CPUs on x86, taking every pair for a core's two
-hyperthreads. A cloud VM's vCPUs are often whole cores (a 2-vCPU AMD EPYC
-here: a 3x3 convolution of the npu 0.56 ms on TVM's one thread, 0.32 ms on
-two), and a container limited to 2 cores of a 64-core machine gets 32 threads
-for them. So umahub starts the pool of each thread that runs a model with one
-thread per physical core the process may use, at most its cgroup's CPU quota
+hyperthreads. A cloud VM often reports its vCPUs as cores of their own
+(a 2-vCPU AMD EPYC here, one thread per core in sysfs: a 3x3 convolution of
+the npu 0.56 ms on TVM's one thread, 0.32 ms on two), and a container limited
+to 2 cores of a 64-core machine gets 32 threads for them. So umahub starts
+the pool of each thread that runs a model with one thread per physical core
+the process may use, at most its cgroup's CPU quota
 (:func:`default_threads`), unless the user chose (``TVM_NUM_THREADS`` or
 ``OMP_NUM_THREADS`` set): the count ONNX Runtime and PyTorch use by default.
+The hypervisor may still put two vCPUs on one physical core for a while (on
+that VM, in 2 of 17 runs of an FMA loop two threads were no faster than one):
+``executor = "auto"`` times the VM on one thread too, and keeps what is faster.
 It sets ``TVM_NUM_THREADS`` only while TVM creates that pool
 (:func:`start_pool`), so neither the environment nor other TVM programs'
 pools change.
