@@ -214,3 +214,16 @@ def test_a_verdict_says_what_its_candidate_drew():
     for _ in range(SHOWN_DRAWS):
         sch.sample_categorical([5], [1.0])
     assert draws(sch.trace) == "8, 32x2, 5, 5, 5, 5, 5, 5 and 2 more"
+
+
+def test_local_measurements_run_on_the_pool_a_model_runs_on(monkeypatch):
+    # the workers start TVM's pool as a model's is started: one thread per physical core
+    # where no count is set (TVM alone: half the logical CPUs on x86)
+    from umahub.runtime.threadpool import default_threads
+    from umahub.tuning.runners import local
+
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    pool = local().runner.pool
+    size = pool.submit(lambda: __import__("tvm").get_global_func("runtime.NumThreads")())
+    assert size.result() == default_threads()

@@ -68,16 +68,20 @@ def local() -> Measurer:
     """Measure on this machine (MetaSchedule's ``LocalRunner``).
 
     Its workers time the kernels with the thread pool a compiled model runs
-    with: idle workers that spin briefly (:mod:`umahub.runtime.threadpool`).
-    With TVM's default spin, a schedule of many short parallel loops measures
-    fast alone and is slow in the model, whose pool sleeps between them.
+    with (:mod:`umahub.runtime.threadpool`): idle workers that spin briefly, and
+    as many threads (one per physical core unless the user chose). With TVM's
+    default spin, a schedule of many short parallel loops measures fast alone
+    and is slow in the model, whose pool sleeps between them; with TVM's count
+    of threads (one on a 2-vCPU VM), a schedule would be chosen for one thread
+    and run on two.
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from umahub.runtime.threadpool import spin_briefly
+    from umahub.runtime.threadpool import spin_briefly, start_pool
 
     spin_briefly()  # before the workers start: they take it from the environment
-    return Measurer(ms.runner.LocalRunner(evaluator_config=_evaluator()), "this machine", 1)
+    runner = ms.runner.LocalRunner(evaluator_config=_evaluator(), initializer=start_pool)
+    return Measurer(runner, "this machine", 1)
 
 
 def _free_boards(host: str, port: int, key: str, timeout: float) -> int:
