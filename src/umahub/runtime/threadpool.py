@@ -80,6 +80,7 @@ __all__ = [
     "start_pool",
     "usable_cores",
     "use_threads",
+    "user_chose_threads",
     "vm_threads",
 ]
 
