@@ -29,8 +29,9 @@ print(os.environ.get("TVM_THREAD_POOL_SPIN_COUNT"))
 """
 
 
-def _python(code, **env):
-    clean = {k: v for k, v in os.environ.items() if k != SPIN}
+def _python(code, unset=(), **env):
+    """The last line ``code`` prints, run without the spin count and ``unset``, with ``env``."""
+    clean = {k: v for k, v in os.environ.items() if k != SPIN and k not in unset}
     out = subprocess.run(
         [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
         check=True,
@@ -160,12 +161,7 @@ print(json.dumps([pool, default_threads(), changed]))
 
 
 def _without_thread_counts(code, **env):
-    drop = ("TVM_NUM_THREADS", "OMP_NUM_THREADS")
-    saved = {k: os.environ.pop(k) for k in drop if k in os.environ}
-    try:
-        return json.loads(_python(code, **env))
-    finally:
-        os.environ.update(saved)
+    return json.loads(_python(code, unset=("TVM_NUM_THREADS", "OMP_NUM_THREADS"), **env))
 
 
 def test_a_model_runs_on_one_thread_per_physical_core_and_the_environment_is_kept():

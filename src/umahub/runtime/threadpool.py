@@ -67,6 +67,7 @@ process may use (:func:`share_cores`), unless the user set
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Collection
@@ -96,29 +97,6 @@ def spin_briefly() -> None:
     os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(SPIN_COUNT))
 
 
-def process_cores() -> list[int]:
-    """The cores this process may use (its container's; not the calling thread's, which
-    TVM may have pinned to one core)."""
-    cores: set[int] = set()
-    try:
-        with open("/sys/fs/cgroup/cpuset.cpus.effective") as f:
-            text = f.read().strip()
-        for part in text.split(","):
-            lo, _, hi = part.partition("-")
-            cores |= set(range(int(lo), int(hi or lo) + 1))
-    except (OSError, ValueError):
-        pass
-    return sorted(cores) or list(range(os.cpu_count() or 1))
-
-
-def usable_cores() -> list[int]:
-    """The cores umahub's threads may run on: the process's (:func:`process_cores`) that
-    it was started on too (``taskset``, a job scheduler's affinity), before TVM pinned
-    any thread; all the process's where that is unknown or shares none of them."""
-    every = process_cores()
-    return [c for c in every if c in _STARTED_ON] or every
-
-
 # Where Linux describes the CPUs and the process's cgroup (tests point them elsewhere).
 SYSFS_CPUS = "/sys/devices/system/cpu"
 CGROUP = "/sys/fs/cgroup"
@@ -130,6 +108,27 @@ def _read(path: str) -> str | None:
             return f.read().strip()
     except OSError:
         return None
+
+
+def process_cores() -> list[int]:
+    """The cores this process may use (its container's; not the calling thread's, which
+    TVM may have pinned to one core)."""
+    cores: set[int] = set()
+    try:
+        for part in (_read(f"{CGROUP}/cpuset.cpus.effective") or "").split(","):
+            lo, _, hi = part.partition("-")
+            cores |= set(range(int(lo), int(hi or lo) + 1))
+    except ValueError:  # unreadable or empty: every core
+        pass
+    return sorted(cores) or list(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> list[int]:
+    """The cores umahub's threads may run on: the process's (:func:`process_cores`) that
+    it was started on too (``taskset``, a job scheduler's affinity), before TVM pinned
+    any thread; all the process's where that is unknown or shares none of them."""
+    every = process_cores()
+    return [c for c in every if c in _STARTED_ON] or every
 
 
 def _cpu_quota() -> float | None:
@@ -162,7 +161,7 @@ def default_threads(cores: Collection[int] = ()) -> int | None:
     if not physical:
         return None
     quota = _cpu_quota()
-    return max(1, min(len(physical), -int(-quota // 1))) if quota else len(physical)
+    return max(1, min(len(physical), math.ceil(quota))) if quota else len(physical)
 
 
 def user_chose_threads() -> bool:
