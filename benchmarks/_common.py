@@ -118,6 +118,19 @@ def median_time(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> floa
     return statistics.median(times)
 
 
+def ready(compiled: Any, *arrays: Any) -> Callable[[], Any]:
+    """``compiled.run(*arrays)`` as a user's later calls run it, to time.
+
+    The default executor, ``"auto"``, chooses how to run a model from its first
+    calls, taking turns on each way (the VM on all its threads, on one, the
+    concurrent executor): a benchmark timing those calls times the trials, a mix
+    of the ways, not the one chosen. So the model runs until it has chosen
+    (``warm_up``, as its docstring asks of anything timing a model) first.
+    """
+    compiled.warm_up(*arrays)
+    return lambda: compiled.run(*arrays)
+
+
 def worker_env(threads: int) -> dict[str, str]:
     """The environment of a worker process: ``threads`` threads for TVM and
     OpenMP, and this directory on the path (``_models``, ``_common``)."""

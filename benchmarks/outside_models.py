@@ -8,7 +8,8 @@ each in a process of its own with ``--threads`` threads:
 
 - ``umahub``: ``umahub.Hub()`` as a user gets it, the installed plugins (the
   bundled npu, dsp and vanilla) and the default configuration (the worker
-  runs in an empty directory: no ``pyproject.toml``), ``compiled.run``;
+  runs in an empty directory: no ``pyproject.toml``), ``compiled.run`` once
+  ``warm_up`` has let the default executor choose (the choice is recorded);
 - ``plain TVM``: ``tvm.compile(mod, target=<this CPU>)``, TVM's default
   pipeline, on the Relax VM.
 
@@ -57,10 +58,6 @@ def measure(name: str, engine: str, repeat: int) -> dict:
         import umahub
 
         compiled = umahub.Hub().compile(mod)
-
-        def run():
-            return compiled.run(x)
-
         extra = {
             "offloaded": sum(1 for o in compiled.report.placement if o.device != "host"),
             "operators": len(compiled.report.placement),
@@ -78,6 +75,11 @@ def measure(name: str, engine: str, repeat: int) -> dict:
 
         extra = {}
     compile_s = time.perf_counter() - start
+    if engine == "umahub":
+        from _common import ready
+
+        run = ready(compiled, x)
+        extra["executor"] = compiled.executor_in_use
     out = run()
     if isinstance(out, (list, tuple)):
         out = out[0]

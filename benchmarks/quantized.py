@@ -6,7 +6,8 @@ weights): the float ONNX model, and its QDQ form from ONNX Runtime's
 ``quantize_static`` (a fixed, seeded calibration set of 8 inputs, per-channel,
 QUInt8 activations, QInt8 weights). Each engine runs in a process of its own
 with 2 threads (``TVM_NUM_THREADS``, ORT's intra-op threads), numpy in and
-out, median of repeated runs after warm-up:
+out, median of repeated runs after warm-up (umahub's: after ``warm_up``, once
+its default executor has chosen; the choice is recorded):
 
 * ``ort_int8``: ONNX Runtime on the QDQ model (all graph optimizations);
 * ``umahub_int8``: umahub, the bundled plugins (npu, vanilla, dsp, in that priority:
@@ -133,8 +134,10 @@ else:
     )
     import onnx
     compiled = hub.compile(onnx.load(path))
-    run = lambda: compiled.run(*xs)
 compile_s = time.perf_counter() - start
+if engine != "ort":
+    from _common import ready
+    run = ready(compiled, *xs)
 out = np.asarray(run())
 for _ in range(3):
     run()
@@ -145,6 +148,7 @@ np.save(out_path, out)
 extra = {}
 if engine != "ort":
     extra["host_schedules"] = compiled.report.host_schedules
+    extra["executor"] = compiled.executor_in_use
     extra["partition_schedules"] = sorted(
         {s for p in compiled.report.partitions for s in p.schedule}
     )
