@@ -38,6 +38,7 @@ from tvm import relax
 
 from umahub._tvm import Constant, TupleType, constant_value, name_of, ret_type, type_args, type_of
 from umahub.errors import CompileError, PluginOutputError
+from umahub.host.constant_stages import ConstantStages, compute
 from umahub.ir import bindings, partition_call, partition_calls
 from umahub.plugin.compat import SBlock, nodes_in
 
@@ -85,10 +86,14 @@ class Packers:
         packings: symbol -> {input index: how that input is packed}.
         originals: (after :func:`fold`) symbol -> {input index: the weight
             before packing}, for verification.
+        stages: symbol -> the kernel's stages computed at compile time
+            (:mod:`umahub.host.constant_stages`), whose results :func:`fold`
+            passes to each call after its inputs.
     """
 
     packings: dict[str, dict[int, Packing]] = field(default_factory=dict)
     originals: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
+    stages: dict[str, ConstantStages] = field(default_factory=dict)
 
 
 def _annotated(prim: Any) -> bool:
@@ -164,6 +169,8 @@ def _packed(packers: Packers, calls: list[tuple[str, list]]) -> dict[tuple, Any]
     """(symbol, input index, constant) -> the packed constant, all computed with
     one LLVM build (TVM objects hash by identity: a partition called twice with
     different weights gets each packed)."""
+    if not calls:
+        return {}
     todo: dict[tuple, Any] = {}
     funcs: dict[str, Any] = {}
     for symbol, args in calls:
@@ -187,28 +194,60 @@ def _packed(packers: Packers, calls: list[tuple[str, list]]) -> dict[tuple, Any]
     return values
 
 
+def _staged(packers: Packers, calls: list[tuple[str, list]]) -> dict[tuple, list[Any]]:
+    """(symbol, the call's constants) -> the results of the kernel's constant stages
+    on them (``calls``' arguments already packed), all computed with one LLVM build."""
+    todo: dict[tuple, tuple[ConstantStages, list[Any]]] = {}
+    for symbol, args in calls:
+        stages = packers.stages.get(symbol)
+        if stages is None:
+            continue
+        used = tuple(args[i] for i in stages.inputs)
+        if not all(isinstance(a, Constant) for a in used):
+            raise CompileError(
+                f"partition {symbol} computes stages from its inputs {list(stages.inputs)} at "
+                "compile time, but the model passes no constant for some: this is a bug in umahub"
+            )
+        values = [None] * len(args)
+        for i, a in zip(stages.inputs, used):
+            values[i] = constant_value(a)
+        todo[(symbol, used)] = (stages, values)
+    results = compute(list(todo.values()))
+    return {key: [relax.const(r) for r in got] for key, got in zip(todo, results)}
+
+
 def fold(mod: tvm.IRModule, packers: Packers) -> tvm.IRModule:
     """``mod`` (after ``RunCodegen``) with each packed weight of a partition call
-    replaced by its packed value, computed at compile time; ``packers.originals``
+    replaced by its packed value, computed at compile time, and the results of its
+    kernel's constant stages passed after its inputs; ``packers.originals``
     filled."""
-    if not any(packers.packings.values()):
+    if not any(packers.packings.values()) and not packers.stages:
         return mod
     calls = [
         call
         for binding in bindings(mod["main"])
-        if (call := partition_call(mod, binding.value)) and packers.packings.get(call[0])
+        if (call := partition_call(mod, binding.value))
+        and (packers.packings.get(call[0]) or call[0] in packers.stages)
     ]
-    values = _packed(packers, calls)
+    values = _packed(packers, [c for c in calls if packers.packings.get(c[0])])
+    packed_calls = [
+        (symbol, [values.get((symbol, i, a), a) for i, a in enumerate(args)])
+        for symbol, args in calls
+    ]
+    staged = _staged(packers, packed_calls)
 
     @relax.expr_functor.mutator
     class Replace(relax.PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
             found = partition_call(mod, call)
-            if found is None or not packers.packings.get(found[0]):
+            if found is None or not (packers.packings.get(found[0]) or found[0] in packers.stages):
                 return call
             symbol, args = found
             args = [values.get((symbol, i, a), a) for i, a in enumerate(args)]
+            stages = packers.stages.get(symbol)
+            if stages is not None:
+                args += staged[(symbol, tuple(args[i] for i in stages.inputs))]
             return relax.Call(
                 call.op, [call.args[0], relax.Tuple(args)], call.attrs, type_args(call), call.span
             )

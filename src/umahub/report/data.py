@@ -44,6 +44,8 @@ class PartitionReport:
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     schedule: list[str] = field(default_factory=list)  # what schedule hooks said they did
     packed: list[str] = field(default_factory=list)  # weights packed at compile time (prepack)
+    # the kernel's stages computed at compile time (constant_stages): their blocks, size
+    precomputed: list[str] = field(default_factory=list)
     fallback: str = ""  # why it went back to the host
     virtual_device: str = ""  # (device type, runtime device index, target, memory scope)
     verified: str = ""  # what verification found ("" when it did not run)

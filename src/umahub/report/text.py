@@ -188,6 +188,8 @@ def render(report: ReportData) -> str:
                 lines.append(f"      schedule: {said}")
             for packed in p.packed:
                 lines.append(f"      packed at compile time: {packed}")
+            for stages in p.precomputed:
+                lines.append(f"      computed at compile time: {stages}")
             if p.passes and not p.fallback:
                 lines.append(f"      tir passes: {'; '.join(p.passes)}")
             if p.buffers and not p.fallback:

@@ -38,7 +38,8 @@ from umahub.compiler.compilation import Compilation, Partition, written
 from umahub.compiler.lowering import default_relax_to_tir
 from umahub.compiler.tir_phases import PHASES, use_phase_passes
 from umahub.errors import CompileError, PluginFailure, PluginOutputError, message_line
-from umahub.host import prepack
+from umahub.host import constant_stages, prepack
+from umahub.host.constant_stages import ConstantStages
 from umahub.host.prepack import Packing
 from umahub.hub.contract import (
     checked_codegen,
@@ -75,6 +76,7 @@ class _Lowered:
         passes: the TIR passes run, ``"phase N: name (plugin)"``.
         call: a device partition's :class:`~umahub.runtime.devices.DeviceCall`, else None.
         kernel: the scheduled TIR, its weights' packing split off (what the code takes).
+        stages: its stages computed at compile time (:mod:`umahub.host.constant_stages`).
     """
 
     module: Any
@@ -85,6 +87,7 @@ class _Lowered:
     passes: list[str] = field(default_factory=list)
     call: Any = None
     kernel: tvm.IRModule | None = None
+    stages: ConstantStages | None = None
 
 
 def _lower_one(
@@ -155,6 +158,11 @@ def _finish(
     if acc.has_device:
         return _lower_device(hub, ctx, func, scheduled, phase_passes, failed, lowered)
     lowered.buffers = onchip.check(acc, scheduled[ctx.symbol], ctx.symbol)
+    if ctx.target is None:  # built for this machine: the build can run the stages
+        scheduled, lowered.stages = constant_stages.split(
+            scheduled, ctx.symbol, len(func.params), ctx.weights
+        )
+        lowered.kernel = scheduled
     with use_phase_passes(phase_passes) as pipeline:
         ctx = replace(ctx, tir_pipeline=pipeline)
         try:
@@ -409,6 +417,9 @@ def _lower_partition(
             if done.default is not None:
                 comp.reference_tir[p.symbol] = done.default
             comp.packers.packings[p.symbol] = done.packings
+            if done.stages is not None:
+                comp.packers.stages[p.symbol] = done.stages
+                report.precomputed = [constant_stages.describe(done.stages)]
             report.packed = [
                 prepack.describe(functions[p.symbol], i, k) for i, k in done.packings.items()
             ]

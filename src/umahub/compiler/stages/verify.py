@@ -170,6 +170,7 @@ def verify_partitions(
     lowered: Mapping[str, Any] | None = None,
     unpacked: Mapping[str, Mapping[int, np.ndarray]] | None = None,
     device_calls: Mapping[str, Any] | None = None,
+    staged: Mapping[str, int] | None = None,
 ) -> dict[str, Verdict]:
     """Run each partition on the model's own values and compare with the host.
 
@@ -186,6 +187,9 @@ def verify_partitions(
         device_calls: symbol -> :class:`umahub.runtime.devices.DeviceCall` of the
             partitions on devices of their own, whose calls leave out the inputs
             resident on the device (the host is given them).
+        staged: symbol -> how many inputs its calls pass after the function's own:
+            the results of its kernel's constant stages
+            (:mod:`umahub.host.constant_stages`; the host is not given them).
 
     Returns:
         symbol -> :class:`Verdict`, for every symbol of ``functions``.
@@ -204,6 +208,8 @@ def verify_partitions(
             verdicts[symbol] = Verdict(symbol, None, reason=failed[symbol])
             continue
         n_inputs = len(function.params)
+        extra = (staged or {}).get(symbol, 0)
+        args = args[:n_inputs] + args[n_inputs + extra :]
         call = (device_calls or {}).get(symbol)
         if call is not None:
             given = iter(args)
@@ -243,6 +249,7 @@ def run(comp: Compilation) -> set[str]:
             comp.reference_tir,
             comp.packers.originals,
             comp.device_calls,
+            {s: len(stages.results) for s, stages in comp.packers.stages.items()},
         )
     except Exception as exc:  # no run to record: nothing is verified, nothing is blamed
         reason = f"the model did not run on random inputs ({type(exc).__name__}: {last_line(exc)})"
