@@ -61,6 +61,31 @@ def test_a_model_umahub_runs_gets_a_short_spin():
     assert _python(RUNS) == "3000"
 
 
+# The spin count when the build first runs a kernel: an int8 convolution's constant
+# stages (its weight sums, with a zero point on the input), computed at compile time.
+FIRST_KERNEL = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import umahub
+from umahub.host import prepack
+from test_quantized import qconv_graph
+seen = []
+real = prepack.compute
+spin = lambda: os.environ.get("TVM_THREAD_POOL_SPIN_COUNT")
+prepack.compute = lambda todo: seen.append(spin()) or real(todo)
+mod, _ = qconv_graph(channels=(16, 16))
+umahub.Hub(config={{"plugins": ["npu"]}}, project_config=False).compile(mod)
+print(seen)
+"""
+
+
+def test_a_compile_sets_the_spin_count_before_its_build_runs_a_kernel():
+    # set later, the pool that kernel started kept TVM's 300,000 turns for the process,
+    # and the concurrent executor's idle workers spun whole seconds beside the VM
+    tests = os.path.dirname(os.path.abspath(__file__))
+    assert _python(FIRST_KERNEL.format(tests=tests)) == "['3000']"
+
+
 @pytest.mark.parametrize("value", ["0", "300000"])
 def test_a_spin_count_the_user_set_is_left_alone(value):
     assert _python(RUNS, **{SPIN: value}) == value

@@ -39,6 +39,7 @@ from umahub.compiler.stages import verify as verification
 from umahub.errors import CompileError, warn
 from umahub.host.folding import fold_constants
 from umahub.plugin.memory import bounded, size_bounds
+from umahub.runtime.threadpool import spin_briefly
 from umahub.targets import this_machine
 
 if TYPE_CHECKING:
@@ -107,6 +108,10 @@ def _start(
     if "main" not in [name_of(gv) for gv in mod.get_global_vars()]:
         raise CompileError("the module has no 'main' function to compile")
     check_placement(placement)
+    # a compile runs kernels (constants folded, weights packed, a kernel's constant
+    # stages, placement by cost's timings): the first starts TVM's pool, which reads
+    # its spin count then, for the whole process
+    spin_briefly()
     comp = Compilation(hub, mod, placement, verify, Clock(progress), target, board=board, only=only)
     comp.unfit = dict(unfit or {})
     comp.restart = functools.partial(
