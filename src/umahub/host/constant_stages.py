@@ -5,10 +5,10 @@ convolutions' are the example: the requantization's multiplier and shift per
 output channel (a float64 division each), the bias in the accumulator's units,
 and the weight's sums per channel, which correct the dot product for the
 input's zero point. In the kernel they run at every call: loops over the
-channels and a pass over the whole weight, one more parallel launch. A
-960-to-160 1x1 convolution on 7x7 positions spent about a third of its time
-there (an AMD EPYC, 2 threads), ONNX Runtime none: it computes them when it
-loads the model.
+channels and a pass over the whole weight, one more parallel launch: a
+960-to-160 1x1 convolution took 16.5 us on one position, 12.8 without them,
+and 0.91x the time on 7x7 positions (an AMD EPYC, 2 threads). ONNX Runtime
+computes them when it loads the model.
 
 :func:`split` takes them out of a scheduled kernel. A statement at the root of
 the kernel's TIR is such a stage when everything it reads is an input that the
