@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm import relax, te
+from test_prepack import Panels, W, dense
+from tvm import te
 
 import umahub
-from umahub._tvm import TensorType
 from umahub.host import constant_stages
 from umahub.plugin.compat import param_buffers
 
 RNG = np.random.default_rng(0)
-W = RNG.standard_normal((16, 32)).astype("float32")
 
 
 def _kernel(size: int = 8, made=lambda w, i: w[i] * 2):
@@ -42,7 +41,7 @@ def test_split_takes_the_stages_of_constants_and_the_kernel_reads_their_results(
     assert stages.names == ("doubled", "plus_one")
     assert stages.inputs == (1,)
     assert stages.results == (((8,), "float32"),)  # plus_one only: doubled is the stages' own
-    assert constant_stages.describe(stages) == "doubled, plus_one (0.0 KiB)"
+    assert constant_stages.describe(stages) == "doubled, plus_one (32 B)"
     assert [b.name for b in param_buffers(mod["k"])] == ["x", "w", "plus_one", "out"]
     x, w = RNG.standard_normal(8).astype("float32"), RNG.standard_normal(8).astype("float32")
     ((s,),) = constant_stages.compute([(stages, [None, tvm.runtime.tensor(w)])])
@@ -63,21 +62,9 @@ def test_split_leaves_results_larger_than_what_they_are_made_from():
     assert stages is None  # 256 KiB made from 4 bytes: the kernel computes it
 
 
-class Cached:
-    """An accelerator 'cx' taking matmul; its schedule copies B to a buffer of its own
-    first: a stage that reads only the constant weight."""
-
-    UMAHUB_API = 1
-
-    @umahub.hookimpl
-    def umahub_accelerators(self):
-        return [umahub.Accelerator("cx")]
-
-    @umahub.hookimpl
-    def umahub_patterns(self, accelerator):
-        from tvm.relax.dpl import is_op, wildcard
-
-        return [("cx.matmul", is_op("relax.matmul")(wildcard(), wildcard()))]
+class Cached(Panels):
+    """test_prepack's accelerator 'mx' taking matmul, its schedule copying B to a buffer
+    of its own first (no packing): a stage that reads only the constant weight."""
 
     @umahub.hookimpl
     def umahub_schedule(self, accelerator, schedule, context):
@@ -85,24 +72,12 @@ class Cached:
         return "B copied"
 
 
-def _dense(weight_as_input: bool = False) -> tvm.IRModule:
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", TensorType((4, 16), "float32"))
-    w = relax.Var("w", TensorType((16, 32), "float32"))
-    with bb.function("main", [x, w] if weight_as_input else [x]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.matmul(x, w if weight_as_input else relax.const(W)), "n0")
-            out = bb.emit_output(relax.op.nn.relu(y), "n1")
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def test_a_partitions_constant_stage_runs_at_compile_time_and_is_verified():
     hub = umahub.Hub(autoload=False, plugins=[Cached()], config={"verify": True})
-    compiled = hub.compile(_dense())
+    compiled = hub.compile(dense())
     (part,) = compiled.report.partitions
-    assert part.precomputed == ["param_0_global (2.0 KiB)"]
-    assert "computed at compile time: param_0_global (2.0 KiB)" in str(compiled.report)
+    assert part.precomputed == ["param_0_global (2 KiB)"]
+    assert "computed at compile time: param_0_global (2 KiB)" in str(compiled.report)
     # the model holds the stage's result and passes it after the partition's inputs
     held = [w.numpy() for w in compiled._runner.weights]
     assert any(h.shape == W.shape and np.array_equal(h, W) for h in held)
@@ -113,7 +88,7 @@ def test_a_partitions_constant_stage_runs_at_compile_time_and_is_verified():
 
 def test_a_partitions_stage_of_a_weight_given_at_run_time_runs_at_every_call():
     hub = umahub.Hub(autoload=False, plugins=[Cached()])
-    compiled = hub.compile(_dense(weight_as_input=True))
+    compiled = hub.compile(dense(weight_as_input=True))
     (part,) = compiled.report.partitions
     assert part.precomputed == [] and part.fallback == ""
     x = RNG.standard_normal((4, 16)).astype("float32")

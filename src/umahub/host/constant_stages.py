@@ -51,6 +51,7 @@ from umahub.plugin.compat import (
     param_buffers,
     vars_in,
 )
+from umahub.sizes import human_size
 
 __all__ = ["MOST_BYTES", "ConstantStages", "compute", "describe", "split"]
 
@@ -79,17 +80,12 @@ class ConstantStages:
     @property
     def nbytes(self) -> int:
         """The results' size in bytes."""
-        return sum(
-            int(np.prod(shape, dtype=np.int64)) * tvm.DataType(dtype).bits // 8
-            for shape, dtype in self.results
-        )
+        return sum(_size(shape, dtype) for shape, dtype in self.results)
 
 
-def _bytes(buf: Any) -> int:
-    count = 1
-    for d in buf.shape:
-        count *= int(d)
-    return count * tvm.DataType(str(buf.dtype)).bits // 8
+def _size(shape: Sequence[Any], dtype: Any) -> int:
+    """Bytes of a tensor of ``shape`` (ints or constant TIR sizes) and ``dtype``."""
+    return int(np.prod([int(d) for d in shape], dtype=np.int64)) * np.dtype(str(dtype)).itemsize
 
 
 def _accesses(stmt: Any) -> tuple[list[Any], list[Any]]:
@@ -121,12 +117,15 @@ def _unique(bufs: Iterable[Any]) -> list[Any]:
 
 
 def _constant_statements(
-    stmts: Sequence[Any], constant_inputs: list[Any], params: list[Any]
+    stmts: Sequence[Any],
+    access: Sequence[tuple[list[Any], list[Any]]],
+    constant_inputs: list[Any],
+    params: list[Any],
 ) -> list[int]:
     """Indices of the root statements computed from ``constant_inputs`` alone (see the
     module's docs): each reads only those and what earlier such statements wrote, and
-    writes no parameter and nothing another statement writes."""
-    access = [_accesses(s) for s in stmts]
+    writes no parameter and nothing another statement writes. ``access``: each
+    statement's reads and writes (:func:`_accesses`)."""
     variable = [p for p in params if not _among(p, constant_inputs)]
     chosen: list[int] = []
     made: list[Any] = []
@@ -209,15 +208,16 @@ def split(
     root = prim.body.block
     stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
     constant_inputs = [params[i] for i in sorted(constants) if i < n_inputs]
-    chosen = _constant_statements(stmts, constant_inputs, params)
+    access = [_accesses(s) for s in stmts]
+    chosen = _constant_statements(stmts, access, constant_inputs, params)
     if not chosen or len(chosen) == len(stmts):
         return mod, None
-    made = _unique(w for i in chosen for w in _accesses(stmts[i])[1])
+    made = _unique(w for i in chosen for w in access[i][1])
     rest = [s for i, s in enumerate(stmts) if i not in chosen]
     results = [b for b in made if any(_touches(s, [b]) for s in rest)]
-    read = _unique(r for i in chosen for r in _accesses(stmts[i])[0] if _among(r, constant_inputs))
-    size = sum(_bytes(b) for b in results)
-    if not results or (size > MOST_BYTES and size > sum(_bytes(b) for b in read)):
+    read = _unique(r for i in chosen for r in access[i][0] if _among(r, constant_inputs))
+    size = sum(_size(b.shape, b.dtype) for b in results)
+    if not results or (size > MOST_BYTES and size > sum(_size(b.shape, b.dtype) for b in read)):
         return mod, None
     inputs = tuple(i for i, p in enumerate(params[:n_inputs]) if _among(p, read))
     kept = [b for b in root.alloc_buffers if not _among(b, made)]
@@ -263,4 +263,4 @@ def compute(todo: Sequence[tuple[ConstantStages, Sequence[Any]]]) -> list[list[A
 
 def describe(stages: ConstantStages) -> str:
     """``"bias_q, requant_k, requant_m, weight_sum (2.5 KiB)"``: the report's line."""
-    return f"{', '.join(stages.names)} ({stages.nbytes / 1024:.1f} KiB)"
+    return f"{', '.join(stages.names)} ({human_size(stages.nbytes)})"
