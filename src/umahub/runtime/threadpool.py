@@ -24,9 +24,8 @@ starts (it runs kernels: constants folded, weights packed, a kernel's
 constant stages; a pool started there at TVM's count kept the lanes'
 workers spinning for whole seconds, and the VM ran resnet18's int8 model
 1.9 times slower after the concurrent executor's calls) and when it first
-loads a model to run it
-(:class:`umahub.runtime.running.Runner`: ``umahub.load``, ``verify``), never
-at ``import umahub`` or ``import tvm``.
+loads a model to run it (:class:`umahub.runtime.running.Runner`:
+``umahub.load``, ``verify``), never at ``import umahub`` or ``import tvm``.
 A value the user set is left alone, and in a process whose TVM already ran
 a parallel kernel before umahub loaded a model the pool keeps the count it
 started with (set ``TVM_THREAD_POOL_SPIN_COUNT`` yourself to choose one for
