@@ -40,7 +40,7 @@ from umahub.compiler.tir_phases import PIPELINE_NAME as TIR_PIPELINE
 from umahub.compiler.vdevice import VirtualDevice
 from umahub.config import HOST
 from umahub.errors import CompileError, message_line
-from umahub.host import prepack, scratch, storage_plan
+from umahub.host import prepack, scratch, storage_plan, weight_checks
 from umahub.host.lowering import HOST_TARGET, lower_host
 from umahub.ir import bindings, node_name, partition_call, partition_calls
 from umahub.plugin.context import Copy
@@ -504,7 +504,16 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
             # umahub's TIR pipeline is TVM's default plus the stack scratch pass:
             # with an older TVM, which the pass leaves alone, TVM's own
             pipeline = TIR_PIPELINE if scratch.SUPPORTED else "default"
-            executable = tvm.compile(host, target=target, tir_pipeline=pipeline)
+            # TVM's Relax pipeline, then the weights' run-time checks left out
+            relax_pipeline = tvm.transform.Sequential(
+                [
+                    relax.get_pipeline("default"),
+                    weight_checks.without_weight_checks(len(comp.weight_devices)),
+                ]
+            )
+            executable = tvm.compile(
+                host, target=target, relax_pipeline=relax_pipeline, tir_pipeline=pipeline
+            )
     with comp.clock.stage("load"):
         try:
             return load(comp, executable)
