@@ -564,6 +564,67 @@ def test_a_max_pooling_is_two_one_d_poolings_by_output_row(shape, k, s, pad, cei
     np.testing.assert_array_equal(run(sch.mod, [x], want.shape), want)
 
 
+@pytest.mark.parametrize(
+    "C,H,W,k,pad,grid",
+    [
+        (8, 7, 7, 3, (1, 1, 1, 1), (8, 10)),  # MobileNetV2's last blocks: 5 vectors, not 7 rows
+        (16, 7, 7, 5, (2, 2, 2, 2), (8, 12)),  # MobileNetV3's 5x5 filters
+        (4, 6, 6, 3, (0, 1, 1, 2), (5, 16)),  # padded unevenly: 5 rows of 7 outputs
+        (3, 1, 1, 3, (1, 1, 1, 1), (1, 16)),  # a 1x1 plane
+        (2, 14, 14, 3, (1, 1, 1, 1), (14, 16)),
+    ],
+)
+def test_a_depthwise_on_rows_narrower_than_a_vector_runs_vectors_over_its_plane(
+    C, H, W, k, pad, grid
+):
+    from umahub_npu import lowering
+
+    top, left, bottom, right = pad
+    OH, OW = H + top + bottom - k + 1, W + left + right - k + 1
+    bb = relax.BlockBuilder()
+    params = [
+        relax.Var("x", R.Tensor((2, C, H, W), "float32")),
+        relax.Var("w", R.Tensor((C, 1, k, k), "float32")),
+        relax.Var("b", R.Tensor((1, C, 1, 1), "float32")),
+    ]
+    x_, w_, b_ = params
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x_, w_, padding=pad, groups=C))
+            out = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.add(y, b_))))
+        bb.emit_func_output(out)
+    # the one PrimFunc of a partition, as the npu lowers it
+    sch = s_tir.Schedule(lowering.lower(bb.get()["main"], "main", "npu"))
+    p = schedules.plan(sch)
+    assert (p.kind, p.plane, p.extents["rows"], p.extents["width"]) == ("depthwise", True, *grid)
+    assert schedules.schedule(sch, lanes=16) == "depthwise"
+    # positions in whole vectors, accumulated over the unrolled taps
+    loops = sch.get_loops(sch.get_sblock("plane_conv_update"))
+    kinds = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled"}
+    assert [kinds[int(sch.get(l).kind)] for l in loops[-4:]] == ["unrolled"] * 3 + ["vectorized"]
+    assert int(sch.get(loops[-1]).extent) == 16
+    x, w, b = f32(2, C, H, W), f32(C, 1, k, k, scale=0.3), f32(1, C, 1, 1)
+    padded = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    want = np.concatenate([conv_ref(padded[i : i + 1], w, b, 1, 0, C) for i in range(2)])
+    assert want.shape == (2, C, OH, OW)
+    close(run(sch.mod, [x, w, b], want.shape), want)
+
+
+def test_a_depthwise_on_rows_of_a_vector_or_more_keeps_the_row_by_row_schedule():
+    from umahub_npu import lowering
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((1, 8, 16, 16), "float32"))
+    w = relax.Var("w", R.Tensor((8, 1, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=1, groups=8))
+        bb.emit_func_output(out)
+    sch = s_tir.Schedule(lowering.lower(bb.get()["main"], "main", "npu"))
+    p = schedules.plan(sch)
+    assert (p.kind, p.plane, p.extents["OW"]) == ("depthwise", False, 16)
+
+
 # ----------------------------------------------------------------- rows known at run time
 
 

@@ -21,6 +21,11 @@ Not where the vectors hold positions instead (a 1x1 convolution on a
 multiple of 16 positions), which any channel count fills.
 The filter is padded once, at compile time, with its packing (see
 ``umahub_npu.schedules``).
+
+And one for narrow planes: a stride-1 depthwise convolution whose output rows
+are narrower than a vector (7x7) is computed on its padded plane read as one
+row, whole vectors of positions running over the row ends
+(:func:`_depthwise_plane`).
 """
 
 from __future__ import annotations
@@ -185,6 +190,105 @@ def _padded_channels(constants: frozenset) -> Callable:
     return legalize
 
 
+def _plane_grid(rows: int, width: int) -> tuple[int, int]:
+    """The grid a depthwise plane is computed on (:func:`_depthwise_plane`): at
+    least ``rows`` x ``width``, of the fewest positions that make whole
+    :data:`CHANNEL_MULTIPLE`-wide vectors, in a count of vectors up to 8 or one
+    that 4 to 8 divides (the schedule's tiles of vectors, with no remainder)."""
+
+    def fits(r: int, w: int) -> bool:
+        vectors, rest = divmod(r * w, CHANNEL_MULTIPLE)
+        return rest == 0 and (vectors <= 8 or any(vectors % t == 0 for t in range(4, 9)))
+
+    sizes = [(r * w, r, w) for r in range(rows, rows + 16) for w in range(width, width + 16)]
+    _, r, w = min(x for x in sizes if fits(x[1], x[2]))
+    return r, w
+
+
+def _is_plane_depthwise(call) -> bool:
+    """A float32, stride-1 depthwise convolution whose output rows are narrower
+    than a vector (see :func:`_depthwise_plane`). Measured on an AMD EPYC: 7-wide
+    rows 15% faster on the plane, 14-wide ones alike, 56-wide ones 10% slower."""
+    from umahub.plugin import dtype_of, shape_of
+
+    attrs = call.attrs
+    data, weight = (shape_of(a) for a in call.args)
+    out = shape_of(call)
+    if data is None or weight is None or out is None or len(data) != 4 or len(weight) != 4:
+        return False
+    if not all(isinstance(d, int) for d in (*data, *weight)):
+        return False
+    return (
+        dtype_of(call) == "float32"
+        and (str(attrs.data_layout), str(attrs.kernel_layout)) == ("NCHW", "OIHW")
+        and str(attrs.out_layout) in ("NCHW", "")
+        and int(attrs.groups) == data[1] == weight[0]
+        and weight[1] == 1
+        and all(int(s) == 1 for s in attrs.strides)
+        and all(int(d) == 1 for d in attrs.dilation)
+        and out[3] < CHANNEL_MULTIPLE
+    )
+
+
+def _depthwise_plane(bb, call):
+    """A stride-1 depthwise convolution computed on its channel's padded plane
+    read as one row: with ``Wp`` the padded width, output position
+    ``p = y * Wp + x`` is ``sum w[ry, rx] * plane[p + ry * Wp + rx]``, so whole
+    vectors of consecutive positions run over the plane, row ends included;
+    the positions past each row's end are computed and dropped.
+
+    On 7x7 or 14x14 planes a vector per output row is half empty or split into
+    pieces (7 = 4 + 2 + 1 lanes); here the 7x7 plane is 5 whole vectors (an
+    8 x 10 grid: :func:`_plane_grid`). The plane has extra zero rows at its end
+    so that the last vectors read inside it. The schedule recognises the
+    blocks (``umahub_npu.schedules``, "depthwise")."""
+    from tvm import te, tirx
+
+    from umahub.plugin import shape_of
+
+    attrs = call.attrs
+    N, C, H, W = shape_of(call.args[0])
+    _, _, KH, KW = shape_of(call.args[1])
+    top, left, bottom, right = (int(v) for v in attrs.padding)
+    OH, OW = H + top + bottom - KH + 1, W + left + right - KW + 1
+    rows, Wp = _plane_grid(OH, W + left + right)
+    # the last position (rows - 1, Wp - 1) reads up to row rows + KH - 2, column
+    # Wp + KW - 2: one row further when KW > 1
+    plane_rows = rows + KH - 1 + (1 if KW > 1 else 0)
+
+    def depthwise(x, w):
+        def padded(n, c, y, xx):
+            inside = tirx.all(y >= top, y < top + H, xx >= left, xx < left + W)
+            return tirx.if_then_else(inside, x[n, c, y - top, xx - left], tirx.const(0, "float32"))
+
+        plane = te.compute((N, C, plane_rows, Wp), padded, name="plane_pad")
+        ry = te.reduce_axis((0, KH), name="ry")
+        rx = te.reduce_axis((0, KW), name="rx")
+
+        def tap(n, c, y, xx):
+            at = (y + ry) * Wp + xx + rx
+            return te.sum(plane[n, c, at // Wp, at % Wp] * w[c, 0, ry, rx], axis=[ry, rx])
+
+        grid = te.compute((N, C, rows, Wp), tap, name="plane_conv")
+        return te.compute((N, C, OH, OW), lambda *i: grid(*i), name="plane_rows")
+
+    return bb.call_te(depthwise, *call.args, primfunc_name_hint="depthwise")
+
+
+def _conv2d(constants: frozenset) -> Callable:
+    """conv2d's legalization: a depthwise one on its plane (:func:`_depthwise_plane`)
+    where that applies, else with its output channels padded
+    (:func:`_padded_channels`) where its filter is one of ``constants``."""
+    padded = _padded_channels(constants)
+
+    def legalize(bb, call):
+        if _is_plane_depthwise(call):
+            return _depthwise_plane(bb, call)
+        return padded(bb, call)
+
+    return legalize
+
+
 #: The npu's legalizations, by operator.
 LEGALIZE: dict[str, Callable] = {
     "relax.nn.max_pool2d": max_pool2d,
@@ -197,13 +301,12 @@ LEGALIZE: dict[str, Callable] = {
 def lower(
     function: relax.Function, symbol: str, accelerator: str, weights: frozenset[int] = frozenset()
 ) -> tvm.IRModule:
-    """The default lowering with :data:`LEGALIZE`, and convolutions' output channels
+    """The default lowering with :data:`LEGALIZE`, convolutions' output channels
     padded for the vector units where the filter is one of ``weights`` (indices of
-    ``function``'s parameters the model passes as constants)."""
+    ``function``'s parameters the model passes as constants), and depthwise ones
+    on narrow planes computed on the plane (:func:`_conv2d`)."""
     from umahub.plugin import default_relax_to_tir
 
     constants = frozenset(p for i, p in enumerate(function.params) if i in weights)
-    legalize = dict(LEGALIZE)
-    if constants:
-        legalize["relax.nn.conv2d"] = _padded_channels(constants)
+    legalize = dict(LEGALIZE, **{"relax.nn.conv2d": _conv2d(constants)})
     return default_relax_to_tir(function, symbol, accelerator, legalize=legalize)

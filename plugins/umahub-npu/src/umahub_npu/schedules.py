@@ -35,7 +35,10 @@ Strategies
     vectors: the matmul ``W[f, c] x X[c, p]`` of NCHW's own layout, the input
     (and a squeeze-and-excitation gate multiplying it) read in place.
 ``"depthwise"``
-    NCHW conv2d with groups == channels (one input channel per output).
+    NCHW conv2d with groups == channels (one input channel per output); one
+    whose output rows are narrower than a vector (7x7, 5x5 filters on 7x7)
+    on its plane read as one row, as ``umahub_npu.lowering`` writes it:
+    vectors of consecutive positions over row ends.
 ``"sum"``
     A sum over a tensor's trailing axes (a mean, a global average pooling):
     rows in parallel, each in vector-wide partial sums (``rfactor``).
@@ -122,6 +125,10 @@ pointwise, per (f-tile, p-tile) task::
 
 depthwise: each channel is independent; the tile is ``ty`` full rows of one
 channel (input rows + 9 weights + output rows), always far below the budget.
+On a plane (rows narrower than a vector), a task is a channel: its padded
+plane, then tiles of up to 8 vectors of positions accumulated in registers
+over the unrolled taps, then the epilogue, which drops the positions past each
+row's end.
 
 Target: build with :func:`umahub.plugin.host_target` (this CPU by name: plain
 ``"llvm"`` is generic x86-64, SSE2 and no FMA).
@@ -191,6 +198,7 @@ class Plan:
     stride: int = 1  # conv2d
     kernel: tuple = (1, 1)  # conv2d
     pointwise: bool = False  # conv2d: 1x1, stride 1, not grouped
+    plane: bool = False  # depthwise: on its plane read as one row (see lowering)
 
 
 # A buffer load is ``tvm.ir.expr.TensorLoad`` with ``source`` in 0.27 and
@@ -329,6 +337,9 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
             **common,
         )
 
+    if len(reduce_) == 2 and len(spatial) == 4:
+        return _plan_plane(spatial, reduce_, x, y, common)
+
     if len(reduce_) == 3 and len(spatial) == 4:
         n, f, yy, xx = (iv.var for iv in spatial)
         rc, ry, rx = (iv.var for iv in reduce_)
@@ -379,6 +390,43 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
             **common,
         )
     return None
+
+
+def _plan_plane(spatial: list, reduce_: list, x, y, common: dict) -> Plan | None:
+    """The npu's own depthwise lowering (``umahub_npu.lowering._depthwise_plane``):
+    ``acc[n, c, y, x] += plane[n, c, y + ry + (x + rx) // Wp, (x + rx) % Wp] * w[c, 0, ry, rx]``
+    (as TVM simplifies ``((y + ry) * Wp + x + rx) // Wp``)."""
+    n, c, yy, xx = (iv.var for iv in spatial)
+    ry, rx = (iv.var for iv in reduce_)
+    data = weight = None
+    for cand in (x, y):
+        ci = list(cand.indices)
+        if len(ci) != 4:
+            return None
+        if _is_var(ci[0], c) and _is_var(ci[2], ry) and _is_var(ci[3], rx):
+            weight = cand
+        elif (
+            _is_var(ci[1], c)
+            and _uses(ci[2], yy)
+            and _uses(ci[2], ry)
+            and isinstance(ci[3], tirx.FloorMod)
+            and _uses(ci[3], xx)
+            and _uses(ci[3], rx)
+        ):
+            data = cand
+    if data is None or weight is None:
+        return None
+    ext = lambda iv: int(iv.dom.extent)  # noqa: E731
+    return Plan(
+        kind="depthwise",
+        # the grid the plane is computed on: rows x the padded width (or more)
+        extents=dict(
+            N=ext(spatial[0]), F=ext(spatial[1]), rows=ext(spatial[2]), width=ext(spatial[3])
+        ),
+        kernel=(ext(reduce_[0]), ext(reduce_[1])),
+        plane=True,
+        **common,
+    )
 
 
 def _batch_size(spatial: list) -> int:
@@ -1091,9 +1139,36 @@ def _deinterleave_padded(sch: s_tir.Schedule, pads: list[str], stride: int) -> l
     return done
 
 
+def _schedule_plane(sch: s_tir.Schedule, p: Plan, lanes: int) -> str:
+    """A depthwise convolution on its plane read as one row (see ``lowering``):
+    a channel per task, its plane padded while it is in cache, the positions in
+    tiles of up to 8 vectors accumulated in registers over the unrolled taps,
+    the epilogue (which drops each row's extra positions) per channel."""
+    (pad,) = p.prologue
+    red, out, rest = _accumulator_and_epilogue(sch, p)
+    n, c, y, x, ry, rx = sch.get_loops(red)
+    vectors = p.extents["rows"] * p.extents["width"] // lanes
+    tile = max(d for d in _divisors(vectors) if d <= 8)
+    p0, p1, p2 = sch.split(sch.fuse(y, x), [None, tile, lanes])
+    sch.reorder(p0, ry, rx, p1, p2)
+    outer = sch.fuse(n, c)
+    sch.parallel(outer)
+    tiled, rest = _epilogue_at(sch, outer, out, rest)
+    _pad_at(sch, sch.get_sblock(pad), outer, lanes, 1)
+    sch.unroll(ry)
+    sch.unroll(rx)
+    sch.unroll(p1)
+    sch.vectorize(p2)
+    sch.decompose_reduction(red, ry)
+    _finish_epilogue(sch, tiled, rest, lanes)
+    return "depthwise"
+
+
 def _schedule_depthwise(
     sch: s_tir.Schedule, p: Plan, sram: int, threads: int, lanes: int, weights: frozenset[int]
 ):
+    if p.plane:
+        return _schedule_plane(sch, p, lanes)
     pads = _padding_blocks(sch, p)
     phased = _deinterleave_padded(sch, pads, p.stride) if p.stride > 1 else []
     for name in p.prologue:
