@@ -610,19 +610,30 @@ def test_a_depthwise_on_rows_narrower_than_a_vector_runs_vectors_over_its_plane(
     close(run(sch.mod, [x, w, b], want.shape), want)
 
 
-def test_a_depthwise_on_rows_of_a_vector_or_more_keeps_the_row_by_row_schedule():
+@pytest.mark.parametrize(
+    "size,dtype",
+    [
+        (16, "float32"),  # a row of a whole vector
+        (7, "float16"),  # half-precision operands summed in float32
+    ],
+)
+def test_other_depthwise_convolutions_keep_the_row_by_row_lowering(size, dtype):
     from umahub_npu import lowering
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", R.Tensor((1, 8, 16, 16), "float32"))
-    w = relax.Var("w", R.Tensor((8, 1, 3, 3), "float32"))
+    x = relax.Var("x", R.Tensor((1, 8, size, size), dtype))
+    w = relax.Var("w", R.Tensor((8, 1, 3, 3), dtype))
     with bb.function("main", [x, w]):
         with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=1, groups=8))
+            conv = relax.op.nn.conv2d(x, w, padding=1, groups=8, out_dtype="float32")
+            out = bb.emit_output(conv)
         bb.emit_func_output(out)
-    sch = s_tir.Schedule(lowering.lower(bb.get()["main"], "main", "npu"))
-    p = schedules.plan(sch)
-    assert (p.kind, p.plane, p.extents["OW"]) == ("depthwise", False, 16)
+    (func,) = [
+        f
+        for f in lowering.lower(bb.get()["main"], "main", "npu").functions.values()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    ]
+    assert "plane_conv" not in func.script()
 
 
 # ----------------------------------------------------------------- rows known at run time

@@ -219,7 +219,7 @@ def _is_plane_depthwise(call) -> bool:
     if not all(isinstance(d, int) for d in (*data, *weight)):
         return False
     return (
-        dtype_of(call) == "float32"
+        all(dtype_of(e) == "float32" for e in (call, *call.args))
         and (str(attrs.data_layout), str(attrs.kernel_layout)) == ("NCHW", "OIHW")
         and str(attrs.out_layout) in ("NCHW", "")
         and int(attrs.groups) == data[1] == weight[0]
