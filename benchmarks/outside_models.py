@@ -16,7 +16,8 @@ each in a process of its own with ``--threads`` threads:
 Each records its compile time, the median of ``--repeat`` runs (numpy in,
 numpy out) and its output's relative error against PyTorch's (max absolute
 difference over the reference's max magnitude, which is recorded too; a row
-above 1e-3 is marked invalid). Results: ``results/outside_models.json``.
+above 1e-3 is marked invalid). Results: ``results/outside_models_<intel|amd>.json``,
+one file per kind of machine.
 
     python benchmarks/outside_models.py [MODEL ...] [--repeat N] [--threads N]
 """
@@ -31,7 +32,7 @@ import tempfile
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
-from _common import run_worker, worker_env, write
+from _common import cpu_kind, run_worker, worker_env, write
 
 #: Relative error against PyTorch above which a row is invalid.
 TOLERANCE = 1e-3
@@ -118,7 +119,7 @@ def main() -> None:
             rows[name] = row
             print(_line(name, row), flush=True)
     path = write(
-        "outside_models",
+        f"outside_models_{cpu_kind()}",
         {"threads": args.threads, "repeat": args.repeat, "tolerance": TOLERANCE, "models": rows},
     )
     print(json.dumps({"written": str(path)}), file=sys.stderr)
