@@ -44,14 +44,13 @@ THREADS = 2
 
 
 def _torch_model(name: str):
-    import torch
-
     if name in TORCHVISION:
-        import torchvision
+        # random weights with outputs of order one, as engines.py's (efficientnet_b0's
+        # were about 1e-14 as torchvision starts it: an int8 output scale of 3e-16)
+        from _models import random_torchvision
 
-        torch.manual_seed(0)
-        module = getattr(torchvision.models, name)(weights=None).eval()
-        return module, (torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)),)
+        module, x = random_torchvision(name)
+        return module, (x,)
     from umahub.models.torch_zoo import torch_module
 
     return torch_module(name)
