@@ -14,7 +14,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from umahub._tvm import name_of
+from umahub._tvm import name_of, ret_type
 
 __all__ = [
     "bindings",
@@ -29,6 +29,7 @@ __all__ = [
     "partition_functions",
     "span_name",
     "var_uses",
+    "with_blocks",
 ]
 
 
@@ -46,6 +47,14 @@ def bindings(func: relax.Function) -> Iterator[relax.Binding]:
     """The bindings of a function's body, block after block."""
     for block in func.body.blocks:
         yield from block.bindings
+
+
+def with_blocks(func: relax.Function, blocks: list[relax.BindingBlock]) -> relax.Function:
+    """``func`` with its body's binding blocks replaced by ``blocks``: the same
+    parameters, result, return type, purity and attributes."""
+    return relax.Function(
+        func.params, relax.SeqExpr(blocks, func.body.body), ret_type(func), func.is_pure, func.attrs
+    )
 
 
 def name_span(name: str) -> tvm.ir.Span:

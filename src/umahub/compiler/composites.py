@@ -20,7 +20,7 @@ from umahub._tvm import name_of, rebind, ret_type, type_args, type_of
 from umahub.compiler.placement import Pin, Pins
 from umahub.compiler.vdevice import VirtualDevice
 from umahub.errors import PlacementError
-from umahub.ir import is_composite, name_span, op_calls, span_name
+from umahub.ir import is_composite, name_span, op_calls, span_name, with_blocks
 from umahub.plugin.accelerator import Accelerator
 
 __all__ = [
@@ -204,9 +204,7 @@ def _with_span_names(func: relax.Function, names: list[str] | None = None) -> re
                 value = relax.Call(value.op, value.args, value.attrs, type_args(value), span=span)
             bindings.append(rebind(binding, value))
         blocks.append(type(block)(bindings))
-    return relax.Function(
-        func.params, relax.SeqExpr(blocks, func.body.body), ret_type(func), func.is_pure, func.attrs
-    )
+    return with_blocks(func, blocks)
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -236,16 +234,7 @@ def _add_rewritten_main(bb: relax.BlockBuilder, main: relax.Function, rewrite) -
     blocks = [
         type(block)([rebind(b, rewrite(b)) for b in block.bindings]) for block in main.body.blocks
     ]
-    bb.add_func(
-        relax.Function(
-            main.params,
-            relax.SeqExpr(blocks, main.body.body),
-            ret_type(main),
-            main.is_pure,
-            main.attrs,
-        ),
-        "main",
-    )
+    bb.add_func(with_blocks(main, blocks), "main")
 
 
 def one_composite_per_call(

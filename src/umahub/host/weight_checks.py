@@ -18,7 +18,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from umahub._tvm import name_of, ret_type
+from umahub._tvm import name_of
+from umahub.ir import with_blocks
 
 __all__ = ["CHECKS", "without_weight_checks"]
 
@@ -55,14 +56,11 @@ def without_weight_checks(weights: int) -> tvm.transform.Pass:
 
 
 def _without_checks(func: relax.Function, trusted: list) -> relax.Function:
-    body = func.body
     blocks = [
         type(block)([b for b in block.bindings if not _checks_one_of(b, trusted)])
-        for block in body.blocks
+        for block in func.body.blocks
     ]
-    return relax.Function(
-        func.params, relax.SeqExpr(blocks, body.body), ret_type(func), func.is_pure, func.attrs
-    )
+    return with_blocks(func, blocks)
 
 
 def _checks_one_of(binding, trusted: list) -> bool:
