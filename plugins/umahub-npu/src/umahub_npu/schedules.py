@@ -1155,12 +1155,7 @@ def _schedule_plane(sch: s_tir.Schedule, p: Plan, lanes: int) -> str:
     sch.parallel(outer)
     tiled, rest = _epilogue_at(sch, outer, out, rest)
     _pad_at(sch, sch.get_sblock(pad), outer, lanes, 1)
-    sch.unroll(ry)
-    sch.unroll(rx)
-    sch.unroll(p1)
-    sch.vectorize(p2)
-    sch.decompose_reduction(red, ry)
-    _finish_epilogue(sch, tiled, rest, lanes)
+    _finish_taps(sch, red, (ry, rx), (p1, p2), ry, (tiled, rest), lanes)
     return "depthwise"
 
 
@@ -1197,13 +1192,20 @@ def _schedule_depthwise(
     sch.parallel(outer)
     for name in pads:  # the rows a task reads, padded while they are in cache
         _pad_at(sch, sch.get_sblock(name), outer, lanes, p.stride if name in phased else 1)
-    sch.unroll(ry)
-    sch.unroll(rx)
-    sch.unroll(y2)
-    sch.vectorize(x1)
-    sch.decompose_reduction(red, y1)
-    _finish_epilogue(sch, tiled, rest, lanes)
+    _finish_taps(sch, red, (ry, rx), (y2, x1), y1, (tiled, rest), lanes)
     return "depthwise"
+
+
+def _finish_taps(sch: s_tir.Schedule, red, taps, micro, init, epilogue, lanes: int) -> None:
+    """What a depthwise tiling ends with: the filter's ``taps`` (ry, rx) and the
+    ``micro`` tile's outer loop unrolled, its inner loop vectorized, the
+    accumulator initialised before the loop ``init``, then the epilogue
+    (``(tiled, rest)`` of :func:`_epilogue_at`)."""
+    for loop in (*taps, micro[0]):
+        sch.unroll(loop)
+    sch.vectorize(micro[1])
+    sch.decompose_reduction(red, init)
+    _finish_epilogue(sch, *epilogue, lanes)
 
 
 def _padding_blocks(sch: s_tir.Schedule, p: Plan) -> list[str]:
