@@ -97,6 +97,28 @@ def test_dense_bias_activation(M, K, N, act):
     close(got, ref)
 
 
+@pytest.mark.parametrize("K, steps", [(64, (16, 4)), (36, (9, 4)), (30, (30,))])
+def test_the_matmul_micro_kernel_unrolls_its_reduction_steps_four_at_a_time(K, steps):
+    """k1 (the steps of one k-tile) in pieces of four, unrolled; a tile that four
+    does not divide keeps its step loop. The register tile (8 rows x 2 vectors
+    with AVX-512's lanes) stays innermost."""
+    mod = primfunc_from_relax(
+        [("x", (32, K)), ("w", (K, 64))], lambda bb, x, w: relax.op.matmul(x, w)
+    )
+    sch = s_tir.Schedule(mod)
+    assert schedules.schedule(sch, lanes=16, threads=2) == "matmul"
+    kinds = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled"}
+    update = next(
+        b for b in sch.get_child_blocks(sch.get_sblock("root")) if "update" in sch.get(b).name_hint
+    )
+    loops = [(kinds[int(sch.get(l).kind)], int(sch.get(l).extent)) for l in sch.get_loops(update)]
+    micro = [("unrolled", 8), ("vectorized", 32)]
+    want = [("serial", steps[0])] + ([("unrolled", 4)] if len(steps) == 2 else []) + micro
+    assert loops[-len(want) :] == want
+    x, w = f32(32, K), f32(K, 64)
+    close(run(sch.mod, [x, w], (32, 64)), x.astype(np.float64) @ w)
+
+
 def test_plain_matmul_gets_accumulator_and_tiny_sram():
     # no epilogue: the schedule adds a cache_write accumulator; a scratchpad of
     # 4 KiB forces the smallest tiles and must still be correct
