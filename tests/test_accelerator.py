@@ -106,4 +106,21 @@ def test_the_c_of_accelerators_is_compiled_at_o3_with_their_includes_and_sources
         umahub.Accelerator("a", codegen="c", include_dirs=[str(tmp_path)], c_sources=[kernels]),
         umahub.Accelerator("b", codegen="c", include_dirs=[str(tmp_path)]),
     ]
-    assert export_options(accs) == ["-O3", "-Wl,-z,now", f"-I{tmp_path}", str(kernels)]
+    flags = ["-Wl,-z,now", f"-I{tmp_path}", str(kernels)]
+    assert export_options(accs, native=False) == ["-O3", *flags]
+    # for this machine, for its CPU (gcc takes -march=native on x86-64 and aarch64)
+    assert export_options(accs) == ["-O3", "-march=native", *flags]
+
+
+def test_c_is_compiled_for_this_cpu_only_where_the_compiler_takes_it(tmp_path):
+    """A build for this machine gets ``-march=native`` (its LLVM kernels are built
+    for this CPU too; gcc's default is SSE2); a build for another machine gets
+    nothing, and neither does a compiler that refuses the option."""
+    from umahub.compiler.codegen import cpu_options
+
+    refusing = tmp_path / "refusing-cc"
+    refusing.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -march=native ] && exit 1; done\n')
+    refusing.chmod(0o755)
+    assert cpu_options(True, "gcc") == ["-march=native"]
+    assert cpu_options(False, "gcc") == []
+    assert cpu_options(True, str(refusing)) == []

@@ -220,7 +220,7 @@ def _linkable(mod: tvm.IRModule, comp: Compilation) -> tvm.IRModule:
         for p in placed.partitions
     ]
     cc = comp.target.cc if comp.target is not None else None
-    libraries, kernels = codegen.static_libraries(partitions, cc)
+    libraries, kernels = codegen.static_libraries(partitions, cc, native=comp.target is None)
     if not libraries and not kernels:
         return mod
     by_symbol = {symbol: module for symbol, module, _ in partitions}

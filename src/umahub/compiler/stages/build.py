@@ -542,7 +542,7 @@ def load(comp: Compilation, executable: Any, kernels_linked: bool = False) -> Co
         executable,
         comp.devices,
         signature_of(comp.mod["main"]),
-        codegen.export_options([] if kernels_linked else used),
+        codegen.export_options([] if kernels_linked else used, native=comp.target is None),
         None,
         comp.weight_devices,
         needs_export=linked,
