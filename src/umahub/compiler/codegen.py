@@ -247,7 +247,7 @@ def _takes_native(compiler: str) -> bool:
     return done.returncode == 0
 
 
-def export_options(accelerators: Iterable[Accelerator], native: bool = True) -> list[str]:
+def export_options(accelerators: Iterable[Accelerator], *, native: bool) -> list[str]:
     """Compiler options that an export needs: -O3, the CPU's (:func:`cpu_options`;
     ``native``: a build for this machine), include dirs and vendor C sources."""
     # -z now: a missing vendor symbol fails when the library is loaded, not at its first call.
@@ -259,7 +259,7 @@ def export_options(accelerators: Iterable[Accelerator], native: bool = True) -> 
 
 
 def static_libraries(
-    partitions: Iterable[tuple[str, Any, Accelerator]], cc: str | None = None, native: bool = True
+    partitions: Iterable[tuple[str, Any, Accelerator]], cc: str | None = None, *, native: bool
 ) -> tuple[dict[str, Any], list[Any]]:
     """C modules compiled here into TVM static libraries, and the kernel libraries.
 

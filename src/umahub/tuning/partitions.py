@@ -111,6 +111,7 @@ def build(
 
     acc = kernel.context.accelerator
     symbol = kernel.context.symbol
+    native = kernel.context.target is None  # C for this CPU, as its LLVM kernels are
     built: list[tuple[str | None, str]] = []
     funcs: list[Any] = []
     for mod, said in scheduled:
@@ -118,7 +119,9 @@ def build(
             lowered = kernel.build(mod, said)
             path = os.path.join(tempfile.mkdtemp(dir=where), "kernel.so")
             if codegen.module_kind(lowered.module) == "c":
-                lowered.module.export_library(path, options=codegen.export_options([acc]))
+                lowered.module.export_library(
+                    path, options=codegen.export_options([acc], native=native)
+                )
             else:
                 lowered.module.export_library(path)
             built.append((path, ""))
