@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import tvm
 from tvm import s_tir, tirx
 
 from umahub._tvm import param_buffers
@@ -99,7 +100,7 @@ def _iterations(sch: s_tir.Schedule, loops: list) -> int:
 
 
 #: Expression nodes a block may grow to by inlining a producer it reads more than once.
-INLINE_MAX = 400
+INLINE_MAX = 250
 
 
 def _walk(node: Any, kind: Any, visit: Any) -> None:
@@ -115,9 +116,12 @@ def _walk(node: Any, kind: Any, visit: Any) -> None:
 
 
 def _size(node: Any) -> int:
+    """The expression nodes under ``node``: only expressions, as TVM versions differ
+    in the other objects they visit (0.26 also walks each node's dtype and type, which
+    made every expression look 2-3 times bigger than on 0.27)."""
     nodes: list[Any] = []
-    _walk(node, object, nodes.append)
-    return len(nodes)
+    _walk(node, tvm.ir.expr.Expr, nodes.append)
+    return sum(not isinstance(n, tvm.ir.Op) for n in nodes)
 
 
 def _expression_size(sch: s_tir.Schedule, block: Any) -> int:
