@@ -103,25 +103,13 @@ def _iterations(sch: s_tir.Schedule, loops: list) -> int:
 INLINE_MAX = 250
 
 
-def _walk(node: Any, kind: Any, visit: Any) -> None:
-    import tvm_ffi
-
-    walk = getattr(tvm_ffi, "structural_walk", None)
-    if walk is not None:  # apache-tvm 0.26+
-        walk(node, (kind, visit), order="post")
-    else:
-        tirx.stmt_functor.post_order_visit(
-            node, lambda n: visit(n) if isinstance(n, kind) else None
-        )
-
-
 def _size(node: Any) -> int:
     """The expression nodes under ``node``: only expressions, as TVM versions differ
     in the other objects they visit (0.26 also walks each node's dtype and type, which
     made every expression look 2-3 times bigger than on 0.27)."""
-    nodes: list[Any] = []
-    _walk(node, tvm.ir.expr.Expr, nodes.append)
-    return sum(not isinstance(n, tvm.ir.Op) for n in nodes)
+    from umahub.plugin.compat import Expr, nodes_in
+
+    return sum(not isinstance(n, tvm.ir.Op) for n in nodes_in(node, Expr))
 
 
 def _expression_size(sch: s_tir.Schedule, block: Any) -> int:
@@ -130,27 +118,23 @@ def _expression_size(sch: s_tir.Schedule, block: Any) -> int:
     reader's, and a reshape's divisions and remainders would make a multiply look as
     big as a polynomial (GELU's ``x * 0.7071`` behind a reshape stayed a buffer of
     its own, written and read back: 0.93 ms where inlined took 0.59)."""
-    from umahub.plugin.compat import Load
+    from umahub.plugin.compat import Load, nodes_in
 
     value = sch.get(block).body.value
-    loads: list[Any] = []
-    _walk(value, Load, loads.append)
+    loads = nodes_in(value, Load)
     return _size(value) - sum(_size(i) for load in loads for i in load.indices)
 
 
 def _reads_of(sch: s_tir.Schedule, producer: Any) -> int:
     """How many loads of ``producer``'s output its consumers make (per element)."""
-    from umahub.plugin.compat import Load, buffer_of
+    from umahub.plugin.compat import Load, buffer_of, nodes_in
 
     written = buffer_of(sch.get(producer).writes[0])
-    loads: list[Any] = []
-    for consumer in sch.get_consumers(producer):
-        _walk(
-            sch.get(consumer).body,
-            Load,
-            lambda n: loads.append(n) if buffer_of(n).same_as(written) else None,
-        )
-    return len(loads)
+    return sum(
+        buffer_of(load).same_as(written)
+        for consumer in sch.get_consumers(producer)
+        for load in nodes_in(sch.get(consumer).body, Load)
+    )
 
 
 def _inline_chain(sch: s_tir.Schedule, blocks: list) -> None:

@@ -38,6 +38,9 @@ documentation):
    * - buffer store
      - ``tirx.BufferStore``, ``.buffer``
      - the same
+   * - expression base class (:data:`Expr`)
+     - ``tvm.ir.expr.Expr``
+     - the same in 0.26; ``tvm.tirx.PrimExpr`` in 0.25
    * - call, e.g. ``if_then_else`` (:data:`Call`)
      - ``tvm.ir.expr.Call``
      - the same in 0.26; ``tirx.Call`` in 0.25
@@ -85,6 +88,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "Analyzer",
     "Call",
+    "Expr",
     "Load",
     "Region",
     "SBlock",
@@ -145,6 +149,7 @@ _RESOLVERS: dict[str, Any] = {
     "Load": _load_class,
     "Region": _region_class,
     "Call": lambda: _first(("tvm.ir.expr", "Call"), ("tvm.tirx", "Call")),
+    "Expr": lambda: _first(("tvm.ir.expr", "Expr"), ("tvm.tirx", "PrimExpr")),
     "detect_linear_equation": lambda: _first(
         ("tvm.sym.pattern", "detect_linear_equation"),
         ("tvm.arith.pattern", "detect_linear_equation"),
@@ -166,6 +171,9 @@ if TYPE_CHECKING:  # for type checkers and readers: what the lazy names are
     Region: Any
     #: The class of a call expression (``T.if_then_else``, ``T.call_extern`` ...).
     Call: Any
+    #: The base class of TIR expressions (for ``nodes_in(e, Expr)``: the expression
+    #: nodes of ``e``, none of the types, dtypes and arrays a walk also visits).
+    Expr: Any
     #: ``detect_linear_equation(expr, vars)``: the coefficients of a linear
     #: expression in ``vars``, then the constant term; empty when not linear.
     detect_linear_equation: Any
