@@ -41,6 +41,22 @@ def test_buffer_of_a_load_a_store_and_a_region():
     assert [v.same_as(i) for v in compat.vars_in(i * 2 + 1)] == [True]
 
 
+def test_a_node_shared_by_two_parents_is_listed_each_time_it_occurs():
+    from tvm import tirx
+
+    buf = tirx.decl_buffer((4,), "float32", name="A")
+    i = tirx.Var("i", "int32")
+    load = tirx.BufferLoad(buf, [i])
+    square = load * load  # one load object, read twice
+    assert len(compat.nodes_in(square, compat.Load)) == 2
+    assert sum(v.same_as(i) for v in compat.vars_in(square)) == 2
+    store = tirx.BufferStore(buf, square, [i])
+    assert len(compat.nodes_in(store, compat.Load)) == 2
+    assert len(compat.nodes_in(store, tirx.BufferStore)) == 1
+    # an expression holds no statement (0.25 walks it inside a T.evaluate)
+    assert compat.nodes_in(square, tirx.Stmt) == []
+
+
 def test_param_buffers_data_pointer_and_linear_equations():
     from tvm import tirx
     from tvm.script import tirx as T

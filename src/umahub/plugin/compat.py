@@ -56,7 +56,9 @@ documentation):
    * - walk an expression (:func:`vars_in`)
      - ``tvm_ffi.structural_walk``
      - the same in 0.26 (it comes with apache-tvm-ffi 0.1.15); 0.25 (tvm-ffi 0.1.12):
-       ``tirx.stmt_functor.post_order_visit``
+       ``tirx.stmt_functor.ir_transform`` with a callback that changes nothing
+       (``post_order_visit`` visits a node shared by two parents once; the walk
+       lists it each time it occurs) and a statement only
    * - ``detect_linear_equation``, :data:`Analyzer`
      - ``tvm.sym.pattern``, ``tvm.sym``
      - ``tvm.arith.pattern``, ``tvm.arith``
@@ -274,24 +276,38 @@ def dtype_of_expr(expr: Any) -> str:
 def vars_in(expr: Any) -> list[Any]:
     """Every ``tirx.Var`` under ``expr`` (an expression or a statement), in post order.
 
-    A variable used twice is listed twice.
+    A variable used twice is listed twice (see :func:`nodes_in`).
     """
     return nodes_in(expr, _tirx().Var)
 
 
 def nodes_in(expr: Any, kind: type) -> list[Any]:
     """Every node of class ``kind`` under ``expr`` (an expression or a statement),
-    in post order (``nodes_in(func.body, SBlock)``: the blocks of a PrimFunc)."""
+    in post order (``nodes_in(func.body, SBlock)``: the blocks of a PrimFunc).
+
+    A node is listed each time it occurs, on every TVM: a load ``x[i]`` that an
+    expression reads twice is two loads even where TVM built it once and shares
+    the object. (tvm-ffi's ``structural_walk``, 0.26 on, lists each occurrence;
+    0.25's ``post_order_visit`` visits each object once, so 0.25 walks with
+    ``ir_transform`` instead, whose callback sees every occurrence.)
+    """
     import tvm_ffi
 
     found: list[Any] = []
     walk = getattr(tvm_ffi, "structural_walk", None)
     if walk is not None:
         walk(expr, (kind, found.append), order="post")
-    else:
-        _tirx().stmt_functor.post_order_visit(
-            expr, lambda node: found.append(node) if isinstance(node, kind) else None
-        )
+        return found
+    tirx = _tirx()
+    # ir_transform takes a statement: an expression is walked inside a T.evaluate,
+    # which is not one of its nodes
+    wrapped = isinstance(expr, tirx.PrimExpr)
+
+    def visit(node: Any) -> None:
+        if isinstance(node, kind) and not (wrapped and isinstance(node, tirx.Stmt)):
+            found.append(node)
+
+    tirx.stmt_functor.ir_transform(tirx.Evaluate(expr) if wrapped else expr, None, visit)
     return found
 
 
