@@ -219,6 +219,19 @@ def test_rewrite_replaces_every_node_of_a_kind(fused):
     assert [float(f.value) for f in up.nodes_in(fused.body, tirx.FloatImm)] == [0.0]
 
 
+def test_rewrite_takes_an_expression_as_well_as_a_statement():
+    from tvm import tirx
+
+    x, y = tirx.Var("x", "int32"), tirx.Var("y", "int32")
+    three = tirx.const(3, "int32")
+    out = up.rewrite(x + y * x, tirx.Var, lambda v: three if v.same_as(x) else v)
+    assert isinstance(out, tirx.Add)
+    assert [v.name for v in up.vars_in(out)] == ["y"]
+    assert [int(c.value) for c in up.nodes_in(out, tirx.IntImm)] == [3, 3]
+    # an expression holds no statement to replace
+    assert isinstance(up.rewrite(x + 1, tirx.Evaluate, lambda s: tirx.Evaluate(three)), tirx.Add)
+
+
 def test_static_ints_are_none_where_one_is_symbolic():
     from tvm import tirx
 

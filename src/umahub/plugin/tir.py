@@ -219,9 +219,14 @@ def blocks(func: Any) -> list[Any]:
 
 
 def rewrite(node: Any, kind: type, replace: Callable[[Any], Any]) -> Any:
-    """``node`` (a statement or a PrimFunc's body) with every node of class ``kind``
-    replaced by ``replace(n)``, bottom up: ``n`` has its own children rewritten
-    already. ``replace`` returns ``n`` itself to keep it.
+    """``node`` (an expression, a statement or a PrimFunc's body) with every node of
+    class ``kind`` replaced by ``replace(n)``, bottom up: ``n`` has its own children
+    rewritten already. ``replace`` returns ``n`` itself to keep it.
+
+    The same for expressions and statements on every supported TVM: where tvm-ffi
+    has no ``structural_mutate`` (0.25), TIR's ``ir_transform`` takes only a
+    statement, so an expression is rewritten inside a ``T.evaluate`` of it and
+    taken back out.
     """
     import tvm_ffi
 
@@ -229,6 +234,14 @@ def rewrite(node: Any, kind: type, replace: Callable[[Any], Any]) -> Any:
     if mutate is not None:
         return mutate(node, [(kind, lambda n, m: replace(m.default_mutate(n)))])
     from tvm import tirx
+
+    if isinstance(node, compat.Expr):
+        # an expression holds no statement: the only one here is the wrapper,
+        # which is not the caller's to replace
+        def post_expr(n: Any) -> Any:
+            return replace(n) if isinstance(n, kind) and isinstance(n, compat.Expr) else None
+
+        return tirx.stmt_functor.ir_transform(tirx.Evaluate(node), None, post_expr).value
 
     def post(n: Any) -> Any:
         return replace(n) if isinstance(n, kind) else None
