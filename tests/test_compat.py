@@ -69,5 +69,9 @@ def test_param_buffers_data_pointer_and_linear_equations():
     a, n, b = compat.param_buffers(func)
     assert n is None and compat.is_buffer(a) and compat.is_buffer(b)
     assert compat.data_pointer(a) is not None
+    assert compat.points_to(compat.data_pointer(a), a)
+    assert compat.points_to(a.data, a)
+    assert not compat.points_to(compat.data_pointer(b), a)
+    assert not compat.points_to(tirx.address_of(tirx.BufferLoad(a, [1])), a)
     x = tirx.Var("x", "int32")
     assert [int(c) for c in compat.detect_linear_equation(x * 3 + 2, [x])] == [3, 2]

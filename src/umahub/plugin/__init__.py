@@ -83,7 +83,7 @@ TVM's names that moved between apache-tvm 0.25, 0.26 and 0.27
     :data:`SBlockRealize`, :data:`Load`, :data:`Region`, :data:`Call`,
     :data:`Analyzer`, :data:`TensorType`, :data:`TupleType`,
     :func:`buffer_of`, :func:`is_buffer`, :func:`param_buffers`,
-    :func:`data_pointer`, :func:`vars_in`, :func:`nodes_in`,
+    :func:`data_pointer`, :func:`points_to`, :func:`vars_in`, :func:`nodes_in`,
     :func:`detect_linear_equation`, :func:`type_of`, :func:`ret_type`,
     :func:`type_args`, :func:`name_of`.
 
@@ -181,6 +181,7 @@ if TYPE_CHECKING:
         name_of,
         nodes_in,
         param_buffers,
+        points_to,
         ret_type,
         type_args,
         type_of,
@@ -305,6 +306,7 @@ __all__ = [
     "pack_weight",
     "param_buffers",
     "perfect_nest",
+    "points_to",
     "quantized",
     "quantized_operator",
     "read_in_place",

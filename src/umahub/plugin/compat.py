@@ -53,6 +53,9 @@ documentation):
    * - a buffer's data pointer (:func:`data_pointer`)
      - ``buf.data``, an expression of the element pointer type
      - the same in 0.26; in 0.25 a handle ``Var`` that C declares ``void*``
+   * - whether an argument is a buffer's data pointer (:func:`points_to`)
+     - a ``tirx.buffer_data(buf)`` call, made anew at each use of ``buf.data``
+     - the same in 0.26; in 0.25 :func:`data_pointer`'s ``T.address_of(buf[0, ..., 0])``
    * - walk an expression (:func:`vars_in`)
      - ``tvm_ffi.structural_walk``
      - the same in 0.26 (it comes with apache-tvm-ffi 0.1.15); 0.25 (tvm-ffi 0.1.12):
@@ -105,6 +108,7 @@ __all__ = [
     "name_of",
     "nodes_in",
     "param_buffers",
+    "points_to",
     "ret_type",
     "type_args",
     "type_of",
@@ -264,6 +268,30 @@ def data_pointer(buf: Any) -> Any:
         return data
     zeros = [tirx.const(0, dtype_of_expr(d)) for d in buf.shape]
     return tirx.address_of(tirx.BufferLoad(buf, zeros))
+
+
+def points_to(arg: Any, buf: Any) -> bool:
+    """Whether ``arg`` (an argument of ``T.call_extern``, say) is ``buf``'s data pointer:
+    what :func:`data_pointer` gives for ``buf``, or ``buf.data`` itself.
+
+    Not ``arg.same_as(buf.data)`` alone: 0.26 and 0.27 make ``buf.data`` a
+    ``tirx.buffer_data(buf)`` call anew at each use, and 0.25's
+    :func:`data_pointer` is ``T.address_of(buf[0, ..., 0])``.
+    """
+    if arg.same_as(buf.data):
+        return True
+    name = getattr(getattr(arg, "op", None), "name", "")
+    if name == "tirx.buffer_data":
+        return bool(arg.args[0].same_as(buf))
+    if name == "tirx.address_of":
+        load = arg.args[0]
+        tirx = _tirx()
+        return (
+            isinstance(load, _load_class())
+            and buffer_of(load).same_as(buf)
+            and all(isinstance(i, tirx.IntImm) and int(i) == 0 for i in load.indices)
+        )
+    return False
 
 
 def dtype_of_expr(expr: Any) -> str:

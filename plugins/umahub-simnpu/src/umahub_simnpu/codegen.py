@@ -26,7 +26,7 @@ import numpy as np
 from umahub_simnpu_runtime import isa
 
 import umahub.plugin as up
-from umahub_simnpu.intrinsics import BY_NAME, DATA, kind_of_scope, points_to
+from umahub_simnpu.intrinsics import BY_NAME, DATA, kind_of_scope
 from umahub_simnpu.lowering import DATA_ATTR
 
 __all__ = ["CodegenError", "compile_expr", "evaluate", "generate"]
@@ -133,14 +133,14 @@ class _Emitter:
                 return isa.DATA_SLOT
             raise CodegenError(f"{intrinsic} names {arg.value!r}, not a buffer or {DATA!r}")
         for i, buffer in enumerate(self.buffers):
-            if points_to(arg, buffer):
+            if up.points_to(arg, buffer):
                 return i
         raise CodegenError(f"{intrinsic} reads {arg}, which is not a parameter's buffer")
 
     def tile(self, arg: Any, intrinsic: str) -> tuple[int, int]:
         """The on-chip buffer (INP, WGT, ACC) and base an intrinsic's tile pointer names."""
         for buffer, place in self.tiles:
-            if points_to(arg, buffer):
+            if up.points_to(arg, buffer):
                 if place is None:
                     raise CodegenError(
                         f"the tile {buffer.name} is in scope {buffer.scope()!r}, not one of "

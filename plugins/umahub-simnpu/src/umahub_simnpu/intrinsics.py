@@ -4,8 +4,9 @@ Each intrinsic is a ``T.call_extern("int32", name, *args)``, alone in a block of
 its own (the block says which buffers it reads and writes). Argument 0 is
 always ``deps``, the dependency tokens of the instruction (0 until the
 :mod:`umahub_simnpu.passes` set them). On-chip buffers are passed as a pointer
-(``buffer.data``) followed by offsets into it, in the buffer's elements (bytes of
-INP and WGT, words of ACC); DRAM as a parameter's pointer (or
+(``up.data_pointer(buffer)``, which ``up.points_to`` recognises) followed by
+offsets into it, in the buffer's elements (bytes of INP and WGT, words of
+ACC); DRAM as a parameter's pointer (or
 :data:`DATA`, the program's data segment) and an offset in elements of the
 DRAM type.
 
@@ -25,9 +26,8 @@ DRAM type.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-__all__ = ["BY_NAME", "DATA", "KINDS", "MODULES", "Intrinsic", "kind_of_scope", "points_to"]
+__all__ = ["BY_NAME", "DATA", "KINDS", "MODULES", "Intrinsic", "kind_of_scope"]
 
 #: The string naming the program's data segment as a load's source.
 DATA = "simnpu.data"
@@ -69,18 +69,6 @@ STORE = Intrinsic("simnpu.store", 15, ((4, (5,)),), dram=1)
 
 #: Every intrinsic by its name.
 BY_NAME = {i.name: i for i in (LOAD, GEMM, ALU, STORE)}
-
-
-def points_to(arg: Any, buffer: Any) -> bool:
-    """Whether the intrinsic argument ``arg`` is ``buffer``'s data pointer (TVM 0.26+
-    makes ``buffer.data`` a ``tirx.buffer_data(buffer)`` call anew at each use)."""
-    if arg.same_as(buffer.data):
-        return True
-    return (
-        type(arg).__name__ == "Call"
-        and getattr(arg.op, "name", "") == "tirx.buffer_data"
-        and arg.args[0].same_as(buffer)
-    )
 
 
 def kind_of_scope(scope: str) -> str | None:

@@ -36,7 +36,7 @@ from typing import Any
 from umahub_simnpu_runtime import isa
 
 import umahub.plugin as up
-from umahub_simnpu.intrinsics import BY_NAME, MODULES, Intrinsic, kind_of_scope, points_to
+from umahub_simnpu.intrinsics import BY_NAME, MODULES, Intrinsic, kind_of_scope
 
 __all__ = ["dependency_tokens", "double_buffer"]
 
@@ -55,7 +55,7 @@ class _Site:
 
 def _buffer_of_pointer(arg: Any, tiles: list[Any]) -> Any:
     """The tile whose pointer ``arg`` is (``buffer.data``), or None."""
-    return next((tile for tile in tiles if points_to(arg, tile)), None)
+    return next((tile for tile in tiles if up.points_to(arg, tile)), None)
 
 
 def _sites(func: Any) -> tuple[Any, list[Any], list[_Site]]:
