@@ -75,3 +75,21 @@ def test_param_buffers_data_pointer_and_linear_equations():
     assert not compat.points_to(tirx.address_of(tirx.BufferLoad(a, [1])), a)
     x = tirx.Var("x", "int32")
     assert [int(c) for c in compat.detect_linear_equation(x * 3 + 2, [x])] == [3, 2]
+
+
+def test_no_code_builds_a_relax_type_from_tvm_relax_itself():
+    """0.25's ``relax.TensorType``/``TupleType`` are older, shape-less classes: a tensor's
+    type is built with the shim's (``umahub._tvm``, re-exported here), on every TVM."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"\brelax\.(TensorType|TupleType)\(")
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for top in ("src", "plugins", "tests")
+        for path in (root / top).rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []

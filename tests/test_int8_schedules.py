@@ -267,14 +267,15 @@ def test_a_partition_called_twice_knows_a_constant_only_if_both_calls_pass_it(se
 
     from umahub.compiler.lowering import CONSTANT_LIMIT
     from umahub.ir import partition_constants
+    from umahub.plugin.compat import TensorType
 
     bb = relax.BlockBuilder()
-    a = relax.Var("a", relax.TensorType((4,), "float32"))
-    b = relax.Var("b", relax.TensorType((4,), "float32"))
+    a = relax.Var("a", TensorType((4,), "float32"))
+    b = relax.Var("b", TensorType((4,), "float32"))
     with bb.function("npu_0", [a, b], attrs={"Codegen": "npu"}):
         bb.emit_func_output(bb.emit(relax.op.add(a, b)))
     gv = bb.get().get_global_var("npu_0")
-    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    x = relax.Var("x", TensorType((4,), "float32"))
     with bb.function("main", [x]):
         first = bb.emit(relax.Call(gv, [x, relax.const(np.ones(4, "float32"))]))
         again = relax.const(np.full(4, second, "float32"))

@@ -41,7 +41,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from umahub._tvm import Constant, constant_value
+from umahub._tvm import Constant, TensorType, constant_value
 from umahub.ir import bindings, var_uses
 from umahub.plugin.compat import dtype_of_expr
 from umahub.plugin.patterns import dtype_of, shape_of
@@ -194,7 +194,7 @@ def _rebuilt(expr: Any, lookup: Any, leaf: relax.Var, x: relax.Var) -> Any:
 def _tables(chains: list[tuple[Any, str]]) -> list[np.ndarray]:
     """Each chain (its expression of ``x``, and ``x``'s dtype) on all 256 values, in
     the order of their bits read as uint8, computed by one TVM build."""
-    inputs = {dtype: relax.Var(f"x_{dtype}", relax.TensorType((256,), dtype)) for dtype in _BYTES}
+    inputs = {dtype: relax.Var(f"x_{dtype}", TensorType((256,), dtype)) for dtype in _BYTES}
     bb = relax.BlockBuilder()
     with bb.function("main", list(inputs.values())):
         outs = [bb.emit(expr(inputs[dtype])) for expr, dtype in chains]
