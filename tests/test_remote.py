@@ -176,6 +176,25 @@ def _serving_children(server):
     return psutil.Process(server.proc._proc.pid).children(recursive=True)
 
 
+@pytest.mark.parametrize(
+    ("text", "lost"),
+    [
+        ("Check failed: (code == RPCCode::kReturn) is false: code=1", True),
+        ("Check failed: (code == RPCCode::kReturn) is false: code=kShutdown", True),
+        ("Socket recv error: connection reset by peer", True),
+        ("Check failed: (code == RPCCode::kReturn) is false: code=5", False),
+        ("ValueError: the input 0 has shape (1, 3) where the model takes (1, 4)", False),
+    ],
+)
+def test_a_session_that_ended_is_told_from_a_call_that_failed(text, lost):
+    """TVM's RPC client reports a session that died under a call either as a socket
+    error or as the protocol's shutdown code in place of a return, depending on when
+    it died; both are a board that went away."""
+    from umahub.boards.rpc import _connection_lost
+
+    assert _connection_lost(RuntimeError(text)) is lost
+
+
 def test_a_board_that_goes_away_mid_run(cnn):
     import umahub.boards.board
 

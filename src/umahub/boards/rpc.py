@@ -30,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -305,7 +306,13 @@ def _fetch(session: Any, value: Any) -> Any:
 
 
 def _connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the board's session ended, not that a call failed on it."""
     text = str(exc).lower()
+    if "rpccode::kreturn" in text and re.search(r"code=(1|kshutdown)\b", text):
+        # TVM's RPC endpoint, reading an answer from a channel that closed under it, gets
+        # the protocol's shutdown code (kShutdown, 1) in place of a return: which of this
+        # and a socket error a dead session gives depends on when it died
+        return True
     return any(
         word in text
         for word in ("socket", "connection", "closed", "broken pipe", "eof", "shutdown", "recv")
