@@ -14,11 +14,12 @@ import umahub
 from umahub.errors import UmahubError
 from umahub.frontends import load_model, to_relax
 
-# apache-tvm 0.25's frontends drop the spans that name the operators: models
-# import there with TVM's variable names (lv, lv1...), as the docs say.
+# apache-tvm 0.25's PyTorch frontend drops the spans that name the operators:
+# models import there with TVM's variable names (lv, lv1...), as the docs say.
+# (ONNX models keep their names on every TVM.)
 names_kept = pytest.mark.skipif(
     __import__("tvm").__version__.startswith("0.25"),
-    reason="apache-tvm 0.25's frontends keep no operator names",
+    reason="apache-tvm 0.25's PyTorch frontend keeps no operator names",
 )
 
 BUNDLED = {"plugins": ["npu", "vanilla", "dsp"]}
@@ -109,7 +110,6 @@ def onnx_reference(weights, x):
     return h.reshape(1, -1) @ weights["wf"].T + weights["bf"]
 
 
-@names_kept
 def test_onnx_operators_are_named_after_their_nodes():
     model, _ = onnx_cnn()
     ops = operators(to_relax(model))
@@ -213,7 +213,6 @@ def test_an_onnx_clip_whose_min_exceeds_its_max_gives_max_as_onnx_defines(hub):
     np.testing.assert_array_equal(hub.compile(model).run(x), np.ones_like(x))
 
 
-@names_kept
 def test_a_pin_by_onnx_node_name_places_that_node_and_the_report_names_it(hub):
     model, weights = onnx_cnn()
     compiled = hub.compile(model, placement={"body": "vanilla_accel", "stem": "host"})
@@ -233,7 +232,6 @@ def test_a_pin_by_onnx_node_name_places_that_node_and_the_report_names_it(hub):
     np.testing.assert_allclose(compiled.run(x), onnx_reference(weights, x), rtol=1e-4, atol=1e-4)
 
 
-@names_kept
 def test_explain_takes_an_onnx_model(hub):
     model, _ = onnx_cnn()
     report = hub.explain(model)

@@ -29,8 +29,9 @@ Operator names
 TVM's frontends (0.25-0.27) keep no names: every operator is bound to a
 variable ``lv``, ``lv1``, ... and carries no span. umahub names each operator
 (its span, and the variable it is bound to) after the source node it came
-from, so that pins and the report speak the model's language (on apache-tvm
-0.26 and 0.27; 0.25's frontends drop the spans, and names stay TVM's):
+from, so that pins and the report speak the model's language (ONNX on every
+supported TVM; PyTorch on apache-tvm 0.26 and 0.27: 0.25's PyTorch frontend
+drops the spans, and names stay TVM's):
 
 * ONNX: the node's ``name``, or its first output's name when the node is
   unnamed.

@@ -28,6 +28,7 @@ def _onnx_opset(model: Any) -> int:
 def _onnx_importer() -> Any:
     """TVM's ONNX importer, naming each node's operators (None: this TVM's differs)."""
     try:
+        from tvm import relax
         from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
     except ImportError:
         return None
@@ -46,10 +47,13 @@ def _onnx_importer() -> Any:
         def _convert_operator(self, op_name, inputs, attrs, opset):
             name = attrs.get("tvm_custom", {}).get("name") or op_name
             with self.bb.naming(name):
-                ours = convert(op_name, inputs, attrs, opset)
-                if ours is not None:
-                    return self.bb.normalize(ours)
-                return super()._convert_operator(op_name, inputs, attrs, opset)
+                op = convert(op_name, inputs, attrs, opset)
+                if op is None:
+                    op = super()._convert_operator(op_name, inputs, attrs, opset)
+                # normalized under the node's name: 0.25's importer normalizes what
+                # this returns, outside it, and so made unnamed calls of every
+                # operator TVM converts (a DequantizeLinear took the next node's name)
+                return self.bb.normalize(op) if isinstance(op, relax.Expr) else op
 
     if not all(hasattr(ONNXGraphImporter, n) for n in ("_parse_value_proto", "_convert_operator")):
         return None
