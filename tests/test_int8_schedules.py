@@ -123,9 +123,10 @@ def test_a_quantized_matmul_by_a_weight_is_exact_with_either_schedule(host_hub, 
     np.testing.assert_array_equal(compiled.run(a), expected)
 
 
-def _classifier(channels, depth=64, seed=0):
+def _classifier(channels, depth=64, seed=0, rows=1):
     """``quantize(dequantize(a) @ dequantize(w) + dequantize(bias))``, ``a`` one row of
-    ``depth`` uint8 values: a classifier's last product, ORT's QDQ form."""
+    ``depth`` uint8 values (or ``rows`` of them): a classifier's last product, ORT's
+    QDQ form."""
     from test_quantized import _const
     from tvm import relax
 
@@ -136,7 +137,7 @@ def _classifier(channels, depth=64, seed=0):
     w_scale = rng.uniform(0.001, 0.01, channels).astype("float32")
     bias = rng.integers(-5000, 5000, size=(channels,)).astype("int32")
     bb = relax.BlockBuilder()
-    a = relax.Var("a", TensorType((1, depth), "uint8"))
+    a = relax.Var("a", TensorType((rows, depth), "uint8"))
     with bb.function("main", [a]):
         with bb.dataflow():
             da = bb.emit(relax.op.dequantize(a, _const(0.03, "float32"), _const(3, "uint8")))
@@ -159,7 +160,7 @@ def _classifier(channels, depth=64, seed=0):
             )
             out = bb.emit_output(q)
         bb.emit_func_output(out)
-    return bb.get(), rng.integers(0, 256, size=(1, depth)).astype("uint8")
+    return bb.get(), rng.integers(0, 256, size=(rows, depth)).astype("uint8")
 
 
 @pytest.mark.parametrize("channels", [40, 48], ids=["40 channels", "48 channels"])
@@ -175,6 +176,25 @@ def test_a_one_row_product_runs_its_channel_tiles_in_parallel(host_hub, channels
         [f"int8 matmul: {how}, weights packed at compile time"]
     ]
     assert recorder.loops[0]["dot_init"][0] == "PARALLEL"
+    np.testing.assert_array_equal(compiled.run(a), host_hub.compile(mod).run(a))
+
+
+@pytest.mark.parametrize(
+    ("rows", "channels", "outer"),
+    [(16, 96, "i1"), (96, 48, "i0")],  # i0: the output's rows, i1: its channels
+    ids=["fewer rows than channels", "more rows than channels"],
+)
+def test_a_products_tiles_read_the_smaller_operand_again(host_hub, rows, channels, outer):
+    """The tiles of the operand read once are the outer ones of the parallel loop:
+    with fewer rows than channels, the weight's panel of a channel tile is read for
+    every row tile while it is in cache (row tiles outer, a weight bigger than the
+    cache was read from memory again for each of them)."""
+    mod, a = _classifier(channels, rows=rows)
+    recorder = _BlockRecorder()
+    compiled = umahub.Hub(config={"plugins": ["npu"]}, plugins=[recorder]).compile(mod)
+    assert recorder.loops[0]["dot_init"][0] == "PARALLEL"
+    inner = {"i1": "i0", "i0": "i1"}[outer]
+    assert recorder.names[0]["dot_init"][0] == f"{outer}_0_{inner}_0_fused"
     np.testing.assert_array_equal(compiled.run(a), host_hub.compile(mod).run(a))
 
 
@@ -217,6 +237,7 @@ class _BlockRecorder:
     def __init__(self):
         self.blocks: list[set[str]] = []
         self.loops: list[dict[str, list[str]]] = []  # block -> the loops' kinds around it
+        self.names: list[dict[str, list[str]]] = []  # block -> the loops' names around it
 
     @umahub.hookimpl
     def umahub_schedule(self, accelerator, schedule, context):
@@ -232,6 +253,9 @@ class _BlockRecorder:
             n: [tirx.ForKind(schedule.get(lp).kind).name for lp in ls] for n, ls in loops.items()
         }
         self.loops.append(kinds)
+        self.names.append(
+            {n: [str(schedule.get(lp).loop_var.name) for lp in ls] for n, ls in loops.items()}
+        )
 
 
 @pytest.mark.parametrize(

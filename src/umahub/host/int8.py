@@ -625,8 +625,14 @@ def _matmul(sch: s_tir.Schedule, vnni: bool) -> None:
         bi = _divisor_at_most(blocks, max(1, blocks // 4))
     m0, m1 = sch.split(m, [None, mi])
     n0, n1 = sch.split(n, [None, min(channels, bi * 16)])
-    sch.reorder(*lead, m0, n0, m1, n1)
-    tile = _parallel_tile(sch, *lead, m0, n0)
+    # the operand read again for each tile of the other is the smaller one: with fewer
+    # rows than channels the row tiles are inner, and a tile of channels' weight panel
+    # serves them all while it is in cache (row tiles outer, bert's 128x768 by 768x3072
+    # read its 2.4 MB weight from L3 again for each of its 16 row tiles: 1/0.85 the
+    # time, Intel Xeon)
+    outer, inner = (n0, m0) if rows <= channels else (m0, n0)
+    sch.reorder(*lead, outer, inner, m1, n1)
+    tile = _parallel_tile(sch, *lead, outer, inner)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
     *spatial, ni, rk, ri = sch.get_loops(dot)[1:]
     mm, nb = spatial[-2:]
