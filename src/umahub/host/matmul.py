@@ -16,7 +16,9 @@ along ``j``, ``mr`` rows unrolled; the tile's accumulators stay in registers)::
 Each task owns a panel of ``nr`` columns of ``B`` (``K * nr`` floats, a few
 hundred KiB for BERT's layers) and walks every row tile of ``A`` against it,
 so the panel is read from memory once and then from cache. A transposed ``B``
-(``Q @ K^T``) has its panel copied to ``[k, nr]`` first, per task. The
+(``Q @ K^T``) has its panel copied to ``[k, nr]`` first, per task. Where
+``B`` is computed in the function (a cast; a quantized product's operand less
+its zero point), that computation makes the task's panel. The
 accumulator tile is written back, with the epilogue applied, after its ``k``
 loop. ``M`` may be a size known only at run time (its last row tile is
 predicated); ``N`` must be known and divisible by at least 4.
@@ -100,7 +102,14 @@ def schedule_matmul(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str
         return None
     m = sch.get(i).extent
     mr = 4 if not isinstance(m, tirx.IntImm) else (_tile(int(m), (6, 4)) or 4)
+    b_buffer = buffer_of(sch.get(red).reads[b_index])
+    # B's producer (a cast, a zero point taken off) computes each task's panel itself
+    producer = next(
+        (blk for blk in before if buffer_of(sch.get(blk).writes[0]).same_as(b_buffer)), None
+    )
     for block in before:  # a transpose or a cast feeding the product: read in place
+        if producer is not None and sch.get(block).same_as(sch.get(producer)):
+            continue
         try:
             sch.compute_inline(block)
         except Exception:
@@ -115,8 +124,12 @@ def schedule_matmul(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str
     sch.parallel(outer)
     # the task's panel of B, copied to [k, nr] once when several row tiles read it
     # (then as one stream), or because it is stored transposed
-    if transposed or not isinstance(m, tirx.IntImm) or int(m) > mr:
+    panel = None
+    if producer is not None:
+        panel = producer
+    elif transposed or not isinstance(m, tirx.IntImm) or int(m) > mr:
         panel = sch.cache_read(red, b_index, "global")
+    if panel is not None:
         sch.compute_at(panel, outer)
         if transposed:
             sch.transform_layout(panel, ("write", 0), lambda *ax: (*ax[:-2], ax[-1], ax[-2]))

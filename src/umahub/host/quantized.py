@@ -373,8 +373,7 @@ def quantized_kernel(
         elif conv:
             at = _conv_acc(op, x, x_zero, w, zw, out_shape, channels)
         else:
-            acc = _matmul_acc(op, x, x_zero, w, zw, out_shape, channels)
-            at = acc.__getitem__
+            at = _matmul_acc(op, x, x_zero, w, zw, out_shape, channels)
         low, high = _bounds(op, sy, zy, out_dtype)
         zero = _zero_point(op.output, zy, "int64")
         if residual:
@@ -766,9 +765,26 @@ def _conv_acc(op, x, x_zero, w, zw, out_shape, channels):
 
 
 def _matmul_acc(op, a, a_zero, b, zb, out_shape, channels):
+    """A matmul's accumulator in the plain sum (a product of two activations, a weight
+    the packed form does not take), as a function of the output index.
+
+    Each operand less its zero point is a stage of its own (``a_less_zero``,
+    ``b_less_zero``), so the sum is a plain matrix product, which the host's
+    matmul rule tiles (:mod:`umahub.host.matmul`); in float32 where that is exact
+    (:func:`_exact_in_float`: attention's products of 64 or 128 steps of 8-bit
+    values), a multiply-add per step where int32 takes ``vpmulld`` and an add."""
     kdim = int(a.shape[-1])
     rk = te.reduce_axis((0, kdim), "rk")
     batch = len(out_shape) - 2
+    kind = "float32" if _exact_in_float(kdim, a, b) else "int32"
+    left = te.compute(
+        a.shape, lambda *i: (a[i].astype("int32") - a_zero).astype(kind), name="a_less_zero"
+    )
+    right = te.compute(
+        b.shape,
+        lambda *i: (b[i].astype("int32") - _read(zb, i[-1], channels).astype("int32")).astype(kind),
+        name="b_less_zero",
+    )
 
     def operand_index(t: te.Tensor, i: tuple) -> list[Any]:
         """``t``'s batch index for output batch index ``i`` (numpy's broadcasting)."""
@@ -778,13 +794,12 @@ def _matmul_acc(op, a, a_zero, b, zb, out_shape, channels):
 
     def acc(*i: Any) -> Any:
         row, col = i[-2], i[-1]
-        at_a = (*operand_index(a, i[:-2]), row, rk)
-        at_b = (*operand_index(b, i[:-2]), rk, col)
-        left = a[at_a].astype("int32") - a_zero
-        right = b[at_b].astype("int32") - _read(zb, col, channels).astype("int32")
-        return te.sum(left * right, axis=[rk])
+        at_a = (*operand_index(left, i[:-2]), row, rk)
+        at_b = (*operand_index(right, i[:-2]), rk, col)
+        return te.sum(left[at_a] * right[at_b], axis=[rk])
 
-    return te.compute(out_shape, acc, name="acc")
+    total = te.compute(out_shape, acc, name="acc")
+    return lambda i: total[i].astype("int32")
 
 
 def operands(op: QuantizedOperator) -> list[Any]:
