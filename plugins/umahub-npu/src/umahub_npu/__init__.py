@@ -24,7 +24,9 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   In QDQ form, a squeeze-and-excitation block's gate (``quantize(x *
   dequantize(gate))``, one 8-bit value per channel) and its pooling quantized
   (``quantize(mean(x))``) are elementwise after the float values the host
-  computes too, so they stay on the npu, bit for bit the host's.
+  computes too, so they stay on the npu, bit for bit the host's; so does a
+  residual block's add (``quantize(dequantize(a) + dequantize(b))``, with its
+  ReLU).
   And a mean over a tensor's last axes (a global average pooling), a max
   pooling (with the ReLU before it), and a concatenation (its DMA gathers the
   pieces): SqueezeNet's and Inception's branches meet and are pooled on the
@@ -322,6 +324,24 @@ def quantized_gate_ok(ctx) -> bool | Refusal:
     return True
 
 
+def quantized_add_ok(ctx) -> bool | Refusal:
+    """The sum of two dequantized 8-bit tensors of one static shape, quantized (with a
+    ReLU, where there is one), each with one scale: a residual block's add in QDQ
+    form (MobileNetV2's, ResNet's), elementwise in the host's arithmetic."""
+    from umahub.plugin import calls, dtype_of, shape_of
+
+    (total,) = calls(ctx, "relax.add")
+    terms = calls(ctx, "relax.dequantize")
+    if any(dtype_of(t.args[0]) not in ("int8", "uint8") for t in terms):
+        return Refusal("a dequantize of another type than 8 bits")
+    if not all(_one_scale(c) for c in (*terms, *calls(ctx, "relax.quantize"))):
+        return Refusal("a quantize or dequantize with a scale per channel")
+    shapes = {shape_of(a) for a in total.args}
+    if len(shapes) != 1 or None in shapes:
+        return Refusal("a sum of tensors of different or unknown shapes")
+    return True
+
+
 def _mean_axes(mean) -> bool | Refusal:
     from umahub.plugin import shape_of
 
@@ -387,6 +407,18 @@ def umahub_patterns():
             ("_right", multiply(wildcard(), dequantized())),
         )
     ]
+    # a residual block's add in QDQ form: quantize(dequantize(a) + dequantize(b)), with
+    # the ReLU after it where there is one: the tensors need not go to the host and back
+    total = is_op("relax.add")(dequantized(), dequantized())
+    added = [
+        (
+            f"{NAME}.qadd_relu",
+            out(is_op("relax.nn.relu")(total), is_const(), is_const()),
+            {},
+            quantized_add_ok,
+        ),
+        (f"{NAME}.qadd", out(total, is_const(), is_const()), {}, quantized_add_ok),
+    ]
     # a max pooling, with the ReLU before it (SqueezeNet's stem, ResNet's)
     pool = is_op("relax.nn.max_pool2d")
     pools = [
@@ -414,6 +446,7 @@ def umahub_patterns():
         + epilogues(NAME, "conv2d", conv, conv2d_ok)
         + mean
         + gated
+        + added
         + pools
         + concat
     )
