@@ -209,6 +209,35 @@ def test_a_library_loads_with_the_runtime_package_alone(install, tmp_path):
     )
 
 
+def test_a_process_that_loaded_a_library_twice_exits_cleanly(runtime, tmp_path):
+    """Each load binds the device's functions again, in place of the last load's; a
+    library TVM kept until exit then held the only reference to a replaced one, a Python
+    callable released after Python was finalized: a segfault as the process exited
+    (apache-tvm 0.25's tvm-ffi), every model's results already given."""
+    path = _compile().export_library(tmp_path / "toy.so")
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, toy_device, umahub
+        from umahub.runtime import devices
+        devices.register_runtime(toy_device.ToyRuntime())
+        for _ in range(2):
+            umahub.load({str(path)!r}).run(np.ones((4, 8), "float32"))
+        print("ran")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={
+            "PYTHONPATH": ":".join([str(Path(__file__).parent), *sys.path]),
+            "PATH": "/usr/bin:/bin",
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr[-2000:]
+
+
 def test_a_fault_mid_run_names_accelerator_instance_and_partition(runtime):
     compiled = _compile()
     runtime.opened[1].fault = "fault"

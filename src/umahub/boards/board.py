@@ -49,19 +49,16 @@ _last = [0.0]  # seconds of the last run's main on the board (this session's pro
 
 
 def _load(name: str, devices: int, weights: str) -> Any:
-    import tvm
     import tvm_ffi
 
-    from umahub.runtime.compiled import _device_calls, _read_metadata
+    from umahub.runtime.compiled import _device_calls, _read_metadata, open_library
     from umahub.runtime.running import Runner
 
     path = tvm_ffi.get_global_func("tvm.rpc.server.workpath")(name)
     # partitions on devices of their own: their programs are in the library's trailer,
     # run by the runtime packages installed on this board
     calls = _device_calls(path, _read_metadata(path))
-    runner = Runner(
-        tvm.runtime.load_module(path), int(devices), json.loads(weights), calls, "this library"
-    )
+    runner = Runner(open_library(path), int(devices), json.loads(weights), calls, "this library")
     main = runner.vm()["main"]
     host = runner.devices[0]
 

@@ -30,7 +30,7 @@ from umahub.errors import UmahubError, last_line
 from umahub.runtime.running import Executors, InputInfo, Runner, Running
 from umahub.targets import elf_machine, this_machine
 
-__all__ = ["Compiled", "LoadedModel", "load", "signature_of"]
+__all__ = ["Compiled", "LoadedModel", "load", "open_library", "signature_of"]
 
 _MAGIC = b"UMAHUBMETA2"
 _TRAILER = len(_MAGIC) + 8
@@ -81,6 +81,36 @@ def example_inputs(info: Sequence[InputInfo], seed: int = 0, size: int = 1) -> l
         else:
             arrays.append(rng.standard_normal(dims).astype(dtype))
     return arrays
+
+
+def open_library(path: str | os.PathLike) -> Any:
+    """The TVM module of a shared library, open for as long as the module is referenced.
+
+    ``tvm.runtime.load_module`` keeps every library it opens in a static of
+    libtvm_ffi's until the process exits (and with it the model's weights). A
+    library that has run holds the functions its device calls were bound to
+    (Python callables, :func:`umahub.runtime.devices.bind`), and tvm-ffi 0.1.12
+    (apache-tvm 0.25) releasing one from that static, after Python is finalized,
+    crashes the exiting process. Held by the model that runs it, the library is
+    released with the model, while Python still runs.
+    """
+    import tvm  # noqa: F401  # TVM's runtime: the loaders of the modules a library holds
+    import tvm_ffi
+
+    return tvm_ffi.load_module(os.path.realpath(path), keep_module_alive=False)
+
+
+def _runs_from_memory(executable: Any) -> bool:
+    """Whether TVM runs ``executable`` from memory: no module of its import tree is C
+    source or a static library. Otherwise TVM's VM exports and loads it itself
+    (``Executable.jit``), through ``tvm.runtime.load_module``: see :func:`open_library`."""
+    stack = [executable.mod]
+    while stack:
+        module = stack.pop()
+        if module.kind in ("c", "static_library"):
+            return False
+        stack.extend(module.imports)
+    return True
 
 
 def _append_metadata(path: str, meta: dict[str, Any], device_calls: Sequence[Any] = ()) -> None:
@@ -190,8 +220,6 @@ def load(path: str | os.PathLike) -> LoadedModel:
         UmahubError: no such file, not umahub's, damaged, or built for another
             architecture (checked before the library is opened).
     """
-    import tvm
-
     path = str(path)
     if not os.path.isfile(path):
         raise UmahubError(f"{path}: no such file")
@@ -204,7 +232,7 @@ def load(path: str | os.PathLike) -> LoadedModel:
         )
     calls = _device_calls(path, meta)
     try:
-        library = tvm.runtime.load_module(path)
+        library = open_library(path)
         runner = Runner(library, len(meta["devices"]), meta.get("weights", []), calls, path)
     except UmahubError:  # a device runtime not installed, a device that refused: said already
         raise
@@ -281,14 +309,12 @@ class Compiled(Running):
         C partitions are compiled and linked by an export, exactly as
         :meth:`export_library` does; a model with none runs from memory.
         """
-        import tvm
-
         library = self.executable
-        if needs_export:
+        if needs_export or not _runs_from_memory(self.executable):
             self._tmp = tempfile.TemporaryDirectory(prefix="umahub-")
             lib_path = os.path.join(self._tmp.name, "model.so")
             self.executable.export_library(lib_path, **self._export_arguments())
-            library = tvm.runtime.load_module(lib_path)
+            library = open_library(lib_path)
         return Runner(library, len(self.devices), self.weight_devices, self.device_calls)
 
     def _export_arguments(self) -> dict[str, Any]:
