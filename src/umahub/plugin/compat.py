@@ -326,17 +326,25 @@ def nodes_in(expr: Any, kind: type) -> list[Any]:
     if walk is not None:
         walk(expr, (kind, found.append), order="post")
         return found
-    tirx = _tirx()
-    # ir_transform takes a statement: an expression is walked inside a T.evaluate,
-    # which is not one of its nodes
-    wrapped = isinstance(expr, tirx.PrimExpr)
-
-    def visit(node: Any) -> None:
-        if isinstance(node, kind) and not (wrapped and isinstance(node, tirx.Stmt)):
-            found.append(node)
-
-    tirx.stmt_functor.ir_transform(tirx.Evaluate(expr) if wrapped else expr, None, visit)
+    # the callback returns None: nothing is replaced
+    _ir_transform(expr, lambda node: found.append(node) if isinstance(node, kind) else None)
     return found
+
+
+def _ir_transform(node: Any, post: Any) -> Any:
+    """TIR's ``ir_transform(node, None, post)`` of a statement or an expression: where
+    it takes statements only (0.25), an expression is transformed inside a
+    ``T.evaluate`` of it and taken back out; ``post`` sees no statement then, as the
+    wrapper is the only one. The fallback of :func:`nodes_in` and
+    :func:`umahub.plugin.rewrite` where tvm-ffi has no structural walk."""
+    tirx = _tirx()
+    if not isinstance(node, tirx.PrimExpr):
+        return tirx.stmt_functor.ir_transform(node, None, post)
+
+    def expressions_only(n: Any) -> Any:
+        return None if isinstance(n, tirx.Stmt) else post(n)
+
+    return tirx.stmt_functor.ir_transform(tirx.Evaluate(node), None, expressions_only).value
 
 
 # ----------------------------------------------------------------- functions: Relax

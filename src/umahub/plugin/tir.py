@@ -233,17 +233,8 @@ def rewrite(node: Any, kind: type, replace: Callable[[Any], Any]) -> Any:
     mutate = getattr(tvm_ffi, "structural_mutate", None)
     if mutate is not None:
         return mutate(node, [(kind, lambda n, m: replace(m.default_mutate(n)))])
-    from tvm import tirx
-
-    if isinstance(node, compat.Expr):
-        # an expression holds no statement: the only one here is the wrapper,
-        # which is not the caller's to replace
-        def post_expr(n: Any) -> Any:
-            return replace(n) if isinstance(n, kind) and isinstance(n, compat.Expr) else None
-
-        return tirx.stmt_functor.ir_transform(tirx.Evaluate(node), None, post_expr).value
 
     def post(n: Any) -> Any:
         return replace(n) if isinstance(n, kind) else None
 
-    return tirx.stmt_functor.ir_transform(node, None, post)
+    return compat._ir_transform(node, post)
