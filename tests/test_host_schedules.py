@@ -122,7 +122,10 @@ def test_a_plugin_failing_at_the_host_schedule_is_named_and_the_default_used(ref
     [
         ((64, 1024), ["parallel", "serial"]),  # rows in parallel; LLVM vectorizes each row
         ((4, 8, 2048), ["parallel", "serial"]),  # outer loops fused until every thread has work
-        ((16, 256), ["serial", "serial"]),  # 4096 elements: one thread is faster
+        ((16, 256), ["serial"]),  # 4096 elements: one thread is faster, one run
+        # short rows are one run too: LLVM's ends of 14-wide rows computed on the
+        # denormals another kernel left in the registers' other lanes (6x the time)
+        ((1, 96, 14, 14), ["serial"]),
     ],
 )
 def test_an_elementwise_chain_is_one_loop_nest_with_parallel_rows(shape, kinds):
