@@ -278,6 +278,32 @@ def test_the_npu_schedules_its_quantized_partition_with_vnni_and_packs_at_compil
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
+@needs_vnni
+@pytest.mark.parametrize("kernel", [1, 3], ids=["1x1", "3x3"])
+def test_the_requantization_multiplies_int32_by_int32(monkeypatch, kernel):
+    """The accumulator's per-channel term (the bias, less the input's zero point times
+    the weight's sums) is added after the multiply, scaled by a stage per channel:
+    LLVM then multiplies two int32 values into int64 (``vpmuldq``). Added before,
+    the int32 sum it widened took a 64-bit multiply (``vpmullq``, 3 micro-ops):
+    MobileNetV2's 1x1 expansions took 1/0.84 the time (Intel Xeon)."""
+    sources: list[str] = []
+    build = tvm.tirx.build
+
+    def recording(*args, **kwargs):
+        lib = build(*args, **kwargs)
+        sources.append(lib.inspect_source("asm"))
+        return lib
+
+    monkeypatch.setattr(tvm.tirx, "build", recording)
+    padding = (0, 0, 0, 0) if kernel == 1 else (1, 1, 1, 1)
+    mod, parts = qconv_graph(x_zp=7, channels=(8, 32), kernel=kernel, padding=padding)
+    x = _x({})
+    compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
+    (asm,) = [a for a in sources if "vpdpbusd" in a]
+    assert "vpmuldq" in asm and "vpmullq" not in asm
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
 class _BlockRecorder:
     """A plugin that records the block names of each npu partition it is asked to schedule."""
 

@@ -204,6 +204,19 @@ def _bias(op: QuantizedOperator, bias: list, sx: Any, sw: Any, channels: int) ->
     return te.compute((channels,), value, name="bias_q")
 
 
+def _channel_term(offset: Any, bias_q: te.Tensor | None) -> Any:
+    """The accumulator's per-channel term as a function of the channel: the packed
+    forms' ``- x_zp' * sum(w)`` (``offset``), plus the bias; None where both are
+    absent."""
+    if offset is None and bias_q is None:
+        return None
+    if bias_q is None:
+        return offset
+    if offset is None:
+        return lambda o: bias_q[o]
+    return lambda o: offset(o) + bias_q[o]
+
+
 def _bounds(op: QuantizedOperator, sy: Any, zy: Any, dtype: str) -> tuple[Any, Any]:
     """The output's clamp: its type's range, narrowed by the activation (in output units)."""
     low = tirx.const(int(tvm.tirx.min_value(dtype).value), "int64")
@@ -361,21 +374,30 @@ def quantized_kernel(
         scale = _double_requantizer(m, k, channels) if in_double else None  # else int64
         bias_q = _bias(op, bias, sx, sw, channels) if bias else None
         shape, pitch = out_shape, out_shape[-1]  # pitch: a flat form's positions per row
+        offset = None  # the accumulator's per-channel term, where its form has one
         if flat:
             shape = (*out_shape[:2], _ceil(out_shape[2] * out_shape[3], BLOCK_O) * BLOCK_O)
-            at = _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked)
+            at, offset = _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked)
         elif wide:  # the columns past the output's dropped
             pitch = int(x.shape[3]) + int(op.call.attrs.padding[1]) + int(op.call.attrs.padding[3])
             shape = (*out_shape[:3], pitch)
             at = _flat_depthwise_acc(op, x, x_zero, w, zw, shape)
         elif prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
-            at = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
+            at, offset = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
         elif conv:
             at = _conv_acc(op, x, x_zero, w, zw, out_shape, channels)
         else:
             at = _matmul_acc(op, x, x_zero, w, zw, out_shape, channels)
         low, high = _bounds(op, sy, zy, out_dtype)
         zero = _zero_point(op.output, zy, "int64")
+        channel_term = _channel_term(offset, bias_q)
+        scaled_term = None
+        if channel_term is not None and scale is None:
+            scaled_term = te.compute(
+                (channels,),
+                lambda o: channel_term(o).astype("int64") * m[o].astype("int64"),
+                name="channel_term_scaled",
+            )
         if residual:
             r, sr, zr = residual
             m_r, k_r = _residual_requantizer(sr, sy)
@@ -392,13 +414,18 @@ def quantized_kernel(
 
         def out(*i: Any) -> Any:
             o = i[1] if conv else i[-1]
-            a = at(i) if bias_q is None else at(i) + bias_q[o]
             if scale is not None:  # exact: see requantizes_in_double
+                a = at(i) if channel_term is None else at(i) + channel_term(o)
                 rounded_d = tirx.nearbyint(a.astype("float64") * scale[o])
                 value = rounded_d + zero.astype("float64")
                 bounded = tirx.max(low.astype("float64"), tirx.min(high.astype("float64"), value))
                 return bounded.astype("int32").astype(out_dtype)
-            p = a.astype("int64") * m[o].astype("int64")
+            # (a + c) * m as a * m + (c * m), the second a stage per channel: LLVM then
+            # multiplies two int32 values into int64 (vpmuldq), where the int32 sum
+            # a + c, which it widens, took a 64-bit multiply (vpmullq: 3 micro-ops)
+            p = at(i).astype("int64") * m[o].astype("int64")
+            if scaled_term is not None:
+                p = p + scaled_term[o]
             if residual:
                 term = (residual_at(i).astype("int64") - r_zero) * m_r[0].astype("int64")
                 p = p + (term << (k[o] - k_r[0]))
@@ -574,9 +601,9 @@ def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
 
     def at(i: Any) -> Any:
         window = sums(i) if sums is not None else None
-        return _corrected(dot[i], i[1], zero, wsum, window, zw, shape[1], c)
+        return _corrected(dot[i], i[1], window, zero, zw, shape[1], c)
 
-    return at
+    return at, _less_zero_times_sums(zero, wsum)
 
 
 def _packed_operands(op, x, x_zero, w, wsum, prepacked):
@@ -600,17 +627,23 @@ def _as_u8(value: Any, shift: int) -> Any:
     return value
 
 
-def _corrected(value, o, zero, wsum, window, zw, channels, reduction):
-    """``sum(x' * w)`` (``value``, output channel ``o``) made ``sum((x - x_zp) * (w - w_zp))``:
-    less ``x_zp' * sum(w)`` (``wsum``, None where it is 0) and, where the weight's
-    zero points are not known 0, ``w_zp * (sum(x') - K * x_zp')`` (``window``:
-    ``sum(x')``, else None)."""
-    if wsum is not None:
-        value = value - zero * wsum[o]
+def _corrected(value, o, window, zero, zw, channels, reduction):
+    """The per-position part of ``sum((x - x_zp) * (w - w_zp))`` from ``sum(x' * w)``
+    (``value``, output channel ``o``): less, where the weight's zero points are not
+    known 0, ``w_zp * (sum(x') - K * x_zp')`` (``window``: ``sum(x')``, else None).
+    The per-channel part, ``- x_zp' * sum(w)``, is :func:`_less_zero_times_sums`'."""
     if window is not None:
         w_zero = _read(zw, o, channels).astype("int32")
         value = value - w_zero * (window - zero * reduction)
     return value
+
+
+def _less_zero_times_sums(zero, wsum):
+    """The packed forms' per-channel term ``- x_zp' * sum(w)``, as a function of the
+    channel; None where it is 0 (``wsum`` None)."""
+    if wsum is None:
+        return None
+    return lambda o: -(zero * wsum[o])
 
 
 def _zero_point(params: Any, tensor: te.Tensor, dtype: str) -> Any:
@@ -709,9 +742,9 @@ def _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked):
     def at(i):
         window = sums(i) if sums is not None else None
         o = i[1] if conv else i[-1]
-        return _corrected(dot_at(i), o, zero, wsum, window, zw, channels, reduction)
+        return _corrected(dot_at(i), o, window, zero, zw, channels, reduction)
 
-    return at
+    return at, _less_zero_times_sums(zero, wsum)
 
 
 def _window_sum_conv(xp, c, kernel, op):
