@@ -24,9 +24,10 @@ int32 lanes, without the int16 saturation of ``vpmaddubsw``.
   tile, while the tile is in cache, as vectors of 16 channels (the
   accumulator's own vectors); the input's copy (by rows, the four bytes of a
   group unrolled) and the per-position sums (``window_sum``) are parallel
-  stages of their own; the per-channel stages (multiplier, bias, weight sums)
-  stay at the root, where the compiler computes them once, at compile time,
-  from a partition's constants (:mod:`umahub.host.constant_stages`).
+  stages of their own; the per-channel stages (multiplier, bias, weight sums,
+  their term times the multiplier) stay at the root, where the compiler
+  computes them once, at compile time, from a partition's constants
+  (:mod:`umahub.host.constant_stages`).
 
 A 1x1 convolution without padding (``dot_positions``, :func:`umahub.host.quantized.pointwise`)
 turns the tile around: positions in the lanes. One ``vpdpbusd`` takes sixteen
