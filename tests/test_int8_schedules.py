@@ -10,6 +10,8 @@ instruction).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -17,6 +19,8 @@ from test_quantized import _matmul_reference, qconv_graph, qmatmul_graph, refere
 
 import umahub
 from umahub.host.int8 import has_vnni
+from umahub.host.quantized import flat_plane, flat_tile_rows
+from umahub.targets import has_feature
 
 VNNI = {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu())}
 NO_VNNI = {"kind": "llvm", "mcpu": "skylake-avx512"}
@@ -104,6 +108,55 @@ def test_a_depthwise_convolution_is_exact_over_its_flat_plane(host_hub, case, ta
     assert compiled.report.host_schedules == {
         f"int8 depthwise: {sums} over the padded plane read flat": 1
     }
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
+#: (output rows, padded input row) -> (pitch, rows) of the flat plane computed
+FLAT_PLANES = {
+    (7, 11): (12, 8),  # a 7x7 output of a 5x5 kernel: one tile of 96 positions
+    (7, 9): (10, 8),
+    (14, 16): (16, 14),  # as it is: tiles of 7 rows of 16
+    (14, 18): (20, 16),
+    (56, 58): (64, 56),  # rows rounded up to 4 vectors, as their part-filled last one cost
+    (112, 114): (128, 112),
+    (3, 3): (4, 4),
+}
+
+
+@pytest.mark.parametrize("rows, width", FLAT_PLANES)
+def test_a_flat_depthwise_plane_is_whole_tiles_of_whole_rows_and_vectors(rows, width):
+    pitch, computed = flat_plane(rows, width)
+    assert (pitch, computed) == FLAT_PLANES[rows, width]
+    tile = flat_tile_rows(computed, pitch)
+    assert tile is not None and computed % tile == 0 and tile * pitch % 16 == 0
+    assert tile * pitch <= 128 or tile == 1
+
+
+needs_avx512 = pytest.mark.skipif(not has_feature("avx512f"), reason="this CPU has no AVX-512")
+
+
+@needs_avx512
+def test_a_flat_depthwise_sums_in_whole_512_bit_vectors(monkeypatch, host_hub):
+    """A 7x7 output of a 5x5 kernel (rows of 11). Computed a row at a time, each row
+    took a vector of 8 and a part-filled one, whose unused lanes held the previous
+    kernel's leftovers: as floats, denormals, a microcode assist each.
+    efficientnet_b0 int8's 7x7 depthwise convolutions took twice their time now
+    (Intel Xeon)."""
+    sources: list[str] = []
+    build = tvm.tirx.build
+
+    def recording(*args, **kwargs):
+        lib = build(*args, **kwargs)
+        sources.append(lib.inspect_source("asm"))
+        return lib
+
+    monkeypatch.setattr(tvm.tirx, "build", recording)
+    mod, parts = qconv_graph(channels=(16, 16), groups=16, size=7, kernel=5, padding=(2,) * 4)
+    x = np.random.default_rng(3).integers(0, 256, size=(1, 16, 7, 7)).astype("uint8")
+    compiled = host_hub.compile(mod)
+    (asm,) = [a for a in sources if "vfmadd" in a]
+    registers = re.findall(r"^\s*vfmadd\w*ps\s.*%([xyz])mm\d+$", asm, re.MULTILINE)
+    assert registers and set(registers) == {"z"}
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 

@@ -42,9 +42,10 @@ own only where they were (inlined, the last vector would be predicated).
 A depthwise convolution of stride 1 is computed over its padded input plane
 read as one flat row (``acc_flat``, :func:`umahub.host.quantized.flat_depthwise`):
 whole vectors of positions however narrow the rows, each tap an offset. A tile
-is whole rows of that plane, and its output rows (the columns computed past a
-row's end dropped) are written under it, while they are in cache: not in a
-pass of their own over the whole output.
+is whole rows of that plane and whole 512-bit vectors (the rows rounded up:
+:func:`umahub.host.quantized.flat_plane`), and its output rows (the positions
+computed past the output's dropped) are written under it, while they are in
+cache: not in a pass of their own over the whole output.
 Otherwise, a depthwise convolution stays in the plain sum (``acc``; no byte dot product
 fits one input channel per output channel): :func:`schedule_int8` computes
 it a row of up to 64 positions at a time as int32 vectors, the kernel's taps
@@ -566,19 +567,21 @@ def _depthwise(sch: s_tir.Schedule) -> None:
 
 def _flat_depthwise(sch: s_tir.Schedule) -> None:
     """A depthwise convolution over its flat padded plane: per channel, its plane
-    copied (in the core's cache for its tiles), then tiles of whole rows of it (up
-    to 64 positions, 4 vectors of 16; one row where a row is longer), the taps
-    outside them, the requantization in the same vectors, and the tile's output
-    rows written out (without the columns the flat form computes past a row's end)
-    while they are in cache."""
+    copied (in the core's cache for its tiles), then tiles of whole rows and
+    whole vectors of it (:func:`umahub.host.quantized.flat_tile_rows`), the taps
+    outside the vectors of 16 (each weight broadcast once, the tile's sums in
+    registers), the requantization in the same vectors, and the tile's output
+    rows written out (without the positions the flat form computes past the
+    output's) while they are in cache."""
+    from umahub.host.quantized import BLOCK_O, flat_tile_rows
+
     pad = sch.get_sblock("pad_zero_point")
     sch.compute_inline(sch.get_sblock("pad_flat"))  # the flat plane is the padded one, read flat
     acc = sch.get_sblock("acc_flat")
     requantized = sch.get_sblock("requantized")
     n, o, y, x = sch.get_loops(requantized)
     rows, pitch = (int(sch.get(loop).extent) for loop in (y, x))
-    per_tile = max(d for d in range(1, rows + 1) if rows % d == 0 and (d == 1 or d * pitch <= 64))
-    y0, y1 = sch.split(y, [None, per_tile])
+    y0, y1 = sch.split(y, [None, flat_tile_rows(rows, pitch)])
     tile = _parallel_tile(sch, n, o)
     sch.compute_at(acc, y0, preserve_unit_loops=True)
     sch.vectorize(sch.fuse(y1, x))
@@ -587,14 +590,16 @@ def _flat_depthwise(sch: s_tir.Schedule) -> None:
             sch.reverse_compute_at(shaped, y0, preserve_unit_loops=True)
             sch.vectorize(sch.get_loops(shaped)[-1])
     sch.compute_at(pad, tile, preserve_unit_loops=True)
-    *_, ty, tx, ry, rx = sch.get_loops(acc)
-    sch.reorder(ry, rx, ty, tx)
+    *_, q, ry, rx = sch.get_loops(acc)
+    vectors, lanes = sch.split(q, [None, BLOCK_O])  # 16 float32: a 512-bit vector
+    sch.reorder(ry, rx, vectors, lanes)
+    sch.vectorize(lanes)  # before the init is split off: the update alone may not be
     sch.decompose_reduction(acc, ry)
     sch.unroll(ry)
     sch.unroll(rx)
-    sch.fuse(ty, tx)  # one run of positions, which LLVM vectorizes (vectorize refuses an update)
+    sch.unroll(vectors)
     init = sch.get_loops(sch.get_sblock("acc_flat_init"))
-    sch.vectorize(sch.fuse(*init[-2:]))
+    sch.vectorize(init[-1])
 
 
 def _parallel_tile(sch: s_tir.Schedule, *loops: Any) -> Any:

@@ -42,6 +42,8 @@ __all__ = [
     "BLOCK_K",
     "BLOCK_O",
     "flat_depthwise",
+    "flat_plane",
+    "flat_tile_rows",
     "lower_quantized",
     "operands",
     "pack_weight_kernel",
@@ -380,7 +382,8 @@ def quantized_kernel(
             at, offset = _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked)
         elif wide:  # the columns past the output's dropped
             pitch = int(x.shape[3]) + int(op.call.attrs.padding[1]) + int(op.call.attrs.padding[3])
-            shape = (*out_shape[:3], pitch)
+            pitch, rows = flat_plane(out_shape[2], pitch)
+            shape = (*out_shape[:2], rows, pitch)
             at = _flat_depthwise_acc(op, x, x_zero, w, zw, shape)
         elif prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
             at, offset = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
@@ -404,8 +407,9 @@ def quantized_kernel(
             r_zero = _read(zr, 0, 1).astype("int64")
 
         def residual_at(i: tuple) -> Any:
-            if wide:
-                return r[i[0], i[1], i[2], tirx.min(i[3], out_shape[3] - 1)]  # past a row: its last
+            if wide:  # past the rows: the last one; past a row: its last column
+                row, column = (tirx.min(i[d], out_shape[d] - 1) for d in (2, 3))
+                return r[i[0], i[1], row, column]
             if not flat:
                 return r[i]
             row = tirx.min(i[2] // pitch, out_shape[2] - 1)  # past the rows: the last one
@@ -498,13 +502,18 @@ def _plane_less_zero(x: te.Tensor, x_zero: Any, top: int, left: int, kind: str):
 def _flat_depthwise_acc(op, x, x_zero, w, zw, shape):
     """A depthwise convolution of stride 1 as a sum over its padded plane read flat.
 
-    The input is copied padded, ``[N, C, rows * pitch]`` with ``pitch`` the padded
-    row; the sums are ``shape``, ``[N, C, OH, pitch]``: output position ``(y, x)``
-    (``x`` up to the pitch: the last columns of each row are computed and
-    dropped), at ``q = y * pitch + x`` of the plane, reads tap ``(ky, kx)`` at
-    ``q + ky * dh * pitch + kx * dw``. So every vector of positions is whole,
-    however narrow the rows (a row of 7 or 14 in a vector of 16 wasted most of
-    it), and the kernel's taps are offsets, each weight broadcast once per vector.
+    The input is copied padded, ``[N, C, rows * pitch]``; the output is computed
+    as ``shape``, ``[N, C, R, pitch]`` (:func:`flat_plane`: at least the output's
+    rows, at least the padded input's row; the positions past the output's are
+    computed and dropped), its sums flat, ``[N, C, R * pitch]``. Position ``(y,
+    x)`` is ``q = y * pitch + x`` and reads tap ``(ky, kx)`` at ``q + ky * dh *
+    pitch + kx * dw`` of the plane. A tile of the schedule is whole rows and
+    whole vectors of 16 (:func:`flat_tile_rows`), so every vector of positions
+    is whole, however narrow the rows: a row of 7 or 14 in a vector of 16 wasted
+    most of it, and a row's part-filled last vector computed its float sums on
+    lanes holding the previous kernel's leftovers (as floats, denormals: a
+    microcode assist each). The kernel's taps are offsets, each weight broadcast
+    once per vector.
 
     The plane holds the input less its zero point, and the sum runs in float32
     where that is exact (:func:`_exact_in_float`: up to 258 taps of 8-bit
@@ -531,13 +540,58 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape):
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
 
-    def acc(b: Any, o: Any, y: Any, column: Any) -> Any:
-        data = xp[b, o, y * pitch + column + ry * dh * pitch + rx * dw]
+    def acc(b: Any, o: Any, q: Any) -> Any:
+        data = xp[b, o, q + ry * dh * pitch + rx * dw]
         weight = w[o, 0, ry, rx].astype("int32") - _read(zw, o, shape[1]).astype("int32")
         return te.sum(data * weight.astype(kind), axis=[ry, rx])
 
-    total = te.compute(shape, acc, name="acc_flat")
-    return lambda i: total[i].astype("int32")
+    total = te.compute((n, c, shape[2] * pitch), acc, name="acc_flat")
+    return lambda i: total[i[0], i[1], i[2] * pitch + i[3]].astype("int32")
+
+
+#: Positions of a flat depthwise tile of several rows: 8 vectors of 16, the sums
+#: of each vector a chain of dependent multiply-adds, several in flight.
+_TILE_POSITIONS = 8 * BLOCK_O
+
+
+def flat_tile_rows(rows: int, pitch: int) -> int | None:
+    """The rows of one tile of a flat depthwise output of ``rows`` rows of ``pitch``
+    (see :func:`_flat_depthwise_acc`), or None where no tile fits.
+
+    A tile is whole rows (its output rows are written out under it, while they
+    are in cache) and whole vectors of 16 positions: the most rows that divide
+    ``rows`` within 8 vectors, or one row where a row is longer.
+    """
+    fits = [
+        k
+        for k in range(1, rows + 1)
+        if rows % k == 0 and k * pitch % BLOCK_O == 0 and k * pitch <= _TILE_POSITIONS
+    ]
+    if fits:
+        return max(fits)
+    return 1 if pitch % BLOCK_O == 0 else None
+
+
+def flat_plane(rows: int, width: int) -> tuple[int, int]:
+    """``(pitch, R)`` of a flat depthwise output of ``rows`` rows whose padded input
+    row is ``width``: the fewest positions ``R * pitch`` with ``pitch >= width``,
+    ``R >= rows`` and whole tiles (:func:`flat_tile_rows`), the larger tile on a
+    tie.
+
+    A 7x7 output of a 5x5 kernel (rows of 11) takes 8 rows of 12, one tile of 96
+    positions; 14x14 of a 3x3 (16) 14 rows of 16 in tiles of 7; 56x56 (58) rows
+    of 64, 2 a tile; 112x112 (114) rows of 128. A row rounded up to whole vectors
+    costs what its part-filled last vector did.
+    """
+    best: tuple[int, int, int] | None = None
+    for pitch in range(width, width + BLOCK_O):
+        for r in range(rows, rows + BLOCK_O):
+            k = flat_tile_rows(r, pitch)
+            if k is not None:
+                key = (r * pitch, -k * pitch, pitch)
+                best = key if best is None else min(best, key)
+    assert best is not None  # a pitch of whole vectors tiles any number of rows
+    return best[2], best[0] // best[2]
 
 
 #: Integers of float32 that are exact: every one up to 2**24 in magnitude.
