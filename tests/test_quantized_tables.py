@@ -175,15 +175,18 @@ def test_a_lookup_that_could_read_outside_its_table_is_refused(entries, dtype, c
         up.table_of(root, lookup)
 
 
-def squeeze_excitation(order="gate first"):
+def squeeze_excitation(order="gate first", data="uint8"):
     """A squeeze-and-excitation block's tail in QDQ form: the pooling of ``x``
-    quantized, and ``x`` times its dequantized per-channel gate, quantized."""
+    quantized, and ``x`` times its dequantized per-channel gate, quantized. ``x``
+    is dequantized from ``data`` (8-bit), or is ``data`` (float32)."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", TensorType((1, 32, 14, 14), "uint8"))
+    x = relax.Var("x", TensorType((1, 32, 14, 14), data))
     g = relax.Var("g", TensorType((1, 32, 1, 1), "uint8"))
     with bb.function("main", [x, g]):
         with bb.dataflow():
-            dx = bb.emit(relax.op.dequantize(x, _const(0.05, "float32"), _const(3, "uint8")))
+            dx = x
+            if data != "float32":
+                dx = bb.emit(relax.op.dequantize(x, _const(0.05, "float32"), _const(3, data)))
             pooled = bb.emit(relax.op.mean(dx, axis=[2, 3], keepdims=True))
             qm = bb.emit(
                 relax.op.quantize(
@@ -208,11 +211,39 @@ def squeeze_excitation(order="gate first"):
 def test_a_quantized_gate_and_pooling_stay_on_the_npu_bit_for_bit(npu_hub, order):
     compiled = npu_hub.compile(squeeze_excitation(order))
     on_host = npu_hub.compile(squeeze_excitation(order), placement={"*": "host"})
-    gate = "npu.qgate" if order == "gate first" else "npu.qgate_right"
+    # x's dequantize, read by both, is copied for each (named as it is): each takes
+    # its own into its kernel, and x stays 8-bit, where its float tensor (four
+    # times the bytes) went to the host and back
+    assert [(o.name, o.op, o.device, o.pattern) for o in compiled.report.placement] == [
+        ("lv", "relax.dequantize", "npu:0", "npu.qmean"),
+        ("lv1", "relax.mean", "npu:0", "npu.qmean"),
+        ("lv2", "relax.quantize", "npu:0", "npu.qmean"),
+        ("lv3", "relax.dequantize", "npu:0", "npu.qgate_both"),
+        ("lv", "relax.dequantize", "npu:0", "npu.qgate_both"),
+        ("lv4", "relax.multiply", "npu:0", "npu.qgate_both"),
+        ("lv5", "relax.quantize", "npu:0", "npu.qgate_both"),
+    ]
+    # the inputs go to the npu and the results come back, and nothing else does
+    copied = [(c.tensor, c.src, c.dst) for c in compiled.report.copies if c.when == "inference"]
+    assert copied == [
+        ("x", "host", "npu:0"),
+        ("g", "host", "npu:0"),
+        ("lv1", "npu:0", "host"),
+        ("lv3", "npu:0", "host"),
+    ]
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (1, 32, 14, 14)).astype("uint8")
+    g = rng.integers(0, 256, (1, 32, 1, 1)).astype("uint8")
+    for got, expected in zip(compiled.run(x, g), on_host.run(x, g), strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("order", ["gate first", "gate second"])
+def test_a_float_tensors_quantized_gate_and_pooling_stay_on_the_npu_bit_for_bit(npu_hub, order):
+    compiled = npu_hub.compile(squeeze_excitation(order, data="float32"))
+    on_host = npu_hub.compile(squeeze_excitation(order, data="float32"), placement={"*": "host"})
+    gate = "npu.qgate"  # the product's pattern matches its operands in either order
     assert [(o.op, o.device, o.pattern) for o in compiled.report.placement] == [
-        # x's dequantize is read by both (and stays on the host: a check cannot see
-        # who reads what it would make)
-        ("relax.dequantize", "host", ""),
         ("relax.mean", "npu:0", "npu.mean_quantize"),
         ("relax.quantize", "npu:0", "npu.mean_quantize"),
         ("relax.dequantize", "npu:0", gate),
@@ -220,7 +251,7 @@ def test_a_quantized_gate_and_pooling_stay_on_the_npu_bit_for_bit(npu_hub, order
         ("relax.quantize", "npu:0", gate),
     ]
     rng = np.random.default_rng(0)
-    x = rng.integers(0, 256, (1, 32, 14, 14)).astype("uint8")
+    x = rng.normal(size=(1, 32, 14, 14)).astype("float32")
     g = rng.integers(0, 256, (1, 32, 1, 1)).astype("uint8")
     for got, expected in zip(compiled.run(x, g), on_host.run(x, g), strict=True):
         np.testing.assert_array_equal(got, expected)

@@ -23,7 +23,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from umahub.ir import name_of, name_span, span_name, var_uses
+from umahub.ir import bindings, name_of, name_span, span_name, var_uses
 from umahub.plugin.patterns import dtype_of, shape_of
 
 __all__ = ["canonicalize_quantized", "keep_quantized_weights"]
@@ -116,24 +116,31 @@ def _calls(mod: tvm.IRModule, op_name: str) -> bool:
 
 @relax.expr_functor.mutator
 class _OwnDequantize(relax.PyExprMutator):
-    """A convolution's or matmul's operand dequantized for it alone.
+    """A quantized operator's operand dequantized for it alone.
 
     ONNX Runtime's QDQ form dequantizes a tensor once for all its readers (a
-    residual block's input feeds its first convolution and its sum). A
-    quantized operator's match holds its operands' dequantize; shared, that
-    dequantize would be a value the match computes and others read, which
-    ``FuseOpsByPattern`` does not match. Its own copy costs nothing: it
-    disappears into the integer kernel.
+    residual block's input feeds its first convolution and its sum; a
+    squeeze-and-excitation block's input its pooling and its gate). A quantized
+    operator's match holds its operands' dequantize; shared, that dequantize
+    would be a value the match computes and others read, which
+    ``FuseOpsByPattern`` does not match, and it ran on the host, its float
+    tensor (four times the bytes) copied to the accelerator. Its own copy costs
+    nothing: it disappears into the operator's kernel. A quantized operator
+    here is a convolution or a matmul, or any operator whose result is only
+    quantized (``quantize(op(dequantize(x), ...))``, as ONNX Runtime's node
+    units are).
     """
 
-    def __init__(self, mod: tvm.IRModule, uses: dict):
+    def __init__(self, mod: tvm.IRModule, uses: dict, quantized: set):
         super().__init__(mod)
         self.uses = uses
+        self.quantized = quantized  # the calls whose result only a quantize reads
         self.count = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
+        quantized = call in self.quantized
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _OPERAND_OF):
+        if not (isinstance(call.op, tvm.ir.Op) and (quantized or call.op.name in _OPERAND_OF)):
             return call
         args = list(call.args)
         for i, arg in enumerate(args):
@@ -241,12 +248,31 @@ def canonicalize_quantized(mod: tvm.IRModule) -> tvm.IRModule:
     if mover.count:
         mod = mover.builder_.get()
         mod["main"] = relax.analysis.remove_all_unused(main)
-    owner = _OwnDequantize(mod, var_uses(mod["main"]))
+    owner = _OwnDequantize(mod, var_uses(mod["main"]), _quantized_calls(mod["main"]))
     main = owner.visit_expr(mod["main"])
     if owner.count:
         mod = owner.builder_.get()
-        mod["main"] = main
+        mod["main"] = relax.analysis.remove_all_unused(main)
     return mod
+
+
+def _quantized_calls(func: relax.Function) -> set:
+    """The operator calls of ``func`` whose result only quantizes read."""
+    readers: dict = {}
+    for binding in bindings(func):
+        for var in relax.analysis.free_vars(binding.value):
+            readers.setdefault(var, []).append(binding.value)
+    for var in relax.analysis.free_vars(func.body.body):  # the function's result
+        readers.setdefault(var, []).append(None)
+    return {
+        b.value
+        for b in bindings(func)
+        if isinstance(b.value, relax.Call)
+        and readers.get(b.var)
+        and all(
+            getattr(getattr(r, "op", None), "name", "") == "relax.quantize" for r in readers[b.var]
+        )
+    }
 
 
 _KEPT = "umahub.kept_dequantize"

@@ -23,8 +23,9 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   depthwise convolution; a convolution on 3 RGB channels is left to others.
   In QDQ form, a squeeze-and-excitation block's gate (``quantize(x *
   dequantize(gate))``, one 8-bit value per channel) and its pooling quantized
-  (``quantize(mean(x))``) are elementwise after the float values the host
-  computes too, so they stay on the npu, bit for bit the host's; so does a
+  (``quantize(mean(x))``), each with ``x``'s dequantize where ``x`` is 8-bit
+  (umahub gives each its own), are elementwise after the float values the
+  host computes too, so they stay on the npu, bit for bit the host's; so does a
   residual block's add (``quantize(dequantize(a) + dequantize(b))``, with its
   ReLU).
   And a mean over a tensor's last axes (a global average pooling), a max
@@ -309,14 +310,18 @@ def quantized_gate_ok(ctx) -> bool | Refusal:
     from umahub.plugin import calls, dtype_of, shape_of
 
     (product,) = calls(ctx, "relax.multiply")
-    (gate,) = calls(ctx, "relax.dequantize")
     (out,) = calls(ctx, "relax.quantize")
+    operands = [ctx.matched_bindings.get(a, a) for a in product.args]
+    gate = operands[1] if shape_of(operands[1]) != shape_of(product) else operands[0]
+    data = operands[0] if gate is operands[1] else operands[1]
+    dequantizes = calls(ctx, "relax.dequantize")
+    if not any(gate.same_as(d) for d in dequantizes):
+        return Refusal("a gate that is not a dequantized tensor")
     if dtype_of(gate.args[0]) not in ("int8", "uint8"):
         return Refusal(f"a {dtype_of(gate.args[0])} gate; the npu's gates are 8-bit")
-    if not (_one_scale(gate) and _one_scale(out)):
+    if not all(_one_scale(c) for c in (*dequantizes, out)):
         return Refusal("a quantize or dequantize with a scale per channel")
-    data = next((a for a in product.args if a not in ctx.matched_bindings), None)
-    shape, gate_shape = shape_of(data) if data is not None else None, shape_of(gate)
+    shape, gate_shape = shape_of(data), shape_of(gate)
     if shape is None or gate_shape is None or dtype_of(data) != "float32":
         return Refusal("a product that is not of a float32 tensor of static shape")
     if not (len(shape) == 4 and gate_shape == (*shape[:2], 1, 1)):
@@ -390,6 +395,12 @@ def umahub_patterns():
     out = is_op("relax.quantize")
     mean = [
         (
+            f"{NAME}.qmean",
+            out(is_op("relax.mean")(dequantized()), is_const(), is_const()),
+            {},
+            quantized_mean_ok,
+        ),
+        (
             f"{NAME}.mean_quantize",
             out(is_op("relax.mean")(wildcard()), is_const(), is_const()),
             {},
@@ -403,6 +414,7 @@ def umahub_patterns():
     gated = [
         (f"{NAME}.qgate{side}", out(product, is_const(), is_const()), {}, quantized_gate_ok)
         for side, product in (
+            ("_both", multiply(dequantized(), dequantized())),
             ("", multiply(dequantized(), wildcard())),
             ("_right", multiply(wildcard(), dequantized())),
         )

@@ -1269,7 +1269,10 @@ def _schedule_sum(
 ):
     """A sum over trailing axes: rows in parallel, each summed in ``lanes`` partial
     sums over contiguous vectors (``rfactor``), which are added up after; the
-    epilogue (a mean's division) at the root."""
+    epilogue (a mean's division) at the root. An elementwise prologue (a
+    dequantize, in QDQ form) is computed as the sum reads it, not in a pass of
+    its own over the tensor."""
+    _inline_chain(sch, p.prologue, keep_last=False)
     red = sch.get_sblock(p.reduction)
     n_reduce = sum(1 for iv in sch.get(red).iter_vars if iv.iter_type == tirx.IterVar.CommReduce)
     loops = sch.get_loops(red)
@@ -1278,11 +1281,14 @@ def _schedule_sum(
     r = sch.fuse(*reduce_) if len(reduce_) > 1 else reduce_[0]
     R = p.extents["R"]
     width = next((w for w in (lanes, lanes // 2, 4) if w >= 4 and R % w == 0 and R >= 2 * w), 0)
+    parallel = p.extents["rows"] >= 2 and p.extents["rows"] * R >= PARALLEL_MIN
     if width:
         _, inner = sch.split(r, [None, width])
         partial = sch.rfactor(inner, factor_axis=0)
         sch.vectorize(sch.get_loops(partial)[-1])
-    if p.extents["rows"] >= 2 and p.extents["rows"] * R >= PARALLEL_MIN:
+        if parallel:  # the partial sums are the sum's work: its rows in parallel too
+            sch.parallel(sch.get_loops(partial)[0])
+    if parallel:
         sch.parallel(rows)
     for name in p.epilogue:
         block = sch.get_sblock(name)
