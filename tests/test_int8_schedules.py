@@ -49,6 +49,21 @@ def host_hub():
     return umahub.Hub(config={"plugins": []})
 
 
+@pytest.fixture
+def built_asm(monkeypatch):
+    """The assembly of every library built while the test runs, in order."""
+    sources: list[str] = []
+    build = tvm.tirx.build
+
+    def recording(*args, **kwargs):
+        lib = build(*args, **kwargs)
+        sources.append(lib.inspect_source("asm"))
+        return lib
+
+    monkeypatch.setattr(tvm.tirx, "build", recording)
+    return sources
+
+
 def _x(options, seed=1):
     dtype = options.get("x_dtype", "uint8")
     cin = options.get("channels", (8, 16))[0]
@@ -136,25 +151,16 @@ needs_avx512 = pytest.mark.skipif(not has_feature("avx512f"), reason="this CPU h
 
 
 @needs_avx512
-def test_a_flat_depthwise_sums_in_whole_512_bit_vectors(monkeypatch, host_hub):
+def test_a_flat_depthwise_sums_in_whole_512_bit_vectors(built_asm, host_hub):
     """A 7x7 output of a 5x5 kernel (rows of 11). Computed a row at a time, each row
     took a vector of 8 and a part-filled one, whose unused lanes held the previous
     kernel's leftovers: as floats, denormals, a microcode assist each.
     efficientnet_b0 int8's 7x7 depthwise convolutions took twice their time now
     (Intel Xeon)."""
-    sources: list[str] = []
-    build = tvm.tirx.build
-
-    def recording(*args, **kwargs):
-        lib = build(*args, **kwargs)
-        sources.append(lib.inspect_source("asm"))
-        return lib
-
-    monkeypatch.setattr(tvm.tirx, "build", recording)
     mod, parts = qconv_graph(channels=(16, 16), groups=16, size=7, kernel=5, padding=(2,) * 4)
     x = np.random.default_rng(3).integers(0, 256, size=(1, 16, 7, 7)).astype("uint8")
     compiled = host_hub.compile(mod)
-    (asm,) = [a for a in sources if "vfmadd" in a]
+    (asm,) = [a for a in built_asm if "vfmadd" in a]
     registers = re.findall(r"^\s*vfmadd\w*ps\s.*%([xyz])mm\d+$", asm, re.MULTILINE)
     assert registers and set(registers) == {"z"}
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
@@ -333,26 +339,17 @@ def test_the_npu_schedules_its_quantized_partition_with_vnni_and_packs_at_compil
 
 @needs_vnni
 @pytest.mark.parametrize("kernel", [1, 3], ids=["1x1", "3x3"])
-def test_the_requantization_multiplies_int32_by_int32(monkeypatch, kernel):
+def test_the_requantization_multiplies_int32_by_int32(built_asm, kernel):
     """The accumulator's per-channel term (the bias, less the input's zero point times
     the weight's sums) is added after the multiply, scaled by a stage per channel:
     LLVM then multiplies two int32 values into int64 (``vpmuldq``). Added before,
     the int32 sum it widened took a 64-bit multiply (``vpmullq``, 3 micro-ops):
     MobileNetV2's 1x1 expansions took 1/0.84 the time (Intel Xeon)."""
-    sources: list[str] = []
-    build = tvm.tirx.build
-
-    def recording(*args, **kwargs):
-        lib = build(*args, **kwargs)
-        sources.append(lib.inspect_source("asm"))
-        return lib
-
-    monkeypatch.setattr(tvm.tirx, "build", recording)
     padding = (0, 0, 0, 0) if kernel == 1 else (1, 1, 1, 1)
     mod, parts = qconv_graph(x_zp=7, channels=(8, 32), kernel=kernel, padding=padding)
     x = _x({})
     compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
-    (asm,) = [a for a in sources if "vpdpbusd" in a]
+    (asm,) = [a for a in built_asm if "vpdpbusd" in a]
     assert "vpmuldq" in asm and "vpmullq" not in asm
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
