@@ -306,6 +306,32 @@ def test_a_products_tiles_read_the_smaller_operand_again(host_hub, rows, channel
     np.testing.assert_array_equal(compiled.run(a), host_hub.compile(mod).run(a))
 
 
+@pytest.mark.parametrize(
+    ("channels", "size", "outer"),
+    [((8, 16), 8, "i2"), ((8, 96), 4, "i1")],  # i1: the output's channels, i2: its positions
+    ids=["more positions than channels", "more channels than positions"],
+)
+def test_a_pointwise_convolutions_tiles_read_the_smaller_operand_again(
+    host_hub, channels, size, outer
+):
+    """As a product's: the tiles of a 1x1 convolution's operand read once are the
+    outer ones of the parallel loop. With more positions than channels, a tile of
+    positions' input (its channel groups a plane apart) serves every channel tile
+    while it is in cache (channel tiles outer, resnet50's 1x1 over 56x56 read its
+    800 KB input again for each of its 16 channel tiles)."""
+    mod, parts = qconv_graph(channels=channels, kernel=1, padding=(0, 0, 0, 0), size=size)
+    x = np.random.default_rng(5).integers(0, 256, size=(1, channels[0], size, size))
+    x = x.astype("uint8")
+    recorder = _BlockRecorder()
+    compiled = umahub.Hub(config={"plugins": ["npu"]}, plugins=[recorder]).compile(mod)
+    (partition,) = compiled.report.partitions
+    assert partition.schedule[0].startswith("int8 conv2d 1x1: ")
+    assert recorder.loops[0]["dot_positions_init"][0] == "PARALLEL"
+    inner = {"i1": "i2", "i2": "i1"}[outer]
+    assert recorder.names[0]["dot_positions_init"][0] == f"i0_{outer}_0_{inner}_0_fused"
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
 @pytest.mark.parametrize("options", [{"strides": (2, 2), "size": 30}], ids=["stride 2"])
 def test_the_host_leaves_strided_narrow_depthwise_convolutions_to_its_generic_rules(
     host_hub, options

@@ -509,8 +509,14 @@ def _pointwise(sch: s_tir.Schedule, vnni: bool) -> None:
     oc = _divisor_at_most(channels, ACCUMULATORS // vectors)
     o0, o1 = sch.split(o, [None, oc])
     p0, p1 = sch.split(p, [None, 16 * vectors])
-    sch.reorder(n, o0, p0, o1, p1)
-    tile = _parallel_tile(sch, n, o0, p0)
+    # as in _matmul, the operand read again for each tile of the other is the smaller
+    # one: with more positions than channels, a tile of positions' input (its channel
+    # groups a plane apart) serves every channel tile while it is in cache (channel
+    # tiles outer, resnet50's 1x1 of 256 to 128 channels over 56x56 read its 800 KB
+    # input again for each of its 16 channel tiles: 1/0.80 the time, Intel Xeon)
+    outer, inner = (o0, p0) if positions <= channels else (p0, o0)
+    sch.reorder(n, outer, inner, o1, p1)
+    tile = _parallel_tile(sch, n, outer, inner)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
     sch.vectorize(p1)
     b, oo, pp, rc, ri = sch.get_loops(dot)[1:]
