@@ -19,7 +19,7 @@ from test_quantized import _matmul_reference, qconv_graph, qmatmul_graph, refere
 
 import umahub
 from umahub.host.int8 import has_vnni
-from umahub.host.quantized import flat_plane, flat_tile_rows
+from umahub.host.quantized import flat_plane, flat_tile_rows, pointwise_positions
 from umahub.targets import has_feature
 
 VNNI = {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu())}
@@ -145,6 +145,39 @@ def test_a_flat_depthwise_plane_is_whole_tiles_of_whole_rows_and_vectors(rows, w
     tile = flat_tile_rows(computed, pitch)
     assert tile is not None and computed % tile == 0 and tile * pitch % 16 == 0
     assert tile * pitch <= 128 or tile == 1
+
+
+#: output positions -> the positions a 1x1 convolution's accumulator computes
+POINTWISE_POSITIONS = {
+    12: 16,  # one vector: a tile of one vector by 24 channels
+    16: 16,
+    17: 32,
+    49: 64,  # 7x7
+    196: 224,  # 14x14, 13 vectors: computed as 14 (7 tiles of two)
+    784: 800,  # 28x28, 49 vectors
+    3136: 3136,  # 56x56, 196 vectors
+}
+
+
+@pytest.mark.parametrize("positions", POINTWISE_POSITIONS)
+def test_a_pointwise_convolution_computes_whole_pairs_of_vectors(positions):
+    assert pointwise_positions(positions) == POINTWISE_POSITIONS[positions]
+
+
+@pytest.mark.parametrize(
+    "target", [pytest.param(VNNI, marks=needs_vnni), NO_VNNI], ids=["vnni", "fallback"]
+)
+def test_a_pointwise_convolution_over_an_odd_number_of_vectors_is_exact(host_hub, target):
+    """14x14 outputs: 13 vectors of positions, computed as 14; the last one's 28
+    positions past the output are dropped."""
+    mod, parts = qconv_graph(channels=(8, 24), kernel=1, padding=(0, 0, 0, 0), size=14)
+    x = np.random.default_rng(7).integers(0, 256, size=(1, 8, 14, 14)).astype("uint8")
+    compiled = host_hub.compile(mod, target=target)
+    how = "vnni, 16x4 dot" if target is VNNI else "int32 vectors, 16 lanes (no VNNI)"
+    assert compiled.report.host_schedules == {
+        f"int8 conv2d 1x1: {how} over 16 positions, weights packed at compile time": 1
+    }
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
 needs_avx512 = pytest.mark.skipif(not has_feature("avx512f"), reason="this CPU has no AVX-512")

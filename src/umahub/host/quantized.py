@@ -49,6 +49,7 @@ __all__ = [
     "pack_weight_kernel",
     "packed_form",
     "pointwise",
+    "pointwise_positions",
     "quantized_in_integers",
     "quantized_kernel",
     "requantizes_in_double",
@@ -378,7 +379,7 @@ def quantized_kernel(
         shape, pitch = out_shape, out_shape[-1]  # pitch: a flat form's positions per row
         offset = None  # the accumulator's per-channel term, where its form has one
         if flat:
-            shape = (*out_shape[:2], _ceil(out_shape[2] * out_shape[3], BLOCK_O) * BLOCK_O)
+            shape = (*out_shape[:2], pointwise_positions(out_shape[2] * out_shape[3]))
             at, offset = _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked)
         elif wide:  # the columns past the output's dropped
             pitch = int(x.shape[3]) + int(op.call.attrs.padding[1]) + int(op.call.attrs.padding[3])
@@ -606,6 +607,20 @@ def _exact_in_float(taps: int, x: te.Tensor, w: te.Tensor) -> bool:
     takes a slow 32-bit multiply and an add for (``vpmulld``: half ``vfmadd``'s rate)."""
     span = [(1 << tvm.DataType(str(t.dtype)).bits) - 1 for t in (x, w)]
     return taps * span[0] * span[1] < _FLOAT_EXACT
+
+
+def pointwise_positions(positions: int) -> int:
+    """The flat positions a 1x1 convolution's accumulator computes for ``positions``
+    outputs: whole pairs of vectors of :data:`BLOCK_O` (one vector for at most one).
+
+    Its register tile is two vectors of positions by up to twelve channels, whose
+    step loads two vectors and broadcasts twelve weights for 24 ``vpdpbusd``; one
+    vector by up to 24 channels loads one and broadcasts 24 for as many (the
+    broadcasts' loads the limit). 14x14 outputs (13 vectors) computed as 14 took
+    0.91 of the time of 13 on resnet50's 1x1 convolutions over them (Intel Xeon).
+    """
+    pair = 2 * BLOCK_O
+    return BLOCK_O if positions <= BLOCK_O else _ceil(positions, pair) * pair
 
 
 def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
