@@ -10,7 +10,7 @@ from tvm import relax
 
 import umahub
 from umahub._tvm import TensorType
-from umahub.host.lookup_tables import tabulate
+from umahub.host.lookup_tables import has_vbmi, tabulate
 
 
 def _const(value, dtype):
@@ -136,9 +136,27 @@ def test_chains_of_two_tensors_or_of_per_channel_constants_are_left_alone():
         assert tabulate(mod) == (mod, 0)
 
 
-def test_a_model_with_an_8_bit_activation_compiles_to_a_table_on_the_host():
+THIS_CPU = {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu())}
+NO_VBMI = {"kind": "llvm", "mcpu": "skylake-avx512"}  # AVX-512 without VBMI
+
+
+@pytest.mark.parametrize(
+    ("target", "rule"),
+    [
+        pytest.param(
+            THIS_CPU,
+            "table read",
+            marks=pytest.mark.skipif(not has_vbmi(), reason="this CPU has no AVX-512 VBMI"),
+        ),
+        (NO_VBMI, "elementwise"),
+    ],
+    ids=["vbmi", "no vbmi"],
+)
+def test_a_model_with_an_8_bit_activation_compiles_to_a_table_on_the_host(target, rule):
+    """The lookup alone is read 64 entries a step (``vpermi2b``) where the CPU has
+    VBMI; elsewhere the elementwise rule leaves it to LLVM, a byte at a time."""
     mod = _chain_graph("uint8", _silu("uint8"))
-    compiled = umahub.Hub(autoload=False).compile(mod)
+    compiled = umahub.Hub(autoload=False).compile(mod, target=target)
     x = _every_value("uint8")
     np.testing.assert_array_equal(compiled.run(x), _plain(mod, x))
-    assert compiled.report.host_schedules == {"elementwise": 1}
+    assert compiled.report.host_schedules == {rule: 1}
