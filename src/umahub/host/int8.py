@@ -498,8 +498,10 @@ def _conv(sch: s_tir.Schedule, vnni: bool) -> None:
 
 def _pointwise(sch: s_tir.Schedule, vnni: bool) -> None:
     """A 1x1 convolution with positions in the lanes: a register tile of up to 24
-    accumulators, ``oc`` channels by one or two vectors of 16 positions; the tiles
-    in parallel; each channel's four weight bytes broadcast once per step; the
+    accumulators, ``oc`` channels by two vectors of 16 positions (one where there
+    are no more, :func:`umahub.host.quantized.pointwise_positions`); the tiles in
+    parallel, those of the smaller operand inner; each channel's four weight bytes
+    broadcast once per step; the
     requantization of the tile vectorized over its positions."""
     dot = sch.get_sblock("dot_positions")
     out = sch.get_sblock("requantized")

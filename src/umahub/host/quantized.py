@@ -625,7 +625,7 @@ def pointwise_positions(positions: int) -> int:
 
 def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
     """A 1x1 convolution's accumulator over flat output positions (``shape``: batch,
-    channels, positions rounded up to a vector of :data:`BLOCK_O`), as a function
+    channels, positions rounded up by :func:`pointwise_positions`), as a function
     of that flat index.
 
     With positions in the lanes, one ``vpdpbusd`` takes sixteen positions' four
