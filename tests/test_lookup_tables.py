@@ -11,6 +11,7 @@ from tvm import relax
 import umahub
 from umahub._tvm import TensorType
 from umahub.host.lookup_tables import has_vbmi, tabulate
+from umahub.targets import host_target
 
 
 def _const(value, dtype):
@@ -136,7 +137,6 @@ def test_chains_of_two_tensors_or_of_per_channel_constants_are_left_alone():
         assert tabulate(mod) == (mod, 0)
 
 
-THIS_CPU = {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu())}
 NO_VBMI = {"kind": "llvm", "mcpu": "skylake-avx512"}  # AVX-512 without VBMI
 
 
@@ -144,7 +144,7 @@ NO_VBMI = {"kind": "llvm", "mcpu": "skylake-avx512"}  # AVX-512 without VBMI
     ("target", "rule"),
     [
         pytest.param(
-            THIS_CPU,
+            host_target(),
             "table read",
             marks=pytest.mark.skipif(not has_vbmi(), reason="this CPU has no AVX-512 VBMI"),
         ),
