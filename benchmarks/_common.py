@@ -9,6 +9,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -161,3 +162,136 @@ def write(name: str, data: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **data}, indent=2) + "\n")
     return path
+
+
+#: Seconds between two engines' turns in :func:`interleave`: ONNX Runtime's and TVM's
+#: thread pools spin for a while after a run, and would take the cores from the next.
+PAUSE_S = 0.3
+
+
+def serve(run: Callable[[], Any], **info: Any) -> None:
+    """The worker's side of :func:`interleave`: print ``info`` as a ready line, then
+    answer each ``time N`` read from stdin with the milliseconds of ``N`` calls of
+    ``run`` (after one untimed call: the caches another process used are this one's
+    again) until stdin closes."""
+    print(json.dumps({"ready": True, **info}), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if words[:1] != ["time"]:
+            continue
+        run()
+        times = []
+        for _ in range(int(words[1])):
+            start = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - start) * 1e3)
+        print(json.dumps({"times_ms": times}), flush=True)
+
+
+class _Worker:
+    """One engine's long-lived process, started by :func:`interleave`."""
+
+    def __init__(self, script: str, args: list[str], env: dict, cwd: str | None) -> None:
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script, *args], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env, cwd=cwd,
+        )  # fmt: skip
+
+    def reply(self) -> dict:
+        """The worker's next JSON line; ``{"error": ...}`` (its last line on stderr)
+        if it ended first."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        self.proc.wait()
+        self.stderr.seek(0)
+        tail = (self.stderr.read().strip().splitlines() or ["no output"])[-1]
+        return {"error": tail[:300]}
+
+    def ask(self, command: str) -> dict:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it ended: reply() says why
+        return self.reply()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.stderr.close()
+
+
+def interleave(
+    workers: dict[str, tuple[str, list[str], dict]],
+    rounds: int,
+    repeat: int | dict[str, int],
+    cwd: str | None = None,
+) -> dict[str, dict]:
+    """Time several engines in turns, each in a long-lived process of its own.
+
+    ``workers`` maps each engine to ``(script, args, env)``: a Python script that
+    loads its model and hands its run function to :func:`serve`. The engines start
+    one after the other (a compile is not timed beside another's runs); then in each
+    of ``rounds`` rounds every engine in turn runs ``repeat`` calls (per engine, if a
+    dict), the order rotating from round to round, with :data:`PAUSE_S` between turns.
+    A machine whose speed moves over minutes (another job, a neighbour's) moves
+    every engine's rounds alike, where engines timed one after the other each got
+    their own period of it.
+
+    Each engine's result: what its ready line said, ``ms`` (the median of its
+    rounds' medians), ``round_ms`` (each round's median) and ``min_ms``; or
+    ``{"error": ...}``. :func:`paired_ratio` compares two engines round by round.
+    """
+    started: dict[str, _Worker] = {}
+    results: dict[str, dict] = {}
+    try:
+        for name, (script, args, env) in workers.items():
+            worker = _Worker(script, args, env, cwd)
+            ready = worker.reply()
+            if "error" in ready:
+                worker.close()
+                results[name] = ready
+                continue
+            ready.pop("ready", None)
+            started[name] = worker
+            results[name] = {**ready, "round_ms": [], "_times": []}
+        names = list(started)
+        for r in range(max(1, rounds) if names else 0):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                if "error" in results[name]:
+                    continue
+                count = repeat[name] if isinstance(repeat, dict) else repeat
+                got = started[name].ask(f"time {count}")
+                if "error" in got:
+                    results[name] = got
+                    continue
+                results[name]["round_ms"].append(statistics.median(got["times_ms"]))
+                results[name]["_times"].extend(got["times_ms"])
+                time.sleep(PAUSE_S)
+    finally:
+        for worker in started.values():
+            worker.close()
+    for result in results.values():
+        times = result.pop("_times", None)
+        if times:
+            result["ms"] = statistics.median(result["round_ms"])
+            result["min_ms"] = min(times)
+    return results
+
+
+def paired_ratio(a: dict, b: dict) -> float | None:
+    """The median over rounds of ``a``'s round time over ``b``'s, for two engines of
+    one :func:`interleave`: each round's two times were taken minutes apart at most,
+    so the machine's slow periods divide out. None unless both have every round."""
+    ra, rb = a.get("round_ms") or [], b.get("round_ms") or []
+    if not ra or len(ra) != len(rb):
+        return None
+    return statistics.median(x / y for x, y in zip(ra, rb, strict=True))

@@ -1,9 +1,8 @@
 """umahub against the engines people compare it with: PyTorch eager, ONNX Runtime, plain TVM.
 
-For each model, in one run on one machine, each engine in a process of its
-own (TVM's and PyTorch's thread pools keep spinning after a run and would take
-the cores from the next engine), the same weights, the same input, the same
-thread count (``--threads``, default 2), numpy in and numpy out:
+For each model, in one run on one machine, each engine in a long-lived
+process of its own, the same weights, the same input, the same thread count
+(``--threads``, default 2), numpy in and numpy out:
 
 * ``torch``: PyTorch eager, ``torch.no_grad()``;
 * ``ort``: ONNX Runtime on the model exported by ``torch.onnx.export``
@@ -33,10 +32,14 @@ architectures with random weights (seed 0): ``resnet50``, ``efficientnet_b0``,
     python benchmarks/engines.py [MODEL ...] [--engines torch,ort,tvm,umahub] [--repeat N]
         [--baseline CHECKOUT] [--rounds N]
 
-On a machine shared with other work, ``--rounds N`` times every engine N
-times, round-robin (each round a new process), and keeps each engine's
-fastest round: a round another job disturbed does not count against one
-engine only.
+The engines take turns (``_common.interleave``): ``--rounds`` rounds, in each
+every engine runs ``--repeat`` calls (plain TVM :data:`TVM_REPEAT`), the order
+rotating, with a pause between turns (TVM's, PyTorch's and ONNX Runtime's
+thread pools keep spinning after a run and would take the cores from the
+next). An engine's time (``ms``) is the median of its rounds' medians
+(``round_ms``); the ratios (``umahub_over_torch``, ``umahub_over_ort``) are
+the median of each round's ratio, so a period in which the shared machine ran
+slow divides out, where engines timed one after the other each had their own.
 
 ``compile_s`` is the engine's own compile (``hub.compile``, ``tvm.compile``,
 the ONNX Runtime session), ``import_s`` what comes before it: the ONNX
@@ -56,18 +59,19 @@ import os
 import tempfile
 from pathlib import Path
 
-from _common import add_rounds_option, cpu_kind, fastest, run_worker, worker_env, write
+from _common import cpu_kind, interleave, paired_ratio, worker_env, write
 from _models import TORCHVISION, ZOO
 
 ENGINES = ["torch", "ort", "tvm", "umahub"]
 
-#: What is recorded over every round (:func:`_common.fastest`).
-ROUNDS_KEPT = {"median_ms": "round_medians_ms"}
+#: Calls per round of plain TVM, whose unscheduled kernels take seconds on some models.
+TVM_REPEAT = 2
 
-# One engine on one model, in a fresh process; prints one JSON line.
+# One engine on one model, in a process of its own, timed by _common.interleave.
 _WORKER = r"""
-import json, os, statistics, sys, time
-name, engine, repeat, workdir, label = sys.argv[1:3] + [int(sys.argv[3])] + sys.argv[4:6]
+import json, os, sys, time
+from _common import serve
+name, engine, workdir, label = sys.argv[1:5]
 threads = int(os.environ["TVM_NUM_THREADS"])
 import numpy as np
 import torch
@@ -84,15 +88,6 @@ def model():
         return module.eval(), tuple(inputs)
     module, x = random_torchvision(name)
     return module, (x,)
-
-def timed(run):
-    run()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3, min(times) * 1e3
 
 module, inputs = model()
 arrays = [x.numpy() for x in inputs]
@@ -153,20 +148,16 @@ else:
             def run():
                 return compiled.run(*arrays)
 compile_s = time.perf_counter() - start
-out = np.asarray(run())
-median_ms, min_ms = timed(run)
-np.save(os.path.join(workdir, f"{name}.{label}.npy"), out)
-print(json.dumps({"median_ms": median_ms, "min_ms": min_ms, "compile_s": compile_s,
-                  "import_s": import_s}))
+np.save(os.path.join(workdir, f"{name}.{label}.npy"), np.asarray(run()))
+serve(run, compile_s=compile_s, import_s=import_s)
 """
 
 
-def measure(name: str, engine: str, repeat: int, workdir: str, env: dict) -> dict:
-    """One engine on one model, in its own process."""
+def worker(name: str, engine: str, workdir: str, env: dict) -> tuple[str, list[str], dict]:
+    """One engine on one model, for :func:`_common.interleave`."""
     if engine == "before":  # umahub and its plugins from the baseline checkout, first on the path
         env = dict(env, PYTHONPATH=env["UMAHUB_BASELINE_PATH"] + os.pathsep + env["PYTHONPATH"])
-    args = [name, "umahub" if engine == "before" else engine, str(repeat), workdir, engine]
-    return run_worker(_WORKER, args, env, cwd=workdir)
+    return _WORKER, [name, "umahub" if engine == "before" else engine, workdir, engine], env
 
 
 #: Largest relative error against PyTorch's outputs (of the largest output in size) for
@@ -198,19 +189,21 @@ def agreement(got, want) -> dict:
 
 
 def _cell(engine: str, result: dict) -> str:
-    if "median_ms" not in result:
+    if "ms" not in result:
         return f"{engine} failed"
     mark = "" if result.get("valid", True) else " INVALID"
-    return f"{engine} {result['median_ms']:8.1f} ms{mark}"
+    return f"{engine} {result['ms']:8.1f} ms{mark}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=ZOO + TORCHVISION)
     parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--repeat", type=int, default=5, help="calls per engine per round")
     parser.add_argument("--threads", type=int, default=2)
-    add_rounds_option(parser)
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds: in each, every engine in turn"
+    )
     parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
@@ -233,25 +226,21 @@ def main() -> None:
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="umahub-engines-") as workdir:
         for name in args.models:
-            rounds: dict[str, list[dict]] = {e: [] for e in engines}
-            for _ in range(max(1, args.rounds)):
-                for e in engines:
-                    rounds[e].append(
-                        measure(name, e, args.repeat if e != "tvm" else 3, workdir, env)
-                    )
-            row = {e: fastest(r, "median_ms", ROUNDS_KEPT) for e, r in rounds.items()}
+            repeat = {e: args.repeat if e != "tvm" else TVM_REPEAT for e in engines}
+            workers = {e: worker(name, e, workdir, env) for e in engines}
+            row = interleave(workers, args.rounds, repeat, cwd=workdir)
             reference = Path(workdir) / f"{name}.torch.npy"
             for e, result in row.items():
                 out = Path(workdir) / f"{name}.{e}.npy"
                 if "error" not in result and reference.exists() and out.exists():
                     result.update(agreement(np.load(out), np.load(reference)))
-            ours = row.get("umahub", {}).get("median_ms")
-            if not row.get("umahub", {}).get("valid", True):
-                ours = None  # a time for other numbers is no comparison
+            ours = row.get("umahub", {})
             for e in ("torch", "ort", "before"):
-                theirs = row.get(e, {}).get("median_ms")
-                if ours and theirs and row[e].get("valid", True):
-                    row[f"umahub_over_{e}"] = ours / theirs
+                # a time for other numbers is no comparison
+                if e in row and ours.get("valid", True) and row[e].get("valid", True):
+                    ratio = paired_ratio(ours, row[e])
+                    if ratio is not None:
+                        row[f"umahub_over_{e}"] = ratio
             rows[name] = row
             cells = "  ".join(_cell(e, row[e]) for e in engines)
             ratios = "  ".join(

@@ -4,10 +4,16 @@ For each model (the zoo's resnet18, mobilenetv2 and bert, exported from their
 PyTorch twins, and torchvision's resnet50 and efficientnet_b0 with random
 weights): the float ONNX model, and its QDQ form from ONNX Runtime's
 ``quantize_static`` (a fixed, seeded calibration set of 8 inputs, per-channel,
-QUInt8 activations, QInt8 weights). Each engine runs in a process of its own
-with 2 threads (``TVM_NUM_THREADS``, ORT's intra-op threads), numpy in and
-out, median of repeated runs after warm-up (umahub's: after ``warm_up``, once
-its default executor has chosen; the choice is recorded):
+QUInt8 activations, QInt8 weights). Each engine runs in a long-lived process
+of its own with 2 threads (``TVM_NUM_THREADS``, ORT's intra-op threads), numpy
+in and out, and the three take turns (``_common.interleave``): ``--rounds``
+rounds, in each every engine runs ``--repeat`` calls, the order rotating. An
+engine's time is the median of its rounds' medians; the ratios
+(``int8_over_ort``, ``fp32_over_int8``) are the median of each round's
+ratio, so a period in which the machine ran slow (it is shared: this one's
+speed moved by up to 1.7x between processes) divides out, where engines timed
+one after the other each had their own periods. umahub is timed after
+``warm_up``, once its default executor has chosen (the choice is recorded):
 
 * ``ort_int8``: ONNX Runtime on the QDQ model (all graph optimizations);
 * ``umahub_int8``: umahub, the bundled plugins (npu, vanilla, dsp, in that priority:
@@ -36,7 +42,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _common import add_rounds_option, cpu_kind, fastest, run_worker, worker_env, write
+from _common import cpu_kind, interleave, paired_ratio, worker_env, write
 
 MODELS = ("resnet18", "mobilenetv2", "bert", "resnet50", "efficientnet_b0")
 TORCHVISION = ("resnet50", "efficientnet_b0", "mobilenet_v3_large")
@@ -110,9 +116,10 @@ def prepare(name: str, folder: Path) -> dict:
 
 
 WORKER = r"""
-import json, sys, time, statistics, numpy as np
-engine, path, names, inputs, out_path, repeat = sys.argv[1:7]
-names, repeat = json.loads(names), int(repeat)
+import json, sys, time, numpy as np
+from _common import ready, serve
+engine, path, names, inputs, out_path = sys.argv[1:6]
+names = json.loads(names)
 data = np.load(inputs)
 xs = [data[f"arr_{i}"] for i in range(len(names))]
 start = time.perf_counter()
@@ -135,15 +142,10 @@ else:
     compiled = hub.compile(onnx.load(path))
 compile_s = time.perf_counter() - start
 if engine != "ort":
-    from _common import ready
     run = ready(compiled, *xs)
-out = np.asarray(run())
+np.save(out_path, np.asarray(run()))
 for _ in range(3):
     run()
-times = []
-for _ in range(repeat):
-    t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
-np.save(out_path, out)
 extra = {}
 if engine != "ort":
     extra["host_schedules"] = compiled.report.host_schedules
@@ -151,36 +153,45 @@ if engine != "ort":
     extra["partition_schedules"] = sorted(
         {s for p in compiled.report.partitions for s in p.schedule}
     )
-print(json.dumps({"ms": statistics.median(times) * 1e3, "compile_s": compile_s, **extra}))
+serve(run, compile_s=compile_s, **extra)
 """
 
 
-def measure(name: str, repeat: int, folder: Path, rounds: int = 1) -> dict:
-    """The three engines on ``name``, each in a process of its own, ``rounds`` times
-    round-robin; each engine keeps its fastest round (``round_ms``: every round's, with
-    several)."""
+def measure(name: str, repeat: int, folder: Path, rounds: int) -> dict:
+    """The three engines on ``name``, each in a long-lived process of its own, timed
+    in turns (:func:`_common.interleave`): ``rounds`` rounds of ``repeat`` calls each.
+    ``int8_over_ort`` and ``fp32_over_int8`` are paired ratios, round by round."""
     files = prepare(name, folder)
     inputs = str(folder / f"{name}.inputs.npz")
     env = worker_env(THREADS)
-    result: dict = {"output_scale": files["scale"]}
-    outs = {}
     engines = (
         ("ort_int8", "ort", files["int8"]),
         ("umahub_int8", "umahub", files["int8"]),
         ("umahub_fp32", "umahub", files["fp32"]),
     )
-    rounds_of: dict[str, list[dict]] = {engine: [] for engine, _, _ in engines}
-    for _ in range(max(1, rounds)):
-        for engine, kind, path in engines:
-            out_path = str(folder / f"{name}.{engine}.npy")
-            args = [kind, path, json.dumps(files["names"]), inputs, out_path, str(repeat)]
-            got = run_worker(WORKER, args, env)
-            print(name, engine, got.get("ms", got), flush=True)
-            rounds_of[engine].append(got)
-            if "error" not in got:
-                outs[engine] = np.load(out_path)
-    for engine, results in rounds_of.items():
-        result[engine] = fastest(results, "ms", {"ms": "round_ms"})
+    workers = {
+        engine: (
+            WORKER,
+            [kind, path, json.dumps(files["names"]), inputs, str(folder / f"{name}.{engine}.npy")],
+            env,
+        )
+        for engine, kind, path in engines
+    }
+    result: dict = {"output_scale": files["scale"], **interleave(workers, rounds, repeat)}
+    for engine in workers:
+        print(name, engine, result[engine].get("round_ms", result[engine]), flush=True)
+    for key, a, b in (
+        ("int8_over_ort", "umahub_int8", "ort_int8"),
+        ("fp32_over_int8", "umahub_fp32", "umahub_int8"),
+    ):
+        ratio = paired_ratio(result[a], result[b])
+        if ratio is not None:
+            result[key] = ratio
+    outs = {
+        engine: np.load(folder / f"{name}.{engine}.npy")
+        for engine in workers
+        if "error" not in result[engine]
+    }
     if "ort_int8" in outs and "umahub_int8" in outs and files["scale"]:
         steps = np.rint((outs["umahub_int8"] - outs["ort_int8"]) / files["scale"]).astype(int)
         result["int8_agreement"] = {
@@ -201,8 +212,10 @@ def measure(name: str, repeat: int, folder: Path, rounds: int = 1) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=list(MODELS))
-    parser.add_argument("--repeat", type=int, default=30)
-    add_rounds_option(parser)
+    parser.add_argument("--repeat", type=int, default=10, help="calls per engine per round")
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="rounds: in each, every engine in turn"
+    )
     parser.add_argument(
         "--results",
         default=f"quantized_{cpu_kind()}",
