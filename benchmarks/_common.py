@@ -234,6 +234,7 @@ def interleave(
     rounds: int,
     repeat: int | dict[str, int],
     cwd: str | None = None,
+    rounds_of: dict[str, int] | None = None,
 ) -> dict[str, dict]:
     """Time several engines in turns, each in a long-lived process of its own.
 
@@ -241,7 +242,9 @@ def interleave(
     loads its model and hands its run function to :func:`serve`. The engines start
     one after the other (a compile is not timed beside another's runs); then in each
     of ``rounds`` rounds every engine in turn runs ``repeat`` calls (per engine, if a
-    dict), the order rotating from round to round, with :data:`PAUSE_S` between turns.
+    dict), the order rotating from round to round, with :data:`PAUSE_S` between turns;
+    an engine named in ``rounds_of`` takes its turn in that many rounds only, the
+    first (a reference whose calls take seconds, timed for information).
     A machine whose speed moves over minutes (another job, a neighbour's) moves
     every engine's rounds alike, where engines timed one after the other each got
     their own period of it.
@@ -266,7 +269,7 @@ def interleave(
         names = list(started)
         for r in range(max(1, rounds) if names else 0):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                if "error" in results[name]:
+                if "error" in results[name] or r >= (rounds_of or {}).get(name, rounds):
                     continue
                 count = repeat[name] if isinstance(repeat, dict) else repeat
                 got = started[name].ask(f"time {count}")

@@ -48,6 +48,17 @@ def test_engines_take_turns_round_by_round_in_a_rotating_order(tmp_path, quick):
     assert 1.0 < _common.paired_ratio(results["b"], results["a"]) < 5.0
 
 
+def test_an_engine_with_fewer_rounds_takes_its_turn_in_the_first_ones_only(tmp_path, quick):
+    log = tmp_path / "calls.log"
+    env = _common.worker_env(1)
+    workers = {name: (_SLEEPER, [name, "0", str(log)], env) for name in ("a", "slow")}
+    results = _common.interleave(workers, rounds=3, repeat=1, rounds_of={"slow": 1})
+    assert log.read_text().split() == ["a", "a", "slow", "slow", "a", "a", "a", "a"]
+    assert len(results["a"]["round_ms"]) == 3
+    assert len(results["slow"]["round_ms"]) == 1
+    assert _common.paired_ratio(results["a"], results["slow"]) is None
+
+
 def test_a_worker_that_fails_to_start_is_an_error_with_its_last_words(tmp_path, quick):
     env = _common.worker_env(1)
     broken = "raise SystemExit('no model here: /nowhere.onnx')"
