@@ -265,7 +265,7 @@ def interleave(
                 continue
             ready.pop("ready", None)
             started[name] = worker
-            results[name] = {**ready, "round_ms": [], "_times": []}
+            results[name] = {**ready, "round_ms": [], "min_ms": float("inf")}
         names = list(started)
         for r in range(max(1, rounds) if names else 0):
             for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -277,16 +277,16 @@ def interleave(
                     results[name] = got
                     continue
                 results[name]["round_ms"].append(statistics.median(got["times_ms"]))
-                results[name]["_times"].extend(got["times_ms"])
+                results[name]["min_ms"] = min(results[name]["min_ms"], *got["times_ms"])
                 time.sleep(PAUSE_S)
     finally:
         for worker in started.values():
             worker.close()
     for result in results.values():
-        times = result.pop("_times", None)
-        if times:
+        if result.get("round_ms"):
             result["ms"] = statistics.median(result["round_ms"])
-            result["min_ms"] = min(times)
+        elif "round_ms" in result:  # started, never timed
+            del result["min_ms"]
     return results
 
 

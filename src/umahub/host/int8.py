@@ -501,8 +501,8 @@ def _pointwise(sch: s_tir.Schedule, vnni: bool) -> None:
     accumulators, ``oc`` channels by two vectors of 16 positions (one where there
     are no more, :func:`umahub.host.quantized.pointwise_positions`); the tiles in
     parallel, those of the smaller operand inner; each channel's four weight bytes
-    broadcast once per step; the
-    requantization of the tile vectorized over its positions."""
+    broadcast once per step; the requantization of the tile vectorized over its
+    positions."""
     dot = sch.get_sblock("dot_positions")
     out = sch.get_sblock("requantized")
     n, o, p = sch.get_loops(out)
