@@ -32,6 +32,7 @@ __all__ = [
     "name_of",
     "param_buffers",
     "rebind",
+    "remap_var",
     "ret_type",
     "structural_hash",
     "type_args",
@@ -44,6 +45,15 @@ TupleType: Any = getattr(relax, "TupleStructInfo", None) or relax.TupleType
 Constant: Any = getattr(relax, "Constant", None) or tvm.ir.expr.Constant
 VDevice: Any = getattr(relax, "VDevice", None) or tvm.ir.VDevice
 StringImm: Any = getattr(relax, "StringImm", None) or tvm.ir.StringImm
+
+
+def remap_var(mutator: Any, var: Any, new: Any) -> None:
+    """Tell a Relax ``PyExprMutator`` that ``var``'s uses now read ``new`` (keyed by
+    the variable in 0.26 and 0.27, by its id in 0.25)."""
+    try:
+        mutator.set_var_remap(var, new)
+    except TypeError:
+        mutator.set_var_remap(var.vid, new)
 
 
 def constant_value(constant: Any) -> Any:

@@ -34,6 +34,7 @@ from umahub._tvm import name_of
 from umahub.compiler.compilation import Clock, Compilation, Progress
 from umahub.compiler.quantization_check import check_quantization
 from umahub.compiler.refit import fitted
+from umahub.compiler.reshapes import activations_before_reshapes
 from umahub.compiler.stages import build, lower, memory, partition, plan
 from umahub.compiler.stages import verify as verification
 from umahub.errors import CompileError, warn
@@ -120,7 +121,7 @@ def _start(
     with _gc_paused():
         with comp.clock.stage("plan"):
             check_quantization(comp.mod)
-            comp.mod = fold_constants(comp.mod)
+            comp.mod = activations_before_reshapes(fold_constants(comp.mod))
             plan.run(comp)
     if comp.placing_by_cost:
         from umahub.auto.choose import run as place_by_cost

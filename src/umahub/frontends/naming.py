@@ -117,7 +117,7 @@ def name_variables(mod: Any) -> Any:
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
-    from umahub._tvm import type_of
+    from umahub._tvm import remap_var, type_of
     from umahub.ir import span_name
 
     @mutator
@@ -132,10 +132,7 @@ def name_variables(mod: Any) -> Any:
             kind = relax.DataflowVar if isinstance(binding.var, relax.DataflowVar) else relax.Var
             var = kind(name, type_of(binding.var))
             self.builder_.emit_normalized(relax.VarBinding(var, value))
-            try:
-                self.set_var_remap(binding.var, var)  # keyed by the variable (0.26, 0.27)
-            except TypeError:
-                self.set_var_remap(binding.var.vid, var)  # by its id (0.25)
+            remap_var(self, binding.var, var)
 
     main_gv = mod.get_global_var("main")
     updated = Rename().visit_expr(mod[main_gv])
