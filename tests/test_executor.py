@@ -302,6 +302,26 @@ def test_a_host_multiply_and_add_fused_in_main_are_one_step_too():
     assert same(compiled.run(*xs, executor="concurrent"), compiled.run(*xs, executor="vm"))
 
 
+def test_a_value_returned_twice_is_two_outputs(hub):
+    """Found by a language model's decode step (TVM's RemoveRedundantReshape merges
+    the two layers' identical position counters): ``main`` returns ``(y, x, y)``
+    bound in its dataflow block, a tuple step that read ``y`` once and built
+    itself from what it read: two outputs, where the VM gives three."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((8, 16), "float32"))
+    w = relax.const(np.eye(16, dtype="float32") * 2)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w), name_hint="y")
+            out = bb.emit_output(relax.Tuple([y, x, y]))
+        bb.emit_func_output(out)
+    compiled = hub.compile(bb.get(), placement={"y": "npu"})
+    xs = np.arange(128, dtype="float32").reshape(8, 16)
+    got = compiled.run(xs, executor="concurrent")
+    assert [g.tolist() for g in got] == [(xs * 2).tolist(), xs.tolist(), (xs * 2).tolist()]
+    assert same(got, compiled.run(xs, executor="vm"))
+
+
 @pytest.mark.slow
 def test_random_graphs_with_random_pins_identical_many():
     assert _random_graphs(200) > 100
@@ -584,12 +604,12 @@ def test_sizes_known_only_at_run_time_run_on_the_vm(hub):
 
 
 def test_the_graph_survives_its_json_and_refuses_another_version():
-    from umahub.runtime.steps import Step, StepGraph
+    from umahub.runtime.steps import FORMAT, Step, StepGraph
 
     graph = StepGraph(
         ("host", "npu:0"),
         params=1,
-        values=3,
+        values=4,
         steps=(
             Step("call", "host", (), (1,), "umahub_step_0", "host: shape"),  # reads no value
             Step(
@@ -603,12 +623,13 @@ def test_the_graph_survives_its_json_and_refuses_another_version():
                 dst="npu:0",
                 dst_index=1,
             ),
+            Step("alias", "host", (0, 1), (3,), mode="tuple", fields=(1, 0, 1), label="t"),
         ),
-        output=[2, [0, 1]],
+        output=[2, [0, 1], 3],
         copy_kind={"npu:0": "async"},
     )
     assert StepGraph.from_json(graph.to_json()) == graph
-    other = graph.to_json().replace('"umahub_steps":1', '"umahub_steps":99')
+    other = graph.to_json().replace(f'"umahub_steps":{FORMAT}', '"umahub_steps":99')
     assert StepGraph.from_json(other).unsupported == (
         "its step graph was written by another umahub version"
     )

@@ -199,7 +199,7 @@ def _alias(step: Step, values: list[Any]) -> Any:
     if step.mode == "get":
         return values[step.inputs[0]][step.field]
     if step.mode == "tuple":
-        return tuple(values[v] for v in step.inputs)
+        return tuple(values[v] for v in step.fields)
     return values[step.inputs[0]]
 
 

@@ -216,7 +216,9 @@ def _classify(value, ids, where, devices, ty, op_to_vdevice) -> tuple[str, str, 
         return "alias", where[ids[value.tuple_value]], {"mode": "get", "field": int(value.index)}
     if isinstance(value, relax.Tuple) and all(isinstance(f, relax.Var) for f in value.fields):
         fields = [where[ids[f]] for f in value.fields]
-        return "alias", fields[0] if len(set(fields)) == 1 else devices[0], {"mode": "tuple"}
+        order = [ids[f] for f in value.fields]  # a value may be two fields: read lists it once
+        device = fields[0] if len(set(fields)) == 1 else devices[0]
+        return "alias", device, {"mode": "tuple", "fields": order}
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         if value.op.name == op_to_vdevice:
             if not isinstance(value.args[0], relax.Var):
@@ -274,7 +276,8 @@ def _finish(drafts, names, ids, where, devices, copy_kind, output, params):
         else:
             steps.append(
                 Step("alias", d.device, tuple(d.inputs), tuple(d.defined), mode=d.extra["mode"],
-                     field=d.extra.get("field", 0), label=f"{names[d.defined[0]]}")
+                     field=d.extra.get("field", 0), fields=tuple(d.extra.get("fields", ())),
+                     label=f"{names[d.defined[0]]}")
             )  # fmt: skip
     graph = StepGraph(devices, params, len(names), tuple(steps), output, dict(copy_kind))
     return graph, drafts

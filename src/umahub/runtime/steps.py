@@ -22,7 +22,8 @@ from umahub.lanes import dma_lane
 __all__ = ["FORMAT", "GRAPH_FUNCTION", "Step", "StepGraph", "read_graph"]
 
 #: The version of the JSON in ``umahub_steps``; a library with another one runs on the VM.
-FORMAT = 1
+#: 2: a tuple alias lists its fields (``Step.fields``).
+FORMAT = 2
 #: The Relax function that returns the graph as JSON.
 GRAPH_FUNCTION = "umahub_steps"
 
@@ -44,6 +45,8 @@ class Step:
         mode: (copy) ``"sync"`` or ``"async"``; (alias) ``"same"``, ``"get"`` or
             ``"tuple"``.
         field: (alias ``"get"``) the index of the tuple field.
+        fields: (alias ``"tuple"``) the value id of each field, in order: a value
+            may be two fields (``(a, b, a)``), where ``inputs`` lists it once.
         src: (copy) the device the tensor comes from.
         dst: (copy) the device it goes to.
         dst_index: (copy) the runtime device index of ``dst``.
@@ -58,6 +61,7 @@ class Step:
     partition: str = ""
     mode: str = ""
     field: int = 0
+    fields: tuple[int, ...] = ()
     src: str = ""
     dst: str = ""
     dst_index: int = 0
@@ -104,6 +108,7 @@ class StepGraph:
                     **s,
                     "inputs": tuple(s.get("inputs", ())),
                     "outputs": tuple(s.get("outputs", ())),
+                    "fields": tuple(s.get("fields", ())),
                 }
             )
             for s in data.pop("steps")
