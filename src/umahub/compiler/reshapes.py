@@ -17,6 +17,10 @@ Moved before it, and the two reshapes that then follow each other merged
 (TVM's ``RemoveRedundantReshape``: back to back, and one to the shape its
 input already has, vanishes), the example is ``matmul -> add -> gelu ->
 matmul``, with no reshape between the products.
+
+``RemoveRedundantReshape`` also binds once what several bindings compute
+alike (a decoder's layers' equal position counters become one value, which
+``main`` may then return twice).
 """
 
 from __future__ import annotations
