@@ -215,10 +215,10 @@ def _classify(value, ids, where, devices, ty, op_to_vdevice) -> tuple[str, str, 
     if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
         return "alias", where[ids[value.tuple_value]], {"mode": "get", "field": int(value.index)}
     if isinstance(value, relax.Tuple) and all(isinstance(f, relax.Var) for f in value.fields):
-        fields = [where[ids[f]] for f in value.fields]
-        order = [ids[f] for f in value.fields]  # a value may be two fields: read lists it once
-        device = fields[0] if len(set(fields)) == 1 else devices[0]
-        return "alias", device, {"mode": "tuple", "fields": order}
+        fields = [ids[f] for f in value.fields]  # a value may be two fields: read lists it once
+        places = {where[v] for v in fields}
+        device = places.pop() if len(places) == 1 else devices[0]
+        return "alias", device, {"mode": "tuple", "fields": fields}
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         if value.op.name == op_to_vdevice:
             if not isinstance(value.args[0], relax.Var):
