@@ -35,6 +35,7 @@ import tvm
 from tvm import relax, te, tirx
 
 from umahub._tvm import Constant, name_of
+from umahub.host.fixed_point import at_channel, channel_index, fixed_point, int64, requantized
 from umahub.plugin.patterns import dtype_of, shape_of
 from umahub.plugin.quantization import QuantizedOperator, bound_value, describe_quantized
 
@@ -59,71 +60,26 @@ __all__ = [
 _INT32_MAX = 2**31 - 1
 
 
-def _int64(value: int) -> Any:
-    return tirx.const(value, "int64")
-
-
-def _read(t: te.Tensor, channel: Any, channels: int) -> Any:
-    """``t`` (a scale or zero point: one value, or one per channel) at ``channel``."""
-    size = 1
-    for d in t.shape:
-        size *= int(d)
-    if size == 1:
-        return t[tuple([0] * len(t.shape))]
-    return t[channel] if len(t.shape) == 1 else t[tuple(_channel_index(t, channel, channels))]
-
-
-def _channel_index(t: te.Tensor, channel: Any, channels: int) -> list[Any]:
-    """The index of ``t`` (a bias broadcast against the output) for one output channel."""
-    return [channel if int(d) == channels and int(d) != 1 else 0 for d in t.shape]
-
-
 def _requantizer(op: QuantizedOperator, sx: Any, sw: Any, sy: Any, channels: int):
     """Per output channel: (m, k), the fixed-point multiplier of step 3."""
 
     def multiplier(o: Any) -> Any:
         return (
-            _read(sx, o, channels).astype("float64")
-            * _read(sw, o, channels).astype("float64")
-            / _read(sy, o, channels).astype("float64")
+            at_channel(sx, o, channels).astype("float64")
+            * at_channel(sw, o, channels).astype("float64")
+            / at_channel(sy, o, channels).astype("float64")
         )
 
-    return _fixed_point(multiplier, channels, "requant")
+    return fixed_point(multiplier, channels, "requant")
 
 
 def _residual_requantizer(sr: Any, sy: Any):
     """(m_r, k_r): the fixed point of ``r_scale / y_scale`` (step 4's residual)."""
 
     def multiplier(_: Any) -> Any:
-        return _read(sr, 0, 1).astype("float64") / _read(sy, 0, 1).astype("float64")
+        return at_channel(sr, 0, 1).astype("float64") / at_channel(sy, 0, 1).astype("float64")
 
-    return _fixed_point(multiplier, 1, "residual")
-
-
-def _fixed_point(multiplier: Any, channels: int, name: str):
-    """Per channel, ``(m, k)`` of the float64 ``multiplier(channel)``
-    (:func:`umahub.plugin.requantization`, bit for bit). ``m`` is below 2**31 (53
-    significand bits less 22) and is kept as int32: an int32 by int32 product in
-    int64 is one multiply per pair of lanes on x86 (``vpmuldq``), where an int64
-    by int64 one is several."""
-    bits = te.compute(
-        (channels,), lambda o: tirx.reinterpret("int64", multiplier(o)), name=f"{name}_bits"
-    )
-    i64 = _int64
-    exponent = te.compute(
-        (channels,), lambda o: (bits[o] >> i64(52)) & i64(0x7FF), name=f"{name}_exp"
-    )
-
-    def m_of(o: Any) -> Any:
-        significand = (bits[o] & i64((1 << 52) - 1)) | i64(1 << 52)
-        return tirx.Select(exponent[o] < i64(991), i64(0), significand >> i64(22)).astype("int32")
-
-    def k_of(o: Any) -> Any:
-        return tirx.Select(exponent[o] < i64(991), i64(62), i64(1053) - exponent[o])
-
-    return te.compute((channels,), m_of, name=f"{name}_m"), te.compute(
-        (channels,), k_of, name=f"{name}_k"
-    )
+    return fixed_point(multiplier, 1, "residual")
 
 
 #: Bits of a float64 significand: every integer below 2**53 in magnitude is exact.
@@ -174,7 +130,7 @@ def _double_requantizer(m: te.Tensor, k: te.Tensor, channels: int) -> te.Tensor:
     """Per channel, ``m * 2**-k`` as a float64 (exact: a power of two from its bits)."""
 
     def value(o: Any) -> Any:
-        power = tirx.reinterpret("float64", (_int64(1023) - k[o]) << _int64(52))
+        power = tirx.reinterpret("float64", (int64(1023) - k[o]) << int64(52))
         return m[o].astype("float64") * power
 
     return te.compute((channels,), value, name="requant_double")
@@ -185,16 +141,17 @@ def _bias(op: QuantizedOperator, bias: list, sx: Any, sw: Any, channels: int) ->
     b = bias[0]
 
     def value(o: Any) -> Any:
-        raw = b[tuple(_channel_index(b, o, channels))]
-        units = _read(sx, o, channels).astype("float64") * _read(sw, o, channels).astype("float64")
+        raw = b[tuple(channel_index(b, o, channels))]
+        units = at_channel(sx, o, channels).astype("float64")
+        units = units * at_channel(sw, o, channels).astype("float64")
         if len(bias) == 3:  # dequantized: (b - zp) * scale in float32, as the graph says
             scale, zero = bias[1], bias[2]
-            zp = _read(zero, o, channels).astype("int32")
-            as_float = (raw.astype("int32") - zp).astype("float32") * _read(scale, o, channels)
+            zp = at_channel(zero, o, channels).astype("int32")
+            as_float = (raw.astype("int32") - zp).astype("float32") * at_channel(scale, o, channels)
             exact = tirx.all(
                 zp == 0,
-                _read(scale, o, channels)
-                == _read(sx, o, channels).astype("float32") * _read(sw, o, channels),
+                at_channel(scale, o, channels)
+                == at_channel(sx, o, channels).astype("float32") * at_channel(sw, o, channels),
             )
         else:
             as_float, exact = raw, None
@@ -231,7 +188,7 @@ def _bounds(op: QuantizedOperator, sy: Any, zy: Any, dtype: str) -> tuple[Any, A
         _, lo, hi = op.activation
 
         def quantized(bound: float) -> Any:
-            step = tirx.nearbyint(tirx.const(bound, "float32") / _read(sy, 0, 1))
+            step = tirx.nearbyint(tirx.const(bound, "float32") / at_channel(sy, 0, 1))
             return step.astype("int64") + zero
 
         if math.isfinite(lo):
@@ -405,7 +362,7 @@ def quantized_kernel(
         if residual:
             r, sr, zr = residual
             m_r, k_r = _residual_requantizer(sr, sy)
-            r_zero = _read(zr, 0, 1).astype("int64")
+            r_zero = at_channel(zr, 0, 1).astype("int64")
 
         def residual_at(i: tuple) -> Any:
             if wide:  # past the rows: the last one; past a row: its last column
@@ -434,11 +391,7 @@ def quantized_kernel(
             if residual:
                 term = (residual_at(i).astype("int64") - r_zero) * m_r[0].astype("int64")
                 p = p + (term << (k[o] - k_r[0]))
-            one = _int64(1)
-            product = tirx.Var("product", "int64")  # bound once: LLVM multiplied it twice
-            rounded = (product + (one << (k[o] - one)) - one + ((product >> k[o]) & one)) >> k[o]
-            clamped = tirx.max(low, tirx.min(high, rounded + zero)).astype(out_dtype)
-            return tirx.Let(product, p, clamped)
+            return requantized(p, k[o], zero, low, high, out_dtype)
 
         result = te.compute(shape, out, name="requantized")
         if wide:
@@ -543,7 +496,7 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape):
 
     def acc(b: Any, o: Any, q: Any) -> Any:
         data = xp[b, o, q + ry * dh * pitch + rx * dw]
-        weight = w[o, 0, ry, rx].astype("int32") - _read(zw, o, shape[1]).astype("int32")
+        weight = w[o, 0, ry, rx].astype("int32") - at_channel(zw, o, shape[1]).astype("int32")
         return te.sum(data * weight.astype(kind), axis=[ry, rx])
 
     total = te.compute((n, c, shape[2] * pitch), acc, name="acc_flat")
@@ -702,7 +655,7 @@ def _corrected(value, o, window, zero, zw, channels, reduction):
     known 0, ``w_zp * (sum(x') - K * x_zp')`` (``window``: ``sum(x')``, else None).
     The per-channel part, ``- x_zp' * sum(w)``, is :func:`_less_zero_times_sums`'."""
     if window is not None:
-        w_zero = _read(zw, o, channels).astype("int32")
+        w_zero = at_channel(zw, o, channels).astype("int32")
         value = value - w_zero * (window - zero * reduction)
     return value
 
@@ -720,7 +673,7 @@ def _zero_point(params: Any, tensor: te.Tensor, dtype: str) -> Any:
     input, :data:`umahub.compiler.lowering.CONSTANT_INPUTS`), else read from ``tensor``."""
     if params.zero_point is not None:
         return tirx.const(int(params.zero_point.reshape(-1)[0]), dtype)
-    return _read(tensor, 0, 1).astype(dtype)
+    return at_channel(tensor, 0, 1).astype(dtype)
 
 
 def _weight_zero_known(op: QuantizedOperator) -> bool:
@@ -859,7 +812,7 @@ def _conv_acc(op, x, x_zero, w, zw, out_shape, channels):
 
     def acc(b: Any, o: Any, y: Any, xx: Any) -> Any:
         data = xp[b, (o // per_group) * cg + rc, y * sh + ry * dh, xx * sw_ + rx * dw]
-        weight = w[o, rc, ry, rx].astype("int32") - _read(zw, o, channels).astype("int32")
+        weight = w[o, rc, ry, rx].astype("int32") - at_channel(zw, o, channels).astype("int32")
         return te.sum(data * weight.astype(kind), axis=[rc, ry, rx])
 
     total = te.compute(out_shape, acc, name="acc")
@@ -884,7 +837,9 @@ def _matmul_acc(op, a, a_zero, b, zb, out_shape, channels):
     )
     right = te.compute(
         b.shape,
-        lambda *i: (b[i].astype("int32") - _read(zb, i[-1], channels).astype("int32")).astype(kind),
+        lambda *i: (b[i].astype("int32") - at_channel(zb, i[-1], channels).astype("int32")).astype(
+            kind
+        ),
         name="b_less_zero",
     )
 
