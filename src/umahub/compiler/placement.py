@@ -215,7 +215,8 @@ def quantized_parts(func: Any) -> dict:
     (:func:`umahub.plugin.describe_quantized`). One it does not (a scale per
     input channel, 16-bit operands) runs on the host as written, whole: a
     float pattern taking its convolution would compute it elsewhere in float32
-    and round differently.
+    and round differently. A quantized mean (``quantize(mean(dequantize(x)))``,
+    :mod:`umahub.plugin.quantized_mean`) is one too: its mean is its part.
     """
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
     parts: dict = {}
@@ -223,6 +224,10 @@ def quantized_parts(func: Any) -> dict:
         if not (
             isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.quantize"
         ):
+            continue
+        mean = _quantized_mean(value, bound)
+        if mean is not None:
+            parts[mean] = var
             continue
         chain, inner = [], value.args[0]
         while isinstance(inner, relax.Var) and inner in bound and inner not in parts:
@@ -252,6 +257,16 @@ def quantized_parts(func: Any) -> dict:
 
 
 _PRODUCERS = ("relax.nn.conv2d", "relax.matmul")
+
+
+def _quantized_mean(quantize: relax.Call, bound: dict) -> Any:
+    """The mean's variable where ``quantize`` quantizes the mean of a dequantized
+    tensor (:mod:`umahub.plugin.quantized_mean`), else None."""
+    inner = quantize.args[0]
+    mean = bound.get(inner) if isinstance(inner, relax.Var) else None
+    if not (isinstance(mean, relax.Call) and getattr(mean.op, "name", "") == "relax.mean"):
+        return None
+    return inner if _dequantized(mean, bound) else None
 
 
 def _dequantized(producer: relax.Call, bound: dict) -> bool:

@@ -8,7 +8,9 @@ two devices would not give the same integers. :func:`lower_quantized`
 replaces each quantized operator (:func:`umahub.plugin.describe_quantized`)
 by one kernel that computes it as :mod:`umahub.plugin.quantization` defines:
 int32 accumulation, a bias in the accumulator's units, a fixed-point
-requantization rounded half to even. The host's part of a model goes through
+requantization rounded half to even; and each quantized mean
+(:mod:`umahub.plugin.quantized_mean`) by its own integer kernel
+(:mod:`umahub.host.quantized_mean`). The host's part of a model goes through
 it before TVM's legalization (:mod:`umahub.host.lowering`), and so does every
 partition that :func:`umahub.plugin.default_relax_to_tir` lowers: the npu, a
 plugin's C kernels and the host give the same integers.
@@ -36,8 +38,10 @@ from tvm import relax, te, tirx
 
 from umahub._tvm import Constant, name_of
 from umahub.host.fixed_point import at_channel, channel_index, fixed_point, int64, requantized
+from umahub.host.quantized_mean import mean_kernel, mean_operands
 from umahub.plugin.patterns import dtype_of, shape_of
 from umahub.plugin.quantization import QuantizedOperator, bound_value, describe_quantized
+from umahub.plugin.quantized_mean import describe_quantized_mean
 
 __all__ = [
     "BLOCK_K",
@@ -891,7 +895,7 @@ class _Lowerer(relax.PyExprMutator):
         try:
             op = describe_quantized(call, self._quantization_lookup)
         except ValueError:
-            return call  # not one umahub computes in integers: TVM's legalization
+            return self._mean(call)
         out_shape = shape_of(call)
         assert out_shape is not None  # describe_quantized refuses dynamic shapes
         args = operands(op)
@@ -919,6 +923,18 @@ class _Lowerer(relax.PyExprMutator):
         gv = new.args[0]
         self.builder_.update_func(gv, self.builder_.get()[gv].with_attr("op_pattern", 8))
         return new
+
+    def _mean(self, call: relax.Call) -> relax.Expr:
+        """A quantized mean's kernel in place of its quantize, else ``call`` as it is."""
+        try:
+            mean = describe_quantized_mean(call, self._quantization_lookup)
+        except ValueError:
+            return call  # not one umahub computes in integers: TVM's legalization
+        out_shape = shape_of(call)
+        assert out_shape is not None  # describe_quantized_mean refuses dynamic shapes
+        self.count += 1
+        kernel = mean_kernel(mean, tuple(int(d) for d in out_shape), dtype_of(call))
+        return self.builder_.call_te(kernel, *mean_operands(mean), primfunc_name_hint="qmean")
 
 
 def lower_quantized(

@@ -40,7 +40,9 @@ Claiming operators (``umahub_patterns``)
     operators (:mod:`~umahub.plugin.quantization`): :func:`quantized`,
     :func:`dequantized`, :func:`table_lookup` (an 8-bit tensor read through a
     table of its 256 values), and for their checks :func:`quantized_operator`
-    (:class:`QuantizedOperator`, :class:`QuantParams`), :func:`table_of`. For the
+    (:class:`QuantizedOperator`, :class:`QuantParams`), :func:`table_of`, and
+    :func:`quantized_mean` (:class:`QuantizedMean`: ``quantize(mean(dequantized()))``,
+    :mod:`~umahub.plugin.quantized_mean`). For the
     checks: :class:`Refusal`, :func:`refusal_reason`, :func:`calls`,
     :func:`shape_of`, :func:`bounded_shape_of`, :func:`dtype_of`, :func:`match_bytes`,
     :func:`human_size`, :data:`UNBOUNDED`, :func:`element_bytes`,
@@ -56,7 +58,8 @@ Lowering (``umahub_relax_to_tir``)
     :func:`single_primfunc`, the small constants a partition is passed
     (:func:`constant_inputs`), and the host's lowering of a max pooling,
     :func:`max_pool2d`. A quantized operator's integers
-    (:func:`describe_quantized`, :func:`bound_value`, :func:`requantization`,
+    (:func:`describe_quantized`, :func:`describe_quantized_mean`,
+    :func:`bound_value`, :func:`requantization`,
     :func:`requantize`: the arithmetic every device must give bit for bit).
 
 Scheduling (``umahub_schedule``) and TIR passes (``umahub_tir_passes``)
@@ -150,6 +153,7 @@ from umahub.plugin.quantization import (
     table_lookup,
     table_of,
 )
+from umahub.plugin.quantized_mean import QuantizedMean, describe_quantized_mean, quantized_mean
 from umahub.plugin.tuning import TuningSpace
 from umahub.sizes import human_size
 
@@ -257,6 +261,7 @@ __all__ = [
     "Pending",
     "ProgramTiming",
     "QuantParams",
+    "QuantizedMean",
     "QuantizedOperator",
     "Refusal",
     "Region",
@@ -281,6 +286,7 @@ __all__ = [
     "default_relax_to_tir",
     "dequantized",
     "describe_quantized",
+    "describe_quantized_mean",
     "detect_linear_equation",
     "done",
     "dtype_of",
@@ -308,6 +314,7 @@ __all__ = [
     "perfect_nest",
     "points_to",
     "quantized",
+    "quantized_mean",
     "quantized_operator",
     "read_in_place",
     "refusal_reason",

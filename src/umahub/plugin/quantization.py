@@ -63,6 +63,13 @@ plugin's kernels all follow it):
    depthwise kernel computes it so where the scales are constants
    (:func:`umahub.host.quantized.requantizes_in_double` says why it is exact).
 
+A mean of a dequantized 8-bit tensor, quantized (``quantize(mean(dequantize(x)))``,
+a global average pooling in QDQ form, one scale and zero point each: a
+*quantized mean*, :mod:`umahub.plugin.quantized_mean`) is computed in the same
+integers: ``acc = sum(x - x_zp)`` in int32 over the mean's ``n`` elements, then
+steps 3 and 4 with ``M = f64(x_scale) / (f64(y_scale) * n)``. A float32 sum
+would give a different last bit for every order a kernel adds in.
+
 Why this module is long: the arithmetic, the patterns and what a check reads of
 a match are one definition, which plugins, the host and the kit share.
 """
@@ -637,6 +644,12 @@ def quantized_operator(ctx: Any) -> QuantizedOperator:
     """The quantized operator a pattern of :func:`quantized` matched, from its check's
     ``ctx`` (a ``PatternCheckContext``). Raises ValueError when umahub cannot
     compute it exactly (umahub's check refuses such a match before the plugin's)."""
+    return describe_quantized(ctx.matched_expr, match_lookup(ctx))
+
+
+def match_lookup(ctx: Any) -> Any:
+    """``lookup(var)``: the value a variable of a pattern's match is bound to, from
+    its check's ``ctx`` (a ``PatternCheckContext``); None for one bound outside it."""
     bound = dict(ctx.matched_bindings.items())
     by_value = {}
     try:
@@ -648,4 +661,4 @@ def quantized_operator(ctx: Any) -> QuantizedOperator:
         value = bound.get(var)
         return value if value is not None else by_value.get(var)
 
-    return describe_quantized(ctx.matched_expr, lookup)
+    return lookup

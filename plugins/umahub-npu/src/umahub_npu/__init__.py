@@ -22,12 +22,15 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   input channels to fill the engine's 8-wide array (a multiple of 8), or a
   depthwise convolution; a convolution on 3 RGB channels is left to others.
   In QDQ form, a squeeze-and-excitation block's gate (``quantize(x *
-  dequantize(gate))``, one 8-bit value per channel) and its pooling quantized
-  (``quantize(mean(x))``), each with ``x``'s dequantize where ``x`` is 8-bit
-  (umahub gives each its own), are elementwise after the float values the
-  host computes too, so they stay on the npu, bit for bit the host's; so does a
-  residual block's add (``quantize(dequantize(a) + dequantize(b))``, with its
-  ReLU).
+  dequantize(gate))``, one 8-bit value per channel), with ``x``'s dequantize
+  where ``x`` is 8-bit (umahub gives each its own), is elementwise after the
+  float values the host computes too, so it stays on the npu, bit for bit the
+  host's; so does a residual block's add (``quantize(dequantize(a) +
+  dequantize(b))``, with its ReLU). Its pooling quantized
+  (``quantize(mean(dequantize(x)))``) is a sum, which umahub computes in
+  integers (:mod:`umahub.plugin.quantized_mean`): the npu's, added in vector
+  lanes, gives the host's integers too. (A quantized mean of a float tensor,
+  ``quantize(mean(x))``, is a float sum: its last bit is the npu's order's.)
   And a mean over a tensor's last axes (a global average pooling), a max
   pooling (with the ReLU before it), and a concatenation (its DMA gathers the
   pieces): SqueezeNet's and Inception's branches meet and are pooled on the
@@ -303,6 +306,19 @@ def quantized_mean_ok(ctx) -> bool | Refusal:
     return True
 
 
+def integer_mean_ok(ctx) -> bool | Refusal:
+    """A mean of a dequantized 8-bit tensor over its last axes, quantized, that umahub
+    computes in integers (:func:`umahub.plugin.quantized_mean`): the host's integers,
+    whatever order the npu's sum adds in."""
+    from umahub.plugin import quantized_mean
+
+    try:
+        quantized_mean(ctx)
+    except ValueError as err:
+        return Refusal(f"umahub cannot compute it in integers: {err}")
+    return quantized_mean_ok(ctx)
+
+
 def quantized_gate_ok(ctx) -> bool | Refusal:
     """A float32 (N, C, H, W) tensor times a dequantized 8-bit (N, C, 1, 1) gate,
     quantized with one scale: a squeeze-and-excitation block's gate in QDQ form,
@@ -398,7 +414,7 @@ def umahub_patterns():
             f"{NAME}.qmean",
             out(is_op("relax.mean")(dequantized()), is_const(), is_const()),
             {},
-            quantized_mean_ok,
+            integer_mean_ok,
         ),
         (
             f"{NAME}.mean_quantize",

@@ -160,6 +160,7 @@ from tvm.s_tir.schedule import ScheduleError
 from umahub.plugin import (
     PARALLEL_MIN,
     detect_linear_equation,
+    nodes_in,
     pack_weight,
     param_buffers,
     read_in_place,
@@ -290,7 +291,7 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
             return None
     if rb.init is None or not isinstance(rb.body, tirx.BufferStore):
         return None
-    if str(rb.body.buffer.dtype) != "float32":
+    if str(rb.body.buffer.dtype) not in ("float32", "int32"):
         return None
     spatial = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     reduce_ = [iv for iv in rb.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
@@ -306,7 +307,7 @@ def plan(sch: s_tir.Schedule) -> Plan | None:
         epilogue=[b.name_hint for b in blocks[ri + 1 :]],
     )
     ops = _mul_operands(rb.body.value)
-    if ops is None:
+    if ops is None or str(rb.body.buffer.dtype) != "float32":  # int32: a quantized mean's
         return _plan_sum(rb, spatial, reduce_, common)
     acc, x, y = ops
     if not _buf(acc).same_as(rb.body.buffer):
@@ -446,17 +447,25 @@ def _batch_size(spatial: list) -> int:
 
 def _plan_sum(rb, spatial: list, reduce_: list, common: dict) -> Plan | None:
     """A sum over the trailing axes of one tensor (a mean's, a global pooling's),
-    ``acc[i..] = acc[i..] + x[i.., r..]``; None when ``rb`` is not one."""
+    ``acc[i..] = acc[i..] + f(x[i.., r..])``, ``f`` elementwise (a quantized mean's
+    ``int32(x) - x_zp``, its zero point read from a scalar); None when ``rb`` is
+    not one."""
     value = rb.body.value
-    if not isinstance(value, tirx.Add):
+    if not reduce_ or not isinstance(value, tirx.Add):
         return None
-    acc, load = value.a, value.b
-    if not (isinstance(acc, _LOAD) and isinstance(load, _LOAD)):
+    acc, term = value.a, value.b
+    if not isinstance(acc, _LOAD) or not _buf(acc).same_as(rb.body.buffer):
         return None
-    if not _buf(acc).same_as(rb.body.buffer) or _buf(load).same_as(rb.body.buffer):
+    reduced = [iv.var for iv in reduce_]
+    tensor = [
+        ld
+        for ld in nodes_in(term, _LOAD)
+        if any(v.same_as(r) for v in _vars_in(ld) for r in reduced)
+    ]
+    if len(tensor) != 1 or _buf(tensor[0]).same_as(rb.body.buffer):
         return None
-    indices = list(load.indices)
-    if not reduce_ or len(indices) < len(reduce_):
+    indices = list(tensor[0].indices)
+    if len(indices) < len(reduce_):
         return None
     if not all(_is_var(e, iv.var) for e, iv in zip(indices[-len(reduce_) :], reduce_)):
         return None  # the reduced axes must be the tensor's last, contiguous ones

@@ -246,10 +246,15 @@ def _quantized_roots(main: relax.Function, parts: dict) -> list[tuple[str, str, 
         for binding in block.bindings:
             if binding.var in roots:
                 kind = next(
-                    bound[v].op.name.rsplit(".", 1)[-1]
-                    for v, r in parts.items()
-                    if r.same_as(binding.var) and bound[v].op.name in _PRODUCERS
+                    (
+                        bound[v].op.name.rsplit(".", 1)[-1]
+                        for v, r in parts.items()
+                        if r.same_as(binding.var) and bound[v].op.name in _PRODUCERS
+                    ),
+                    None,
                 )
+                if kind is None:  # a quantized mean: no quantized operator of the report's
+                    continue
                 try:
                     describe_quantized(binding.value, bound.get)
                     problem = ""
