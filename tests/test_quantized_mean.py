@@ -1,6 +1,6 @@
 """The quantized mean (``quantize(mean(dequantize(x)))``, a global average pooling in QDQ
 form) in integers: an int32 sum and one fixed-point rounding, the same integers on the
-npu (whose sum adds in vector lanes) and on the host (umahub.plugin.quantized_mean)."""
+npu (whose sum adds in vector lanes) and on the host (umahub.plugin.integer_mean)."""
 
 from __future__ import annotations
 

@@ -216,7 +216,7 @@ def quantized_parts(func: Any) -> dict:
     input channel, 16-bit operands) runs on the host as written, whole: a
     float pattern taking its convolution would compute it elsewhere in float32
     and round differently. A quantized mean (``quantize(mean(dequantize(x)))``,
-    :mod:`umahub.plugin.quantized_mean`) is one too: its mean is its part.
+    :mod:`umahub.plugin.integer_mean`) is one too: its mean is its part.
     """
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
     parts: dict = {}
@@ -261,7 +261,7 @@ _PRODUCERS = ("relax.nn.conv2d", "relax.matmul")
 
 def _quantized_mean(quantize: relax.Call, bound: dict) -> Any:
     """The mean's variable where ``quantize`` quantizes the mean of a dequantized
-    tensor (:mod:`umahub.plugin.quantized_mean`), else None."""
+    tensor (:mod:`umahub.plugin.integer_mean`), else None."""
     inner = quantize.args[0]
     mean = bound.get(inner) if isinstance(inner, relax.Var) else None
     if not (isinstance(mean, relax.Call) and getattr(mean.op, "name", "") == "relax.mean"):

@@ -6,7 +6,7 @@ one per output channel), turns each float64 multiplier into the fixed point
 int64 products by ``k`` half to even (:func:`requantized`): the same integers
 as :func:`umahub.plugin.requantize` computes in numpy, on every device. The
 quantized operators (:mod:`umahub.host.quantized`) and the quantized mean
-(:mod:`umahub.host.quantized_mean`) share them.
+(:mod:`umahub.host.integer_mean`) share them.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ replaces each quantized operator (:func:`umahub.plugin.describe_quantized`)
 by one kernel that computes it as :mod:`umahub.plugin.quantization` defines:
 int32 accumulation, a bias in the accumulator's units, a fixed-point
 requantization rounded half to even; and each quantized mean
-(:mod:`umahub.plugin.quantized_mean`) by its own integer kernel
-(:mod:`umahub.host.quantized_mean`). The host's part of a model goes through
+(:mod:`umahub.plugin.integer_mean`) by its own integer kernel
+(:mod:`umahub.host.integer_mean`). The host's part of a model goes through
 it before TVM's legalization (:mod:`umahub.host.lowering`), and so does every
 partition that :func:`umahub.plugin.default_relax_to_tir` lowers: the npu, a
 plugin's C kernels and the host give the same integers.
@@ -38,10 +38,10 @@ from tvm import relax, te, tirx
 
 from umahub._tvm import Constant, name_of
 from umahub.host.fixed_point import at_channel, channel_index, fixed_point, int64, requantized
-from umahub.host.quantized_mean import mean_kernel, mean_operands
+from umahub.host.integer_mean import mean_kernel, mean_operands
+from umahub.plugin.integer_mean import describe_quantized_mean
 from umahub.plugin.patterns import dtype_of, shape_of
 from umahub.plugin.quantization import QuantizedOperator, bound_value, describe_quantized
-from umahub.plugin.quantized_mean import describe_quantized_mean
 
 __all__ = [
     "BLOCK_K",

@@ -42,7 +42,7 @@ Claiming operators (``umahub_patterns``)
     table of its 256 values), and for their checks :func:`quantized_operator`
     (:class:`QuantizedOperator`, :class:`QuantParams`), :func:`table_of`, and
     :func:`quantized_mean` (:class:`QuantizedMean`: ``quantize(mean(dequantized()))``,
-    :mod:`~umahub.plugin.quantized_mean`). For the
+    :mod:`~umahub.plugin.integer_mean`). For the
     checks: :class:`Refusal`, :func:`refusal_reason`, :func:`calls`,
     :func:`shape_of`, :func:`bounded_shape_of`, :func:`dtype_of`, :func:`match_bytes`,
     :func:`human_size`, :data:`UNBOUNDED`, :func:`element_bytes`,
@@ -118,6 +118,7 @@ from umahub.plugin.device import (
     ProgramTiming,
     done,
 )
+from umahub.plugin.integer_mean import QuantizedMean, describe_quantized_mean, quantized_mean
 from umahub.plugin.markers import API_VERSION, hookimpl, hookspec
 from umahub.plugin.options import Option
 from umahub.plugin.patterns import (
@@ -153,7 +154,6 @@ from umahub.plugin.quantization import (
     table_lookup,
     table_of,
 )
-from umahub.plugin.quantized_mean import QuantizedMean, describe_quantized_mean, quantized_mean
 from umahub.plugin.tuning import TuningSpace
 from umahub.sizes import human_size
 

@@ -65,7 +65,7 @@ plugin's kernels all follow it):
 
 A mean of a dequantized 8-bit tensor, quantized (``quantize(mean(dequantize(x)))``,
 a global average pooling in QDQ form, one scale and zero point each: a
-*quantized mean*, :mod:`umahub.plugin.quantized_mean`) is computed in the same
+*quantized mean*, :mod:`umahub.plugin.integer_mean`) is computed in the same
 integers: ``acc = sum(x - x_zp)`` in int32 over the mean's ``n`` elements, then
 steps 3 and 4 with ``M = f64(x_scale) / (f64(y_scale) * n)``. A float32 sum
 would give a different last bit for every order a kernel adds in.

@@ -28,7 +28,7 @@ scratchpad that tiles are brought into by DMA (asynchronous copies).
   host's; so does a residual block's add (``quantize(dequantize(a) +
   dequantize(b))``, with its ReLU). Its pooling quantized
   (``quantize(mean(dequantize(x)))``) is a sum, which umahub computes in
-  integers (:mod:`umahub.plugin.quantized_mean`): the npu's, added in vector
+  integers (:mod:`umahub.plugin.integer_mean`): the npu's, added in vector
   lanes, gives the host's integers too. (A quantized mean of a float tensor,
   ``quantize(mean(x))``, is a float sum: its last bit is the npu's order's.)
   And a mean over a tensor's last axes (a global average pooling), a max
@@ -308,7 +308,7 @@ def quantized_mean_ok(ctx) -> bool | Refusal:
 
 def integer_mean_ok(ctx) -> bool | Refusal:
     """A mean of a dequantized 8-bit tensor over its last axes, quantized, that umahub
-    computes in integers (:func:`umahub.plugin.quantized_mean`): the host's integers,
+    computes in integers (:func:`umahub.plugin.integer_mean`): the host's integers,
     whatever order the npu's sum adds in."""
     from umahub.plugin import quantized_mean
 

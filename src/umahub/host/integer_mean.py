@@ -1,6 +1,6 @@
 """The quantized mean's kernel: an int32 sum and one fixed-point rounding.
 
-:mod:`umahub.plugin.quantized_mean` defines the arithmetic; :func:`mean_kernel`
+:mod:`umahub.plugin.integer_mean` defines the arithmetic; :func:`mean_kernel`
 is its TE function, which :func:`umahub.host.quantized.lower_quantized` puts in
 place of ``quantize(mean(dequantize(x)))`` on the host and in every partition
 the default lowering lowers. The sum is a plain reduction (a schedule may add
@@ -16,7 +16,7 @@ import tvm
 from tvm import te, tirx
 
 from umahub.host.fixed_point import at_channel, fixed_point, requantized
-from umahub.plugin.quantized_mean import QuantizedMean
+from umahub.plugin.integer_mean import QuantizedMean
 
 __all__ = ["mean_kernel", "mean_operands"]
 

@@ -12,7 +12,7 @@ different integer now and then. umahub defines it in integers instead
     M   = f64(x_scale) / (f64(y_scale) * n)    # as the fixed point m * 2**-k
     y   = round_half_to_even(acc * m / 2**k) + y_zp, saturated
 
-The host computes every quantized mean so (:mod:`umahub.host.quantized_mean`),
+The host computes every quantized mean so (:mod:`umahub.host.integer_mean`),
 and so does :func:`umahub.plugin.default_relax_to_tir` for a partition
 holding one: a plugin that claims ``quantize(mean(dequantize(x)))`` with the
 default lowering gives the host's integers. A check reads what it matched
