@@ -118,19 +118,39 @@ def test_a_scale_per_channel_of_a_summed_axis_is_not_in_integers_and_the_npu_say
         up.describe_quantized_mean(root, bound.get)
     assert str(info.value) == "a scale per channel along axis 2, which the mean sums over"
     compiled = npu_hub.compile(model)
+    # whole on the host: not even the npu's pattern for a float tensor's quantized mean
+    # (quantize(mean(x))) takes its mean and quantize, to sum them in its own order
+    assert {(o.op, o.device) for o in compiled.report.placement} == {
+        ("relax.dequantize", "host"),
+        ("relax.mean", "host"),
+        ("relax.quantize", "host"),
+    }
     (dequantize,) = [o for o in compiled.report.placement if o.op == "relax.dequantize"]
-    assert (dequantize.device, dequantize.refused["npu"]) == (
-        "host",
+    assert dequantize.refused["npu"] == (
         "umahub cannot compute it in integers: "
-        "a scale per channel along axis 2, which the mean sums over",
+        "a scale per channel along axis 2, which the mean sums over"
+    )
+    alone = umahub.Hub(
+        autoload=False, plugins=[FloatMean("qmean")], project_config=False
+    ).compile(model)
+    (quantize,) = [o for o in alone.report.placement if o.op == "relax.quantize"]
+    assert (quantize.device, quantize.refused["fmean"]) == (
+        "host",
+        "it holds the quantized operator ending at 'gv', which umahub does not compute in "
+        "integers (a scale per channel along axis 2, which the mean sums over): it runs on "
+        "the host as written",
     )
 
 
 class FloatMean:
-    """An accelerator with a float32 mean pattern, as a vendor writes it: it may not take
-    a quantized mean's mean and compute it in float32, in its own order."""
+    """An accelerator with float32 mean patterns, as a vendor writes them: ``"mean"``
+    alone, ``"mean_quantize"`` (the quantize after it) or ``"qmean"`` (with the
+    dequantize before it too)."""
 
     UMAHUB_API = 1
+
+    def __init__(self, *names: str):
+        self.names = names or ("mean",)
 
     @up.hookimpl
     def umahub_accelerators(self):
@@ -138,7 +158,20 @@ class FloatMean:
 
     @up.hookimpl
     def umahub_patterns(self, accelerator):
-        return [("fmean.mean", up.op("relax.mean"))] if accelerator.name == "fmean" else None
+        from tvm.relax.dpl import is_const, is_op, wildcard
+
+        if accelerator.name != "fmean":
+            return None
+
+        def quantized(mean):
+            return is_op("relax.quantize")(mean, is_const(), is_const())
+
+        forms = {
+            "mean": is_op("relax.mean")(wildcard()),
+            "mean_quantize": quantized(is_op("relax.mean")(wildcard())),
+            "qmean": quantized(is_op("relax.mean")(up.dequantized())),
+        }
+        return [(f"fmean.{name}", forms[name]) for name in self.names]
 
 
 def test_a_float_mean_pattern_cannot_take_a_quantized_means_mean():
@@ -153,4 +186,27 @@ def test_a_float_mean_pattern_cannot_take_a_quantized_means_mean():
     ]
     assert {o.device for o in compiled.report.placement} == {"host"}
     x = np.random.default_rng(3).integers(0, 256, (1, 16, 3, 3)).astype("uint8")
+    np.testing.assert_array_equal(compiled.run(x), reference(x, (2, 3), True))
+
+
+def test_a_plugins_own_pattern_with_the_quantize_gets_the_integers_by_the_default_lowering():
+    hub = umahub.Hub(autoload=False, plugins=[FloatMean("qmean")], project_config=False)
+    compiled = hub.compile(quantized_mean((2, 16, 6, 6)))
+    assert [(o.op, o.device, o.pattern) for o in compiled.report.placement] == [
+        ("relax.dequantize", "fmean:0", "fmean.qmean"),
+        ("relax.mean", "fmean:0", "fmean.qmean"),
+        ("relax.quantize", "fmean:0", "fmean.qmean"),
+    ]
+    # without its dequantize, a match would sum float32 values in its own order
+    alone = umahub.Hub(autoload=False, plugins=[FloatMean("mean_quantize")], project_config=False)
+    with pytest.warns(umahub.UmahubWarning) as said:
+        placed = alone.compile(quantized_mean((2, 16, 6, 6)), placement={"lv1": "fmean"})
+    assert {o.device for o in placed.report.placement} == {"host"}
+    assert str(said[0].message) == (
+        "umahub: pin 'lv1' -> 'fmean': operator 'lv1' (relax.mean) runs on host, because "
+        "pattern 'fmean.mean_quantize' refused it: it holds part of the quantized operator "
+        "ending at 'gv' and not the rest: a quantized operator is claimed whole "
+        "(umahub.plugin.quantization); pin it elsewhere"
+    )
+    x = np.random.default_rng(4).integers(0, 256, (2, 16, 6, 6)).astype("uint8")
     np.testing.assert_array_equal(compiled.run(x), reference(x, (2, 3), True))

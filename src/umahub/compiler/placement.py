@@ -34,7 +34,7 @@ from tvm import relax
 from umahub._tvm import name_of
 from umahub.config import HOST, Pin, parse_pin
 from umahub.errors import PatternCheckFailure
-from umahub.ir import span_name
+from umahub.ir import span_name, var_uses
 from umahub.plugin.accelerator import Accelerator
 from umahub.plugin.patterns import refusal_reason
 
@@ -189,11 +189,15 @@ class Matches(list):
         inner_outputs: bool = True,
         producers: dict | None = None,
         quantized: dict | None = None,
+        inexact: dict | None = None,
     ) -> None:
         super().__init__()
         #: bound variable -> the quantized operator it is part of (its final
         #: quantize's variable), from :func:`quantized_parts`.
         self.quantized = quantized or {}
+        #: the final quantize's variable of each quantized operator that umahub does
+        #: not compute in integers -> why (:func:`inexact_quantized`).
+        self.inexact = inexact or {}
         #: binding -> the pattern of the accepted match that holds it.
         self.taken: dict = {}
         #: Whether a match may hold, other than as its result, a value that its
@@ -216,10 +220,12 @@ def quantized_parts(func: Any) -> dict:
     input channel, 16-bit operands) runs on the host as written, whole: a
     float pattern taking its convolution would compute it elsewhere in float32
     and round differently. A quantized mean (``quantize(mean(dequantize(x)))``,
-    :mod:`umahub.plugin.integer_mean`) is one too: its mean is its part.
+    :mod:`umahub.plugin.integer_mean`) is one too: its mean is its part, and
+    its dequantize where nothing else reads it.
     """
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
     parts: dict = {}
+    uses = None
     for var, value in bound.items():
         if not (
             isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.quantize"
@@ -228,6 +234,13 @@ def quantized_parts(func: Any) -> dict:
         mean = _quantized_mean(value, bound)
         if mean is not None:
             parts[mean] = var
+            # its dequantize too, where it is its own: a match of mean and quantize alone
+            # would read float32 values and sum them in its own order
+            dequantized = bound[mean].args[0]
+            if uses is None:
+                uses = var_uses(func)
+            if uses.get(dequantized, 0) == 1 and uses.get(mean, 0) == 1:
+                parts[dequantized] = var
             continue
         chain, inner = [], value.args[0]
         while isinstance(inner, relax.Var) and inner in bound and inner not in parts:
@@ -257,6 +270,29 @@ def quantized_parts(func: Any) -> dict:
 
 
 _PRODUCERS = ("relax.nn.conv2d", "relax.matmul")
+
+
+def inexact_quantized(func: Any, parts: dict) -> dict:
+    """Each quantized operator (or quantized mean) of ``parts`` (:func:`quantized_parts`)
+    that umahub does not compute in integers: its final quantize's variable -> why
+    (the reason of :func:`umahub.plugin.describe_quantized` or
+    :func:`umahub.plugin.describe_quantized_mean`). Such an operator runs on the host
+    as written, whole: no match may hold it (see :class:`Matches`)."""
+    from umahub.plugin.integer_mean import describe_quantized_mean
+    from umahub.plugin.quantization import describe_quantized
+
+    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    means = {
+        r for v, r in parts.items() if bound[v].op.name == "relax.mean"
+    }  # (not its dequantize)
+    found = {}
+    for root in set(parts.values()):
+        describe = describe_quantized_mean if root in means else describe_quantized
+        try:
+            describe(bound[root], bound.get)
+        except ValueError as exc:
+            found[root] = str(exc)
+    return found
 
 
 def _quantized_mean(quantize: relax.Call, bound: dict) -> Any:
@@ -372,12 +408,14 @@ def _guard(
         if why is None:
             try:
                 why = _pinned_out(planned, pins, ctx)
-                if why is None and planned.check is not None:
-                    why = refusal_reason(planned.check(ctx))
+                if why is None:
+                    if planned.check is not None:
+                        why = refusal_reason(planned.check(ctx))
+                    if why is None:  # after the check: umahub's quantized() patterns say why
+                        why = _holds_inexact(accepted, ctx)
                     if why is not None and refusals is not None:
-                        refusals.add_check(
-                            planned.accelerator.name, [n for n, _ in matched_operators(ctx)], why
-                        )
+                        nodes = [n for n, _ in matched_operators(ctx)]
+                        refusals.add_check(planned.accelerator.name, nodes, why)
             except Exception as exc:  # a plugin's check: never let it through TVM's pass
                 if failures is not None:
                     failures.add(planned, [n for n, _ in matched_operators(ctx)], exc)
@@ -426,6 +464,20 @@ def _taken(accepted: list | None, ctx: Any) -> str | None:
     return None
 
 
+def _holds_inexact(accepted: Any, ctx: Any) -> str | None:
+    """Why a match may not hold a quantized operator umahub does not compute in
+    integers (None: it holds none). Computed elsewhere in float32, in its own
+    order, it would round differently than on the host, where it runs as written."""
+    inexact = getattr(accepted, "inexact", {})
+    for var in ctx.matched_bindings.keys():
+        if var in inexact:
+            return (
+                f"it holds the quantized operator ending at '{name_of(var)}', which umahub "
+                f"does not compute in integers ({inexact[var]}): it runs on the host as written"
+            )
+    return None
+
+
 def _ends_quantized(accepted: Any, ctx: Any) -> bool:
     """Whether the match holds a quantized operator's end: why it was refused is reported
     whether or not the operator is pinned (it runs on the host, in integers)."""
@@ -434,13 +486,15 @@ def _ends_quantized(accepted: Any, ctx: Any) -> bool:
 
 
 def _splits_quantized(parts: dict, ctx: Any) -> str | None:
-    """The name of a quantized operator the match holds part of but not its end, or None."""
+    """The name of a quantized operator the match holds part of (or its end) but not
+    the whole, or None."""
     if not parts:
         return None
     held = set(ctx.matched_bindings.keys())
-    for var in held:
-        root = parts.get(var)
-        if root is not None and root not in held:
+    roots = set(parts.values())
+    touched = {parts[v] for v in held if v in parts} | {v for v in held if v in roots}
+    for root in touched:
+        if root not in held or any(r.same_as(root) and v not in held for v, r in parts.items()):
             return name_of(root)
     return None
 

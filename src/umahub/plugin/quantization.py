@@ -33,10 +33,12 @@ never leaves the accelerator for the host's lookup. :func:`table_lookup` is
 that pattern alone, for an accelerator that reads tables after any operator.
 
 A quantized operator is claimed whole or not at all: umahub refuses any other
-pattern's match that holds part of one (a float ``conv2d`` pattern would
-otherwise take the convolution out of its integer operator and compute it in
-float32). What no accelerator claims, the host computes with the same integer
-arithmetic, so every path gives the same integers, bit for bit.
+pattern's match that holds part of one, or its end without the rest (a float
+``conv2d`` pattern would otherwise take the convolution out of its integer
+operator and compute it in float32), and any match of one that umahub does
+not compute in integers (that runs on the host, as written). What no
+accelerator claims, the host computes with the same integer arithmetic, so
+every path gives the same integers, bit for bit.
 
 The arithmetic, defined once (the host's lowering, the kit's reference and a
 plugin's kernels all follow it):

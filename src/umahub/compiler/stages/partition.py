@@ -42,6 +42,7 @@ from umahub.compiler.placement import (
     Pins,
     PlannedPattern,
     Refusals,
+    inexact_quantized,
     producers_of,
     quantized_parts,
 )
@@ -71,6 +72,7 @@ def _fuse(
     failures: CheckFailures | None,
     refusals: Refusals | None = None,
     parts: dict | None = None,
+    inexact: dict | None = None,
 ) -> tuple[Matches, tvm.IRModule]:
     """FuseOpsByPattern with the planned patterns: (the accepted matches, the module).
 
@@ -80,7 +82,7 @@ def _fuse(
     """
     producers = producers_of(mod["main"])
     for inner_outputs in (True, False):
-        accepted = Matches(inner_outputs, producers, parts)
+        accepted = Matches(inner_outputs, producers, parts, inexact)
         patterns = [p.fusion_pattern(pins, accepted, failures, refusals) for p in planned]
         fused = relax.transform.FuseOpsByPattern(
             patterns, bind_constants=False, annotate_codegen=False
@@ -125,11 +127,12 @@ def partition(
     """
     mod = name_nodes(relax.transform.ConvertToDataflow()(mod))
     parts = quantized_parts(mod["main"])
+    inexact = inexact_quantized(mod["main"], parts)
     refusals = refusals if refusals is not None else Refusals()
-    quantized = _quantized_roots(mod["main"], parts)
+    quantized = _quantized_roots(mod["main"], parts, inexact)
     if planned:
         position = {node: i for i, (node, _) in enumerate(op_calls(mod["main"]))}
-        accepted, fused = _fuse(mod, planned, pins, failures, refusals, parts)
+        accepted, fused = _fuse(mod, planned, pins, failures, refusals, parts, inexact)
         merged = None
         if not composites(fused):
             pass  # nothing matched: the module goes on as it was
@@ -234,11 +237,12 @@ def partition(
     return Partitioned(mod, tuple(placed.values()), tuple(operators), quantized_ops)
 
 
-def _quantized_roots(main: relax.Function, parts: dict) -> list[tuple[str, str, str]]:
+def _quantized_roots(
+    main: relax.Function, parts: dict, inexact: dict
+) -> list[tuple[str, str, str]]:
     """(node, kind, problem) of each quantized operator's final quantize, in model order;
-    ``problem`` says why umahub does not compute it in integers ("" where it does)."""
-    from umahub.plugin.quantization import describe_quantized
-
+    ``problem`` says why umahub does not compute it in integers ("" where it does:
+    ``inexact``, :func:`umahub.compiler.placement.inexact_quantized`)."""
     roots = set(parts.values())
     bound = {b.var: b.value for block in main.body.blocks for b in block.bindings}
     found = []
@@ -255,12 +259,7 @@ def _quantized_roots(main: relax.Function, parts: dict) -> list[tuple[str, str, 
                 )
                 if kind is None:  # a quantized mean: no quantized operator of the report's
                     continue
-                try:
-                    describe_quantized(binding.value, bound.get)
-                    problem = ""
-                except ValueError as exc:
-                    problem = str(exc)
-                found.append((node_name(binding), kind, problem))
+                found.append((node_name(binding), kind, inexact.get(binding.var, "")))
     return found
 
 
