@@ -282,9 +282,7 @@ def inexact_quantized(func: Any, parts: dict) -> dict:
     from umahub.plugin.quantization import describe_quantized
 
     bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-    means = {
-        r for v, r in parts.items() if bound[v].op.name == "relax.mean"
-    }  # (not its dequantize)
+    means = {r for v, r in parts.items() if bound[v].op.name == "relax.mean"}
     found = {}
     for root in set(parts.values()):
         describe = describe_quantized_mean if root in means else describe_quantized

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import tvm
 from tvm import te, tirx
 
-__all__ = ["at_channel", "channel_index", "fixed_point", "int64", "requantized"]
+__all__ = ["at_channel", "channel_index", "fixed_point", "int64", "requantized", "type_range"]
 
 
 def int64(value: int) -> Any:
@@ -64,6 +65,13 @@ def fixed_point(multiplier: Callable[[Any], Any], channels: int, name: str):
     return te.compute((channels,), m_of, name=f"{name}_m"), te.compute(
         (channels,), k_of, name=f"{name}_k"
     )
+
+
+def type_range(dtype: str) -> tuple[Any, Any]:
+    """The least and the greatest value of the integer type ``dtype``, as int64 constants:
+    the clamp of a saturating requantization."""
+    low = tirx.const(int(tvm.tirx.min_value(dtype).value), "int64")
+    return low, tirx.const(int(tvm.tirx.max_value(dtype).value), "int64")
 
 
 def requantized(p: Any, k: Any, zero: Any, low: Any, high: Any, dtype: str) -> Any:

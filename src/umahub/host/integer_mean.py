@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import tvm
 from tvm import te, tirx
 
-from umahub.host.fixed_point import at_channel, fixed_point, requantized
+from umahub.host.fixed_point import at_channel, fixed_point, requantized, type_range
 from umahub.plugin.integer_mean import QuantizedMean
 
 __all__ = ["mean_kernel", "mean_operands"]
@@ -68,8 +67,7 @@ def mean_kernel(mean: QuantizedMean, out_shape: tuple[int, ...], out_dtype: str)
             "mean",
         )
         zero = at_channel(zy, 0, 1).astype("int64")
-        low = tirx.const(int(tvm.tirx.min_value(out_dtype).value), "int64")
-        high = tirx.const(int(tvm.tirx.max_value(out_dtype).value), "int64")
+        low, high = type_range(out_dtype)
         return te.compute(
             out_shape,
             lambda *i: requantized(

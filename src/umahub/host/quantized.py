@@ -37,7 +37,14 @@ import tvm
 from tvm import relax, te, tirx
 
 from umahub._tvm import Constant, name_of
-from umahub.host.fixed_point import at_channel, channel_index, fixed_point, int64, requantized
+from umahub.host.fixed_point import (
+    at_channel,
+    channel_index,
+    fixed_point,
+    int64,
+    requantized,
+    type_range,
+)
 from umahub.host.integer_mean import mean_kernel, mean_operands
 from umahub.plugin.integer_mean import describe_quantized_mean
 from umahub.plugin.patterns import dtype_of, shape_of
@@ -183,8 +190,7 @@ def _channel_term(offset: Any, bias_q: te.Tensor | None) -> Any:
 
 def _bounds(op: QuantizedOperator, sy: Any, zy: Any, dtype: str) -> tuple[Any, Any]:
     """The output's clamp: its type's range, narrowed by the activation (in output units)."""
-    low = tirx.const(int(tvm.tirx.min_value(dtype).value), "int64")
-    high = tirx.const(int(tvm.tirx.max_value(dtype).value), "int64")
+    low, high = type_range(dtype)
     zero = _zero_point(op.output, zy, "int64")
     if op.activation == "relu":
         return tirx.max(low, tirx.min(high, zero)), high

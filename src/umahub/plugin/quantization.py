@@ -66,10 +66,11 @@ plugin's kernels all follow it):
    (:func:`umahub.host.quantized.requantizes_in_double` says why it is exact).
 
 A mean of a dequantized 8-bit tensor, quantized (``quantize(mean(dequantize(x)))``,
-a global average pooling in QDQ form, one scale and zero point each: a
-*quantized mean*, :mod:`umahub.plugin.integer_mean`) is computed in the same
-integers: ``acc = sum(x - x_zp)`` in int32 over the mean's ``n`` elements, then
-steps 3 and 4 with ``M = f64(x_scale) / (f64(y_scale) * n)``. A float32 sum
+a global average pooling in QDQ form, one output scale, the input's one scale or
+one per channel of an axis the mean keeps: a *quantized mean*,
+:mod:`umahub.plugin.integer_mean`) is computed in the same integers:
+``acc = sum(x - x_zp)`` in int32 over the mean's ``n`` elements, then steps 3
+and 4 with ``M = f64(x_scale) / (f64(y_scale) * n)``. A float32 sum
 would give a different last bit for every order a kernel adds in.
 
 Why this module is long: the arithmetic, the patterns and what a check reads of
