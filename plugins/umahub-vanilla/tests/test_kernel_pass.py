@@ -257,6 +257,9 @@ def test_pass_leaves_other_functions_unchanged():
         # columns read in phases: stride 2 with padding on the left, stride 3
         ((1, 3, 17, 23), (16, 3, 3, 3), dict(padding=1, strides=2), True),
         ((1, 4, 9, 20), (5, 4, 3, 5), dict(padding=(1, 2, 0, 3), strides=(2, 3)), False),
+        # input rows kept from one output row to the next: a thread's rows run from one
+        # image into the next, below rows of padding (H a multiple of R)
+        ((3, 3, 9, 8), (6, 3, 3, 3), dict(padding=(1, 1, 2, 1)), True),
         # one output position: a matrix-vector product, the weights read unpacked
         ((2, 28, 1, 1), (672, 28, 1, 1), dict(), True),
         ((1, 3, 2, 3), (20, 3, 3, 3), dict(padding=(1, 0, 0, 1), strides=3), False),
@@ -274,6 +277,7 @@ def test_pass_leaves_other_functions_unchanged():
         "stem_7x7_k40",
         "s2p1_odd_width",
         "s23_asym_5wide",
+        "batch3_padded_below",
         "one_position_se_batch2",
         "one_position_padded",
         "stem_7x7_k40_relu6",

@@ -6,15 +6,14 @@
  *
  * The convolution is a matrix product per output row: for batch n and output
  * row oh, out[k][ow] = sum_p W[k][p] * X[p][ow], p = (c, r, s) running over
- * C*R*S, where X is the im2col of that row (X[p][ow] = the input element under
- * weight (c, r, s) at output column ow, 0 in the padding). Building X costs
- * C*R*S*OW copies per row; the product costs K times more multiply-adds,
- * so the copy is cheap, and it makes every stride and padding the same
- * contiguous, vectorisable inner loop.
- *
- * A strided convolution reads every SW-th input column: each input row is
- * split into its SW phases once (row q holds columns q, q + SW, ...), and
- * each line of the im2col is then a contiguous copy from one phase.
+ * C*R*S, where X[p][ow] is the input element under weight (c, r, s) at output
+ * column ow (0 in the padding). X is not copied out (an im2col would write
+ * C*R*S*OW floats per row, more than the input rows it reads): the C*R input
+ * rows the output row reads are copied once each into a buffer with their
+ * padding as zeros, split into their SW column phases (phase q holds the
+ * padded row's columns q, q + SW, q + 2*SW, ...). Line p of X is then a
+ * contiguous run of one phase, starting s / SW in, for every stride and
+ * padding: the product reads it through a pointer per line.
  *
  * The product runs in register tiles of KT (4) output channels by WT (16)
  * output columns: the 64 accumulators stay in vector registers over the whole
@@ -28,14 +27,15 @@
  * instead.
  *
  * The output rows are shared out among the threads of TVM's thread pool
- * (TVMBackendParallelLaunch), each with its own im2col buffer; the weights
+ * (TVMBackendParallelLaunch), each with its own buffer of phases; the weights
  * are packed once per call, before.
  *
  * vanilla_conv2d_nchw_bias adds a bias per output channel to the
  * accumulators before they are stored: the bias add that follows a
  * convolution costs no pass of its own over the output. And
- * vanilla_conv2d_nchw_bias_clamp bounds what it stored (a ReLU, a ReLU6, a
- * clip) while the tile's rows are in L1.
+ * vanilla_conv2d_nchw_bias_clamp bounds the accumulators (a ReLU, a ReLU6, a
+ * clip): in their registers in the AVX-512 tile, in the stored rows while
+ * they are in L1 in the portable one.
  *
  * An output of one position per image (a squeeze-and-excitation block's 1x1
  * convolutions on a pooled 1x1 input, a classifier as a convolution) is a
@@ -76,6 +76,7 @@
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__) && \
     !defined(VANILLA_NO_AVX512)
 #define VANILLA_AVX512 1
+#include <immintrin.h>
 #else
 #define VANILLA_AVX512 0
 #endif
@@ -85,26 +86,6 @@ typedef struct {
   float lo, hi;
   int which; /* bit 0: lo applies, bit 1: hi applies; 0: no activation */
 } vanilla_bounds;
-
-/* floor(a / b) for b > 0 */
-static ptrdiff_t vanilla_floordiv(ptrdiff_t a, ptrdiff_t b) {
-  ptrdiff_t q = a / b;
-  if ((a % b != 0) && (a < 0)) q -= 1;
-  return q;
-}
-
-/* The output columns ow in [0, ow_count) for which
- * 0 <= ow*stride + off < extent, as [*lo, *hi). */
-static void vanilla_valid_range(ptrdiff_t off, ptrdiff_t stride, ptrdiff_t extent,
-                                ptrdiff_t ow_count, ptrdiff_t* lo, ptrdiff_t* hi) {
-  ptrdiff_t l = -vanilla_floordiv(off, stride);                    /* ceil(-off / stride) */
-  ptrdiff_t h = vanilla_floordiv(extent - 1 - off, stride) + 1;
-  if (l < 0) l = 0;
-  if (h > ow_count) h = ow_count;
-  if (h < l) h = l;
-  *lo = l;
-  *hi = h;
-}
 
 /* The activation taken into the call: each value v of the stored rows
  * out[j*ldo + t] (j < nk, t < nw) becomes max(v, lo) where bit 0 of `bounds`
@@ -123,11 +104,11 @@ static void vanilla_clamp_rows(float* VANILLA_RESTRICT out, ptrdiff_t ldo, ptrdi
   }
 }
 
-/* acc[j][t] = bias[j] + sum_p w[p*KT + j] * x[p*ldx + t], j < KT, t < WT
+/* acc[j][t] = bias[j] + sum_p w[p*KT + j] * lines[p][col0 + t], j < KT, t < WT
  * (bias padded to KT, or NULL for none); written to out[j*ldo + t] for j < nk,
  * t < nw, and bounded by act. */
 VANILLA_CLONES
-static void vanilla_tile(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
+static void vanilla_tile(const float* const* VANILLA_RESTRICT lines, ptrdiff_t col0,
                          const float* VANILLA_RESTRICT w, ptrdiff_t depth,
                          const float* VANILLA_RESTRICT bias, float* VANILLA_RESTRICT out,
                          ptrdiff_t ldo, ptrdiff_t nk, ptrdiff_t nw,
@@ -141,7 +122,7 @@ static void vanilla_tile(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
     a3[t] = bias ? bias[3] : 0.0f;
   }
   for (p = 0; p < depth; ++p) {
-    const float* VANILLA_RESTRICT xp = x + p * ldx;
+    const float* VANILLA_RESTRICT xp = lines[p] + col0;
     const float w0 = w[p * VANILLA_KT], w1 = w[p * VANILLA_KT + 1];
     const float w2 = w[p * VANILLA_KT + 2], w3 = w[p * VANILLA_KT + 3];
     for (t = 0; t < VANILLA_WT; ++t) {
@@ -169,49 +150,55 @@ static void vanilla_tile(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
 
 #if VANILLA_AVX512
 /* The same product in tiles of 16 output channels by 16 columns, for AVX-512:
- * 16 accumulators of one 16-float register each, and per step one load of 16
- * inputs and 16 multiply-adds with a broadcast weight (w packed by 16). */
-typedef float vanilla_v16 __attribute__((vector_size(64)));
-
+ * 16 accumulators of one register each, and per step one load of 16 inputs
+ * and 16 multiply-adds with a broadcast weight (w packed by 16). The bounds
+ * apply to the registers, and a partial row is a masked store. */
 #define VANILLA_ACC16(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) \
   M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
 
 __attribute__((target("avx512f,fma")))
-static void vanilla_tile16(const float* VANILLA_RESTRICT x, ptrdiff_t ldx,
+static void vanilla_tile16(const float* const* VANILLA_RESTRICT lines, ptrdiff_t col0,
                            const float* VANILLA_RESTRICT w, ptrdiff_t depth,
                            const float* VANILLA_RESTRICT bias, float* VANILLA_RESTRICT out,
                            ptrdiff_t ldo, ptrdiff_t nk, ptrdiff_t nw,
                            const vanilla_bounds* VANILLA_RESTRICT act) {
-#define VANILLA_DECL(j) vanilla_v16 a##j = {0};
+  const __mmask16 all = (__mmask16)0xFFFF;
+  const __mmask16 cols = nw >= 16 ? all : (__mmask16)((1u << nw) - 1u);
+  ptrdiff_t p;
+#define VANILLA_DECL(j) __m512 a##j = bias ? _mm512_set1_ps(bias[j]) : _mm512_setzero_ps();
   VANILLA_ACC16(VANILLA_DECL)
 #undef VANILLA_DECL
-  if (bias) {
-#define VANILLA_BIAS(j) a##j += bias[j];
-    VANILLA_ACC16(VANILLA_BIAS)
-#undef VANILLA_BIAS
-  }
-  ptrdiff_t p;
   for (p = 0; p < depth; ++p) {
-    vanilla_v16 v;
+    const __m512 v = _mm512_loadu_ps(lines[p] + col0);
     const float* VANILLA_RESTRICT wp = w + p * 16;
-    memcpy(&v, x + p * ldx, sizeof v);
-#define VANILLA_FMA(j) a##j += wp[j] * v;
+#define VANILLA_FMA(j) a##j = _mm512_fmadd_ps(_mm512_set1_ps(wp[j]), v, a##j);
     VANILLA_ACC16(VANILLA_FMA)
 #undef VANILLA_FMA
   }
-  /* a whole row in a copy of constant size: one vector store, not a call */
-#define VANILLA_STORE(j) \
-  if (j < nk) memcpy(out + j * ldo, &a##j, sizeof a##j);
-#define VANILLA_STORE_PART(j) \
-  if (j < nk) memcpy(out + j * ldo, &a##j, (size_t)nw * sizeof(float));
-  if (nw == 16) {
-    VANILLA_ACC16(VANILLA_STORE)
-  } else {
-    VANILLA_ACC16(VANILLA_STORE_PART)
+  /* max(lo, v) and min(hi, v) give v where v is a NaN: a NaN stays NaN. (The
+   * masked forms, all lanes set: gcc 12 warns of its own header's unmasked ones.) */
+  if (act->which & 1) {
+    const __m512 lo = _mm512_set1_ps(act->lo);
+#define VANILLA_LO(j) a##j = _mm512_mask_max_ps(a##j, all, lo, a##j);
+    VANILLA_ACC16(VANILLA_LO)
+#undef VANILLA_LO
   }
+  if (act->which & 2) {
+    const __m512 hi = _mm512_set1_ps(act->hi);
+#define VANILLA_HI(j) a##j = _mm512_mask_min_ps(a##j, all, hi, a##j);
+    VANILLA_ACC16(VANILLA_HI)
+#undef VANILLA_HI
+  }
+  if (nk == 16) {
+#define VANILLA_STORE(j) _mm512_mask_storeu_ps(out + j * ldo, cols, a##j);
+    VANILLA_ACC16(VANILLA_STORE)
 #undef VANILLA_STORE
-#undef VANILLA_STORE_PART
-  if (act->which) vanilla_clamp_rows(out, ldo, nk, nw, act);
+  } else {
+#define VANILLA_STORE_SOME(j) \
+  if (j < nk) _mm512_mask_storeu_ps(out + j * ldo, cols, a##j);
+    VANILLA_ACC16(VANILLA_STORE_SOME)
+#undef VANILLA_STORE_SOME
+  }
 }
 #endif
 
@@ -247,69 +234,78 @@ typedef struct {
   vanilla_bounds act;
   float* out;
   ptrdiff_t N, C, H, W, K, R, S, PT, PL, SH, SW, OH, OW, OWP, CRS, KT;
-  int wide; /* the 16 x 16 tile */
+  ptrdiff_t PWP; /* floats of one phase of a padded input row */
+  int wide;      /* the 16 x 16 tile */
   volatile int failed;
 } vanilla_job;
 
-/* phases[q * PW + i] = in_row[q + SW * i] for the W elements of the row: a
- * strided read of the row becomes a contiguous read of one phase. */
-static void vanilla_deinterleave(const float* VANILLA_RESTRICT in_row, ptrdiff_t W, ptrdiff_t SW,
-                                 ptrdiff_t PW, float* VANILLA_RESTRICT phases) {
-  ptrdiff_t i, q;
-  if (SW == 2) { /* the common case, in a loop the compiler vectorises */
-    float* VANILLA_RESTRICT even = phases;
-    float* VANILLA_RESTRICT odd = phases + PW;
-    for (i = 0; i < W / 2; ++i) {
-      even[i] = in_row[2 * i];
-      odd[i] = in_row[2 * i + 1];
-    }
-    if (W % 2) even[W / 2] = in_row[W - 1];
+/* The input row in_row (W floats; NULL for a row of the padding) with PL zeros
+ * before it and zeros after, split into its SW phases of PWP floats:
+ * phases[q * PWP + i] = padded[q + SW * i], padded[PL + j] = in_row[j]. */
+VANILLA_CLONES
+static void vanilla_phase_row(const float* VANILLA_RESTRICT in_row, ptrdiff_t W, ptrdiff_t PL,
+                              ptrdiff_t SW, ptrdiff_t PWP, float* VANILLA_RESTRICT phases) {
+  ptrdiff_t q, i;
+  memset(phases, 0, (size_t)(SW * PWP) * sizeof(float));
+  if (in_row == NULL) return;
+  if (SW == 1) {
+    memcpy(phases + PL, in_row, (size_t)W * sizeof(float));
     return;
   }
-  for (q = 0; q < SW; ++q)
-    for (i = 0; q + SW * i < W; ++i) phases[q * PW + i] = in_row[q + SW * i];
+  for (q = 0; q < SW; ++q) {
+    /* the first input column in phase q, and its place there */
+    const ptrdiff_t j0 = ((q - PL) % SW + SW) % SW, i0 = (j0 + PL) / SW;
+    float* VANILLA_RESTRICT to = phases + q * PWP + i0;
+    const float* VANILLA_RESTRICT from = in_row + j0;
+    const ptrdiff_t count = j0 < W ? (W - j0 + SW - 1) / SW : 0;
+    if (SW == 2) /* the common stride, in a loop the compiler vectorises */
+      for (i = 0; i < count; ++i) to[i] = from[2 * i];
+    else
+      for (i = 0; i < count; ++i) to[i] = from[SW * i];
+  }
 }
 
 /* The output rows [lo, hi) of the batch (rows numbered n * OH + oh). */
 static int vanilla_rows(const vanilla_job* job, ptrdiff_t lo, ptrdiff_t hi) {
   const ptrdiff_t C = job->C, H = job->H, W = job->W, K = job->K, R = job->R, S = job->S;
   const ptrdiff_t PT = job->PT, PL = job->PL, SH = job->SH, SW = job->SW;
-  const ptrdiff_t OH = job->OH, OW = job->OW, OWP = job->OWP, CRS = job->CRS, KT = job->KT;
-  const ptrdiff_t plane_in = H * W, plane_out = OH * OW;
-  const ptrdiff_t PW = (W + SW - 1) / SW; /* elements of one phase of a row */
-  ptrdiff_t row, ci, ri, si, ow, k0, ow0;
-  float* cols = (float*)malloc((size_t)(CRS * OWP + (SW > 1 ? SW * PW : 0)) * sizeof(float));
-  float* phases = cols + CRS * OWP;
-  if (cols == NULL) return -2;
+  const ptrdiff_t OH = job->OH, OW = job->OW, CRS = job->CRS, KT = job->KT;
+  const ptrdiff_t PWP = job->PWP, plane_in = H * W, plane_out = OH * OW;
+  ptrdiff_t row, ci, ri, si, k0, ow0;
+  /* The padded input rows: slot ih % R holds input row ih of every channel, for
+   * the R consecutive rows an output row reads; the next output row keeps the
+   * ones it shares with this one (R - SH of them). slot_row[] says which row a
+   * slot holds, as n * span + ih + PT (span: the rows from -PT on that output
+   * rows read, padding included), -1 for none yet. */
+  const ptrdiff_t span = (OH - 1) * SH + R;
+  float* phases = (float*)malloc((size_t)(C * R * SW * PWP) * sizeof(float));
+  const float** lines = (const float**)malloc((size_t)CRS * sizeof(const float*));
+  ptrdiff_t* slot_row = (ptrdiff_t*)malloc((size_t)R * sizeof(ptrdiff_t));
+  if (phases == NULL || lines == NULL || slot_row == NULL) {
+    free(phases);
+    free((void*)lines);
+    free(slot_row);
+    return -2;
+  }
+  for (ri = 0; ri < R; ++ri) slot_row[ri] = -1;
   for (row = lo; row < hi; ++row) {
     const ptrdiff_t in_n = row / OH, oh = row % OH;
     const float* in_b = job->data + in_n * C * plane_in;
     float* out_b = job->out + in_n * K * plane_out;
-    /* the im2col of output row oh */
-    for (ci = 0; ci < C; ++ci) {
-      for (ri = 0; ri < R; ++ri) {
-        ptrdiff_t ih = oh * SH + ri - PT;
-        for (si = 0; si < S; ++si) {
-          float* line = cols + ((ci * R + ri) * S + si) * OWP;
-          ptrdiff_t off = si - PL, lo_w, hi_w;
-          const float* in_row;
-          if (ih < 0 || ih >= H) { /* a padded row */
-            memset(line, 0, (size_t)OWP * sizeof(float));
-            continue;
-          }
-          in_row = in_b + ci * plane_in + ih * W;
-          if (SW > 1 && si == 0) vanilla_deinterleave(in_row, W, SW, PW, phases);
-          vanilla_valid_range(off, SW, W, OW, &lo_w, &hi_w);
-          for (ow = 0; ow < lo_w; ++ow) line[ow] = 0.0f;
-          if (hi_w > lo_w) {
-            /* input column ow * SW + off = SW * (ow + base) + phase */
-            const ptrdiff_t base = vanilla_floordiv(off, SW), phase = off - base * SW;
-            const float* from = SW == 1 ? in_row + off : phases + phase * PW + base;
-            memcpy(line + lo_w, from + lo_w, (size_t)(hi_w - lo_w) * sizeof(float));
-          }
-          for (ow = hi_w; ow < OWP; ++ow) line[ow] = 0.0f;
-        }
+    /* the R input rows under output row oh, and a line per (c, r, s) into them */
+    for (ri = 0; ri < R; ++ri) {
+      const ptrdiff_t ih = oh * SH + ri - PT, slot = (ih % R + R) % R;
+      const int padding = ih < 0 || ih >= H;
+      if (slot_row[slot] != in_n * span + ih + PT) {
+        for (ci = 0; ci < C; ++ci)
+          vanilla_phase_row(padding ? NULL : in_b + ci * plane_in + ih * W, W, PL, SW, PWP,
+                            phases + (ci * R + slot) * SW * PWP);
+        slot_row[slot] = in_n * span + ih + PT;
       }
+      for (ci = 0; ci < C; ++ci)
+        for (si = 0; si < S; ++si)
+          lines[(ci * R + ri) * S + si] =
+              phases + (ci * R + slot) * SW * PWP + (si % SW) * PWP + si / SW;
     }
     for (k0 = 0; k0 < K; k0 += KT) {
       ptrdiff_t nk = (K - k0 < KT) ? (K - k0) : KT;
@@ -318,19 +314,21 @@ static int vanilla_rows(const vanilla_job* job, ptrdiff_t lo, ptrdiff_t hi) {
         ptrdiff_t nw = (OW - ow0 < VANILLA_WT) ? (OW - ow0) : VANILLA_WT;
 #if VANILLA_AVX512
         if (job->wide) {
-          vanilla_tile16(cols + ow0, OWP, job->packed + k0 * CRS, CRS,
+          vanilla_tile16(lines, ow0, job->packed + k0 * CRS, CRS,
                          job->bias ? job->bias + k0 : NULL, out_k + ow0, plane_out, nk, nw,
                          &job->act);
           continue;
         }
 #endif
-        vanilla_tile(cols + ow0, OWP, job->packed + k0 * CRS, CRS,
+        vanilla_tile(lines, ow0, job->packed + k0 * CRS, CRS,
                      job->bias ? job->bias + k0 : NULL, out_k + ow0, plane_out, nk, nw,
                      &job->act);
       }
     }
   }
-  free(cols);
+  free(phases);
+  free((void*)lines);
+  free(slot_row);
   return 0;
 }
 
@@ -421,6 +419,10 @@ int32_t vanilla_conv2d_nchw_bias_clamp(float* data, float* weight, float* bias, 
   job.OW = ((ptrdiff_t)w + pad_left + pad_right - s) / stride_w + 1;
   job.OWP = (job.OW + VANILLA_WT - 1) / VANILLA_WT * VANILLA_WT;
   job.CRS = (ptrdiff_t)c * r * s;
+  /* a phase holds its share of the padded row, and the OWP columns a tile reads
+   * from the last line's start (s / SW in) */
+  job.PWP = ((ptrdiff_t)pad_left + w + stride_w - 1) / stride_w;
+  if (job.PWP < job.OWP + (s - 1) / stride_w) job.PWP = job.OWP + (s - 1) / stride_w;
   job.failed = 0;
   job.wide = 0;
 #if VANILLA_AVX512

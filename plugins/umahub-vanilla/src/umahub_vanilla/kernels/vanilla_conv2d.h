@@ -23,9 +23,10 @@
  *
  * Returns 0 on success, -1 when an argument is out of range (non-positive
  * size or stride, negative padding, kernel larger than the padded input;
- * out is left untouched then), -2 when its scratch memory (C*R*S*OW floats
- * per thread, K*C*R*S for the packed weights) cannot be had (out is then
- * left partly written).
+ * out is left untouched then), -2 when its scratch memory (the C*R padded
+ * input rows of an output row, with C*R*S pointers into them, per thread;
+ * K*C*R*S floats for the packed weights) cannot be had (out is then left
+ * partly written).
  *
  * The work is shared among the threads of TVM's thread pool when the TVM
  * runtime is there (TVMBackendParallelLaunch), else done on the calling thread.
