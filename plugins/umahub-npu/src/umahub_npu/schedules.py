@@ -112,6 +112,9 @@ per (f-tile, p-tile) task::
   (1,64,56,56) 3x3: tf=64, tp=224 (4 rows), tc=32: 51 KiB + 72 KiB + 56 KiB.
 * the filters are read as ``[f/nr][c][kh][kw][nr]``: packed at compile time
   when they are constants, else the tile of each (f-tile, c-step) per task.
+* where ``tc`` is all of C (one reduction step) and the filters are packed at
+  compile time, the epilogue runs per ``nr`` channels of the tile, as for
+  pointwise below (squeezenet's 3x3 of 32 -> 128 channels on 27x27: 0.87).
 * the padding block stays a separate stage (parallel, vectorized) at the root;
   an unpadded convolution's, a copy of its input, is read in place.
 
@@ -1096,6 +1099,12 @@ def _schedule_conv2d(
     pos = sch.fuse(y, x)
     f0, f1, f2 = sch.split(f, [None, tf // nr, nr])
     p0, p1, p2 = sch.split(pos, [None, tp // mr, mr])
+    micro = (p2, f2)
+    if packed and tc == int(sch.get(rc).extent):
+        # one reduction step: the epilogue per nr channels, as in _schedule_pointwise
+        sch.reorder(n, f0, p0, f1, p1, rc, ry, rx, p2, f2)
+        _finish_tiles(sch, red, (out, rest), (n, f0, p0), rc, micro, lanes, epilogue_at=f1)
+        return "conv2d"
     rc0, rc1 = sch.split(rc, [None, tc])
     sch.reorder(n, f0, p0, rc0, f1, p1, rc1, ry, rx, p2, f2)
     if not packed:  # weights of the (f-tile, c-step) packed as [f/nr][c][kh][kw][nr]
@@ -1106,7 +1115,7 @@ def _schedule_conv2d(
         sch.reorder(wf0, wl[1], wl[2], wl[3], wf1)
         sch.vectorize(wf1)
         sch.transform_layout(wp, ("write", 0), lambda f, c, kh, kw: (f // nr, c, kh, kw, f % nr))
-    _finish_tiles(sch, red, (out, rest), (n, f0, p0), rc0, (p2, f2), lanes)
+    _finish_tiles(sch, red, (out, rest), (n, f0, p0), rc0, micro, lanes)
     return "conv2d"
 
 
@@ -1145,7 +1154,7 @@ def _schedule_pointwise(
     f0, f1, f2 = sch.split(f, [None, tf // mr, mr])
     p0, p1, p2 = sch.split(pos, [None, tp // nr, nr])
     micro = (f2, p2)
-    if tc == p.extents["C"]:
+    if tc == int(sch.get(rc).extent):
         # one reduction step: each mr channels of the tile are final after their
         # micro-kernels, and their epilogue reads them while they are in L1, not the
         # whole tile's back from L2 (a few input channels make as few products per
