@@ -142,6 +142,10 @@ pointwise, per (f-tile, p-tile) task::
 
 depthwise: each channel is independent; the tile is ``ty`` full rows of one
 channel (input rows + 9 weights + output rows), always far below the budget.
+A micro-tile's accumulators start in registers where they and the taps'
+weights fit the vector registers (3x3 with AVX-512), else the task's rows
+are initialised in memory first; a padded row no vector divides is copied
+by LLVM's own vectorizer (TVM's would be vectors of a divisor's width).
 On a plane (rows narrower than a vector), a task is a channel: its padded
 plane, then tiles of up to 8 vectors of positions accumulated in registers
 over the unrolled taps, then the epilogue, which drops the positions past each
