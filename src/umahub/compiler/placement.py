@@ -34,7 +34,7 @@ from tvm import relax
 from umahub._tvm import name_of
 from umahub.config import HOST, Pin, parse_pin
 from umahub.errors import PatternCheckFailure
-from umahub.ir import span_name, var_uses
+from umahub.ir import bindings, span_name, var_uses
 from umahub.plugin.accelerator import Accelerator
 from umahub.plugin.patterns import refusal_reason
 
@@ -223,7 +223,7 @@ def quantized_parts(func: Any) -> dict:
     :mod:`umahub.plugin.integer_mean`) is one too: its mean is its part, and
     its dequantize where nothing else reads it.
     """
-    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    bound = {b.var: b.value for b in bindings(func)}
     parts: dict = {}
     uses = None
     for var, value in bound.items():
@@ -281,7 +281,7 @@ def inexact_quantized(func: Any, parts: dict) -> dict:
     from umahub.plugin.integer_mean import describe_quantized_mean
     from umahub.plugin.quantization import describe_quantized
 
-    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    bound = {b.var: b.value for b in bindings(func)}
     means = {r for v, r in parts.items() if bound[v].op.name == "relax.mean"}
     found = {}
     for root in set(parts.values()):

@@ -48,7 +48,7 @@ from umahub.compiler.placement import (
 )
 from umahub.config import HOST
 from umahub.errors import CompileError, PlacementError, did_you_mean
-from umahub.ir import node_name, op_calls
+from umahub.ir import bindings, node_name, op_calls
 from umahub.plugin.accelerator import Accelerator
 from umahub.plugin.context import Operator
 from umahub.plugin.memory import tensor_bytes
@@ -244,7 +244,7 @@ def _quantized_roots(
     ``problem`` says why umahub does not compute it in integers ("" where it does:
     ``inexact``, :func:`umahub.compiler.placement.inexact_quantized`)."""
     roots = set(parts.values())
-    bound = {b.var: b.value for block in main.body.blocks for b in block.bindings}
+    bound = {b.var: b.value for b in bindings(main)}
     found = []
     for block in main.body.blocks:
         for binding in block.bindings:
