@@ -416,6 +416,37 @@ def test_a_one_by_one_convolution_is_a_matmul_with_positions_in_vectors(
 
 
 @pytest.mark.parametrize(
+    "C, sram, copied",
+    [
+        (72, 1 << 20, True),  # one reduction step over 72 channels 4 KiB apart: 72 pages
+        (144, 320 << 10, True),  # two steps of 72
+        (48, 1 << 20, False),  # 48 pages: read in place
+    ],
+)
+def test_a_one_by_one_convolution_reading_more_pages_than_the_tlb_holds_copies_its_input_tile(
+    C, sram, copied
+):
+    def body(bb, x, w, b):
+        return bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(relax.op.nn.conv2d(x, w), b))))
+
+    mod = primfunc_from_relax(
+        [("x", (1, C, 32, 32)), ("w", (32, C, 1, 1)), ("b", (1, 32, 1, 1))], body
+    )
+    sch = s_tir.Schedule(mod)
+    assert schedules.schedule(sch, lanes=16, sram_bytes=sram) == "pointwise"
+    blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    assert ("x_global" in blocks) is copied, blocks
+    if copied:  # a tile's copy, in the parallel tasks, not one of the whole input
+        first = sch.get_loops(sch.get_sblock("x_global"))[0]
+        assert int(sch.get(first).kind) == 1  # parallel
+    x, w, b = f32(1, C, 32, 32), f32(32, C, 1, 1, scale=0.3), f32(1, 32, 1, 1)
+    want = np.maximum(np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0]) + b, 0)
+    close(run(sch.mod, [x, w, b], want.shape), want)
+    assert schedules.input_pages(C, 32 * 32) == C
+    assert schedules.input_pages(256, 28 * 28) == 196  # 256 rows 3136 bytes apart
+
+
+@pytest.mark.parametrize(
     "H, stride, groups",
     [(9, 1, 1), (16, 2, 1), (16, 1, 2)],  # 81 positions, strided, grouped
 )
