@@ -664,6 +664,40 @@ def test_a_depthwise_on_rows_narrower_than_a_vector_runs_vectors_over_its_plane(
 
 
 @pytest.mark.parametrize(
+    "H, stride, kind",
+    [
+        (32, 2, "pointwise"),  # 16x16 positions: whole vectors of them
+        (14, 2, "conv2d"),  # 7x7: an implicit GEMM, on the compact positions too
+        (24, (3, 2), "pointwise"),  # 8x12 positions, a stride per axis
+    ],
+)
+def test_a_strided_one_by_one_convolution_reads_its_positions_copied_compact(H, stride, kind):
+    from umahub_npu import lowering
+
+    bb = relax.BlockBuilder()
+    params = [
+        relax.Var("x", R.Tensor((1, 24, H, H), "float32")),
+        relax.Var("w", R.Tensor((32, 24, 1, 1), "float32")),
+        relax.Var("b", R.Tensor((1, 32, 1, 1), "float32")),
+    ]
+    x_, w_, b_ = params
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x_, w_, strides=stride))
+            out = bb.emit_output(relax.op.nn.relu(bb.emit(relax.op.add(y, b_))))
+        bb.emit_func_output(out)
+    sch = s_tir.Schedule(lowering.lower(bb.get()["main"], "main", "npu"))
+    p = schedules.plan(sch)
+    assert (p.kind, p.stride, p.pointwise) == ("conv2d", 1, True)
+    assert p.prologue[0] == "subsample"
+    assert schedules.schedule(sch, lanes=16) == kind
+    sy, sx = (stride, stride) if isinstance(stride, int) else stride
+    x, w, b = f32(1, 24, H, H), f32(32, 24, 1, 1, scale=0.3), f32(1, 32, 1, 1)
+    want = np.maximum(np.einsum("nchw,oc->nohw", x[:, :, ::sy, ::sx], w[:, :, 0, 0]) + b, 0)
+    close(run(sch.mod, [x, w, b], want.shape), want)
+
+
+@pytest.mark.parametrize(
     "size,dtype",
     [
         (16, "float32"),  # a row of a whole vector

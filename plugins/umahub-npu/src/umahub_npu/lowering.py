@@ -22,6 +22,13 @@ multiple of 16 positions), which any channel count fills.
 The filter is padded once, at compile time, with its packing (see
 ``umahub_npu.schedules``).
 
+And one for strided 1x1 convolutions (ResNet's downsampling shortcuts): the
+input positions they read are first copied into a compact tensor, then a
+stride-1 1x1 convolution reads them (:func:`_subsampled`), which the schedule
+runs with positions in its vectors where they fill them; read where they lie,
+every vector of positions would be a strided gather and every broadcast a
+position two apart.
+
 And one for narrow planes: a stride-1 depthwise convolution whose output rows
 are narrower than a vector (7x7) is computed on its padded plane read as one
 row, whole vectors of positions running over the row ends
@@ -275,15 +282,70 @@ def _depthwise_plane(bb, call):
     return bb.call_te(depthwise, *call.args, primfunc_name_hint="depthwise")
 
 
+def _is_strided_pointwise(call) -> bool:
+    """A float32 1x1 convolution with a stride, unpadded, not grouped (NCHW, OIHW)."""
+    from umahub.plugin import dtype_of, shape_of
+
+    attrs = call.attrs
+    weight = shape_of(call.args[1])
+    return (
+        weight is not None
+        and len(weight) == 4
+        and tuple(weight[2:]) == (1, 1)
+        and dtype_of(call.args[0]) == "float32"
+        and (str(attrs.data_layout), str(attrs.kernel_layout)) == ("NCHW", "OIHW")
+        and str(attrs.out_layout) in ("NCHW", "")
+        and int(attrs.groups) == 1
+        and any(int(s) > 1 for s in attrs.strides)
+        and all(int(p) == 0 for p in attrs.padding)
+        and all(int(d) == 1 for d in attrs.dilation)
+    )
+
+
+def _subsampled(bb, call):
+    """A strided 1x1 convolution as the input positions it reads, copied into a
+    compact tensor, and a stride-1 1x1 convolution of them: the same products in
+    the same order. Measured against the strided one (npu kernels alone, Intel
+    Xeon): 256 -> 512 channels from 56x56 to 28x28 0.66 of the time, 64 -> 128
+    0.79, 512 -> 1024 from 28x28 0.84, 1024 -> 2048 from 14x14 0.93."""
+    from tvm import te
+
+    from umahub.plugin import shape_of
+
+    attrs = call.attrs
+    sy, sx = (int(s) for s in attrs.strides)
+    n, c, _, _ = shape_of(call.args[0])
+    _, _, oh, ow = shape_of(call)
+
+    def subsample(x):
+        return te.compute(
+            (n, c, oh, ow), lambda i, k, y, xx: x[i, k, y * sy, xx * sx], name="subsample"
+        )
+
+    positions = bb.emit(bb.call_te(subsample, call.args[0], primfunc_name_hint="subsample"))
+    return bb.normalize(
+        relax.op.nn.conv2d(
+            positions,
+            call.args[1],
+            data_layout="NCHW",
+            kernel_layout="OIHW",
+            out_dtype=attrs.out_dtype,
+        )
+    )
+
+
 def _conv2d(constants: frozenset) -> Callable:
     """conv2d's legalization: a depthwise one on its plane (:func:`_depthwise_plane`)
-    where that applies, else with its output channels padded
+    where that applies, a strided 1x1 one on its input's positions copied
+    (:func:`_subsampled`), and with its output channels padded
     (:func:`_padded_channels`) where its filter is one of ``constants``."""
     padded = _padded_channels(constants)
 
     def legalize(bb, call):
         if _is_plane_depthwise(call):
             return _depthwise_plane(bb, call)
+        if _is_strided_pointwise(call):
+            call = _subsampled(bb, call)
         return padded(bb, call)
 
     return legalize
