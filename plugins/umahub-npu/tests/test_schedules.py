@@ -323,6 +323,32 @@ def test_conv2d_position_tiles_are_rectangles_of_the_output(H, mr, tp):
 
 
 @pytest.mark.parametrize(
+    ("threads", "tiles"),
+    [
+        # 160 channels on 7x7: 5 tiles of 32 channels, of which one of two threads
+        # runs 3; tiles of a row (35 tasks, 18 the longest share) take 18/21 of it
+        (2, (32, 7)),
+        (1, (32, 49)),  # one thread: nothing to share, the whole plane
+        (5, (32, 49)),  # five tiles, one each
+    ],
+)
+def test_conv2d_tiles_are_taken_smaller_where_the_threads_share_their_tasks_more_evenly(
+    threads, tiles
+):
+    def body(bb, x, w):
+        return bb.emit(relax.op.nn.conv2d(x, w))
+
+    mod = primfunc_from_relax([("x", (1, 96, 7, 7)), ("w", (160, 96, 1, 1))], body)
+    plan = schedules.plan(s_tir.Schedule(mod))
+    tf, tp, *_ = schedules.conv_tiles(plan, lanes=16, sram_bytes=256 * 1024, threads=threads)
+    assert (tf, tp) == tiles
+    x, w = f32(1, 96, 7, 7), f32(160, 96, 1, 1, scale=0.3)
+    name, got = schedule_and_run(mod, [x, w], (1, 160, 7, 7), lanes=16, threads=threads)
+    assert name == "conv2d"
+    close(got, np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0]))
+
+
+@pytest.mark.parametrize(
     ("kernel", "padding", "gate", "stages"),
     [
         # 14x14 positions: no whole vectors of them, so the implicit GEMM. An unpadded
