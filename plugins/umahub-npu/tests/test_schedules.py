@@ -184,6 +184,31 @@ def test_the_register_tile_is_eight_rows_where_avx512_has_the_registers(M, lanes
     assert nr == 2 * lanes
 
 
+@pytest.mark.parametrize(
+    ("packs_b", "rows"),
+    [
+        (True, 128),  # attention's q @ k^T: B packed by each task, for all 128 rows
+        (False, 32),  # a constant B is packed once: row tiles as for any matmul
+    ],
+)
+def test_a_matmul_whose_tasks_pack_b_takes_more_rows_per_tile(packs_b, rows):
+    ti, tj, tk, mr, nr = schedules.matmul_tiles(
+        12, 128, 128, 64, 16, 256 * 1024, threads=2, packs_b=packs_b
+    )
+    assert (ti, tj, tk) == (rows, 128, 64)
+
+
+def test_a_batched_matmul_of_two_computed_tensors_packs_b_per_tile_of_whole_columns():
+    def body(bb, a, b):
+        return bb.emit(relax.op.matmul(a, b))
+
+    mod = primfunc_from_relax([("a", (4, 64, 32)), ("b", (4, 32, 48))], body)
+    a, b = f32(4, 64, 32), f32(4, 32, 48)
+    name, got = schedule_and_run(mod, [a, b], (4, 64, 48), lanes=16)
+    assert name == "matmul"
+    close(got, np.einsum("bmk,bkn->bmn", a.astype(np.float64), b))
+
+
 def test_transposed_b_dense():
     # a dense with B stored [N, K] (as topi/te dense writes it): B is packed and transposed per tile
     from tvm import te
