@@ -748,6 +748,21 @@ def test_a_strided_one_by_one_convolution_reads_its_positions_copied_compact(H, 
     close(run(sch.mod, [x, w, b], want.shape), want)
 
 
+def test_a_strided_one_by_one_convolution_of_a_batch_known_at_run_time_stays_strided():
+    from umahub_npu import lowering
+
+    bb = relax.BlockBuilder()
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", R.Tensor((n, 8, 16, 16), "float32"))
+    w = relax.Var("w", R.Tensor((16, 8, 1, 1), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, w, strides=2))
+        bb.emit_func_output(out)
+    funcs = lowering.lower(bb.get()["main"], "main", "npu").functions.values()
+    assert not any("subsample" in f.script() for f in funcs if isinstance(f, tvm.tirx.PrimFunc))
+
+
 @pytest.mark.parametrize(
     "size,dtype",
     [

@@ -283,15 +283,16 @@ def _depthwise_plane(bb, call):
 
 
 def _is_strided_pointwise(call) -> bool:
-    """A float32 1x1 convolution with a stride, unpadded, not grouped (NCHW, OIHW)."""
+    """A float32 1x1 convolution with a stride, unpadded, not grouped (NCHW, OIHW),
+    of static shape."""
     from umahub.plugin import dtype_of, shape_of
 
     attrs = call.attrs
-    weight = shape_of(call.args[1])
+    data, weight = (shape_of(a) for a in call.args)  # None where not static
+    if data is None or weight is None or len(data) != 4 or len(weight) != 4:
+        return False
     return (
-        weight is not None
-        and len(weight) == 4
-        and tuple(weight[2:]) == (1, 1)
+        tuple(weight[2:]) == (1, 1)
         and dtype_of(call.args[0]) == "float32"
         and (str(attrs.data_layout), str(attrs.kernel_layout)) == ("NCHW", "OIHW")
         and str(attrs.out_layout) in ("NCHW", "")

@@ -1276,7 +1276,9 @@ def _copy_input_tile(sch: s_tir.Schedule, red, w_index: int, at, lanes: int) -> 
     sch.compute_at(tile, at, preserve_unit_loops=True)
     *_, y, x = sch.get_loops(tile)
     row = sch.fuse(y, x)
-    _vectorize_inner(sch, row, int(sch.get(row).extent), lanes)
+    extent = sch.get(row).extent
+    if isinstance(extent, tirx.IntImm):  # a tile's rows: a constant count, whole rows
+        _vectorize_inner(sch, row, int(extent), lanes)
 
 
 def _data_buffer_name(sch: s_tir.Schedule, p: Plan) -> str:
