@@ -363,6 +363,15 @@ def test_a_row_kernel_runs_row_by_row_with_its_reductions_in_vector_partial_sums
         lanes = vector_lanes()
         halving = [lanes >> k for k in range(lanes.bit_length() - 1)]
         assert widths == {name: halving for name in partial_sums}
+        # the elementwise steps (exponentials, scaling) in vectors of the CPU's width
+        # where the row is whole vectors; else contiguous loops for LLVM
+        steps = {
+            sch.get(b).name_hint: _kinds(sch, b)[-1]
+            for b in blocks
+            if all(int(iv.iter_type) == 0 for iv in sch.get(b).iter_vars)
+        }
+        whole = shape[-1] % lanes == 0
+        assert set(steps.values()) == {"vectorized" if whole else "serial"}, steps
     x = (np.random.default_rng(6).standard_normal(shape) * 3).astype("float32")
     x.reshape(-1, shape[-1])[1] = -np.inf  # a dead row (the safe softmax gives zeros)
     want = _plain(mod, [x])

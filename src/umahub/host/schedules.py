@@ -303,9 +303,13 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
     for the last. A row no vector
     divides (ViT's 197 tokens) keeps its reductions serial: a split by the
     vector width would be predicated, and x86 builds a predicated vector loop
-    as scalar code. The elementwise steps stay contiguous loops, which LLVM
-    vectorizes with their tails. None when a block does not work row by row (a
-    softmax over a middle axis: dlight's).
+    as scalar code. The elementwise steps (a softmax's exponentials, a norm's
+    scaling) run in vectors of ``lanes`` where the row is whole vectors: left
+    to LLVM, they ran at its preferred width, half of AVX-512's on Intel's
+    Xeons (a softmax over 128 columns: 0.52 of its time, a layer norm over 768:
+    0.80); the other rows stay contiguous loops, which LLVM vectorizes with
+    their tails. None when a block does not work row by row (a softmax over a
+    middle axis: dlight's).
     """
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
@@ -348,6 +352,12 @@ def _rows(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc, str] | None:
         sch.reorder(step, lane)
         sch.vectorize(lane)
         sch.decompose_reduction(block, step)
+    for block in sch.get_child_blocks(root):  # the elementwise steps, along the row
+        inner = sch.get_loops(block)[-1]
+        extent = static_int(sch.get(inner).extent)
+        last = sch.get(block).iter_vars[-1].var
+        if _spatial(sch, block) and extent is not None and _contiguous_last(sch, block, last):
+            _vectorize_row(sch, inner, extent, lanes)
     return sch.mod["main"], "rows"
 
 
