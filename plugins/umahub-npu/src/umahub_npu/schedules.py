@@ -951,18 +951,15 @@ def _schedule_matmul(
     if symbolic:
         pad_m = 1  # the last row tile is predicated instead
     padded_m, padded_n = _round_up(M, pad_m), _round_up(N, pad_n)
-    runtime_b = p.b_buffer_index >= 0 and not _reads_weight(sch, red, p.b_buffer_index, weights)
+    b_is_weight = p.b_buffer_index >= 0 and _reads_weight(sch, red, p.b_buffer_index, weights)
+    runtime_b = p.b_buffer_index >= 0 and not b_is_weight
     ti, tj, tk, mr, nr = matmul_tiles(
         batch, padded_m, padded_n, K, lanes, sram, threads, packs_b=runtime_b
     )
     # a constant B is packed at compile time, unless its panels are its own layout
     # (one panel, not transposed: nothing to gain, and a copy of the weight)
     one_panel = padded_n <= nr and pad_n == 1 and not p.b_transposed
-    constant_b = (
-        p.b_buffer_index >= 0
-        and not one_panel
-        and _reads_weight(sch, red, p.b_buffer_index, weights)
-    )
+    constant_b = b_is_weight and not one_panel
     b_buffer = _buf(sch.get(red).reads[p.b_buffer_index]) if constant_b else None
     packed = False
     if pad_m > 1 or pad_n > 1:

@@ -246,20 +246,20 @@ def _quantized_roots(
     roots = set(parts.values())
     bound = {b.var: b.value for b in bindings(main)}
     found = []
-    for block in main.body.blocks:
-        for binding in block.bindings:
-            if binding.var in roots:
-                kind = next(
-                    (
-                        bound[v].op.name.rsplit(".", 1)[-1]
-                        for v, r in parts.items()
-                        if r.same_as(binding.var) and bound[v].op.name in _PRODUCERS
-                    ),
-                    None,
-                )
-                if kind is None:  # a quantized mean: no quantized operator of the report's
-                    continue
-                found.append((node_name(binding), kind, inexact.get(binding.var, "")))
+    for binding in bindings(main):
+        if binding.var not in roots:
+            continue
+        kind = next(
+            (
+                bound[v].op.name.rsplit(".", 1)[-1]
+                for v, r in parts.items()
+                if r.same_as(binding.var) and bound[v].op.name in _PRODUCERS
+            ),
+            None,
+        )
+        if kind is None:  # a quantized mean: no quantized operator of the report's
+            continue
+        found.append((node_name(binding), kind, inexact.get(binding.var, "")))
     return found
 
 
