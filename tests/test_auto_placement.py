@@ -262,6 +262,27 @@ def test_copies_decide_when_the_accelerator_saves_less_than_they_cost():
     assert solution.estimate == pytest.approx(4e-3)
 
 
+def test_the_vm_pays_no_copy_to_an_accelerator_in_the_hosts_memory():
+    # the problem above, with acc in the host's memory: its 1.5 ms saved cost nothing
+    problem = Problem(
+        nodes=["a", "b", "c"],
+        inputs={"b": ["a"], "c": ["b"]},
+        bytes={"a": 1, "b": 1, "c": 1},
+        host={"a": 1e-3, "b": 2e-3, "c": 1e-3},
+        candidates=[Candidate("acc", ("b",), 0.5e-3)],
+        copy_seconds=_copy,
+        outputs=frozenset({"c"}),
+        executor="auto",
+        shared_memory=frozenset({"acc"}),
+    )
+    assert Assignment(problem, [0]).sequential() == pytest.approx(2.5e-3)
+    # the concurrent executor still copies (its copy steps)
+    assert Assignment(problem, [0]).concurrent() == pytest.approx(4.5e-3)
+    solution = solve(problem, ["acc"])
+    assert solution.assignment.chosen == {0}
+    assert solution.estimate == pytest.approx(2.5e-3)
+
+
 def test_two_neighbours_on_one_accelerator_pay_one_copy_each_way():
     problem = Problem(
         nodes=["a", "b", "c", "d"],

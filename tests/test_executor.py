@@ -483,17 +483,16 @@ def test_a_failing_copy_names_itself(npu_model, monkeypatch):
     # only the copy to the npu fails: the host branch reads the same input and
     # must not fail first (a broken input object made the two race)
     copy = next(s for s in npu_model.step_graph.steps if s.kind == "copy" and s.dst == "npu:0")
-    original = tvm.runtime.Tensor.copyto
-
-    def copyto(tensor, target, *args, **kwargs):
-        # a device, or the kept destination of an earlier inference's copy (a tensor)
-        if getattr(target, "device", target).index == copy.dst_index:
-            raise RuntimeError("DMA descriptor ring full")
-        return original(tensor, target, *args, **kwargs)
-
-    monkeypatch.setattr(tvm.runtime.Tensor, "copyto", copyto)
     xs = inputs(npu_model)
     ex = npu_model._executors.concurrent()
+    original = ex.copy
+
+    def failing(index, step, tensor):
+        if step == copy:  # every device is tvm.cpu(0): the step, not the device, tells it
+            raise RuntimeError("DMA descriptor ring full")
+        return original(index, step, tensor)
+
+    monkeypatch.setattr(ex, "copy", failing)
     with pytest.raises(ExecutionError) as info:
         ex.run([tvm.runtime.tensor(x) for x in xs], timeout=60)
     assert str(info.value) == (

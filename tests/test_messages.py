@@ -294,8 +294,9 @@ def test_counts_in_the_report_and_the_summary_agree_with_their_nouns():
     )
     report = hub.explain(zoo.get("cnn"))
     lines = str(report).splitlines()
-    assert "  host -> vanilla_accel:0: 1 copy, 3 KiB, sync" in lines
-    assert "  npu:0 -> host: 2 copies, 8 KiB, async" in lines
+    in_place = "; in the host's memory: the VM reads {} in place"
+    assert "  host -> vanilla_accel:0: 1 copy, 3 KiB, sync" + in_place.format("it") in lines
+    assert "  npu:0 -> host: 2 copies, 8 KiB, async" + in_place.format("them") in lines
     assert (
         "  npu_2_matmul_add  [npu:0 (cpu,1,llvm,npu.dram)]  2 ops, patterns npu.matmul_bias"
         in lines

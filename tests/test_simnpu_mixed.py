@@ -68,6 +68,14 @@ def test_cnn_int8_mixes_the_simnpu_with_the_npu_and_the_host_under_priority_and_
         ("npu:0", "simnpu:1", 2048, "inference"),
         ("simnpu:1", "npu:0", 2048, "inference"),
     ]
+    # the simnpu's memory is its own; between the npu and the host, the VM reads in place
+    in_place = {(c.src, c.dst): c.in_place for c in compiled.report.copies if c.when != "load"}
+    assert in_place == {
+        ("host", "npu:0"): True,
+        ("npu:0", "simnpu:1"): False,
+        ("simnpu:1", "npu:0"): False,
+        ("npu:0", "host"): True,
+    }
     program = next(p.program for p in compiled.report.partitions if p.device == "simnpu:1")
     assert program["runtime"] == "simnpu" and program["resident_bytes"] == 722
 

@@ -84,14 +84,19 @@ def test_a_model_checks_its_input_at_every_call_and_not_the_weights_it_holds():
     args = [*runner.tensors([x]), *runner.weights]
     calls: collections.Counter = collections.Counter()
 
-    def count(_func, name, before, _ret, *_args):
-        if before:
-            calls[name] += 1
+    def count(_func, name, before, _ret, *args):
+        if before and name in CHECKS:  # what is checked: the error context's last words
+            calls[name, str(args[-1]).split(", annotation")[0].rsplit(", ", 1)[-1]] += 1
         return 0
 
     vm.set_instrument(count)
     got = vm["main"](*args).numpy()
-    assert (calls["vm.builtin.check_tensor_info"], calls["vm.builtin.match_shape"]) == (1, 1)
+    assert calls == {
+        ("vm.builtin.check_tensor_info", "param=x"): 1,
+        ("vm.builtin.match_shape", "param=x"): 1,
+        # the result, as in every model whose main types its tensors on a virtual device
+        ("vm.builtin.match_shape", "loc=return"): 1,
+    }
     plain = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
     want = plain["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

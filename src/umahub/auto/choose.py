@@ -278,6 +278,7 @@ def _problem(
         instances={a.name: a.instances for a in hub.accelerators},
         outputs=outputs,
         executor=comp.config.executor,
+        shared_memory=frozenset(a.name for a in hub.accelerators if not a.has_device),
     )
 
 

@@ -12,7 +12,9 @@ The estimate of an assignment is the latency of the executor that runs it:
 * **sequential** (the VM): the sum of every chosen candidate's seconds, every
   host operator's seconds and every copy's seconds: a tensor is copied once per
   device that reads it and is not where it was made (a model output made on an
-  accelerator goes back to the host);
+  accelerator goes back to the host), except between two devices in the
+  host's memory (``shared_memory``), where the VM reads it in place
+  (:mod:`umahub.compiler.one_memory`);
 * **concurrent** (:mod:`umahub.runtime.executor`): the same tasks list-scheduled in
   model order, one lane per device instance, a sync copy on the lane of its
   accelerator end's instance, an async copy on that instance's DMA lane, where it
@@ -94,6 +96,8 @@ class Problem:
         instances: accelerator -> how many instances (lanes) it has.
         outputs: the nodes whose values leave the model.
         executor: ``"vm"``, ``"concurrent"`` or ``"auto"``: which estimate counts.
+        shared_memory: the accelerators in the host's memory (no device runtime
+            of their own): the VM copies nothing between them and the host.
     """
 
     nodes: Sequence[str]
@@ -106,6 +110,7 @@ class Problem:
     instances: Mapping[str, int] = field(default_factory=dict)
     outputs: frozenset[str] = frozenset()
     executor: str = "auto"
+    shared_memory: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.position = {n: i for i, n in enumerate(self.nodes)}
@@ -207,6 +212,9 @@ class Assignment:
         if producer in p.outputs:
             readers.add(HOST)
         readers.discard(src)
+        in_host_memory = p.shared_memory | {HOST}
+        if src in in_host_memory:  # the VM reads it in place
+            readers -= in_host_memory
         size = p.bytes.get(producer, 0)
         return sum(p.copy_seconds(src, dst, size) for dst in readers)
 

@@ -6,11 +6,12 @@ tracker protocol, its upload and its session per client), started by
 
 ``umahub.board.load(name, devices, weights)``
     loads an uploaded library (``name`` in the session's work directory) on a
-    Relax VM over ``devices`` CPU devices (host = 0, then each accelerator
-    instance), copies the weights that go to accelerators to their devices
-    once (``weights``: JSON, the device index of each, as the library's
-    trailer lists them), loads the programs of partitions on devices of their
-    own through the runtime packages installed on the board
+    Relax VM over ``devices`` virtual devices (host = 0, then each accelerator
+    instance; their runtime devices as :func:`umahub.load` gives them,
+    :func:`umahub.runtime.running.runtime_devices`), copies the weights that go
+    to accelerators to their devices once (``weights``: JSON, the device index
+    of each, as the library's trailer lists them), loads the programs of
+    partitions on devices of their own through the runtime packages installed on the board
     (:mod:`umahub.runtime.devices`), and returns a function that runs ``main``
     on inputs uploaded to the board and returns its outputs.
 ``umahub.board.info()``
@@ -51,14 +52,22 @@ _last = [0.0]  # seconds of the last run's main on the board (this session's pro
 def _load(name: str, devices: int, weights: str) -> Any:
     import tvm_ffi
 
-    from umahub.runtime.compiled import _device_calls, _read_metadata, open_library
+    from umahub.runtime.compiled import _device_calls, _read_metadata, one_memory, open_library
     from umahub.runtime.running import Runner
 
     path = tvm_ffi.get_global_func("tvm.rpc.server.workpath")(name)
     # partitions on devices of their own: their programs are in the library's trailer,
     # run by the runtime packages installed on this board
-    calls = _device_calls(path, _read_metadata(path))
-    runner = Runner(open_library(path), int(devices), json.loads(weights), calls, "this library")
+    meta = _read_metadata(path)
+    calls = _device_calls(path, meta)
+    runner = Runner(
+        open_library(path),
+        int(devices),
+        json.loads(weights),
+        calls,
+        "this library",
+        one_memory(meta),
+    )
     main = runner.vm()["main"]
     host = runner.devices[0]
 

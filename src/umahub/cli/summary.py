@@ -17,6 +17,9 @@ def _copies(report: Any, when: str) -> str:
     size = human_size(sum(c.bytes for c in copies))
     kinds = Counter(c.kind for c in copies)
     split = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    in_place = sum(c.in_place for c in copies)
+    if in_place:
+        split += f"; {in_place} read in place by the VM"
     return f"{len(copies)} ({size}; {split})"
 
 

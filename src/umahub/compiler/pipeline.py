@@ -415,12 +415,12 @@ def prepare(
     What :class:`umahub.compiler.relax_pipeline.RelaxPipeline` hands back to
     ``tvm.compile``: the stages of :func:`compile` up to the build, with the
     weights left where the model has them (``main``'s parameters unchanged) and
-    every virtual device on runtime device 0, so that TVM's own
+    ``main`` in one memory (:mod:`umahub.compiler.one_memory`), so that TVM's own
     ``relax.VirtualMachine(executable, tvm.cpu())`` runs it.
     """
     with bounded(_bounds(mod)):
         comp = _start(hub, mod, placement, progress)
         lower.run(comp)
         with comp.clock.stage("build"):
-            prepared = build.prepare(comp, comp.placed(), lift_weights=False, one_device=True)
+            prepared = build.prepare(comp, comp.placed(), lift_weights=False, one_memory=True)
     return prepared, comp

@@ -23,7 +23,8 @@ relax.get_pipeline("default")]))``, or ``relax.get_pipeline("umahub",
 then=...)``).
 
 What ``tvm.compile`` gives works with TVM's own tools: every virtual device
-is on one runtime device (``tvm.cpu(0)``; the copies between them stay), and
+is on one runtime device (``tvm.cpu(0)``; ``main`` reads every tensor where
+it was made, without copies: :mod:`umahub.compiler.one_memory`), and
 the C partitions and the plugins' kernel libraries (``c_sources``) are
 compiled by umahub into object files (TVM static libraries) that
 ``export_library`` links as they are, without the plugins' include
@@ -37,14 +38,11 @@ virtual device, with the copies between them; then TVM's default Relax
 pipeline (or ``then``). The placement
 and the report are those :meth:`umahub.Hub.compile` makes of the same model.
 
-Two differences from :meth:`umahub.Hub.compile`, both because ``tvm.compile``
-builds the module, not umahub:
-
-- Weights that partitions read on an accelerator are copied there at every
-  inference (``main`` keeps the model's own parameters), where ``Hub.compile``
-  copies them once, at load.
-- ``verify`` does not run (it rebuilds the model when a partition is wrong);
-  with ``verify = true`` the pipeline warns and goes on.
+One difference from :meth:`umahub.Hub.compile`, because ``tvm.compile``
+builds the module, not umahub: ``verify`` does not run (it rebuilds the model
+when a partition is wrong); with ``verify = true`` the pipeline warns and
+goes on. (The weights partitions read stay ``main``'s constants, read in
+place, where ``Hub.compile`` makes them parameters, copied once at load.)
 
 And one for partitions on devices of their own (``Accelerator(runtime=...)``,
 codegen ``"device"``, the bundled simnpu's): their programs are loaded into

@@ -65,6 +65,10 @@ class Copy:
             the tensor; "" for a model input or a constant.
         consumer: the operator or partition that reads it on ``dst``; "" for
             a model output.
+        in_place: neither device has a memory of its own (each is the host's
+            memory): TVM's VM reads the tensor where it is and copies nothing
+            (:mod:`umahub.compiler.one_memory`); the concurrent executor
+            copies it (on the copy engine of an ``async`` pool).
     """
 
     tensor: str
@@ -76,6 +80,7 @@ class Copy:
     when: str = "inference"
     producer: str = ""
     consumer: str = ""
+    in_place: bool = False
 
     def to_dict(self) -> dict:
         """JSON-ready form for the report."""

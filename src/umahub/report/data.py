@@ -169,18 +169,19 @@ class ReportData:
         return dict(counts)
 
     def copy_edges(self, when: str = "inference") -> list[dict[str, Any]]:
-        """Copies grouped by (src, dst): count, bytes, kind.
+        """Copies grouped by (src, dst): count, bytes, kind, and ``in_place``
+        (every one of them :attr:`~umahub.plugin.Copy.in_place`).
 
         ``when="inference"``: the copies of every inference; ``"load"``: the
         weights copied to their accelerators once, when the model is loaded.
         """
         edges: dict[tuple[str, str], dict[str, Any]] = {}
         for c in (c for c in self.copies if c.when == when):
-            e = edges.setdefault(
-                (c.src, c.dst), {"src": c.src, "dst": c.dst, "count": 0, "bytes": 0, "kind": c.kind}
-            )
+            first = {"src": c.src, "dst": c.dst, "count": 0, "bytes": 0, "kind": c.kind}
+            e = edges.setdefault((c.src, c.dst), {**first, "in_place": True})
             e["count"] += 1
             e["bytes"] += c.bytes
+            e["in_place"] = e["in_place"] and c.in_place
         return list(edges.values())
 
     def to_dict(self) -> dict[str, Any]:

@@ -151,6 +151,10 @@ def _quantized(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _in_place(count: int) -> str:
+    return f"; in the host's memory: the VM reads {'it' if count == 1 else 'them'} in place"
+
+
 def render(report: ReportData) -> str:
     """The report as the text a person reads: ``str(report)``."""
     from umahub.report.data import measured_calls
@@ -226,6 +230,7 @@ def render(report: ReportData) -> str:
             lines.append(
                 f"  {e['src']} -> {e['dst']}: {counted(e['count'], 'copy', 'copies')}, "
                 f"{human_size(e['bytes'])}, {e['kind']}"
+                + (_in_place(e["count"]) if e["in_place"] else "")
             )
     if report.memory is not None:
         lines.append("memory:")

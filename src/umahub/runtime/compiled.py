@@ -34,9 +34,16 @@ __all__ = ["Compiled", "LoadedModel", "load", "open_library", "signature_of"]
 
 _MAGIC = b"UMAHUBMETA2"
 _TRAILER = len(_MAGIC) + 8
-_FORMAT = 2
-#: Formats :func:`load` reads: 3 adds the programs of partitions on devices of their own.
-_FORMATS = (2, 3)
+_FORMAT = 4
+#: Formats :func:`load` reads: 3 adds the programs of partitions on devices of their own;
+#: 4, the programs or not, has ``main`` in one memory (:func:`one_memory`).
+_FORMATS = (2, 3, 4)
+
+
+def one_memory(meta: dict[str, Any]) -> bool:
+    """Whether a library's ``main`` runs all its devices on one runtime device (format 4
+    on; see :func:`umahub.runtime.running.runtime_devices`)."""
+    return int(meta["umahub"]) >= 4
 
 
 def signature_of(main: Any) -> list[InputInfo]:
@@ -124,7 +131,7 @@ def _append_metadata(path: str, meta: dict[str, Any], device_calls: Sequence[Any
             start = len(f.read())
         with open(path, "ab") as f:
             f.write(blob)
-        meta = {**meta, "umahub": 3, "device": {"at": start, "size": len(blob), "calls": entries}}
+        meta = {**meta, "device": {"at": start, "size": len(blob), "calls": entries}}
     with open(path, "rb") as f:
         meta = {**meta, "sha256": hashlib.sha256(f.read()).hexdigest()}
     payload = json.dumps(meta).encode()
@@ -133,7 +140,7 @@ def _append_metadata(path: str, meta: dict[str, Any], device_calls: Sequence[Any
 
 
 def _device_calls(path: str, meta: dict[str, Any]) -> list[Any]:
-    """The device calls a library carries (none for format 2).
+    """The device calls a library carries (none without the trailer's ``device``).
 
     Raises:
         UmahubError: they do not fit the library (damaged).
@@ -233,7 +240,9 @@ def load(path: str | os.PathLike) -> LoadedModel:
     calls = _device_calls(path, meta)
     try:
         library = open_library(path)
-        runner = Runner(library, len(meta["devices"]), meta.get("weights", []), calls, path)
+        runner = Runner(
+            library, len(meta["devices"]), meta.get("weights", []), calls, path, one_memory(meta)
+        )
     except UmahubError:  # a device runtime not installed, a device that refused: said already
         raise
     except Exception as exc:

@@ -313,14 +313,21 @@ class Executor:
         graph: its step graph.
         weights: the lifted weights, already on their devices (``main``'s extra
             parameters, after the inputs).
+        devices: the runtime device of each virtual device, the runner's
+            (:func:`umahub.runtime.running.runtime_devices`).
         pin: pin accelerator workers to cores (see the module's docs).
     """
 
-    def __init__(self, library: Any, graph: StepGraph, weights: Sequence[Any], pin: bool = True):
-        import tvm
-
+    def __init__(
+        self,
+        library: Any,
+        graph: StepGraph,
+        weights: Sequence[Any],
+        devices: Sequence[Any],
+        pin: bool = True,
+    ):
         self.library, self.graph, self.weights = library, graph, list(weights)
-        self.devices = [tvm.cpu(i) for i in range(len(graph.devices))]
+        self.devices = list(devices)
         self.consumers: list[list[int]] = [[] for _ in range(graph.values)]
         self.uses = [0] * graph.values
         self.waits = [0] * len(graph.steps)

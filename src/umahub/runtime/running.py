@@ -50,6 +50,7 @@ __all__ = [
     "Running",
     "check_inputs",
     "host_tensor",
+    "runtime_devices",
     "to_numpy",
 ]
 
@@ -84,6 +85,20 @@ def check_inputs(info: Sequence[InputInfo], arrays: Sequence[Any]) -> None:
             )
 
 
+def runtime_devices(count: int, one_memory: bool = True) -> list[Any]:
+    """The runtime device of each of a library's ``count`` virtual devices.
+
+    ``one_memory`` (every library this umahub builds): all ``tvm.cpu(0)``, as
+    its ``main`` reads every tensor where it was made
+    (:mod:`umahub.compiler.one_memory`) and TVM's kernels take their tensors
+    on one device. False, for a library exported before (formats 2 and 3),
+    whose ``main`` copies between its devices: ``tvm.cpu(i)`` for device ``i``.
+    """
+    import tvm
+
+    return [tvm.cpu(0 if one_memory else i) for i in range(count)]
+
+
 class Runner:
     """Relax VMs over one loaded library, with numpy in and out; one VM per thread.
 
@@ -92,6 +107,7 @@ class Runner:
     their devices once, here, not at every inference, and shared by all VMs.
     Partitions on devices of their own (``device_calls``) are made ready here,
     before any VM looks their functions up (:func:`umahub.runtime.devices.bind`).
+    ``one_memory``: see :func:`runtime_devices`.
     """
 
     def __init__(
@@ -101,9 +117,8 @@ class Runner:
         weight_devices: Sequence[int] = (),
         device_calls: Sequence[Any] = (),
         needed_by: str = "",
+        one_memory: bool = True,
     ):
-        import tvm
-
         spin_briefly()  # umahub's spin count, for the models umahub runs (before a kernel runs)
 
         if device_calls:
@@ -111,7 +126,7 @@ class Runner:
 
             self.bound = bind(device_calls, needed_by)
         self.library = library
-        self.devices = [tvm.cpu(i) for i in range(devices)]
+        self.devices = runtime_devices(devices, one_memory)
         self._local = threading.local()
         self.weights: list[Any] = []
         if weight_devices:
@@ -206,7 +221,10 @@ class Executors:
             if self._concurrent is None:
                 from umahub.runtime.executor import Executor
 
-                self._concurrent = Executor(self.runner.library, self.graph, self.runner.weights)
+                runner = self.runner
+                self._concurrent = Executor(
+                    runner.library, self.graph, runner.weights, runner.devices
+                )
             return self._concurrent
 
     def call_seconds(

@@ -1,13 +1,14 @@
 """Stage 5, build: partitions put on their devices, copies inserted, the host part compiled.
 
-Every virtual device gets a runtime device index: the host is 0, then each
-accelerator instance in use, in accelerator order (on this CPU-only runtime,
-``tvm.cpu(i)``). ``main`` is rebuilt binding by binding: a partition call
-receives its tensors on its device and produces its output there; wherever a
-tensor is needed on another device, one ``R.to_vdevice`` copy is inserted (and
-reused by every later consumer on that device). The module carries the
-``vdevice`` list; ``RealizeVDevice`` and the VM, made with the device list, do
-the rest.
+Every virtual device gets an index: the host is 0, then each accelerator
+instance in use, in accelerator order. ``main`` is rebuilt binding by
+binding: a partition call receives its tensors on its device and produces its
+output there; wherever a tensor is needed on another device, one
+``R.to_vdevice`` copy is inserted (and reused by every later consumer on that
+device). The module carries the ``vdevice`` list and ``RealizeVDevice`` does
+the rest. The concurrent executor's steps are cut from that ``main``; then,
+as every device of this runtime is the host's memory, the VM's ``main`` loses
+its copies again (:mod:`umahub.compiler.one_memory`).
 
 Why this module is long: placing the partitions (:class:`DevicePlacer`) is one
 walk over ``main`` whose steps (emit a binding, fetch a value onto a device,
@@ -17,7 +18,7 @@ made each value. It is most of the stage; the rest builds on its result.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -36,6 +37,7 @@ from umahub._tvm import (
 )
 from umahub.compiler import codegen
 from umahub.compiler.compilation import Compilation, Partitioned
+from umahub.compiler.one_memory import in_one_memory, on_vdevice
 from umahub.compiler.tir_phases import PIPELINE_NAME as TIR_PIPELINE
 from umahub.compiler.vdevice import VirtualDevice
 from umahub.config import HOST
@@ -65,15 +67,6 @@ class _Substitute(relax.PyExprMutator):
 
     def visit_dataflow_var_(self, var):
         return self.mapping[var] if var in self.mapping else super().visit_dataflow_var_(var)
-
-
-def _on(ty, vdevice):
-    """A tensor type (or a tuple of them) placed on ``vdevice``; other types as they are."""
-    if isinstance(ty, TensorType):
-        return TensorType(ty.shape, ty.dtype, vdevice)
-    if isinstance(ty, TupleType):
-        return TupleType([_on(f, vdevice) for f in ty.fields])
-    return ty
 
 
 def _dps_outputs(ty):
@@ -113,8 +106,8 @@ def place_on_devices(
     copy_kind: Mapping[str, str],
     realize: bool = True,
     lift_weights: bool = True,
-    one_device: bool = False,
     resident: Mapping[str, Sequence[int]] | None = None,
+    own_memory: Collection[str] = (),
 ) -> tuple[tvm.IRModule, list[Copy], list[int]]:
     """Put each partition (by symbol) on its device and insert the copies.
 
@@ -131,20 +124,20 @@ def place_on_devices(
         realize: run ``RealizeVDevice`` (needed to build; not to count copies).
         lift_weights: make weights parameters copied at load; False copies
             them at every inference and keeps ``main``'s parameters as they are.
-        one_device: every virtual device on runtime device 0 (the copies stay):
-            what TVM's ``relax.VirtualMachine(executable, tvm.cpu())`` runs.
         resident: symbol -> for each input, -1 or where it is resident, for the
             partitions on devices of their own
             (:attr:`umahub.runtime.devices.DeviceCall.inputs`): their constant
             inputs are not passed (the runtime holds them on the device from
             load on; each is recorded as a copy at load).
+        own_memory: the virtual devices with a memory of their own (a device
+            runtime's); a copy between two others is marked ``in_place``.
 
     Returns:
         The module, the copies (in the order they happen), and the runtime
         device index of each weight parameter.
     """
     return DevicePlacer(
-        mod, device_of, devices, copy_kind, lift_weights, one_device, resident
+        mod, device_of, devices, copy_kind, lift_weights, resident, own_memory
     ).place(realize)
 
 
@@ -164,30 +157,27 @@ class DevicePlacer:
         devices: Sequence[str],
         copy_kind: Mapping[str, str],
         lift_weights: bool = True,
-        one_device: bool = False,
         resident: Mapping[str, Sequence[int]] | None = None,
+        own_memory: Collection[str] = (),
     ) -> None:
         self.mod = mod
         self.resident = dict(resident or {})
+        self.own_memory = set(own_memory)
         self.device_of = device_of
         self.copy_kind = copy_kind
-        if one_device:  # TVM's VM numbers a device by its place in the list: one for all
-            self.vdevices = [VDevice("llvm", 0, "global")] * len(devices)
-        else:
-            self.vdevices = [VDevice("llvm", i, "global") for i in range(len(devices))]
+        self.vdevices = [VDevice("llvm", i, "global") for i in range(len(devices))]
         #: virtual device name -> runtime device index
         self.index = {name: i for i, name in enumerate(devices)}
         self.main = mod["main"]
         others = {gv: f for gv, f in mod.functions.items() if name_of(gv) != "main"}
         self.bb = relax.BlockBuilder(tvm.IRModule(others, attrs=mod.attrs))
-        self.params = [
-            relax.Var(name_of(p), _on(type_of(p), self.vdevices[0])) for p in self.main.params
-        ]
+        on_host = [on_vdevice(type_of(p), self.vdevices[0]) for p in self.main.params]
+        self.params = [relax.Var(name_of(p), ty) for p, ty in zip(self.main.params, on_host)]
         #: (constant, device) -> the first partition reading it; its keys are the weights
         self.first_reader = _device_weights(mod, device_of, self.resident) if lift_weights else {}
         self.weights = list(self.first_reader)
         self.weight_params = [
-            relax.Var(f"umahub_w{i}", _on(type_of(c), self.vdevices[self.index[d]]))
+            relax.Var(f"umahub_w{i}", on_vdevice(type_of(c), self.vdevices[self.index[d]]))
             for i, (c, d) in enumerate(self.weights)
         ]
         #: variable of the input module -> its variable in the placed one
@@ -299,6 +289,7 @@ class DevicePlacer:
                 constant=isinstance(expr, Constant),
                 producer=self.made_by.get(expr, ""),
                 consumer=self.reader,
+                in_place=not self.own_memory & {source, device},
             )
         )
         return self.fetched[key]
@@ -378,7 +369,7 @@ class DevicePlacer:
                 for arg in call_args:
                     self._through_host(self.remap.get(arg, arg), device)
             args = [self.fetch(self.remap.get(a, a), device) for a in call_args]
-            out_ty = _dps_outputs(_on(type_of(value), self.vdevices[self.index[device]]))
+            out_ty = _dps_outputs(on_vdevice(type_of(value), self.vdevices[self.index[device]]))
             new = call_dps_packed(relax.ExternFunc(symbol), relax.Tuple(args), out_ty)
         elif tuple_value is not None and where.get(tuple_value, HOST) != HOST:
             # an output of a multi-output partition stays on its device until read
@@ -423,6 +414,11 @@ def _devices(hub: Any, part: Partitioned) -> tuple[list[str], dict[str, str], di
     return devices, device_of, kinds
 
 
+def _own_memory(hub: Any, devices: Sequence[str]) -> set[str]:
+    """The devices whose accelerator has a memory of its own (a device runtime's)."""
+    return {d for d in devices[1:] if hub.accelerator(d.split(":")[0]).has_device}
+
+
 def _resident(comp: Compilation) -> dict[str, tuple[int, ...]]:
     """symbol -> where each input is (see :func:`place_on_devices`), for the partitions
     on devices of their own; at ``explain`` (nothing lowered yet), their constant inputs."""
@@ -443,23 +439,30 @@ def count_copies(comp: Compilation) -> None:
     placed = comp.placed()
     devices, device_of, kinds = _devices(comp.hub, placed)
     _, comp.copies, _ = place_on_devices(
-        placed.mod, device_of, devices, kinds, realize=False, resident=_resident(comp)
+        placed.mod,
+        device_of,
+        devices,
+        kinds,
+        realize=False,
+        resident=_resident(comp),
+        own_memory=_own_memory(comp.hub, devices),
     )
     comp.devices = devices
     _virtual_devices(comp.hub, comp.reports.values(), devices)
 
 
 def prepare(
-    comp: Compilation, placed: Partitioned, lift_weights: bool = True, one_device: bool = False
+    comp: Compilation, placed: Partitioned, lift_weights: bool = True, one_memory: bool = False
 ) -> tvm.IRModule:
     """The placed module, ready for TVM's Relax pipeline: partitions replaced by calls
     of their runtime modules (``RunCodegen``), on their devices, with the copies.
 
     Sets ``comp.devices`` and ``comp.copies``. ``lift_weights``: see
     :func:`place_on_devices`; False keeps ``main``'s signature the model's own
-    (what a module handed back to ``tvm.compile`` must do). ``one_device``:
-    every virtual device on runtime device 0 (the copies stay), so that TVM's
-    ``relax.VirtualMachine(executable, tvm.cpu())`` runs it.
+    (what a module handed back to ``tvm.compile`` must do). ``one_memory``:
+    ``main`` on the host's device without its copies (:func:`in_one_memory`),
+    so that TVM's ``relax.VirtualMachine(executable, tvm.cpu())`` runs it; the
+    build does that itself, after it has cut the concurrent executor's steps.
     """
     hub = comp.hub
     devices, device_of, kinds = _devices(hub, placed)
@@ -478,9 +481,11 @@ def prepare(
             devices,
             kinds,
             lift_weights=lift_weights,
-            one_device=one_device,
             resident=_resident(comp),
+            own_memory=_own_memory(hub, devices),
         )
+        if one_memory:
+            host = in_one_memory(host)
     if comp.fallen:
         host = relax.transform.LambdaLift()(host)  # fallen-back composites are local
     comp.devices, comp.copies, comp.weight_devices = devices, copies, weight_devices
@@ -499,6 +504,7 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
         # the concurrent executor computes exactly what the VM does (a multiply and
         # the add after it fused in main, but in two steps, rounded differently)
         host = with_steps(host, comp.devices, comp.hub)
+        host = in_one_memory(host)  # the VM's main: no copies (the steps keep theirs)
         host = storage_plan.plan_storage(host)  # so TVM's own plan is left out
         with tvm.transform.PassContext(opt_level=3, disabled_pass=storage_plan.REPLACED_PASSES):
             # umahub's TIR pipeline is TVM's default plus the stack scratch pass:
