@@ -90,3 +90,12 @@ def test_a_library_exported_with_copies_in_main_still_runs(monkeypatch, tmp_path
     assert [str(d) for d in loaded._runner.devices] == ["cpu:0", "cpu:1"]
     expected = reference(conv_flatten_dense(), [X])
     np.testing.assert_allclose(loaded.run(X, executor="vm"), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_the_weights_are_read_where_the_library_holds_them(model):
+    runner = model._runner
+    held = runner.vm()["umahub_weights"]()
+    assert len(runner.weights) == 2
+    assert all(w.same_as(h) for w, h in zip(runner.weights, held))  # not copies
+    loads = [(c.dst, c.bytes, c.in_place) for c in model.report.copies if c.when == "load"]
+    assert loads == [("npu:0", 8 * 8 * 3 * 3 * 4, True), ("npu:0", 288 * 16 * 4, True)]

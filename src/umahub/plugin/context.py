@@ -68,7 +68,8 @@ class Copy:
         in_place: neither device has a memory of its own (each is the host's
             memory): TVM's VM reads the tensor where it is and copies nothing
             (:mod:`umahub.compiler.one_memory`); the concurrent executor
-            copies it (on the copy engine of an ``async`` pool).
+            copies it (on the copy engine of an ``async`` pool). A weight
+            (``when="load"``) is read where the library holds it, by both.
     """
 
     tensor: str

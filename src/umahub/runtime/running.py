@@ -131,7 +131,13 @@ class Runner:
         self.weights: list[Any] = []
         if weight_devices:
             values = self.vm()["umahub_weights"]()
-            self.weights = [values[i].copyto(self.devices[d]) for i, d in enumerate(weight_devices)]
+            # in one memory, the library's own constants are read in place, not held twice
+            self.weights = [
+                values[i]
+                if values[i].device == self.devices[d]
+                else values[i].copyto(self.devices[d])
+                for i, d in enumerate(weight_devices)
+            ]
 
     def vm(self) -> Any:
         """This thread's VM (made at its first use, when this thread's TVM pool is

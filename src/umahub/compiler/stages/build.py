@@ -229,6 +229,7 @@ class DevicePlacer:
                 constant=True,
                 when="load",
                 consumer=consumer,
+                in_place=device not in self.own_memory,
             )
         )
 
