@@ -243,10 +243,10 @@ def _copy(src, dst, size):
     return 1e-3 * size  # a millisecond per byte: copies matter
 
 
-def test_copies_decide_when_the_accelerator_saves_less_than_they_cost():
-    # a -> b -> c; only b can go to the accelerator; it saves 1.5 ms there, but
-    # moving its 1-byte input and output costs 2 ms.
-    problem = Problem(
+def _middle_on_acc(**options) -> Problem:
+    """a -> b -> c; only b can go to the accelerator; it saves 1.5 ms there, but
+    moving its 1-byte input and output costs 2 ms."""
+    return Problem(
         nodes=["a", "b", "c"],
         inputs={"b": ["a"], "c": ["b"]},
         bytes={"a": 1, "b": 1, "c": 1},
@@ -254,8 +254,12 @@ def test_copies_decide_when_the_accelerator_saves_less_than_they_cost():
         candidates=[Candidate("acc", ("b",), 0.5e-3)],
         copy_seconds=_copy,
         outputs=frozenset({"c"}),
-        executor="vm",
+        **options,
     )
+
+
+def test_copies_decide_when_the_accelerator_saves_less_than_they_cost():
+    problem = _middle_on_acc(executor="vm")
     solution = solve(problem, ["acc"])
     assert solution.assignment.chosen == set()
     assert solution.baselines["priority acc"] == pytest.approx(4.5e-3)
@@ -263,18 +267,8 @@ def test_copies_decide_when_the_accelerator_saves_less_than_they_cost():
 
 
 def test_the_vm_pays_no_copy_to_an_accelerator_in_the_hosts_memory():
-    # the problem above, with acc in the host's memory: its 1.5 ms saved cost nothing
-    problem = Problem(
-        nodes=["a", "b", "c"],
-        inputs={"b": ["a"], "c": ["b"]},
-        bytes={"a": 1, "b": 1, "c": 1},
-        host={"a": 1e-3, "b": 2e-3, "c": 1e-3},
-        candidates=[Candidate("acc", ("b",), 0.5e-3)],
-        copy_seconds=_copy,
-        outputs=frozenset({"c"}),
-        executor="auto",
-        shared_memory=frozenset({"acc"}),
-    )
+    # acc in the host's memory: the 1.5 ms it saves cost the VM no copy
+    problem = _middle_on_acc(executor="auto", shared_memory=frozenset({"acc"}))
     assert Assignment(problem, [0]).sequential() == pytest.approx(2.5e-3)
     # the concurrent executor still copies (its copy steps)
     assert Assignment(problem, [0]).concurrent() == pytest.approx(4.5e-3)
