@@ -109,7 +109,10 @@ def test_placement_by_cost_takes_the_simnpus_seconds_from_its_cycle_model(monkey
     }
     # the npu and the host are timed on this machine; the simnpu is its cycles at 100 GHz,
     # a fraction of either: it takes every quantized operator
-    assert [q["device"].split(":")[0] for q in compiled.report.quantized] == ["simnpu"] * 3
+    placed = [q["device"].split(":")[0] for q in compiled.report.quantized]
+    auto = compiled.report.auto
+    why = (auto["estimate_ms"], auto["baselines_ms"], auto["copies"], [g["why"] for g in groups])
+    assert placed == ["simnpu"] * 3, why  # what the search saw, should it choose otherwise
     programs = [p.program for p in compiled.report.partitions]
     assert [g["costs"]["simnpu"]["seconds"] for g in on_simnpu] == [
         p["cycles"] / clock_hz for p in programs
