@@ -114,6 +114,8 @@ class Problem:
 
     def __post_init__(self) -> None:
         self.position = {n: i for i, n in enumerate(self.nodes)}
+        #: the devices the VM reads each other's tensors from in place
+        self.in_host_memory = self.shared_memory | {HOST}
         consumers: dict[str, list[str]] = {n: [] for n in self.nodes}
         for node in self.nodes:
             for p in self.inputs.get(node, ()):
@@ -212,9 +214,8 @@ class Assignment:
         if producer in p.outputs:
             readers.add(HOST)
         readers.discard(src)
-        in_host_memory = p.shared_memory | {HOST}
-        if src in in_host_memory:  # the VM reads it in place
-            readers -= in_host_memory
+        if src in p.in_host_memory:  # the VM reads it in place
+            readers -= p.in_host_memory
         size = p.bytes.get(producer, 0)
         return sum(p.copy_seconds(src, dst, size) for dst in readers)
 
