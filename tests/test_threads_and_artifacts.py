@@ -86,6 +86,19 @@ def test_the_first_runs_of_a_fresh_model_from_several_threads(mod, cases):
     assert errors == [] and wrong == []
 
 
+def test_calls_on_one_thread_write_their_inputs_into_one_tensor(compiled, cases):
+    """The VM's inputs are copied into the tensors of the thread's last call (no
+    memory allocated per call), and every call still reads its own inputs."""
+    runner = compiled._executors.runner
+    kept = set()
+    for x, want in cases[:4]:
+        np.testing.assert_allclose(compiled.run(x, executor="vm"), want, **TOL)
+        ((view, tensor),) = runner._local.inputs
+        np.testing.assert_array_equal(view, x)
+        kept.add(id(tensor))
+    assert len(kept) == 1
+
+
 # ------------------------------------------------------------------ damaged artifacts
 
 

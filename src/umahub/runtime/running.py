@@ -158,7 +158,31 @@ class Runner:
 
     def __call__(self, *arrays: Any) -> Any:
         self.vm()
-        return to_numpy(self._local.main(*self.tensors(arrays), *self.weights))
+        return to_numpy(self._local.main(*self._inputs(arrays), *self.weights))
+
+    def _inputs(self, arrays: Sequence[Any]) -> list[Any]:
+        """The inputs copied into the tensors this thread's last call took, where
+        their shapes and types are the same, so that a call allocates no memory for
+        its inputs: a fresh tensor per call, memory the kernels then read cold, cost
+        0.07 ms of mobilenet_v3_small's 1.4 and 0.09 of squeezenet1_1's 3.8. Safe
+        as a call returns, its result copied out, before the next one on this
+        thread writes them; the concurrent executor, whose inferences overlap,
+        takes :meth:`tensors`. (The arrays' own memory, shared by DLPack, would
+        save 0.04 ms more, but a kernel may write its inputs: ``call_tir_inplace``.)
+        """
+        kept: list[tuple[Any, Any]] = getattr(self._local, "inputs", [])
+        now: list[tuple[Any, Any]] = []
+        for i, array in enumerate(arrays):
+            array = np.require(array, requirements="C")
+            view, tensor = kept[i] if i < len(kept) else (None, None)
+            if view is not None and view.shape == array.shape and view.dtype == array.dtype:
+                np.copyto(view, array, casting="no")
+            else:
+                tensor = host_tensor(array, self.devices[0])
+                view = _numpy_view(tensor)
+            now.append((view, tensor))
+        self._local.inputs = now
+        return [tensor for _, tensor in now]
 
 
 class Executors:
@@ -445,6 +469,14 @@ def host_tensor(array: Any, device: Any) -> Any:
         return tvm.runtime.tensor(array, device)
     np.copyto(view, array, casting="no")
     return tensor
+
+
+def _numpy_view(tensor: Any) -> Any:
+    """``tensor``'s memory as a numpy array; ``None`` where numpy has no DLPack type for it."""
+    try:
+        return np.from_dlpack(tensor)
+    except (TypeError, BufferError, RuntimeError):
+        return None
 
 
 def to_numpy(value: Any) -> Any:
