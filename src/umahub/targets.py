@@ -56,8 +56,10 @@ def host_target() -> dict[str, str]:
     Plain ``"llvm"`` is generic x86-64 (SSE2, no FMA): vectorized loops would
     run at a fraction of the CPU's width. The wheel's LLVM rejects
     ``-mcpu=native`` for its target triple, so the CPU is asked by name; where
-    LLVM cannot name it, the generic target. A dict, because TVM 0.27 reads no
-    ``-mcpu=`` in a target string. The host's part of a model and the bundled
+    LLVM cannot name it, the generic target. Features the CPU reports that
+    LLVM's CPU of that name lacks (AMX on a Xeon a virtual machine reports as
+    another model) are named as well (``mattr``). A dict, because TVM 0.27
+    reads no ``-mcpu=`` in a target string. The host's part of a model and the bundled
     accelerators' LLVM kernels are built for it unless a compile names a
     target.
     """
@@ -67,7 +69,52 @@ def host_target() -> dict[str, str]:
         cpu = str(tvm.target.codegen.llvm_get_system_cpu())
     except Exception:  # an LLVM that cannot say
         cpu = ""
-    return {"kind": "llvm", "mcpu": cpu} if cpu and cpu != "generic" else {"kind": "llvm"}
+    if not cpu or cpu == "generic":
+        return {"kind": "llvm"}
+    target: dict[str, Any] = {"kind": "llvm", "mcpu": cpu}
+    extra = _unnamed_features(target)
+    if extra:
+        target["mattr"] = [f"+{f}" for f in extra]
+    return target
+
+
+#: CPU features whose instructions umahub's kernels may use, as ``/proc/cpuinfo``
+#: names them and as LLVM does.
+_FEATURES = {
+    "avx512_vnni": "avx512vnni",
+    "avx512_bf16": "avx512bf16",
+    "avx512_fp16": "avx512fp16",
+    "avx512vbmi": "avx512vbmi",
+    "avx512_vbmi2": "avx512vbmi2",
+    "avx_vnni": "avxvnni",
+    "amx_tile": "amx-tile",
+    "amx_int8": "amx-int8",
+    "amx_bf16": "amx-bf16",
+}
+
+
+def _unnamed_features(target: dict[str, Any]) -> list[str]:
+    """Features this CPU reports that LLVM's CPU of the same name lacks, in LLVM's names.
+
+    LLVM names the CPU by its model number, and a virtual machine may report a
+    model that is not its CPU's: an Intel Xeon with AMX, AVX512-FP16 and BF16
+    (Sapphire Rapids or later) reported as model 167, which LLVM takes for a Rocket
+    Lake, a CPU without them. Built for the name alone, a kernel could not use them.
+    """
+    import tvm
+
+    flags = _cpu_flags()
+    named = tvm.target.Target(target)
+    extra = []
+    for flag, feature in _FEATURES.items():
+        if flag not in flags:
+            continue
+        try:
+            if not tvm.target.codegen.target_has_features(feature, named):
+                extra.append(feature)
+        except Exception:  # an LLVM that does not know the feature
+            continue
+    return extra
 
 
 def has_feature(feature: str, target: Any = None) -> bool:
