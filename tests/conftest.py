@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated working directory and environment, fake installs."""
+"""Shared fixtures: an isolated working directory and environment, fake installs, the
+assembly of the libraries a test builds."""
 
 from __future__ import annotations
 
@@ -69,3 +70,20 @@ def host_reference(name: str, mod=None, inputs=None):
         out = vm["main"](*[tvm.runtime.tensor(x) for x in inputs])
         _REFERENCES[name] = out.numpy() if hasattr(out, "numpy") else [o.numpy() for o in out]
     return _REFERENCES[name]
+
+
+@pytest.fixture
+def built_asm(monkeypatch):
+    """The assembly of every library built while the test runs, in order."""
+    import tvm
+
+    sources: list[str] = []
+    build = tvm.tirx.build
+
+    def recording(*args, **kwargs):
+        lib = build(*args, **kwargs)
+        sources.append(lib.inspect_source("asm"))
+        return lib
+
+    monkeypatch.setattr(tvm.tirx, "build", recording)
+    return sources

@@ -49,21 +49,6 @@ def host_hub():
     return umahub.Hub(config={"plugins": []})
 
 
-@pytest.fixture
-def built_asm(monkeypatch):
-    """The assembly of every library built while the test runs, in order."""
-    sources: list[str] = []
-    build = tvm.tirx.build
-
-    def recording(*args, **kwargs):
-        lib = build(*args, **kwargs)
-        sources.append(lib.inspect_source("asm"))
-        return lib
-
-    monkeypatch.setattr(tvm.tirx, "build", recording)
-    return sources
-
-
 def _x(options, seed=1):
     dtype = options.get("x_dtype", "uint8")
     cin = options.get("channels", (8, 16))[0]

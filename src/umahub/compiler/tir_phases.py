@@ -41,6 +41,7 @@ from typing import Any
 import tvm
 from tvm import s_tir, tirx
 
+from umahub.host.amx import amx_dot_pass
 from umahub.host.int8 import vnni_dot_pass
 from umahub.host.lookup_tables import table_gather_pass, table_read_pass
 from umahub.host.scratch import scratch_on_stack
@@ -78,6 +79,7 @@ def _stretches(config: Any) -> list[list[Any]]:
         _p("LiftThreadBinding"),
         _p("ManifestSharedMemoryLocalStage"),
         _p("CompactBufferAllocation"),
+        amx_dot_pass(),  # umahub's: the int8 matmul's AMX tasks (on the buffers as compacted)
         _p("LowerAutoCopy"),
         _p("UnifyThreadBinding"),
         _p("LowerMatchBuffer"),

@@ -20,6 +20,11 @@ int32 lanes, without the int16 saturation of ``vpmaddubsw``.
   has AVX-512 VNNI (:func:`has_vnni`); elsewhere the same loops with the 16
   channels as one int32 vector, which LLVM builds from exact widening
   multiplies (never the saturating ``vpmaddubsw``);
+* a matmul whose rows are a multiple of 16 and whose reduction is of whole
+  64-byte steps, where the target has AMX and Linux lets the process use it
+  (:func:`umahub.host.amx.has_amx`): tasks of up to 32 rows by 32 channels,
+  each task's whole sum on AMX's tiles (:mod:`umahub.host.amx`), the same
+  integers;
 * the requantization (``requantized``, which reads ``dot``) computed per
   tile, while the tile is in cache, as vectors of 16 channels (the
   accumulator's own vectors); the input's copy (by rows, the four bytes of a
@@ -68,6 +73,7 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
+from umahub.host.amx import AMX_ANNOTATION, has_amx
 from umahub.plugin.compat import buffer_of
 
 __all__ = [
@@ -624,15 +630,33 @@ def _unroll_small(sch: s_tir.Schedule, *loops: Any) -> None:
             sch.unroll(loop)
 
 
-def _matmul(sch: s_tir.Schedule, vnni: bool) -> None:
+def _amx_task(rows: int, blocks: int, channels: int, groups: int) -> tuple[int, int] | None:
+    """(rows, channel blocks) of a matmul's task on AMX's tiles (:mod:`umahub.host.amx`):
+    32 or 16 rows, two blocks of 16 channels or one; None where the rows are no
+    multiple of 16, the channels no whole blocks or the reduction no multiple of 64 bytes."""
+    if rows % 16 or channels % 16 or channels != blocks * 16 or groups % 16:
+        return None
+    return (32 if rows % 32 == 0 else 16), (2 if blocks % 2 == 0 else 1)
+
+
+def _marked_for_amx(sch: s_tir.Schedule) -> bool:
+    """Whether a block of ``sch`` is marked for AMX (:func:`_matmul` found tiles that fit)."""
+    from umahub.plugin.compat import SBlock, nodes_in
+
+    return any(AMX_ANNOTATION in b.annotations for b in nodes_in(_func(sch).body, SBlock))
+
+
+def _matmul(sch: s_tir.Schedule, vnni: bool, amx: bool = False) -> None:
     dot = sch.get_sblock("dot")
     *_, rows, blocks, _ = _extents(sch, sch.get_loops(dot)[:-2])
+    groups = _extents(sch, sch.get_loops(dot)[-2:])[0]
     out = sch.get_sblock("requantized")
     *lead, m, n = sch.get_loops(out)
     channels = int(sch.get(n).extent)
-    mi = _divisor_at_most(rows, 8)
-    bi = _blocks_per_tile(blocks, channels, mi)
-    if rows == mi and bi == blocks and blocks > 1:
+    task = _amx_task(rows, blocks, channels, groups) if amx else None
+    mi = _divisor_at_most(rows, 8) if task is None else task[0]
+    bi = _blocks_per_tile(blocks, channels, mi) if task is None else task[1]
+    if task is None and rows == mi and bi == blocks and blocks > 1:
         # one row tile (a classifier's single row) and all the channel blocks in it:
         # tiles of channels instead, for the threads (the last one partly past the
         # channels when they are no whole number of blocks)
@@ -649,6 +673,11 @@ def _matmul(sch: s_tir.Schedule, vnni: bool) -> None:
     tile = _parallel_tile(sch, *lead, outer, inner)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
     *spatial, ni, rk, ri = sch.get_loops(dot)[1:]
+    if task is not None:  # the task's whole sum on the tiles (amx_dot_pass)
+        init = sch.decompose_reduction(dot, spatial[0])
+        sch.vectorize(sch.get_loops(init)[-1])
+        sch.annotate(sch.blockize(spatial[0]), AMX_ANNOTATION, 1)
+        return
     mm, nb = spatial[-2:]
     sch.reorder(rk, *spatial, ni, ri)
     sch.decompose_reduction(dot, rk)
@@ -682,6 +711,7 @@ def schedule_int8(
     if kind is None:
         return None
     vnni = has_vnni(target)
+    amx = kind == "matmul" and has_amx(target)
     names = set(_block_names(sch))
     tile = {"conv2d": _conv, "pointwise": _pointwise, "matmul": _matmul}.get(kind)
 
@@ -694,7 +724,10 @@ def schedule_int8(
             _tail(s, target, tables)
             return False
         packed_here = _side_stages(s, weights)
-        tile(s, vnni)
+        if tile is _matmul:
+            _matmul(s, vnni, amx)
+        else:
+            tile(s, vnni)
         _tail(s, target, tables)
         return packed_here
 
@@ -713,6 +746,8 @@ def schedule_int8(
         where = "the padded plane read flat" if kind == "flat depthwise" else "a row's positions"
         return f"int8 depthwise: {how} over {where}{table}"
     how = "vnni, 16x4 dot" if vnni else "int32 vectors, 16 lanes (no VNNI)"
+    if amx and _marked_for_amx(sch):
+        how = "amx, 16x16 tiles"
     if kind == "pointwise":
         how += " over 16 positions"
         kind = "conv2d 1x1"

@@ -1,0 +1,110 @@
+"""AMX for the int8 matmul (umahub.host.amx), and the host target that lets a build see it.
+
+The kernels run only where this CPU has AMX and Linux lets the process use it
+(an Intel Xeon of Sapphire Rapids or later); the target tests run anywhere.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from test_int8_schedules import _classifier
+
+import umahub
+from umahub import targets
+from umahub.host.amx import has_amx
+
+needs_amx = pytest.mark.skipif(not has_amx(), reason="this CPU has no AMX (or Linux refuses it)")
+
+#: This CPU by LLVM's name for it, without the features the name lacks: VNNI, no AMX
+#: (an AMX CPU's name that LLVM knows has it: the features are what the test removes).
+NAMED_ONLY = {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu())}
+NO_AMX = {**NAMED_ONLY, "mattr": ["-amx-int8", "-amx-tile"]}
+
+
+def test_the_host_target_adds_the_features_the_cpu_has_and_its_name_lacks(monkeypatch):
+    """A virtual machine reports its Sapphire Rapids Xeon as model 167, which LLVM
+    names Rocket Lake: the target then names the AMX and AVX512-FP16 the CPU reports
+    as features, not those it lacks, nor those Rocket Lake has already."""
+    monkeypatch.setattr(tvm.target.codegen, "llvm_get_system_cpu", lambda: "rocketlake")
+    flags = {"avx512f", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_int8"}
+    monkeypatch.setattr(targets, "_cpu_flags", lambda: flags)
+    assert targets.host_target() == {
+        "kind": "llvm",
+        "mcpu": "rocketlake",
+        "mattr": ["+avx512fp16", "+amx-tile", "+amx-int8"],
+    }
+    monkeypatch.setattr(targets, "_cpu_flags", lambda: {"avx512f", "avx512_vnni"})
+    assert targets.host_target() == {"kind": "llvm", "mcpu": "rocketlake"}
+
+
+def test_a_cross_build_or_a_cpu_without_amx_gets_no_amx():
+    assert not has_amx({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    assert not has_amx({"kind": "llvm", "mcpu": "znver4"})
+    assert not has_amx({"kind": "llvm", "mcpu": "rocketlake"})
+
+
+@pytest.fixture(scope="module")
+def hub():
+    return umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
+
+
+def _schedules(compiled):
+    return [s for p in compiled.report.partitions for s in p.schedule]
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    ("rows", "depth", "channels"),
+    [(32, 128, 64), (16, 64, 16), (48, 192, 48), (64, 768, 96)],
+    ids=["2x2 tiles", "one tile", "16-row tasks, one block", "bert-like"],
+)
+def test_an_int8_matmul_on_amx_is_bit_for_bit_the_vnni_one(hub, built_asm, rows, depth, channels):
+    mod, a = _classifier(channels, depth=depth, rows=rows, seed=rows)
+    amx = hub.compile(mod)
+    (asm,) = [a for a in built_asm if "tdpbusd" in a]
+    assert "ldtilecfg" in asm and "tilerelease" in asm
+    vnni = hub.compile(mod, target=NO_AMX)
+    assert _schedules(amx) == ["int8 matmul: amx, 16x16 tiles, weights packed at compile time"]
+    assert _schedules(vnni) == ["int8 matmul: vnni, 16x4 dot, weights packed at compile time"]
+    out = amx.run(a)
+    np.testing.assert_array_equal(out, vnni.run(a))
+    # not all saturated or all zero: the sums reach the output
+    assert len(np.unique(out)) > 16
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    ("rows", "depth"), [(1, 128), (32, 96)], ids=["one row", "depth no multiple of 64"]
+)
+def test_a_matmul_the_tiles_do_not_fit_keeps_vnni(hub, rows, depth):
+    mod, a = _classifier(32, depth=depth, rows=rows)
+    compiled = hub.compile(mod)
+    assert _schedules(compiled) == ["int8 matmul: vnni, 16x4 dot, weights packed at compile time"]
+    np.testing.assert_array_equal(compiled.run(a), hub.compile(mod, target=NO_AMX).run(a))
+
+
+@needs_amx
+def test_an_exported_amx_library_runs_in_a_process_that_never_asked_for_amx(hub, tmp_path):
+    """The kernel asks Linux for the tiles itself: plain TVM, with no umahub imported,
+    runs the library (without the request, the first tile instruction kills the process)."""
+    mod, a = _classifier(64, depth=128, rows=32)
+    compiled = hub.compile(mod)
+    assert _schedules(compiled)[0].startswith("int8 matmul: amx")
+    path = compiled.export_library(tmp_path / "amx.so")
+    np.save(tmp_path / "a.npy", a)
+    script = f"""
+import numpy as np, tvm
+from tvm import relax
+vm = relax.VirtualMachine(tvm.runtime.load_module({str(path)!r}), tvm.cpu())
+weights = list(vm["umahub_weights"]())  # the partitions' weights, as umahub.load passes them
+out = vm["main"](tvm.runtime.tensor(np.load({str(tmp_path / "a.npy")!r})), *weights)
+np.save({str(tmp_path / "out.npy")!r}, out.numpy())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), compiled.run(a))
