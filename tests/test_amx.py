@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tvm
 from test_int8_schedules import _classifier
+from test_quantized import qconv_graph
 
 import umahub
 from umahub import targets
@@ -86,6 +87,32 @@ def test_a_matmul_the_tiles_do_not_fit_keeps_vnni(hub, rows, depth):
     compiled = hub.compile(mod)
     assert _schedules(compiled) == ["int8 matmul: vnni, 16x4 dot, weights packed at compile time"]
     np.testing.assert_array_equal(compiled.run(a), hub.compile(mod, target=NO_AMX).run(a))
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    ("channels", "size"),
+    [((64, 32), 8), ((128, 16), 4), ((64, 48), 6)],
+    ids=["2x2 tiles", "one tile", "16-channel tasks, one block of positions"],
+)
+def test_an_int8_pointwise_convolution_on_amx_is_bit_for_bit_the_vnni_one(
+    hub, built_asm, channels, size
+):
+    """A 1x1 convolution: the weight's rows by 16 positions (``tdpbsud``), also where
+    the positions were rounded up to whole vectors (6x6: 36 of 48)."""
+    mod, _ = qconv_graph(kernel=1, padding=(0, 0, 0, 0), channels=channels, size=size)
+    amx = hub.compile(mod)
+    (asm,) = [a for a in built_asm if "tdpbsud" in a]
+    assert "ldtilecfg" in asm
+    vnni = hub.compile(mod, target=NO_AMX)
+    assert _schedules(amx) == ["int8 conv2d 1x1: amx, 16x16 tiles, weights packed at compile time"]
+    assert _schedules(vnni) == [
+        "int8 conv2d 1x1: vnni, 16x4 dot over 16 positions, weights packed at compile time"
+    ]
+    x = np.random.default_rng(3).integers(0, 256, size=(1, channels[0], size, size))
+    out = amx.run(x.astype("uint8"))
+    np.testing.assert_array_equal(out, vnni.run(x.astype("uint8")))
+    assert len(np.unique(out)) > 16
 
 
 @needs_amx

@@ -92,8 +92,14 @@ def _flat_offset(region: Any) -> Any:
 
 def _amx_body(block: Any) -> Any | None:
     """The tile instructions of a marked task (see the module docs), or None where
-    the block is not the expected ``C[.., m, nb, 16] += A[.., m, k, 4] * B[nb, k, 16, 4]``
-    (it is then left to its loops: the same sums, without AMX)."""
+    the block is neither form below (it is then left to its loops: the same sums,
+    without AMX).
+
+    * a matmul, ``C[.., m, nb, 16] += A[.., m, k, 4] * B[nb, k, 16, 4]``: the
+      input's rows by the weight's blocks of 16 channels (``tdpbusd``);
+    * a 1x1 convolution, ``C[n, o, p] += W[o, k, 4] * X[n, k, p, 4]``: the
+      weight's rows by the input's blocks of 16 positions (``tdpbsud``).
+    """
     from tvm import tirx
 
     writes = list(block.writes)
@@ -102,21 +108,32 @@ def _amx_body(block: Any) -> Any | None:
     c = writes[0]
     c_buffer = buffer_of(c)
     reads = {str(buffer_of(r).dtype): r for r in block.reads if not buffer_of(r).same_as(c_buffer)}
-    a, b = reads.get("uint8"), reads.get("int8")
-    if a is None or b is None or str(c_buffer.dtype) != "int32" or len(b.region) != 4:
+    unsigned, signed = reads.get("uint8"), reads.get("int8")
+    if unsigned is None or signed is None or str(c_buffer.dtype) != "int32":
         return None
-    a_buffer, b_buffer = buffer_of(a), buffer_of(b)
-    extents = [int(r.extent) for r in c.region[-3:]]
-    rows, blocks, lanes = extents
+    c_row = int(c_buffer.shape[-1])  # int32 elements a row of the accumulator
+    if len(signed.region) == 4:  # a matmul: the weight's blocks are B
+        a, b, instruction = unsigned, signed, "tdpbusd"
+        rows, blocks, lanes = (int(r.extent) for r in c.region[-3:])
+        c_row *= int(c_buffer.shape[-2])
+        b_step = _ROWS * _BYTES  # 16 groups of the reduction
+        b_block, b_stride = int(buffer_of(b).shape[1]) * _BYTES, _BYTES
+    elif len(signed.region) == 3 and len(unsigned.region) == 4:  # a 1x1 convolution
+        a, b, instruction = signed, unsigned, "tdpbsud"
+        rows, columns = (int(r.extent) for r in c.region[-2:])
+        blocks, lanes = columns // 16, 16 if columns % 16 == 0 else 0
+        b_stride = int(buffer_of(b).shape[-2]) * 4  # a group's positions
+        b_step, b_block = _ROWS * b_stride, _BYTES
+    else:
+        return None
     groups = int(a.region[-2].extent)
     if lanes != 16 or rows % _ROWS or blocks not in (1, 2) or rows > 2 * _ROWS:
         return None
     if groups % _ROWS or int(b.region[1].extent) != groups:
         return None
+    a_buffer, b_buffer = buffer_of(a), buffer_of(b)
     row_tiles = rows // _ROWS
-    c_row = int(c_buffer.shape[-2]) * int(c_buffer.shape[-1])  # int32 elements a row
     a_row = int(a_buffer.shape[-2]) * int(a_buffer.shape[-1])  # bytes a row
-    b_block = int(b_buffer.shape[1]) * _BYTES  # bytes a block of 16 channels
     c0, a0, b0 = _flat_offset(c), _flat_offset(a), _flat_offset(b)
 
     def call(name: str, *args: Any) -> Any:
@@ -137,8 +154,7 @@ def _amx_body(block: Any) -> Any | None:
         stmts.append(tirx.BufferStore(config, tirx.const(_BYTES, "uint8"), [16 + 2 * t]))
         stmts.append(tirx.BufferStore(config, tirx.const(_ROWS, "uint8"), [48 + t]))
     stmts.append(call("ldtilecfg", config.access_ptr("r")))
-    # tiles 0-3 the accumulators (row tile r, channel block k), 4-5 the input's rows,
-    # 6-7 the weight's blocks
+    # tiles 0-3 the accumulators (row tile r, column block k), 4-5 A's rows, 6-7 B's blocks
     accumulators = [(r, k) for r in range(row_tiles) for k in range(blocks)]
     c_at = {(r, k): c0 + r * _ROWS * c_row + k * 16 for r, k in accumulators}
     for r, k in accumulators:
@@ -149,10 +165,10 @@ def _amx_body(block: Any) -> Any | None:
         for r in range(row_tiles)
     ]
     inner += [
-        move("tileloadd64", 6 + k, b_buffer, b0 + k * b_block + step * _ROWS * _BYTES, _BYTES)
+        move("tileloadd64", 6 + k, b_buffer, b0 + k * b_block + step * b_step, b_stride)
         for k in range(blocks)
     ]
-    inner += [call("tdpbusd", tile(2 * r + k), tile(4 + r), tile(6 + k)) for r, k in accumulators]
+    inner += [call(instruction, tile(2 * r + k), tile(4 + r), tile(6 + k)) for r, k in accumulators]
     stmts.append(tirx.For(step, 0, groups // _ROWS, tirx.ForKind.SERIAL, tirx.SeqStmt(inner)))
     for r, k in accumulators:
         stmts.append(move("tilestored64", 2 * r + k, c_buffer, c_at[r, k], 4 * c_row))

@@ -24,7 +24,7 @@ int32 lanes, without the int16 saturation of ``vpmaddubsw``.
   64-byte steps, where the target has AMX and Linux lets the process use it
   (:func:`umahub.host.amx.has_amx`): tasks of up to 32 rows by 32 channels,
   each task's whole sum on AMX's tiles (:mod:`umahub.host.amx`), the same
-  integers;
+  integers (a 1x1 convolution too: below);
 * the requantization (``requantized``, which reads ``dot``) computed per
   tile, while the tile is in cache, as vectors of 16 channels (the
   accumulator's own vectors); the input's copy (by rows, the four bytes of a
@@ -43,6 +43,10 @@ positions, whose bytes are contiguous in an NCHW output (with channels in the
 lanes each byte is stored a plane apart: for a short sum, most of the time).
 The positions are rounded up to vectors; the output's copy is a stage of its
 own only where they were (inlined, the last vector would be predicated).
+On AMX (whole blocks of 16 output channels, input channels in whole 64-byte
+steps), a task is up to 32 channels by 32 positions on the tiles: the weight's
+rows (``weight_rows``, ``[O, C/4, 4]``, made from the packing at compile time)
+by the copy's blocks of 16 positions, ``tdpbsud`` (signed by unsigned bytes).
 
 A depthwise convolution of stride 1 is computed over its padded input plane
 read as one flat row (``acc_flat``, :func:`umahub.host.quantized.flat_depthwise`):
@@ -502,19 +506,23 @@ def _conv(sch: s_tir.Schedule, vnni: bool) -> None:
     _inner(sch, dot, oi, vnni)
 
 
-def _pointwise(sch: s_tir.Schedule, vnni: bool) -> None:
+def _pointwise(sch: s_tir.Schedule, vnni: bool, amx: bool = False) -> None:
     """A 1x1 convolution with positions in the lanes: a register tile of up to 24
     accumulators, ``oc`` channels by two vectors of 16 positions (one where there
     are no more, :func:`umahub.host.quantized.pointwise_positions`); the tiles in
     parallel, those of the smaller operand inner; each channel's four weight bytes
     broadcast once per step; the requantization of the tile vectorized over its
-    positions."""
+    positions. On AMX (whole blocks of 16 channels, a reduction of whole 64-byte
+    steps): tasks of up to 32 channels by 32 positions, each task's sum on the
+    tiles, the weight's rows by the input's positions."""
     dot = sch.get_sblock("dot_positions")
     out = sch.get_sblock("requantized")
     n, o, p = sch.get_loops(out)
     channels, positions = int(sch.get(o).extent), int(sch.get(p).extent)
+    groups = _extents(sch, sch.get_loops(dot)[-2:])[0]
+    task = _amx_task(channels, positions // 16, positions, groups) if amx else None
     vectors = 2 if positions % 32 == 0 else 1
-    oc = _divisor_at_most(channels, ACCUMULATORS // vectors)
+    oc = _divisor_at_most(channels, ACCUMULATORS // vectors) if task is None else task[0]
     o0, o1 = sch.split(o, [None, oc])
     p0, p1 = sch.split(p, [None, 16 * vectors])
     # as in _matmul, the operand read again for each tile of the other is the smaller
@@ -527,6 +535,12 @@ def _pointwise(sch: s_tir.Schedule, vnni: bool) -> None:
     tile = _parallel_tile(sch, n, outer, inner)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
     sch.vectorize(p1)
+    if task is not None:  # the task's whole sum on the tiles (amx_dot_pass)
+        first = sch.get_loops(dot)[1]
+        init = sch.decompose_reduction(dot, first)
+        sch.vectorize(sch.get_loops(init)[-1])
+        sch.annotate(sch.blockize(first), AMX_ANNOTATION, 1)
+        return
     b, oo, pp, rc, ri = sch.get_loops(dot)[1:]
     pv, lanes = sch.split(pp, [None, 16])
     sch.reorder(rc, b, oo, pv, lanes, ri)
@@ -711,7 +725,7 @@ def schedule_int8(
     if kind is None:
         return None
     vnni = has_vnni(target)
-    amx = kind == "matmul" and has_amx(target)
+    amx = kind in ("matmul", "pointwise") and has_amx(target)
     names = set(_block_names(sch))
     tile = {"conv2d": _conv, "pointwise": _pointwise, "matmul": _matmul}.get(kind)
 
@@ -724,8 +738,8 @@ def schedule_int8(
             _tail(s, target, tables)
             return False
         packed_here = _side_stages(s, weights)
-        if tile is _matmul:
-            _matmul(s, vnni, amx)
+        if tile in (_matmul, _pointwise):
+            tile(s, vnni, amx)
         else:
             tile(s, vnni)
         _tail(s, target, tables)
@@ -746,11 +760,11 @@ def schedule_int8(
         where = "the padded plane read flat" if kind == "flat depthwise" else "a row's positions"
         return f"int8 depthwise: {how} over {where}{table}"
     how = "vnni, 16x4 dot" if vnni else "int32 vectors, 16 lanes (no VNNI)"
-    if amx and _marked_for_amx(sch):
-        how = "amx, 16x16 tiles"
     if kind == "pointwise":
         how += " over 16 positions"
         kind = "conv2d 1x1"
+    if amx and _marked_for_amx(sch):
+        how = "amx, 16x16 tiles"
     if "weight_packed" not in names or packed_here:
         where = "weights packed at compile time"
     else:
