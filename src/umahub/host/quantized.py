@@ -623,18 +623,10 @@ def _pointwise_acc(op, x, x_zero, w, wsum, zw, out_shape, shape, prepacked):
         sums = lambda i: total[i[0], i[2]]  # noqa: E731
     rc = te.reduce_axis((0, cb), "rc")
     ri = te.reduce_axis((0, BLOCK_K), "ri")
-    # each channel's bytes in one row (a constant stage where the weight is a constant,
-    # :mod:`umahub.host.constant_stages`): rows of the weight tile AMX reads
-    # (:mod:`umahub.host.amx`); ``vpdpbusd`` broadcasts four bytes of one either way
-    rows = te.compute(
-        (int(wp.shape[0]) * BLOCK_O, cb, BLOCK_K),
-        lambda o, k, i: wp[o // BLOCK_O, k, 0, 0, o % BLOCK_O, i],
-        name="weight_rows",
-    )
 
     def dot_value(b: Any, o: Any, p: Any) -> Any:
         data = xp[b, rc, p, ri].astype("int32")
-        weight = rows[o, rc, ri].astype("int32")
+        weight = wp[o // BLOCK_O, rc, 0, 0, o % BLOCK_O, ri].astype("int32")
         return te.sum(data * weight, axis=[rc, ri])
 
     dot = te.compute(shape, dot_value, name="dot_positions")
