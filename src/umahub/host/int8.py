@@ -537,11 +537,8 @@ def _pointwise(sch: s_tir.Schedule, vnni: bool, amx: bool = False) -> None:
         _weight_rows(sch, dot)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
     sch.vectorize(p1)
-    if task is not None:  # the task's whole sum on the tiles (amx_dot_pass)
-        first = sch.get_loops(dot)[1]
-        init = sch.decompose_reduction(dot, first)
-        sch.vectorize(sch.get_loops(init)[-1])
-        sch.annotate(sch.blockize(first), AMX_ANNOTATION, 1)
+    if task is not None:
+        _on_tiles(sch, dot, sch.get_loops(dot)[1])
         return
     b, oo, pp, rc, ri = sch.get_loops(dot)[1:]
     pv, lanes = sch.split(pp, [None, 16])
@@ -662,17 +659,26 @@ def _unroll_small(sch: s_tir.Schedule, *loops: Any) -> None:
             sch.unroll(loop)
 
 
-def _amx_task(rows: int, blocks: int, channels: int, groups: int) -> tuple[int, int] | None:
-    """(rows, channel blocks) of a matmul's task on AMX's tiles (:mod:`umahub.host.amx`):
-    32 or 16 rows, two blocks of 16 channels or one; None where the rows are no
-    multiple of 16, the channels no whole blocks or the reduction no multiple of 64 bytes."""
-    if rows % 16 or channels % 16 or channels != blocks * 16 or groups % 16:
+def _amx_task(rows: int, blocks: int, columns: int, groups: int) -> tuple[int, int] | None:
+    """(rows, column blocks) of a task on AMX's tiles (:mod:`umahub.host.amx`): 32 or 16
+    rows, two blocks of 16 columns or one (a matmul's channels, a 1x1 convolution's
+    positions); None where the rows are no multiple of 16, the columns no whole
+    blocks or the reduction (``groups`` of 4 bytes) no whole 64-byte steps."""
+    if rows % 16 or columns % 16 or columns != blocks * 16 or groups % 16:
         return None
     return (32 if rows % 32 == 0 else 16), (2 if blocks % 2 == 0 else 1)
 
 
+def _on_tiles(sch: s_tir.Schedule, dot: Any, loop: Any) -> None:
+    """The sum ``dot`` under ``loop`` (a task's) marked for AMX
+    (:func:`umahub.host.amx.amx_dot_pass`), its accumulators zeroed before it in vectors."""
+    init = sch.decompose_reduction(dot, loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.annotate(sch.blockize(loop), AMX_ANNOTATION, 1)
+
+
 def _marked_for_amx(sch: s_tir.Schedule) -> bool:
-    """Whether a block of ``sch`` is marked for AMX (:func:`_matmul` found tiles that fit)."""
+    """Whether a block of ``sch`` is marked for AMX (the tiles fit: :func:`_amx_task`)."""
     from umahub.plugin.compat import SBlock, nodes_in
 
     return any(AMX_ANNOTATION in b.annotations for b in nodes_in(_func(sch).body, SBlock))
@@ -705,10 +711,8 @@ def _matmul(sch: s_tir.Schedule, vnni: bool, amx: bool = False) -> None:
     tile = _parallel_tile(sch, *lead, outer, inner)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
     *spatial, ni, rk, ri = sch.get_loops(dot)[1:]
-    if task is not None:  # the task's whole sum on the tiles (amx_dot_pass)
-        init = sch.decompose_reduction(dot, spatial[0])
-        sch.vectorize(sch.get_loops(init)[-1])
-        sch.annotate(sch.blockize(spatial[0]), AMX_ANNOTATION, 1)
+    if task is not None:
+        _on_tiles(sch, dot, spatial[0])
         return
     mm, nb = spatial[-2:]
     sch.reorder(rk, *spatial, ni, ri)
