@@ -25,6 +25,7 @@ TVM only in :func:`resolve`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 
-def host_target() -> dict[str, str]:
+def host_target() -> dict[str, Any]:
     """The LLVM target of this machine's CPU (``-mcpu``), so that its vector units are used.
 
     Plain ``"llvm"`` is generic x86-64 (SSE2, no FMA): vectorized loops would
@@ -72,7 +73,7 @@ def host_target() -> dict[str, str]:
     if not cpu or cpu == "generic":
         return {"kind": "llvm"}
     target: dict[str, Any] = {"kind": "llvm", "mcpu": cpu}
-    extra = _unnamed_features(target)
+    extra = _unnamed_features(cpu, frozenset(_cpu_flags()))
     if extra:
         target["mattr"] = [f"+{f}" for f in extra]
     return target
@@ -93,8 +94,11 @@ _FEATURES = {
 }
 
 
-def _unnamed_features(target: dict[str, Any]) -> list[str]:
-    """Features this CPU reports that LLVM's CPU of the same name lacks, in LLVM's names.
+@functools.cache
+def _unnamed_features(cpu: str, flags: frozenset[str]) -> tuple[str, ...]:
+    """Features of ``flags`` (as ``/proc/cpuinfo`` reports them) that LLVM's CPU
+    ``cpu`` lacks, in LLVM's names. Asked once per CPU: LLVM takes about 1.4 ms
+    to say, and every build asks for the host's target many times.
 
     LLVM names the CPU by its model number, and a virtual machine may report a
     model that is not its CPU's: an Intel Xeon with AMX, AVX512-FP16 and BF16
@@ -103,8 +107,7 @@ def _unnamed_features(target: dict[str, Any]) -> list[str]:
     """
     import tvm
 
-    flags = _cpu_flags()
-    named = tvm.target.Target(target)
+    named = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
     extra = []
     for flag, feature in _FEATURES.items():
         if flag not in flags:
@@ -114,7 +117,7 @@ def _unnamed_features(target: dict[str, Any]) -> list[str]:
                 extra.append(feature)
         except Exception:  # an LLVM that does not know the feature
             continue
-    return extra
+    return tuple(extra)
 
 
 def has_feature(feature: str, target: Any = None) -> bool:
