@@ -463,9 +463,8 @@ def host_tensor(array: Any, device: Any) -> Any:
     # np.require keeps 0-d arrays 0-d (np.ascontiguousarray makes them 1-d).
     array = np.require(array, requirements="C")
     tensor = tvm.runtime.empty(array.shape, array.dtype, device)
-    try:
-        view = np.from_dlpack(tensor)
-    except (TypeError, BufferError, RuntimeError):  # no DLPack type in numpy: TVM's copy
+    view = _numpy_view(tensor)
+    if view is None:  # no DLPack type in numpy: TVM's copy
         return tvm.runtime.tensor(array, device)
     np.copyto(view, array, casting="no")
     return tensor
@@ -484,10 +483,8 @@ def to_numpy(value: Any) -> Any:
     has the type: see :func:`host_tensor`), a shape (``R.shape``) as an int64
     array, a tuple as a list."""
     if hasattr(value, "numpy"):
-        try:
-            return np.from_dlpack(value).copy()
-        except (TypeError, BufferError, RuntimeError):
-            return value.numpy()
+        view = _numpy_view(value)
+        return value.numpy() if view is None else view.copy()
     if type(value).__name__ in ("Shape", "ShapeTuple"):
         return np.asarray(list(value), dtype="int64")
     if isinstance(value, (list, tuple)) or hasattr(value, "__len__"):
