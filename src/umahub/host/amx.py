@@ -69,14 +69,14 @@ def has_amx(target: Any = None) -> bool:
     is this machine's CPU (``target`` None, or naming no other ``mtriple``), and
     this process may use the tiles (:func:`amx_permitted`). A cross build does not:
     the board's process would have to ask for them as this one does."""
-    from umahub.targets import has_feature
+    from umahub.targets import has_feature, machine_of, this_machine
 
     if target is not None:
         import tvm
 
         t = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
         triple = str(t.attrs.get("mtriple", "") or "")
-        if triple and not triple.startswith("x86_64"):
+        if triple and machine_of(triple) != this_machine():
             return False
     return has_feature("amx-int8", target) and has_feature("amx-tile", target) and amx_permitted()
 
