@@ -62,6 +62,24 @@ def test_split_leaves_results_larger_than_what_they_are_made_from():
     assert stages is None  # 256 KiB made from 4 bytes: the kernel computes it
 
 
+def test_split_leaves_the_large_stage_to_the_kernel_and_takes_the_small_ones():
+    """One stage too large to take does not keep the small ones in the kernel."""
+    size = 65536
+    x = te.placeholder((size,), name="x")
+    w = te.placeholder((8,), name="w")
+    spread = te.compute((size,), lambda i: w[0], name="spread")  # 256 KiB from 4 bytes
+    doubled = te.compute((8,), lambda i: w[i] * 2, name="doubled")
+    out = te.compute((size,), lambda i: x[i] * spread[i] + doubled[i % 8], name="out")
+    prim = te.create_prim_func([x, w, out]).with_attr("global_symbol", "k")
+    mod, stages = constant_stages.split(tvm.IRModule({"k": prim}), "k", 2, frozenset({1}))
+    assert stages is not None and stages.names == ("doubled",)
+    assert [b.name for b in param_buffers(mod["k"])] == ["x", "w", "doubled", "out"]
+    xs, ws = RNG.standard_normal(size).astype("float32"), RNG.standard_normal(8).astype("float32")
+    ((d,),) = constant_stages.compute([(stages, [None, tvm.runtime.tensor(ws)])])
+    *_, got = _run(mod["k"], xs, ws, d.numpy(), np.zeros(size, "float32"))
+    np.testing.assert_allclose(got, xs * ws[0] + np.tile(ws * 2, size // 8), rtol=1e-6)
+
+
 class Cached(Panels):
     """test_prepack's accelerator 'mx' taking matmul, its schedule copying B to a buffer
     of its own first (no packing): a stage that reads only the constant weight."""

@@ -22,9 +22,11 @@ such stages are taken, whoever wrote them.
 
 Not taken:
 
-- stages whose results are large: more than :data:`MOST_BYTES` and more than
-  the constants they read (a copy of a weight in another layout is
-  :func:`umahub.plugin.pack_weight`'s, which replaces the weight);
+- stages whose results are large: while all the results come to more than
+  :data:`MOST_BYTES` and more than the constants they read, the stage of the
+  largest is left to the kernel, with the stages that read it (a copy of a
+  weight in another layout is :func:`umahub.plugin.pack_weight`'s, which
+  replaces the weight); the others are still taken;
 - any stage of a kernel built for another machine (a board's target): the
   build cannot run that code, and the host's may round floats differently.
 """
@@ -121,16 +123,17 @@ def _constant_statements(
     access: Sequence[tuple[list[Any], list[Any]]],
     constant_inputs: list[Any],
     params: list[Any],
+    left: Iterable[int] = (),
 ) -> list[int]:
     """Indices of the root statements computed from ``constant_inputs`` alone (see the
     module's docs): each reads only those and what earlier such statements wrote, and
     writes no parameter and nothing another statement writes. ``access``: each
-    statement's reads and writes (:func:`_accesses`)."""
+    statement's reads and writes (:func:`_accesses`); ``left``: statements not to take."""
     variable = [p for p in params if not _among(p, constant_inputs)]
     chosen: list[int] = []
     made: list[Any] = []
     for i, (reads, writes) in enumerate(access):
-        if not writes or any(_among(w, params) for w in writes):
+        if i in left or not writes or any(_among(w, params) for w in writes):
             continue
         if _touches(stmts[i], variable):  # beyond its blocks' declared reads too
             continue
@@ -146,6 +149,11 @@ def _constant_statements(
         made = [w for i in chosen for w in access[i][1]]
         chosen = [i for i in chosen if _from(access[i], constant_inputs, made)]
     return chosen
+
+
+def _result_bytes(writes: list[Any], results: list[Any]) -> int:
+    """Bytes of the ``results`` among a statement's ``writes``."""
+    return sum(_size(b.shape, b.dtype) for b in writes if _among(b, results))
 
 
 def _touches(stmt: Any, bufs: list[Any]) -> bool:
@@ -209,16 +217,23 @@ def split(
     stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
     constant_inputs = [params[i] for i in sorted(constants) if i < n_inputs]
     access = [_accesses(s) for s in stmts]
-    chosen = _constant_statements(stmts, access, constant_inputs, params)
-    if not chosen or len(chosen) == len(stmts):
-        return mod, None
-    made = _unique(w for i in chosen for w in access[i][1])
-    rest = [s for i, s in enumerate(stmts) if i not in chosen]
-    results = [b for b in made if any(_touches(s, [b]) for s in rest)]
-    read = _unique(r for i in chosen for r in access[i][0] if _among(r, constant_inputs))
-    size = sum(_size(b.shape, b.dtype) for b in results)
-    if not results or (size > MOST_BYTES and size > sum(_size(b.shape, b.dtype) for b in read)):
-        return mod, None
+    left: set[int] = set()  # stages whose results are too large: the kernel's
+    while True:
+        chosen = _constant_statements(stmts, access, constant_inputs, params, left)
+        if not chosen or len(chosen) == len(stmts):
+            return mod, None
+        made = _unique(w for i in chosen for w in access[i][1])
+        rest = [s for i, s in enumerate(stmts) if i not in chosen]
+        results = [b for b in made if any(_touches(s, [b]) for s in rest)]
+        if not results:
+            return mod, None
+        read = _unique(r for i in chosen for r in access[i][0] if _among(r, constant_inputs))
+        size = sum(_size(b.shape, b.dtype) for b in results)
+        if size <= MOST_BYTES or size <= sum(_size(b.shape, b.dtype) for b in read):
+            break
+        # the stage of the largest result is left to the kernel (and the stages that
+        # read it with it), not all of them: the small ones are still taken
+        left.add(max(chosen, key=lambda i: _result_bytes(access[i][1], results)))
     inputs = tuple(i for i, p in enumerate(params[:n_inputs]) if _among(p, read))
     kept = [b for b in root.alloc_buffers if not _among(b, made)]
     inner = [b for b in root.alloc_buffers if _among(b, made) and not _among(b, results)]
