@@ -116,6 +116,29 @@ def test_an_int8_pointwise_convolution_on_amx_is_bit_for_bit_the_vnni_one(
 
 
 @needs_amx
+def test_a_pointwise_convolutions_weight_is_packed_as_the_tiles_rows(hub, built_asm):
+    """The packing writes the weight as AMX reads it, rows of its channels, once: no
+    copy of it in the kernel, and a weight over 64 KiB (256 to 512 channels) leaves the
+    kernel's other per-channel stages to compile time (a copy of the packing once kept
+    them all in the kernel, the weight's sums summed at every call). The tasks start
+    from ``tilezero``, not from zeros stored and loaded."""
+    mod, _ = qconv_graph(kernel=1, padding=(0, 0, 0, 0), channels=(256, 512), size=4)
+    compiled = hub.compile(mod)
+    (partition,) = compiled.report.partitions
+    assert partition.packed == ["weight 3 (512x256x1x1 -> 512x64x4)"]
+    assert partition.precomputed == [
+        "bias_q, channel_term_scaled, requant_bits, requant_exp, requant_k, requant_m,"
+        " weight_sum (10 KiB)"
+    ]
+    (asm,) = [a for a in built_asm if "tdpbsud" in a]
+    assert "tilezero" in asm
+    x = np.random.default_rng(4).integers(0, 256, size=(1, 256, 4, 4)).astype("uint8")
+    out = compiled.run(x)
+    np.testing.assert_array_equal(out, hub.compile(mod, target=NO_AMX).run(x))
+    assert len(np.unique(out)) > 16
+
+
+@needs_amx
 def test_an_exported_amx_library_runs_in_a_process_that_never_asked_for_amx(hub, tmp_path):
     """The kernel asks Linux for the tiles itself: plain TVM, with no umahub imported,
     runs the library (without the request, the first tile instruction kills the process)."""

@@ -33,12 +33,19 @@ import functools
 import platform
 from typing import Any
 
-from umahub.plugin.compat import buffer_of
+from umahub.plugin.compat import buffer_of, dtype_of_expr
 
-__all__ = ["AMX_ANNOTATION", "amx_dot_pass", "amx_permitted", "has_amx"]
+__all__ = ["AMX_ANNOTATION", "FROM_ZERO", "amx_dot_pass", "amx_permitted", "has_amx"]
 
-#: The block annotation marking a task's byte dot product for AMX (:func:`amx_dot_pass`).
+#: The block annotation marking a task's byte dot product for AMX (:func:`amx_dot_pass`):
+#: :data:`FROM_ZERO` where the block is the task's whole sum, its zeroing included,
+#: anything else where it adds to the accumulator's values.
 AMX_ANNOTATION = "umahub.amx"
+
+#: :data:`AMX_ANNOTATION`'s value for a whole sum: the block's body (the zeroing, which
+#: TVM has lowered into it by then, and the sum) becomes tile instructions from
+#: ``tilezero``, not from a load of the zeros just stored.
+FROM_ZERO = "from zero"
 
 _SYS_ARCH_PRCTL = 158  # x86-64
 _ARCH_REQ_XCOMP_PERM = 0x1023
@@ -81,13 +88,18 @@ def has_amx(target: Any = None) -> bool:
     return has_feature("amx-int8", target) and has_feature("amx-tile", target) and amx_permitted()
 
 
-def _flat_offset(region: Any) -> Any:
-    """The element offset of ``region``'s first element in its (compact) buffer."""
-    buffer = buffer_of(region)
-    offset: Any = 0
-    for r, extent in zip(region.region, buffer.shape):
-        offset = offset * extent + r.min
-    return offset
+def _address(region: Any, shifts: dict[int, Any] | None = None) -> Any:
+    """The address of ``region``'s first element, moved along its dimensions by
+    ``shifts`` (dimension -> elements): a typed load's address. (Not ``tvm_access_ptr``:
+    where ``StorageRewrite`` gives an accumulator written only by ``tilestored64``
+    the memory of a byte buffer that is dead by then, it keeps that pointer's int32
+    type on the bytes, and the build fails.)"""
+    from tvm import tirx
+
+    indices = [r.min for r in region.region]
+    for dim, shift in (shifts or {}).items():
+        indices[dim] = indices[dim] + shift
+    return tirx.address_of(tirx.BufferLoad(buffer_of(region), indices))
 
 
 def _amx_body(block: Any) -> Any | None:
@@ -99,31 +111,39 @@ def _amx_body(block: Any) -> Any | None:
       input's rows by the weight's blocks of 16 channels (``tdpbusd``);
     * a 1x1 convolution, ``C[n, o, p] += W[o, k, 4] * X[n, k, p, 4]``: the
       weight's rows by the input's blocks of 16 positions (``tdpbsud``).
+
+    The tiles start from ``tilezero`` where the block is a whole sum
+    (:data:`FROM_ZERO`), else from the accumulator's values.
     """
     from tvm import tirx
 
     writes = list(block.writes)
     if len(writes) != 1:
         return None
+    zeroed = str(block.annotations[AMX_ANNOTATION]) == FROM_ZERO
     c = writes[0]
     c_buffer = buffer_of(c)
     reads = {str(buffer_of(r).dtype): r for r in block.reads if not buffer_of(r).same_as(c_buffer)}
     unsigned, signed = reads.get("uint8"), reads.get("int8")
     if unsigned is None or signed is None or str(c_buffer.dtype) != "int32":
         return None
-    c_row = int(c_buffer.shape[-1])  # int32 elements a row of the accumulator
+    step = tirx.Var("step", dtype_of_expr(c.region[0].min))
+    # where tile (row tile r, column block k) of each operand begins: dimension -> shift
     if len(signed.region) == 4:  # a matmul: the weight's blocks are B
         a, b, instruction = unsigned, signed, "tdpbusd"
         rows, blocks, lanes = (int(r.extent) for r in c.region[-3:])
-        c_row *= int(c_buffer.shape[-2])
-        b_step = _ROWS * _BYTES  # 16 groups of the reduction
-        b_block, b_stride = int(buffer_of(b).shape[1]) * _BYTES, _BYTES
+        c_at = lambda r, k: {-3: r * _ROWS, -2: k}  # noqa: E731
+        b_at = lambda k: {0: k, 1: step * _ROWS}  # noqa: E731
+        c_row = 4 * int(c_buffer.shape[-2]) * int(c_buffer.shape[-1])
+        b_row = _BYTES
     elif len(signed.region) == 3 and len(unsigned.region) == 4:  # a 1x1 convolution
         a, b, instruction = signed, unsigned, "tdpbsud"
         rows, columns = (int(r.extent) for r in c.region[-2:])
         blocks, lanes = columns // 16, 16 if columns % 16 == 0 else 0
-        b_stride = int(buffer_of(b).shape[-2]) * 4  # a group's positions
-        b_step, b_block = _ROWS * b_stride, _BYTES
+        c_at = lambda r, k: {-2: r * _ROWS, -1: k * 16}  # noqa: E731
+        b_at = lambda k: {-2: k * 16, 1: step * _ROWS}  # noqa: E731
+        c_row = 4 * int(c_buffer.shape[-1])
+        b_row = int(buffer_of(b).shape[-2]) * 4  # a group's positions
     else:
         return None
     groups = int(a.region[-2].extent)
@@ -131,10 +151,7 @@ def _amx_body(block: Any) -> Any | None:
         return None
     if groups % _ROWS or int(b.region[1].extent) != groups:
         return None
-    a_buffer, b_buffer = buffer_of(a), buffer_of(b)
-    row_tiles = rows // _ROWS
-    a_row = int(a_buffer.shape[-2]) * int(a_buffer.shape[-1])  # bytes a row
-    c0, a0, b0 = _flat_offset(c), _flat_offset(a), _flat_offset(b)
+    a_row = int(buffer_of(a).shape[-2]) * int(buffer_of(a).shape[-1])  # bytes a row
 
     def call(name: str, *args: Any) -> Any:
         return tirx.Evaluate(tirx.call_llvm_intrin("void", f"llvm.x86.{name}", *args))
@@ -142,10 +159,9 @@ def _amx_body(block: Any) -> Any | None:
     def tile(i: int) -> Any:
         return tirx.const(i, "uint8")
 
-    def move(name: str, i: int, buffer: Any, at: Any, stride: int) -> Any:
+    def move(name: str, i: int, address: Any, stride: int) -> Any:
         """``tileloadd64`` or ``tilestored64`` of tile ``i``, rows ``stride`` bytes apart."""
-        pointer = buffer.access_ptr("w" if name == "tilestored64" else "r", offset=at)
-        return call(name, tile(i), pointer, tirx.const(stride, "int64"))
+        return call(name, tile(i), address, tirx.const(stride, "int64"))
 
     config = tirx.decl_buffer((64,), "uint8", "amx_config", scope="local")
     stmts: list[Any] = [tirx.BufferStore(config, tirx.const(0, "uint8"), [i]) for i in range(64)]
@@ -153,25 +169,23 @@ def _amx_body(block: Any) -> Any | None:
     for t in range(8):  # every tile 16 rows of 64 bytes
         stmts.append(tirx.BufferStore(config, tirx.const(_BYTES, "uint8"), [16 + 2 * t]))
         stmts.append(tirx.BufferStore(config, tirx.const(_ROWS, "uint8"), [48 + t]))
-    stmts.append(call("ldtilecfg", config.access_ptr("r")))
+    stmts.append(call("ldtilecfg", tirx.address_of(tirx.BufferLoad(config, [0]))))
     # tiles 0-3 the accumulators (row tile r, column block k), 4-5 A's rows, 6-7 B's blocks
-    accumulators = [(r, k) for r in range(row_tiles) for k in range(blocks)]
-    c_at = {(r, k): c0 + r * _ROWS * c_row + k * 16 for r, k in accumulators}
+    accumulators = [(r, k) for r in range(rows // _ROWS) for k in range(blocks)]
     for r, k in accumulators:
-        stmts.append(move("tileloadd64", 2 * r + k, c_buffer, c_at[r, k], 4 * c_row))
-    step = tirx.Var("step", "int32")
+        if zeroed:
+            stmts.append(call("tilezero", tile(2 * r + k)))
+        else:
+            stmts.append(move("tileloadd64", 2 * r + k, _address(c, c_at(r, k)), c_row))
     inner = [
-        move("tileloadd64", 4 + r, a_buffer, a0 + r * _ROWS * a_row + step * _BYTES, a_row)
-        for r in range(row_tiles)
+        move("tileloadd64", 4 + r, _address(a, {-3: r * _ROWS, -2: step * _ROWS}), a_row)
+        for r in range(rows // _ROWS)
     ]
-    inner += [
-        move("tileloadd64", 6 + k, b_buffer, b0 + k * b_block + step * b_step, b_stride)
-        for k in range(blocks)
-    ]
+    inner += [move("tileloadd64", 6 + k, _address(b, b_at(k)), b_row) for k in range(blocks)]
     inner += [call(instruction, tile(2 * r + k), tile(4 + r), tile(6 + k)) for r, k in accumulators]
     stmts.append(tirx.For(step, 0, groups // _ROWS, tirx.ForKind.SERIAL, tirx.SeqStmt(inner)))
     for r, k in accumulators:
-        stmts.append(move("tilestored64", 2 * r + k, c_buffer, c_at[r, k], 4 * c_row))
+        stmts.append(move("tilestored64", 2 * r + k, _address(c, c_at(r, k)), c_row))
     stmts.append(call("tilerelease"))
     return tirx.SeqStmt(stmts), config
 

@@ -77,7 +77,7 @@ from typing import Any
 
 from tvm import s_tir, tirx
 
-from umahub.host.amx import AMX_ANNOTATION, has_amx
+from umahub.host.amx import AMX_ANNOTATION, FROM_ZERO, has_amx
 from umahub.plugin.compat import buffer_of
 
 __all__ = [
@@ -550,19 +550,26 @@ def _pointwise(sch: s_tir.Schedule, vnni: bool, amx: bool = False) -> None:
 
 
 def _weight_rows(sch: s_tir.Schedule, dot: Any) -> None:
-    """The packed weight ``[O/16, C/4, 1, 1, 16, 4]`` that ``dot`` reads, copied as
-    rows of its channels ``[O, C/4, 4]``: the rows of AMX's weight tile. A stage at
-    the root that reads a constant, so the build computes it once
-    (:mod:`umahub.host.constant_stages`). Not for ``vpdpbusd``, which broadcasts
-    four bytes of one channel: from the packing, the 16 channels of a step are
-    one cache line (read from rows, mobilenetv2's int8 model took 1.07x the time,
-    Intel Xeon)."""
+    """The packed weight ``[O/16, C/4, 1, 1, 16, 4]`` that ``dot`` reads laid out as
+    rows of its channels ``[O, C/4, 4]`` instead: the rows of AMX's weight tile. The
+    packing itself writes them (``weight_packed``, a block of its own: at compile
+    time for a constant weight, :mod:`umahub.host.prepack`), so the kernel holds
+    one copy of the weight, and the weight's sums read the same rows. (As a copy of
+    the packing, a stage of its own, the weight was held twice, and a copy larger
+    than 64 KiB stopped the kernel's other constant stages being computed at
+    compile time: resnet50's 1x1 convolutions of 512 channels and more summed their
+    weights at every call, 2048 to 512 channels on 7x7 in 0.26 ms, 0.11 after.)
+    Not for ``vpdpbusd``, which broadcasts four bytes of one channel: from the
+    packing, the 16 channels of a step are one cache line (read from rows,
+    mobilenetv2's int8 model took 1.07x the time, Intel Xeon)."""
+    rows = lambda ob, k, y, x, oi, i: (ob * 16 + oi, k + y + x, i)  # noqa: E731 (1x1)
+    if "weight_packed" in _block_names(sch):
+        sch.transform_layout(sch.get_sblock("weight_packed"), ("write", 0), rows)
+        return
     reads = sch.get(dot).reads
     index = next(i for i, r in enumerate(reads) if str(buffer_of(r).dtype) == "int8")
-    rows = sch.cache_read(dot, index, "global")
-    sch.transform_layout(
-        rows, ("write", 0), lambda ob, k, y, x, oi, i: (ob * 16 + oi, k + y + x, i)
-    )
+    copy = sch.cache_read(dot, index, "global", consumer_blocks=[dot])
+    sch.transform_layout(copy, ("write", 0), rows)
 
 
 def _requantize_by_channels(
@@ -671,10 +678,10 @@ def _amx_task(rows: int, blocks: int, columns: int, groups: int) -> tuple[int, i
 
 def _on_tiles(sch: s_tir.Schedule, dot: Any, loop: Any) -> None:
     """The sum ``dot`` under ``loop`` (a task's) marked for AMX
-    (:func:`umahub.host.amx.amx_dot_pass`), its accumulators zeroed before it in vectors."""
-    init = sch.decompose_reduction(dot, loop)
-    sch.vectorize(sch.get_loops(init)[-1])
-    sch.annotate(sch.blockize(loop), AMX_ANNOTATION, 1)
+    (:func:`umahub.host.amx.amx_dot_pass`) as one block, its zeroing included: the
+    tiles start from ``tilezero``. (Zeroed in vectors and loaded, the accumulators
+    cost resnet50's 1x1 convolutions 1.08-1.40x the time, Intel Xeon.)"""
+    sch.annotate(sch.blockize(loop), AMX_ANNOTATION, FROM_ZERO)
 
 
 def _marked_for_amx(sch: s_tir.Schedule) -> bool:
