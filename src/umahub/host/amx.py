@@ -15,10 +15,11 @@ kernel's rate.
 rows are a multiple of 16 and whose reduction is a multiple of 64 bytes tasks
 of up to 32 rows x 32 channels (four int32 tiles, two of input, two of
 weight: the eight registers), and marks each task's sum with
-:data:`AMX_ANNOTATION`; :func:`amx_dot_pass` writes it as tile instructions
-(LLVM's ``llvm.x86.tileloadd64``, ``tdpbusd``, ``tilestored64``): the
-accumulator tiles loaded once, the reduction in steps of 64 bytes, stored
-once.
+:data:`AMX_ANNOTATION` (its zeroing included); :func:`amx_dot_pass` writes it
+as tile instructions (LLVM's ``llvm.x86.tilezero``, ``tileloadd64``,
+``tdpbusd``, ``tilestored64``): the accumulator tiles zeroed, the reduction in
+steps of 64 bytes, the accumulators stored once. A 1x1 convolution's tasks
+likewise (:mod:`umahub.host.int8`).
 
 Linux lets a process use the tile registers only once it asked
 (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``): umahub asks when
