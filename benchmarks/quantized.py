@@ -150,6 +150,7 @@ extra = {}
 if engine != "ort":
     extra["host_schedules"] = compiled.report.host_schedules
     extra["executor"] = compiled.executor_in_use
+    extra["executor_why"] = compiled.executor_why()  # "auto"'s ways and threads, as timed
     extra["partition_schedules"] = sorted(
         {s for p in compiled.report.partitions for s in p.schedule}
     )
