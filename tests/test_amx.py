@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tvm
 from test_int8_schedules import _classifier
-from test_quantized import qconv_graph
+from test_quantized import qconv_graph, reference
 
 import umahub
 from umahub import targets
@@ -113,6 +113,53 @@ def test_an_int8_pointwise_convolution_on_amx_is_bit_for_bit_the_vnni_one(
     out = amx.run(x.astype("uint8"))
     np.testing.assert_array_equal(out, vnni.run(x.astype("uint8")))
     assert len(np.unique(out)) > 16
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    ("channels", "size", "kernel", "stride", "tile"),
+    [
+        ((64, 32), 12, 3, 1, 12),
+        ((64, 48), 9, 5, 1, 9),
+        ((128, 64), 14, 3, 2, 7),
+        ((64, 32), 11, 3, 1, 11),
+    ],
+    ids=["3x3, tasks of 2 rows", "5x5, 16-channel tasks", "3x3 stride 2", "odd rows, 1-row tasks"],
+)
+def test_an_int8_convolution_on_amx_is_bit_for_bit_the_vnni_one(
+    hub, built_asm, channels, size, kernel, stride, tile
+):
+    """A convolution: a tile of a row's positions, each a row of 64 bytes of its
+    window's channels (the input copied channels last), by the weight's blocks, for
+    each tap; strided too (the tile's rows that many positions apart)."""
+    pad = kernel // 2
+    mod, parts = qconv_graph(
+        kernel=kernel, padding=(pad,) * 4, channels=channels, size=size, strides=(stride,) * 2
+    )[:2]
+    amx = hub.compile(mod)
+    (asm,) = [a for a in built_asm if "tdpbusd" in a]
+    assert "tilezero" in asm
+    assert _schedules(amx) == [f"int8 conv2d: amx, {tile}x16 tiles, weights packed at compile time"]
+    x = np.random.default_rng(6).integers(0, 256, size=(1, channels[0], size, size))
+    out = amx.run(x.astype("uint8"))
+    np.testing.assert_array_equal(out, reference(x.astype("uint8"), parts))
+    np.testing.assert_array_equal(out, hub.compile(mod, target=NO_AMX).run(x.astype("uint8")))
+    assert len(np.unique(out)) > 16
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    ("channels", "size"),
+    [((48, 32), 8), ((64, 24), 8), ((64, 32), 3)],
+    ids=["input channels no whole 64-byte steps", "output channels no whole 16", "rows of 3"],
+)
+def test_a_convolution_the_tiles_do_not_fit_keeps_vnni(hub, channels, size):
+    mod, parts = qconv_graph(channels=channels, size=size)[:2]
+    compiled = hub.compile(mod)
+    assert _schedules(compiled) == ["int8 conv2d: vnni, 16x4 dot, weights packed at compile time"]
+    x = np.random.default_rng(7).integers(0, 256, size=(1, channels[0], size, size))
+    x = x.astype("uint8")
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
 @needs_amx

@@ -1,4 +1,4 @@
-"""Intel AMX for the quantized matmul: its byte dot products on the tile unit.
+"""Intel AMX for the quantized matmul and convolutions: byte dot products on the tile unit.
 
 Sapphire Rapids and later Xeons have AMX: eight tile registers of up to 16
 rows of 64 bytes and ``tdpbusd``, which adds to a 16 x 16 int32 tile the
@@ -19,7 +19,9 @@ weight: the eight registers), and marks each task's sum with
 as tile instructions (LLVM's ``llvm.x86.tilezero``, ``tileloadd64``,
 ``tdpbusd``, ``tilestored64``): the accumulator tiles zeroed, the reduction in
 steps of 64 bytes, the accumulators stored once. A 1x1 convolution's tasks
-likewise (:mod:`umahub.host.int8`).
+likewise, and a convolution's (:mod:`umahub.host.int8`): a tile of a row's
+positions, a row of 64 bytes of channels each, from the input copied channels
+last, for every tap of the window.
 
 Linux lets a process use the tile registers only once it asked
 (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``): umahub asks when
@@ -36,7 +38,7 @@ from typing import Any
 
 from umahub.plugin.compat import buffer_of, dtype_of_expr
 
-__all__ = ["AMX_ANNOTATION", "FROM_ZERO", "amx_dot_pass", "amx_permitted", "has_amx"]
+__all__ = ["AMX_ANNOTATION", "AMX_STRIDE", "FROM_ZERO", "amx_dot_pass", "amx_permitted", "has_amx"]
 
 #: The block annotation marking a task's byte dot product for AMX (:func:`amx_dot_pass`):
 #: :data:`FROM_ZERO` where the block is the task's whole sum, its zeroing included,
@@ -47,6 +49,10 @@ AMX_ANNOTATION = "umahub.amx"
 #: TVM has lowered into it by then, and the sum) becomes tile instructions from
 #: ``tilezero``, not from a load of the zeros just stored.
 FROM_ZERO = "from zero"
+
+#: The block annotation giving a convolution's stride along its rows (the positions of
+#: a tile of the input are that many apart); only a convolution's task has it.
+AMX_STRIDE = "umahub.amx_stride"
 
 _SYS_ARCH_PRCTL = 158  # x86-64
 _ARCH_REQ_XCOMP_PERM = 0x1023
@@ -105,13 +111,18 @@ def _address(region: Any, shifts: dict[int, Any] | None = None) -> Any:
 
 def _amx_body(block: Any) -> Any | None:
     """The tile instructions of a marked task (see the module docs), or None where
-    the block is neither form below (it is then left to its loops: the same sums,
-    without AMX).
+    the block is none of the forms below (it is then left to its loops: the same
+    sums, without AMX).
 
     * a matmul, ``C[.., m, nb, 16] += A[.., m, k, 4] * B[nb, k, 16, 4]``: the
       input's rows by the weight's blocks of 16 channels (``tdpbusd``);
     * a 1x1 convolution, ``C[n, o, p] += W[o, k, 4] * X[n, k, p, 4]``: the
-      weight's rows by the input's blocks of 16 positions (``tdpbsud``).
+      weight's rows by the input's blocks of 16 positions (``tdpbsud``);
+    * a convolution, ``C[n, ob, y, x, 16] += X[n, y*s + ky, x*s + kx, k, 4] *
+      W[ob, k, ky, kx, 16, 4]`` (the input copied with each position's channels
+      together, the stride ``s`` in :data:`AMX_STRIDE`): a tile of up to 16 positions
+      of an output row, each a row of 64 bytes of its window's channels, by the
+      weight's blocks, for each tap of the kernel (``tdpbusd``).
 
     The tiles start from ``tilezero`` where the block is a whole sum
     (:data:`FROM_ZERO`), else from the accumulator's values.
@@ -121,38 +132,59 @@ def _amx_body(block: Any) -> Any | None:
     writes = list(block.writes)
     if len(writes) != 1:
         return None
-    zeroed = str(block.annotations[AMX_ANNOTATION]) == FROM_ZERO
     c = writes[0]
     c_buffer = buffer_of(c)
     reads = {str(buffer_of(r).dtype): r for r in block.reads if not buffer_of(r).same_as(c_buffer)}
     unsigned, signed = reads.get("uint8"), reads.get("int8")
     if unsigned is None or signed is None or str(c_buffer.dtype) != "int32":
         return None
-    step = tirx.Var("step", dtype_of_expr(c.region[0].min))
-    # where tile (row tile r, column block k) of each operand begins: dimension -> shift
-    if len(signed.region) == 4:  # a matmul: the weight's blocks are B
+    shape = lambda region: [int(d) for d in buffer_of(region).shape]  # noqa: E731
+    index_type = dtype_of_expr(c.region[0].min)
+    step = tirx.Var("step", index_type)
+    taps: list[Any] = []  # a convolution's kernel rows and columns
+    # each operand's tile (row tile r, column block k): dimension -> shift from the region
+    if len(signed.region) == 4 and len(c.region) >= 3:  # a matmul: the weight's blocks are B
         a, b, instruction = unsigned, signed, "tdpbusd"
         rows, blocks, lanes = (int(r.extent) for r in c.region[-3:])
+        row_tiles, positions = rows // _ROWS, _ROWS
+        if rows % _ROWS:
+            return None
         c_at = lambda r, k: {-3: r * _ROWS, -2: k}  # noqa: E731
+        a_at = lambda r: {-3: r * _ROWS, -2: step * _ROWS}  # noqa: E731
         b_at = lambda k: {0: k, 1: step * _ROWS}  # noqa: E731
-        c_row = 4 * int(c_buffer.shape[-2]) * int(c_buffer.shape[-1])
-        b_row = _BYTES
+        c_row, a_row, b_row = 4 * shape(c)[-2] * shape(c)[-1], shape(a)[-2] * 4, _BYTES
     elif len(signed.region) == 3 and len(unsigned.region) == 4:  # a 1x1 convolution
         a, b, instruction = signed, unsigned, "tdpbsud"
         rows, columns = (int(r.extent) for r in c.region[-2:])
         blocks, lanes = columns // 16, 16 if columns % 16 == 0 else 0
+        row_tiles, positions = rows // _ROWS, _ROWS
+        if rows % _ROWS:
+            return None
         c_at = lambda r, k: {-2: r * _ROWS, -1: k * 16}  # noqa: E731
+        a_at = lambda r: {-3: r * _ROWS, -2: step * _ROWS}  # noqa: E731
         b_at = lambda k: {-2: k * 16, 1: step * _ROWS}  # noqa: E731
-        c_row = 4 * int(c_buffer.shape[-1])
-        b_row = int(buffer_of(b).shape[-2]) * 4  # a group's positions
+        c_row, a_row, b_row = 4 * shape(c)[-1], shape(a)[-2] * 4, shape(b)[-2] * 4
+    elif len(signed.region) == 6 and len(unsigned.region) == 5 and len(c.region) == 5:
+        a, b, instruction = unsigned, signed, "tdpbusd"  # a convolution, the input's rows A
+        stride = int(block.annotations.get(AMX_STRIDE, 0))
+        _, blocks, row_tiles, positions, lanes = (int(r.extent) for r in c.region)
+        ky, kx = (tirx.Var(name, index_type) for name in ("ky", "kx"))
+        taps = [(ky, int(b.region[2].extent)), (kx, int(b.region[3].extent))]
+        if stride < 1 or positions > _ROWS:
+            return None
+        c_at = lambda r, k: {1: k, 2: r}  # noqa: E731
+        a_at = lambda r: {1: r * stride + ky, 2: kx, 3: step * _ROWS}  # noqa: E731
+        b_at = lambda k: {0: k, 1: step * _ROWS, 2: ky, 3: kx}  # noqa: E731
+        c_row, a_row = 4 * shape(c)[-1], stride * shape(a)[-2] * 4
+        b_row = shape(b)[2] * shape(b)[3] * _BYTES  # a group's weights, every tap apart
     else:
         return None
     groups = int(a.region[-2].extent)
-    if lanes != 16 or rows % _ROWS or blocks not in (1, 2) or rows > 2 * _ROWS:
+    if lanes != 16 or blocks not in (1, 2) or row_tiles not in (1, 2):
         return None
     if groups % _ROWS or int(b.region[1].extent) != groups:
         return None
-    a_row = int(buffer_of(a).shape[-2]) * int(buffer_of(a).shape[-1])  # bytes a row
+    zeroed = str(block.annotations[AMX_ANNOTATION]) == FROM_ZERO
 
     def call(name: str, *args: Any) -> Any:
         return tirx.Evaluate(tirx.call_llvm_intrin("void", f"llvm.x86.{name}", *args))
@@ -164,27 +196,29 @@ def _amx_body(block: Any) -> Any | None:
         """``tileloadd64`` or ``tilestored64`` of tile ``i``, rows ``stride`` bytes apart."""
         return call(name, tile(i), address, tirx.const(stride, "int64"))
 
+    # tiles 0-3 the accumulators (row tile r, column block k), 4-5 A's rows, 6-7 B's blocks:
+    # every tile rows of 64 bytes; B's 16 rows, the others a row a position
     config = tirx.decl_buffer((64,), "uint8", "amx_config", scope="local")
     stmts: list[Any] = [tirx.BufferStore(config, tirx.const(0, "uint8"), [i]) for i in range(64)]
     stmts.append(tirx.BufferStore(config, tirx.const(1, "uint8"), [0]))  # palette 1
-    for t in range(8):  # every tile 16 rows of 64 bytes
+    for t in range(8):
         stmts.append(tirx.BufferStore(config, tirx.const(_BYTES, "uint8"), [16 + 2 * t]))
-        stmts.append(tirx.BufferStore(config, tirx.const(_ROWS, "uint8"), [48 + t]))
+        tile_rows = _ROWS if t >= 6 else positions
+        stmts.append(tirx.BufferStore(config, tirx.const(tile_rows, "uint8"), [48 + t]))
     stmts.append(call("ldtilecfg", tirx.address_of(tirx.BufferLoad(config, [0]))))
-    # tiles 0-3 the accumulators (row tile r, column block k), 4-5 A's rows, 6-7 B's blocks
-    accumulators = [(r, k) for r in range(rows // _ROWS) for k in range(blocks)]
+    accumulators = [(r, k) for r in range(row_tiles) for k in range(blocks)]
     for r, k in accumulators:
         if zeroed:
             stmts.append(call("tilezero", tile(2 * r + k)))
         else:
             stmts.append(move("tileloadd64", 2 * r + k, _address(c, c_at(r, k)), c_row))
-    inner = [
-        move("tileloadd64", 4 + r, _address(a, {-3: r * _ROWS, -2: step * _ROWS}), a_row)
-        for r in range(rows // _ROWS)
-    ]
+    inner = [move("tileloadd64", 4 + r, _address(a, a_at(r)), a_row) for r in range(row_tiles)]
     inner += [move("tileloadd64", 6 + k, _address(b, b_at(k)), b_row) for k in range(blocks)]
     inner += [call(instruction, tile(2 * r + k), tile(4 + r), tile(6 + k)) for r, k in accumulators]
-    stmts.append(tirx.For(step, 0, groups // _ROWS, tirx.ForKind.SERIAL, tirx.SeqStmt(inner)))
+    loop: Any = tirx.For(step, 0, groups // _ROWS, tirx.ForKind.SERIAL, tirx.SeqStmt(inner))
+    for var, extent in reversed(taps):
+        loop = tirx.For(var, 0, extent, tirx.ForKind.SERIAL, loop)
+    stmts.append(loop)
     for r, k in accumulators:
         stmts.append(move("tilestored64", 2 * r + k, _address(c, c_at(r, k)), c_row))
     stmts.append(call("tilerelease"))
@@ -225,7 +259,9 @@ def amx_dot_pass() -> Any:
         def post(node: Any) -> Any:
             if AMX_ANNOTATION not in node.annotations:
                 return node
-            annotations = {k: v for k, v in node.annotations.items() if k != AMX_ANNOTATION}
+            annotations = {
+                k: v for k, v in node.annotations.items() if k not in (AMX_ANNOTATION, AMX_STRIDE)
+            }
             made = _amx_body(node)
             if made is None:
                 body, buffers = node.body, list(node.alloc_buffers)
