@@ -117,24 +117,33 @@ def test_an_int8_pointwise_convolution_on_amx_is_bit_for_bit_the_vnni_one(
 
 @needs_amx
 @pytest.mark.parametrize(
-    ("channels", "size", "kernel", "stride", "tile"),
+    ("channels", "size", "kernel", "strides", "tile"),
     [
-        ((64, 32), 12, 3, 1, 12),
-        ((64, 48), 9, 5, 1, 9),
-        ((128, 64), 14, 3, 2, 7),
-        ((64, 32), 11, 3, 1, 11),
+        ((64, 32), 12, 3, (1, 1), 12),
+        ((64, 48), 9, 5, (1, 1), 9),
+        ((128, 64), 14, 3, (2, 2), 7),
+        ((64, 32), 11, 3, (1, 1), 11),
+        ((64, 32), 12, 3, (2, 1), 12),
     ],
-    ids=["3x3, tasks of 2 rows", "5x5, 16-channel tasks", "3x3 stride 2", "odd rows, 1-row tasks"],
+    ids=[
+        "3x3, tasks of 2 rows",
+        "5x5, 16-channel tasks",
+        "3x3 stride 2",
+        "odd rows, 1-row tasks",
+        "strides 2 down, 1 along",
+    ],
 )
 def test_an_int8_convolution_on_amx_is_bit_for_bit_the_vnni_one(
-    hub, built_asm, channels, size, kernel, stride, tile
+    hub, built_asm, channels, size, kernel, strides, tile
 ):
     """A convolution: a tile of a row's positions, each a row of 64 bytes of its
     window's channels (the input copied channels last), by the weight's blocks, for
-    each tap; strided too (the tile's rows that many positions apart)."""
+    each tap; strided too (the tile's rows that many positions apart, a task's rows
+    the stride down apart: with strides (2, 1) the rows were once a column's stride
+    apart, a wrong answer)."""
     pad = kernel // 2
     mod, parts = qconv_graph(
-        kernel=kernel, padding=(pad,) * 4, channels=channels, size=size, strides=(stride,) * 2
+        kernel=kernel, padding=(pad,) * 4, channels=channels, size=size, strides=strides
     )[:2]
     amx = hub.compile(mod)
     (asm,) = [a for a in built_asm if "tdpbusd" in a]

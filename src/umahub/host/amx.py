@@ -50,8 +50,9 @@ AMX_ANNOTATION = "umahub.amx"
 #: ``tilezero``, not from a load of the zeros just stored.
 FROM_ZERO = "from zero"
 
-#: The block annotation giving a convolution's stride along its rows (the positions of
-#: a tile of the input are that many apart); only a convolution's task has it.
+#: The block annotation giving a convolution's strides ``[down the rows, along them]``
+#: (the rows of a task, and the positions of a tile of the input, are that many apart);
+#: only a convolution's task has it.
 AMX_STRIDE = "umahub.amx_stride"
 
 _SYS_ARCH_PRCTL = 158  # x86-64
@@ -118,9 +119,9 @@ def _amx_body(block: Any) -> Any | None:
       input's rows by the weight's blocks of 16 channels (``tdpbusd``);
     * a 1x1 convolution, ``C[n, o, p] += W[o, k, 4] * X[n, k, p, 4]``: the
       weight's rows by the input's blocks of 16 positions (``tdpbsud``);
-    * a convolution, ``C[n, ob, y, x, 16] += X[n, y*s + ky, x*s + kx, k, 4] *
+    * a convolution, ``C[n, ob, y, x, 16] += X[n, y*sy + ky, x*sx + kx, k, 4] *
       W[ob, k, ky, kx, 16, 4]`` (the input copied with each position's channels
-      together, the stride ``s`` in :data:`AMX_STRIDE`): a tile of up to 16 positions
+      together, the strides in :data:`AMX_STRIDE`): a tile of up to 16 positions
       of an output row, each a row of 64 bytes of its window's channels, by the
       weight's blocks, for each tap of the kernel (``tdpbusd``).
 
@@ -166,14 +167,14 @@ def _amx_body(block: Any) -> Any | None:
         c_row, a_row, b_row = 4 * shape(c)[-1], shape(a)[-2] * 4, shape(b)[-2] * 4
     elif len(signed.region) == 6 and len(unsigned.region) == 5 and len(c.region) == 5:
         a, b, instruction = unsigned, signed, "tdpbusd"  # a convolution, the input's rows A
-        stride = int(block.annotations.get(AMX_STRIDE, 0))
+        row_stride, stride = (int(v) for v in block.annotations.get(AMX_STRIDE, (0, 0)))
         _, blocks, row_tiles, positions, lanes = (int(r.extent) for r in c.region)
         ky, kx = (tirx.Var(name, index_type) for name in ("ky", "kx"))
         taps = [(ky, int(b.region[2].extent)), (kx, int(b.region[3].extent))]
-        if stride < 1 or positions > _ROWS:
+        if min(row_stride, stride) < 1 or positions > _ROWS:
             return None
         c_at = lambda r, k: {1: k, 2: r}  # noqa: E731
-        a_at = lambda r: {1: r * stride + ky, 2: kx, 3: step * _ROWS}  # noqa: E731
+        a_at = lambda r: {1: r * row_stride + ky, 2: kx, 3: step * _ROWS}  # noqa: E731
         b_at = lambda k: {0: k, 1: step * _ROWS, 2: ky, 3: kx}  # noqa: E731
         c_row, a_row = 4 * shape(c)[-1], stride * shape(a)[-2] * 4
         b_row = shape(b)[2] * shape(b)[3] * _BYTES  # a group's weights, every tap apart
