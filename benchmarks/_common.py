@@ -169,11 +169,12 @@ def write(name: str, data: dict[str, Any]) -> Path:
 PAUSE_S = 0.3
 
 
-def serve(run: Callable[[], Any], **info: Any) -> None:
+def serve(run: Callable[[], Any], state: Callable[[], Any] | None = None, **info: Any) -> None:
     """The worker's side of :func:`interleave`: print ``info`` as a ready line, then
     answer each ``time N`` read from stdin with the milliseconds of ``N`` calls of
     ``run`` (after one untimed call: the caches another process used are this one's
-    again) until stdin closes."""
+    again) until stdin closes. ``state``: what the engine says of itself after each
+    round (umahub: how "auto" runs it, which a slow round can change), in the reply."""
     print(json.dumps({"ready": True, **info}), flush=True)
     for line in sys.stdin:
         words = line.split()
@@ -185,7 +186,10 @@ def serve(run: Callable[[], Any], **info: Any) -> None:
             start = time.perf_counter()
             run()
             times.append((time.perf_counter() - start) * 1e3)
-        print(json.dumps({"times_ms": times}), flush=True)
+        reply: dict[str, Any] = {"times_ms": times}
+        if state is not None:
+            reply["state"] = state()
+        print(json.dumps(reply), flush=True)
 
 
 class _Worker:
@@ -250,7 +254,9 @@ def interleave(
     their own period of it.
 
     Each engine's result: what its ready line said, ``ms`` (the median of its
-    rounds' medians), ``round_ms`` (each round's median) and ``min_ms``; or
+    rounds' medians), ``round_ms`` (each round's median), ``round_state`` (what the
+    engine said of itself after each round, where :func:`serve` was given ``state``)
+    and ``min_ms``; or
     ``{"error": ...}``. :func:`paired_ratio` compares two engines round by round.
     """
     started: dict[str, _Worker] = {}
@@ -277,6 +283,8 @@ def interleave(
                     results[name] = got
                     continue
                 results[name]["round_ms"].append(statistics.median(got["times_ms"]))
+                if "state" in got:  # each round's, where the engine reports one
+                    results[name].setdefault("round_state", []).append(got["state"])
                 results[name]["min_ms"] = min(results[name]["min_ms"], *got["times_ms"])
                 time.sleep(PAUSE_S)
     finally:

@@ -154,7 +154,9 @@ if engine != "ort":
     extra["partition_schedules"] = sorted(
         {s for p in compiled.report.partitions for s in p.schedule}
     )
-serve(run, compile_s=compile_s, **extra)
+# after each round, how "auto" runs it (a slow round can have it time its ways again)
+state = None if engine == "ort" else compiled.executor_why
+serve(run, state=state, compile_s=compile_s, **extra)
 """
 
 

@@ -84,3 +84,23 @@ def test_paired_ratio_divides_round_by_round():
     b = {"round_ms": [1.0, 2.0, 1.0]}
     assert _common.paired_ratio(a, b) == 2.0
     assert _common.paired_ratio(a, {"round_ms": [1.0]}) is None
+
+
+def test_a_workers_state_after_each_round_is_kept_round_by_round(tmp_path, quick):
+    """What an engine says of itself after each round (umahub: how "auto" runs it),
+    so that a slow round can be told from a change of the engine's mind."""
+    counting = r"""
+import sys
+from _common import serve
+calls = []
+serve(lambda: calls.append(1), state=lambda: f"{len(calls)} calls")
+"""
+    env = _common.worker_env(1)
+    workers = {
+        "counting": (counting, [], env),
+        "silent": (_SLEEPER, ["silent", "0", str(tmp_path / "log")], env),
+    }
+    results = _common.interleave(workers, rounds=3, repeat=2)
+    # each turn one untimed call and two timed
+    assert results["counting"]["round_state"] == ["3 calls", "6 calls", "9 calls"]
+    assert "round_state" not in results["silent"]
