@@ -833,8 +833,10 @@ def schedule_int8(
 
     Args:
         sch: a schedule of one PrimFunc (``main``), as TE and ``FuseTIR`` made it.
-        target: what it is built for (None: this machine): ``vpdpbusd`` where
-            it has AVX-512 VNNI, the exact int32 fallback elsewhere.
+        target: what it is built for (None: this machine): AMX's tiles for a
+            matmul or convolution they fit where it has AMX and is this machine
+            (:func:`umahub.host.amx.has_amx`), ``vpdpbusd`` where it has AVX-512
+            VNNI, the exact int32 fallback elsewhere.
         weights: indices of the parameters that are constants
             (``CompileContext.weights``): a weight packed in the kernel is
             then packed at compile time.
