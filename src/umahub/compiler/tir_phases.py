@@ -79,7 +79,7 @@ def _stretches(config: Any) -> list[list[Any]]:
         _p("LiftThreadBinding"),
         _p("ManifestSharedMemoryLocalStage"),
         _p("CompactBufferAllocation"),
-        amx_dot_pass(),  # umahub's: the int8 matmul's AMX tasks (on the buffers as compacted)
+        amx_dot_pass(),  # umahub's: the int8 kernels' AMX tasks (on the buffers as compacted)
         _p("LowerAutoCopy"),
         _p("UnifyThreadBinding"),
         _p("LowerMatchBuffer"),

@@ -555,6 +555,12 @@ def _window_steps(sch: s_tir.Schedule, dot: Any) -> tuple[tuple[int, int], tuple
     return (moved(2), moved(6)), (moved(3), moved(7))
 
 
+def _tile_positions(width: int) -> int:
+    """An AMX convolution tile's positions (its rows): the largest divisor of the output
+    row's ``width`` up to 16."""
+    return _divisor_at_most(width, 16)
+
+
 def _conv_fits_tiles(sch: s_tir.Schedule) -> bool:
     """Whether a convolution fits AMX's tiles (:func:`_conv_on_tiles`): its channel
     groups whole 64-byte steps, its output channels whole blocks of 16, its kernel
@@ -564,7 +570,7 @@ def _conv_fits_tiles(sch: s_tir.Schedule) -> bool:
     channels = int(sch.get(sch.get_loops(sch.get_sblock("requantized"))[1]).extent)
     (_, row_dilation), (_, dilation) = _window_steps(sch, dot)
     fits = groups % 16 == 0 and channels % 16 == 0 and dilation == row_dilation == 1
-    return fits and _divisor_at_most(width, 16) >= 4
+    return fits and _tile_positions(width) >= 4
 
 
 def _channels_last(sch: s_tir.Schedule) -> None:
@@ -588,7 +594,7 @@ def _conv_on_tiles(sch: s_tir.Schedule) -> None:
     channels = int(sch.get(o).extent)
     o0, o1 = sch.split(o, [None, 32 if channels % 32 == 0 else 16])
     y0, y1 = sch.split(y, [None, 2 if height % 2 == 0 else 1])
-    x0, x1 = sch.split(x, [None, _divisor_at_most(width, 16)])
+    x0, x1 = sch.split(x, [None, _tile_positions(width)])
     sch.reorder(n, o0, y0, x0, o1, y1, x1)
     tile = _parallel_tile(sch, n, o0, y0, x0)
     sch.compute_at(dot, tile, preserve_unit_loops=True)
@@ -866,17 +872,17 @@ def schedule_int8(
             (_flat_depthwise if kind == "flat depthwise" else _depthwise)(s)
             _tail(s, target, tables)
             return False
-        on_tiles = amx and (tile is not _conv or _conv_fits_tiles(s))
-        if tile is _conv and on_tiles:
+        channels_last = tile is _conv and amx and _conv_fits_tiles(s)
+        if channels_last:  # the AMX convolution's copy: before its stage is scheduled
             _channels_last(s)
-        packed_here = _side_stages(s, weights, channels_last=tile is _conv and on_tiles)
-        tile(s, vnni, on_tiles)
+        packed_here = _side_stages(s, weights, channels_last)
+        tile(s, vnni, amx and (tile is not _conv or channels_last))
         _tail(s, target, tables)
         return packed_here
 
     tile_rows = 16  # an AMX tile's rows, for the report: a convolution's, a row's positions
     if kind == "conv2d":
-        tile_rows = _divisor_at_most(_extents(sch, sch.get_loops(sch.get_sblock("dot")))[3], 16)
+        tile_rows = _tile_positions(_extents(sch, sch.get_loops(sch.get_sblock("dot")))[3])
     sums = ""  # a depthwise's sums' type, for the report
     if kind in ("depthwise", "flat depthwise"):
         acc = sch.get_sblock("acc_flat" if kind == "flat depthwise" else "acc")
