@@ -78,6 +78,41 @@ def test_an_int8_matmul_on_amx_is_bit_for_bit_the_vnni_one(hub, built_asm, rows,
     assert len(np.unique(out)) > 16
 
 
+#: A CPU with AMX as LLVM names it: a build for it on any x86-64 machine (not run).
+SAPPHIRE_RAPIDS = {"kind": "llvm", "mcpu": "sapphirerapids"}
+
+
+@pytest.mark.skipif(targets.this_machine() != "x86_64", reason="the build is for x86-64")
+@pytest.mark.parametrize(
+    ("graph", "said", "instruction"),
+    [
+        ("matmul", "int8 matmul: amx, 16x16 tiles", "tdpbusd"),
+        ("1x1", "int8 conv2d 1x1: amx, 16x16 tiles", "tdpbsud"),
+        ("3x3", "int8 conv2d: amx, 8x16 tiles", "tdpbusd"),
+    ],
+)
+def test_the_amx_kernels_build_on_any_x86_machine(
+    monkeypatch, hub, built_asm, graph, said, instruction
+):
+    """The schedules and the tile pass, where the tests above skip (a CPU without AMX,
+    as the AMD EPYC): a build for a Sapphire Rapids, as if this machine were one, gives
+    the tile instructions and the report's words; it is not run."""
+    from umahub.host import int8
+
+    monkeypatch.setattr(int8, "has_amx", lambda target=None: True)
+    if graph == "matmul":
+        mod, _ = _classifier(32, depth=128, rows=32)
+    else:
+        kernel = 1 if graph == "1x1" else 3
+        mod, _ = qconv_graph(kernel=kernel, padding=(kernel // 2,) * 4, channels=(64, 32), size=8)[
+            :2
+        ]
+    compiled = hub.compile(mod, target=SAPPHIRE_RAPIDS)
+    assert _schedules(compiled) == [f"{said}, weights packed at compile time"]
+    (asm,) = [a for a in built_asm if instruction in a]
+    assert "ldtilecfg" in asm and "tilezero" in asm and "tilestored" in asm
+
+
 @needs_amx
 @pytest.mark.parametrize(
     ("rows", "depth"), [(1, 128), (32, 96)], ids=["one row", "depth no multiple of 64"]
