@@ -154,7 +154,7 @@ if engine != "ort":
     extra["partition_schedules"] = sorted(
         {s for p in compiled.report.partitions for s in p.schedule}
     )
-# after each round, how "auto" runs it (a slow round can have it time its ways again)
+# after each round, how "auto" runs it (a slow round can have it check its other ways)
 state = None if engine == "ort" else compiled.executor_why
 serve(run, state=state, compile_s=compile_s, **extra)
 """

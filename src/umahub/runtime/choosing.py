@@ -23,22 +23,29 @@ the choice is checked while the model runs, in two ways:
 
 * the chosen way against its own times, after each run of :data:`AUTO_WATCH`
   of its calls: when the run's median is :data:`AUTO_CHANGE` times its usual
-  time, or that much under it, and the run before was so too, every way is
-  timed again, at once. A change must last
-  (:data:`AUTO_PERSIST` runs of calls) because timing every way again costs
-  calls on the slower ways: beside a neighbour whose load comes and goes, a
-  few slow calls at a time would have the trials run again and again. Its
-  usual time is the lower of its median in the trials and the median of its
-  first calls once chosen: the trials are a process's first calls, in short
-  blocks between other ways, and the VM on several threads can run slower
-  there than it does once it runs alone (the torchvision MobileNetV3-Small
-  on a 2-core AMD EPYC: 2.5-3.3 ms in its first calls, 1.7-2.0 ms after),
-  which would read as the machine getting quieter and set off the trials
-  again;
+  time, or that much under it, and the run before was so too, every other
+  way is checked at once (one block each, back to back), and the new time is
+  its usual one from then on. A change must last (:data:`AUTO_PERSIST` runs
+  of calls): beside a neighbour whose load comes and goes, a few slow calls
+  at a time would have the checks run again and again. The checks, not the
+  trials again: timing every way again in :data:`AUTO_TRIALS` blocks each put
+  a dozen calls on every slower way, where a way that lost the trials by 2x
+  (the concurrent executor of a model on one device) could only cost; a
+  check costs one block, and a way now faster wins its checks and is
+  switched to (below). Its usual time is the lower of its median in the
+  trials and the median of its first calls once chosen: the trials are a
+  process's first calls, in short blocks between other ways, and the VM on
+  several threads can run slower there than it does once it runs alone (the
+  torchvision MobileNetV3-Small on a 2-core AMD EPYC: 2.5-3.3 ms in its
+  first calls, 1.7-2.0 ms after), which would read as the machine getting
+  quieter;
 * now and then a block runs on another way, and when one beats the median of
   the chosen way's recent calls by the margin :data:`AUTO_SWITCH` checks in a
-  row, "auto" switches to it. Each way has its own wait: its first check comes
-  :data:`AUTO_RECHECK` calls after the choice; each check it lost by more
+  row, "auto" switches to it. Each way has its own wait: the first check of
+  the first other way comes :data:`AUTO_RECHECK` calls after the choice, of
+  the next :data:`AUTO_RECHECK` calls after that (one slower block at a
+  time, not two or three back to back: a run of slow calls is what a user
+  timing the model sees, and what moves a median); each check it lost by more
   than the margin (it ran that much slower than the chosen way) doubles its
   wait, up to :data:`AUTO_RECHECK_MAX` calls, so that checking a way many
   times slower costs next to nothing; any other check brings its wait back to
@@ -104,10 +111,10 @@ AUTO_SWITCH = 3
 #: Calls of the chosen way whose median is compared with its usual time.
 AUTO_WATCH = 5
 #: Runs of :data:`AUTO_WATCH` calls in a row whose medians must all be off by
-#: :data:`AUTO_CHANGE` (the same way) for "auto" to time every way again.
+#: :data:`AUTO_CHANGE` (the same way) for "auto" to check every other way at once.
 AUTO_PERSIST = 2
 #: How many times slower (or faster) than its usual time the chosen way must run
-#: for "auto" to time every way again.
+#: for "auto" to check every other way at once.
 AUTO_CHANGE = 1.5
 #: Calls of the chosen way kept: a check is compared with their median, and
 #: :meth:`ExecutorChoice._watch` looks at them in runs of :data:`AUTO_WATCH`.
@@ -177,7 +184,7 @@ class ExecutorChoice:
         self._first_due = 0  # the earliest of them (what every call compares with)
         self._own = 0  # calls of the chosen way recorded since it was chosen
         self._usual = 0.0  # the chosen way's usual time (the module's docstring)
-        self._again = ""  # why the trials run again, "" the first time
+        self._chose_why = ""  # why the chosen way is chosen, without a change since
         self._reason = reason
         self.chosen = ""
         self.why = ""
@@ -235,8 +242,8 @@ class ExecutorChoice:
                 self._watch()
 
     def _watch(self) -> None:
-        """Time every way again when the chosen way's own calls moved far from its usual
-        time, and stayed there (the machine got busy, or quiet)."""
+        """Check every other way at once when the chosen way's own calls moved far from
+        its usual time, and stayed there (the machine got busy, or quiet)."""
         kept = list(self._recent)
         if len(kept) < AUTO_WATCH * AUTO_PERSIST:
             return
@@ -247,15 +254,17 @@ class ExecutorChoice:
         if not (slower or faster):
             return
         watched = AUTO_WATCH * AUTO_PERSIST
-        self._again = (
-            f"at call {self._calls}, {self.ways[self.chosen]} took "
-            f"{_ms(statistics.median(kept[-watched:]))} (the median of its last {watched} "
-            f"calls) against its usual {_ms(self._usual)}, "
-            f"{'slower' if slower else 'faster'} by over {AUTO_CHANGE:g}x in each run of "
-            f"{AUTO_WATCH} of them"
+        now = statistics.median(kept[-watched:])
+        self.why = (
+            f"{self._chose_why}; at call {self._calls}, {self.ways[self.chosen]} took "
+            f"{_ms(now)} (the median of its last {watched} calls) against its usual "
+            f"{_ms(self._usual)}, {'slower' if slower else 'faster'} by over {AUTO_CHANGE:g}x "
+            f"in each run of {AUTO_WATCH} of them: every other way checked at once"
         )
-        self.chosen = ""
-        self._trials = {way: [] for way in self.ways}
+        self._usual, self._wins = now, {}
+        for way in self._due:
+            self._wait[way] = AUTO_RECHECK
+            self._set_due(way, self._calls + 1)
 
     def _block_done(self, which: str, seconds: float) -> None:
         if not self.chosen:
@@ -273,7 +282,7 @@ class ExecutorChoice:
         self._wait[which] = min(2 * self._wait[which], AUTO_RECHECK_MAX) if slower else AUTO_RECHECK
         self._set_due(which, self._calls + (AUTO_CONFIRM if won else self._wait[which]))
         if self._wins[which] >= AUTO_SWITCH:
-            self.why = (
+            self._chose_why = self.why = (
                 f"switched at call {self._calls}: {self.ways[which]} took {_ms(seconds)} in "
                 f"{AUTO_SWITCH} checks in a row against {_ms(usual)} for "
                 f"{self.ways[self.chosen]} (the median of its last {len(self._recent)} calls)"
@@ -283,9 +292,10 @@ class ExecutorChoice:
 
     def _chose(self) -> None:
         way, measured = choose(self._trials, self.ways)
-        when = f"timed again ({self._again})" if self._again else "timed on the first calls"
         reason = f" ({self._reason})" if self._reason else ""
-        self.why = f"{when}, in blocks of {AUTO_BLOCK}: {measured}{reason}"
+        self._chose_why = self.why = (
+            f"timed on the first calls, in blocks of {AUTO_BLOCK}: {measured}{reason}"
+        )
         self._usual = statistics.median(self._trials[way])
         self._chosen(way)
 
@@ -295,13 +305,12 @@ class ExecutorChoice:
         self._own = 0
         others = [w for w in self.ways if w != way]
         self._wait = dict.fromkeys(others, AUTO_RECHECK)
-        self._due = dict.fromkeys(others, self._calls + AUTO_RECHECK)
-        self._first_due = self._calls + AUTO_RECHECK
+        self._due = {w: self._calls + (i + 1) * AUTO_RECHECK for i, w in enumerate(others)}
+        self._first_due = min(self._due.values())
 
     def progress(self) -> str:
         """How far the trials are, for a "not chosen yet" message."""
         with self._lock:
             done = sum(len(t) for t in self._trials.values())
-            again = f", again ({self._again})" if self._again else ""
         total = len(self.ways) * AUTO_TRIALS
-        return f"timing {len(self.ways)} ways{again}: {done} of {total} blocks of calls timed"
+        return f"timing {len(self.ways)} ways: {done} of {total} blocks of calls timed"

@@ -549,7 +549,7 @@ class Running:
         runs on the concurrent executor, and a model timed then looks slower (or
         faster) than it will run.
         """
-        runs, most = 0, at_least + 2 * AUTO_TRIAL_CALLS  # the trials, perhaps timed again
+        runs, most = 0, at_least + AUTO_TRIAL_CALLS
         while runs < at_least or (self._executors.resolve(executor) == "auto" and runs < most):
             self.run(*arrays, executor=executor)
             runs += 1
