@@ -350,10 +350,58 @@ def test_a_pointwise_convolutions_tiles_read_the_smaller_operand_again(
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
-@pytest.mark.parametrize("options", [{"strides": (2, 2), "size": 30}], ids=["stride 2"])
-def test_the_host_leaves_strided_narrow_depthwise_convolutions_to_its_generic_rules(
+#: Depthwise convolutions whose columns step by 2: their taps summed in pairs
+PAIRED = {
+    "uint8 input, relu": {},
+    "int8 input, asymmetric weights, clip": {
+        "x_dtype": "int8",
+        "x_zp": -3,
+        "w_zp": 5,
+        "activation": "clip",
+    },
+    "uneven padding, float bias": {"padding": (0, 1, 2, 1), "bias": "float"},
+    "5x5: a pair's second weight 0": {"kernel": 5, "padding": (2, 2, 2, 2)},
+    "rows a step of 3 apart, dilated 2": {"strides": (3, 2), "dilation": (2, 1), "size": 23},
+    "rows a step of 1 apart, 9 columns": {"strides": (1, 2), "size": 17, "padding": (1, 1, 1, 0)},
+}
+
+
+@pytest.mark.parametrize(
+    "target", [pytest.param(VNNI, marks=needs_vnni), NO_VNNI], ids=["vnni", "fallback"]
+)
+@pytest.mark.parametrize("case", PAIRED)
+def test_a_depthwise_convolution_with_columns_two_apart_sums_its_taps_in_pairs(
+    host_hub, built_asm, case, target
+):
+    """Each pair of a kernel row's taps reads two consecutive bytes for each of 16
+    consecutive outputs (32 bytes of the padded plane): one ``vpdpwssd``, exact; the
+    outputs of a row past its whole vectors computed and dropped (rows of 9, 15)."""
+    options = {"channels": (16, 16), "groups": 16, "size": 30, "strides": (2, 2)}
+    options.update(PAIRED[case])
+    mod, parts = qconv_graph(**options)
+    dtype, size = options.get("x_dtype", "uint8"), options["size"]
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, size, size))
+    x = x.astype(dtype)
+    compiled = host_hub.compile(mod, target=target)
+    how = "vpdpwssd" if target is VNNI else "int32 vectors, 16 lanes (no VNNI)"
+    assert compiled.report.host_schedules == {
+        f"int8 depthwise: {how} over a row's positions, its taps in pairs": 1
+    }
+    assert any("vpdpwssd" in asm for asm in built_asm) == (target is VNNI)
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"strides": (3, 3), "size": 30}, {"strides": (2, 1), "size": 30}],
+    ids=["stride 3", "rows 2 apart, columns 1"],
+)
+def test_the_host_leaves_other_strided_narrow_depthwise_convolutions_to_its_generic_rules(
     host_hub, options
 ):
+    """Strides other than 1 and of columns other than 2 stay in the plain sum, which
+    the host's generic rules run faster than its own schedule."""
     mod, parts = qconv_graph(channels=(16, 16), groups=16, **options)
     size = options["size"]
     x = np.random.default_rng(3).integers(0, 256, size=(1, 16, size, size)).astype("uint8")
@@ -363,7 +411,7 @@ def test_the_host_leaves_strided_narrow_depthwise_convolutions_to_its_generic_ru
 
 
 def test_the_npu_schedules_a_quantized_depthwise_partition():
-    mod, parts = qconv_graph(channels=(16, 16), groups=16, size=12, strides=(2, 2))
+    mod, parts = qconv_graph(channels=(16, 16), groups=16, size=12, strides=(3, 3))
     x = np.random.default_rng(3).integers(0, 256, size=(1, 16, 12, 12)).astype("uint8")
     compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
     (partition,) = compiled.report.partitions

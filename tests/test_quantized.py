@@ -484,9 +484,10 @@ def test_a_dequantize_shared_by_two_convolutions_gives_each_its_own(npu_hub):
         np.testing.assert_array_equal(a, b)
 
 
-def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3, groups=1):
+def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3, groups=1, strides=(1, 1)):
     """``quantize(relu(conv(dq(x), dq(w)) + b + dequantize(r)))``: a residual block's
-    last convolution and its sum, as PyTorch's X86 quantizer fuses them."""
+    last convolution and its sum, as PyTorch's X86 quantizer fuses them (on a 6x6
+    input; ``r`` of the output's shape)."""
     rng = np.random.default_rng(seed)
     w = rng.integers(-127, 128, size=(8, 8 // groups, kernel, kernel)).astype("int8")
     pad = kernel // 2
@@ -494,7 +495,8 @@ def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3, groups=1):
     b = rng.uniform(-1, 1, size=(1, 8, 1, 1)).astype("float32")
     bb = relax.BlockBuilder()
     x = relax.Var("x", TensorType((1, 8, 6, 6), x_dtype))
-    r = relax.Var("r", TensorType((1, 8, 6, 6), "uint8"))
+    out = [(6 + 2 * pad - kernel) // s + 1 for s in strides]
+    r = relax.Var("r", TensorType((1, 8, *out), "uint8"))
     with bb.function("main", [x, r]):
         with bb.dataflow():
             dx = bb.emit(relax.op.dequantize(x, _const(0.05, "float32"), _const(5, x_dtype)))
@@ -506,7 +508,9 @@ def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3, groups=1):
                     axis=0,
                 )
             )
-            y = bb.emit(relax.op.nn.conv2d(dx, dw, padding=(pad,) * 4, groups=groups))
+            y = bb.emit(
+                relax.op.nn.conv2d(dx, dw, strides=strides, padding=(pad,) * 4, groups=groups)
+            )
             y = bb.emit(relax.op.add(y, _const(b, "float32")))
             dr = bb.emit(relax.op.dequantize(r, _const(0.04, "float32"), _const(9, "uint8")))
             y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, dr))))
@@ -516,7 +520,7 @@ def qconv_residual_graph(seed=0, x_dtype="uint8", kernel=3, groups=1):
             out = bb.emit_output(q)
         bb.emit_func_output(out)
     parts = dict(w=w, w_scale=w_scale, w_zp=np.zeros(8, "int8"), x_scale=np.float32(0.05))
-    parts.update(x_zp=5, y_scale=np.float32(0.1), y_zp=2, groups=groups, strides=(1, 1))
+    parts.update(x_zp=5, y_scale=np.float32(0.1), y_zp=2, groups=groups, strides=strides)
     parts.update(padding=(pad,) * 4, dilation=(1, 1), activation="relu")
     units = np.float64(np.float32(0.05)) * w_scale.astype(np.float64)
     parts["bias"] = np.rint(b.reshape(-1).astype(np.float64) / units).astype(np.int64)
@@ -532,10 +536,11 @@ def _residual_reference(x, res, parts):
     kernel, pad = w.shape[2], parts["padding"][0]
     xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=5)
     xp = xp - 5
-    acc = np.zeros((1, 8, 6, 6), np.int64)
+    (sy, sx), (oh, ow) = parts["strides"], res.shape[2:]
+    acc = np.zeros((1, 8, oh, ow), np.int64)
     for i in range(kernel):
         for j in range(kernel):
-            window = xp[0, :, i : i + 6, j : j + 6]
+            window = xp[0, :, i : i + sy * (oh - 1) + 1 : sy, j : j + sx * (ow - 1) + 1 : sx]
             if parts["groups"] == 1:
                 acc[0] += np.einsum("chw,oc->ohw", window, w[:, :, i, j])
             else:  # depthwise
@@ -558,13 +563,19 @@ def units_multiplier(parts):
 
 
 @pytest.mark.parametrize(
-    "kernel, groups", [(3, 1), (1, 1), (3, 8)], ids=["3x3", "1x1", "3x3 depthwise"]
+    "kernel, groups, strides",
+    [(3, 1, (1, 1)), (1, 1, (1, 1)), (3, 8, (1, 1)), (3, 8, (2, 2))],
+    ids=["3x3", "1x1", "3x3 depthwise", "3x3 depthwise, stride 2"],
 )
-def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub, kernel, groups):
-    # depthwise: the flat form, whose rows run past the output's (residual read clamped)
-    mod, parts = qconv_residual_graph(kernel=kernel, groups=groups)
+def test_a_residual_added_before_the_activation_is_computed_in_integers(
+    npu_hub, kernel, groups, strides
+):
+    # depthwise: the flat form (stride 1) and the paired one (stride 2), whose rows run
+    # past the output's (the residual read clamped)
+    mod, parts = qconv_residual_graph(kernel=kernel, groups=groups, strides=strides)
     x = _input("uint8")[:, :, :6, :6].astype("uint8")
-    res = _input("uint8", seed=4)[:, :, :6, :6].astype("uint8")
+    out = 6 if strides == (1, 1) else 3
+    res = _input("uint8", seed=4)[:, :, :out, :out].astype("uint8")
     lowered, count = lower_quantized(mod)
     assert count == 1
     expected = _residual_reference(x, res, parts)
@@ -576,8 +587,14 @@ def test_a_residual_added_before_the_activation_is_computed_in_integers(npu_hub,
         ("npu:0", "npu.qconv2d_bias_residual_act")
     ]
     if groups > 1:
-        flat = "int8 depthwise: exact float32 sums over the padded plane read flat"
-        assert [p.schedule for p in compiled.report.partitions] == [[flat]]
+        from umahub.host.int8 import has_vnni
+
+        pairs = "vpdpwssd" if has_vnni() else "int32 vectors, 16 lanes (no VNNI)"
+        form = {
+            (1, 1): "exact float32 sums over the padded plane read flat",
+            (2, 2): f"{pairs} over a row's positions, its taps in pairs",
+        }[strides]
+        assert [p.schedule for p in compiled.report.partitions] == [[f"int8 depthwise: {form}"]]
     np.testing.assert_array_equal(compiled.run(x, res), expected)
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "operands",
     "pack_weight_kernel",
     "packed_form",
+    "paired_depthwise",
     "pointwise",
     "pointwise_positions",
     "quantized_in_integers",
@@ -338,6 +339,7 @@ def quantized_kernel(
             prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype))
         )
         wide = not flat and flat_depthwise(op, str(x.dtype))  # rows computed to the pitch
+        paired = not flat and not wide and paired_depthwise(op, str(x.dtype))
         m, k = _requantizer(op, sx, sw, sy, channels)
         # float64 where it is exact, in the one form where it measured faster
         in_double = wide and requantizes_in_double(op, out_dtype)
@@ -353,6 +355,9 @@ def quantized_kernel(
             pitch, rows = flat_plane(out_shape[2], pitch)
             shape = (*out_shape[:2], rows, pitch)
             at = _flat_depthwise_acc(op, x, x_zero, w, zw, shape)
+        elif paired:  # rows of whole vectors, the columns past the output's dropped
+            shape = (*out_shape[:3], _ceil(out_shape[3], BLOCK_O) * BLOCK_O)
+            at, offset = _paired_depthwise_acc(op, x, x_zero, w, zw, shape)
         elif prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
             at, offset = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
         elif conv:
@@ -375,7 +380,7 @@ def quantized_kernel(
             r_zero = at_channel(zr, 0, 1).astype("int64")
 
         def residual_at(i: tuple) -> Any:
-            if wide:  # past the rows: the last one; past a row: its last column
+            if wide or paired:  # past the rows: the last one; past a row: its last column
                 row, column = (tirx.min(i[d], out_shape[d] - 1) for d in (2, 3))
                 return r[i[0], i[1], row, column]
             if not flat:
@@ -404,7 +409,7 @@ def quantized_kernel(
             return requantized(p, k[o], zero, low, high, out_dtype)
 
         result = te.compute(shape, out, name="requantized")
-        if wide:
+        if wide or paired:
             return te.compute(out_shape, lambda *i: result[i], name="unflattened")
         if not flat:
             return result
@@ -435,17 +440,34 @@ def flat_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
     """Whether ``op`` is a depthwise convolution of stride 1 on 8-bit integers: the
     plain sum then runs over the padded input plane read as one flat row
     (:func:`_flat_depthwise_acc`)."""
+    return _depthwise_of_bytes(op, x_dtype) and all(int(s) == 1 for s in op.call.attrs.strides)
+
+
+def paired_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
+    """Whether ``op`` is a depthwise convolution of 8-bit integers whose columns step
+    by 2, undilated: its sum then takes the input's bytes two taps at a time
+    (:func:`_paired_depthwise_acc`)."""
+    attrs = op.call.attrs
+    return (
+        _depthwise_of_bytes(op, x_dtype)
+        and int(attrs.strides[1]) == 2
+        and int(attrs.dilation[1]) == 1
+        and dtype_of(op.exprs["weight"]) in ("uint8", "int8")
+    )
+
+
+def _depthwise_of_bytes(op: QuantizedOperator, x_dtype: str) -> bool:
+    """Whether ``op`` is a depthwise convolution (one input channel per output
+    channel) of an 8-bit input."""
     if op.kind != "conv2d" or x_dtype not in ("uint8", "int8"):
         return False
-    attrs = op.call.attrs
     w_shape = shape_of(op.call.args[1])
     x_shape = shape_of(op.call.args[0])
     return (
         w_shape is not None
         and x_shape is not None
         and int(w_shape[1]) == 1
-        and int(attrs.groups) == int(x_shape[1]) == int(w_shape[0])
-        and all(int(s) == 1 for s in attrs.strides)
+        and int(op.call.attrs.groups) == int(x_shape[1]) == int(w_shape[0])
     )
 
 
@@ -511,6 +533,67 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape):
 
     total = te.compute((n, c, shape[2] * pitch), acc, name="acc_flat")
     return lambda i: total[i[0], i[1], i[2] * pitch + i[3]].astype("int32")
+
+
+def _paired_depthwise_acc(op, x, x_zero, w, zw, shape):
+    """A depthwise convolution whose columns step by 2 (:func:`paired_depthwise`), its
+    sum over the input's raw bytes two taps of a kernel row at a time, and the
+    accumulator's per-channel term, as :func:`_packed_acc` gives them.
+
+    Output column ``x`` reads padded columns ``2x + kx``: taps ``2j`` and ``2j + 1``
+    are the two bytes ``2(x + j)`` and ``2(x + j) + 1``, so for 16 consecutive
+    outputs one tap pair is 32 consecutive bytes of the row, each pair an int32 lane
+    of 16-bit values; times the pair of weights broadcast, that is one
+    ``vpdpwssd`` (AVX-512 VNNI) for 32 multiply-adds, exact (a byte times a weight
+    less its zero point fits 16 bits, two of them 32). An odd kernel width pairs its
+    last tap with a weight of 0. The plane is padded with the input's zero point
+    (``x' + zp`` everywhere), so the sum exceeds the exact one by ``zp * sum(w')``
+    per channel: the term returned. ``shape``'s rows are whole vectors of 16
+    positions (the kernel drops those past the output's); the plane is read as
+    bytes, where the plain form's copy converts every byte to a float.
+    """
+    attrs = op.call.attrs
+    sh, dh = int(attrs.strides[0]), int(attrs.dilation[0])
+    top, left, _, _ = (int(p) for p in attrs.padding)
+    n, c, h, wd = (int(d) for d in x.shape)
+    _, _, kh, kw = (int(d) for d in w.shape)
+    oh, width = shape[2], shape[3]
+    pairs = _ceil(kw, 2)
+    fill = x_zero.astype(str(x.dtype))
+
+    def padded(b: Any, ch: Any, i: Any, j: Any) -> Any:
+        inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left)
+        return tirx.if_then_else(inside, x[b, ch, i - top, j - left], fill)
+
+    rows, columns = (oh - 1) * sh + (kh - 1) * dh + 1, 2 * width + 2 * pairs - 2
+    xp = te.compute((n, c, rows, columns), padded, name="pad_zero_point")
+
+    def weight_pair(o: Any, ry: Any, j: Any, e: Any) -> Any:
+        kx = 2 * j + e
+        less = w[o, 0, ry, tirx.min(kx, kw - 1)].astype("int32")
+        less = less - at_channel(zw, o, c).astype("int32")
+        return tirx.Select(kx < kw, less, tirx.const(0, "int32")).astype("int16")
+
+    wp = te.compute((c, kh, pairs, 2), weight_pair, name="weight_pairs")
+    ry, rj, re = (
+        te.reduce_axis((0, d), name) for d, name in ((kh, "ry"), (pairs, "rj"), (2, "re"))
+    )
+
+    sy, sj, se = (
+        te.reduce_axis((0, d), name) for d, name in ((kh, "sy"), (pairs, "sj"), (2, "se"))
+    )
+    sums = te.compute(
+        (c,),
+        lambda o: te.sum(wp[o, sy, sj, se].astype("int32"), axis=[sy, sj, se]),
+        name="weight_pair_sum",
+    )
+
+    def acc(b: Any, o: Any, y: Any, xx: Any) -> Any:
+        data = xp[b, o, y * sh + ry * dh, 2 * xx + 2 * rj + re].astype("int16").astype("int32")
+        return te.sum(data * wp[o, ry, rj, re].astype("int32"), axis=[ry, rj, re])
+
+    total = te.compute((n, c, oh, width), acc, name="acc_pairs")
+    return (lambda i: total[i]), (lambda o: -x_zero * sums[o])
 
 
 #: Positions of a flat depthwise tile of several rows: 8 vectors of 16, the sums
