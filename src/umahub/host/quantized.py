@@ -575,10 +575,6 @@ def _paired_depthwise_acc(op, x, x_zero, w, zw, shape):
         return tirx.Select(kx < kw, less, tirx.const(0, "int32")).astype("int16")
 
     wp = te.compute((c, kh, pairs, 2), weight_pair, name="weight_pairs")
-    ry, rj, re = (
-        te.reduce_axis((0, d), name) for d, name in ((kh, "ry"), (pairs, "rj"), (2, "re"))
-    )
-
     sy, sj, se = (
         te.reduce_axis((0, d), name) for d, name in ((kh, "sy"), (pairs, "sj"), (2, "se"))
     )
@@ -586,6 +582,9 @@ def _paired_depthwise_acc(op, x, x_zero, w, zw, shape):
         (c,),
         lambda o: te.sum(wp[o, sy, sj, se].astype("int32"), axis=[sy, sj, se]),
         name="weight_pair_sum",
+    )
+    ry, rj, re = (
+        te.reduce_axis((0, d), name) for d, name in ((kh, "ry"), (pairs, "rj"), (2, "re"))
     )
 
     def acc(b: Any, o: Any, y: Any, xx: Any) -> Any:
