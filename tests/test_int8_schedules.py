@@ -19,8 +19,13 @@ from test_quantized import _matmul_reference, qconv_graph, qmatmul_graph, refere
 
 import umahub
 from umahub.host.int8 import has_vnni
-from umahub.host.quantized import flat_plane, flat_tile_rows, pointwise_positions
-from umahub.targets import has_feature
+from umahub.host.quantized import (
+    double_pays_in_pointwise,
+    flat_plane,
+    flat_tile_rows,
+    pointwise_positions,
+)
+from umahub.targets import has_feature, host_target, this_machine
 
 VNNI = {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu())}
 NO_VNNI = {"kind": "llvm", "mcpu": "skylake-avx512"}
@@ -436,14 +441,53 @@ def test_the_requantization_multiplies_int32_by_int32(built_asm, kernel):
     the weight's sums) is added after the multiply, scaled by a stage per channel:
     LLVM then multiplies two int32 values into int64 (``vpmuldq``). Added before,
     the int32 sum it widened took a 64-bit multiply (``vpmullq``, 3 micro-ops):
-    MobileNetV2's 1x1 expansions took 1/0.84 the time (Intel Xeon)."""
+    MobileNetV2's 1x1 expansions took 1/0.84 the time (Intel Xeon). A 1x1
+    convolution on a CPU where float64 pays multiplies in float64 instead."""
     padding = (0, 0, 0, 0) if kernel == 1 else (1, 1, 1, 1)
     mod, parts = qconv_graph(x_zp=7, channels=(8, 32), kernel=kernel, padding=padding)
     x = _x({})
     compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
     (asm,) = [a for a in built_asm if "vpdpbusd" in a]
-    assert "vpmuldq" in asm and "vpmullq" not in asm
+    double = kernel == 1 and double_pays_in_pointwise(host_target())
+    assert ("vmulpd" if double else "vpmuldq") in asm and "vpmullq" not in asm
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
+@pytest.mark.parametrize(
+    ("target", "pays"),
+    [
+        ({"kind": "llvm", "mcpu": "sapphirerapids"}, True),
+        ({"kind": "llvm", "mcpu": "skylake-avx512"}, True),
+        ({"kind": "llvm", "mcpu": "znver4"}, False),  # measured slower on the AMD EPYC
+        ({"kind": "llvm", "mcpu": "haswell"}, False),  # no AVX-512: not measured
+        ({"kind": "llvm"}, False),  # no CPU named
+        ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"}, False),
+    ],
+)
+def test_a_pointwise_requantization_is_in_float64_where_the_cpu_runs_it_faster(target, pays):
+    assert double_pays_in_pointwise(target) is pays
+    with tvm.target.Target(target):  # as the build enters the model's target
+        assert double_pays_in_pointwise() is pays
+    assert double_pays_in_pointwise() is False  # no target: the int64 form
+
+
+@pytest.mark.skipif(this_machine() != "x86_64", reason="the build is for x86-64")
+@pytest.mark.parametrize(
+    ("mcpu", "double"), [("sapphirerapids", True), ("znver4", False)], ids=["intel", "amd"]
+)
+def test_a_pointwise_convolution_requantizes_as_its_target_cpu_runs_fastest(
+    built_asm, mcpu, double
+):
+    """The build's target chooses the arithmetic (built, not run: the other CPU's
+    instructions); the integers are the same either way (the tests of the 1x1
+    convolutions above, on this machine's CPU)."""
+    mod, _ = qconv_graph(channels=(16, 32), kernel=1, padding=(0, 0, 0, 0), size=8)
+    hub = umahub.Hub(config={"plugins": ["npu"]}, project_config=False)
+    compiled = hub.compile(mod, target={"kind": "llvm", "mcpu": mcpu})
+    (partition,) = compiled.report.partitions
+    assert partition.schedule[0].startswith("int8 conv2d 1x1: vnni")
+    (asm,) = [a for a in built_asm if "vpdpbusd" in a]
+    assert ("vcvtdq2pd" in asm and "vmulpd" in asm) is double
 
 
 class _BlockRecorder:

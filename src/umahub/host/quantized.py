@@ -53,6 +53,7 @@ from umahub.plugin.quantization import QuantizedOperator, bound_value, describe_
 __all__ = [
     "BLOCK_K",
     "BLOCK_O",
+    "double_pays_in_pointwise",
     "flat_depthwise",
     "flat_plane",
     "flat_tile_rows",
@@ -115,12 +116,16 @@ def requantizes_in_double(op: QuantizedOperator, out_dtype: str) -> bool:
     constants (as the host's are, and a partition's constant parameters). A
     residual keeps the int64 form (its term is shifted in before the rounding).
 
-    Only the flat depthwise form (:func:`flat_depthwise`) takes it: there the
-    kernel is little more than its requantization, and on a 2-core AMD EPYC
-    (Zen 4) it ran 1.6x faster on 112x112 and 56x56 planes, as fast on 14x14
-    and 7x7 ones. In the other forms the float64 vectors (8 lanes to int32's
-    16) cost more than they saved: a strided depthwise up to 1.5x slower, 1x1
-    convolutions up to 1.7x, 3x3 ones from 1.2x faster to 1.8x slower by shape.
+    The flat depthwise form (:func:`flat_depthwise`) takes it: there the kernel
+    is little more than its requantization, and on a 2-core AMD EPYC (Zen 4) it
+    ran 1.6x faster on 112x112 and 56x56 planes, as fast on 14x14 and 7x7 ones.
+    The 1x1 form (:func:`pointwise`) takes it where the CPU runs it faster
+    (:func:`double_pays_in_pointwise`). In the other forms the float64 vectors
+    (8 lanes to int32's 16) cost more than they saved: on the AMD EPYC a strided
+    depthwise up to 1.5x slower, 1x1 convolutions up to 1.7x, 3x3 ones from 1.2x
+    faster to 1.8x slower by shape; on an Intel Xeon a convolution with its
+    channels in the lanes 1.6x slower, the paired depthwise
+    (:func:`paired_depthwise`) 0.88-1.15x.
     """
     import numpy as np
 
@@ -136,6 +141,32 @@ def requantizes_in_double(op: QuantizedOperator, out_dtype: str) -> bool:
         return False
     bits = tvm.DataType(out_dtype).bits
     return bool(np.all(k <= _DOUBLE_BITS - 1 - bits))
+
+
+#: Prefixes of LLVM's names of AMD's x86 CPUs.
+_AMD_CPUS = ("znver", "bdver", "btver", "amdfam", "athlon", "k8", "opteron", "barcelona")
+
+
+def double_pays_in_pointwise(target: Any = None) -> bool:
+    """Whether a 1x1 convolution's requantization (positions in the lanes) runs faster
+    in float64 than in int64 on ``target``'s CPU (None: the ``tvm.target.Target`` of
+    the enclosing ``with``; no target: False, the int64 form).
+
+    The CPUs measured: on an Intel Xeon (Sapphire Rapids, AVX-512) float64 was
+    faster on every 1x1 convolution of MobileNetV2 and ResNet50 tried, 1.01-1.13x
+    (16 -> 96 channels on 112x112: 0.206 -> 0.182 ms; the int8 models 3-4%
+    faster in all); on an AMD EPYC (Zen 4) up to 1.7x slower. So: an x86 CPU with
+    AVX-512 that LLVM does not name as AMD's. The same integers either way
+    (:func:`requantizes_in_double`)."""
+    from umahub.targets import has_feature
+
+    target = target if target is not None else tvm.target.Target.current(allow_none=True)
+    if target is None:
+        return False
+    if not isinstance(target, tvm.target.Target):
+        target = tvm.target.Target(target)
+    mcpu = str(target.attrs.get("mcpu", ""))
+    return bool(mcpu) and not mcpu.startswith(_AMD_CPUS) and has_feature("avx512f", target)
 
 
 def _double_requantizer(m: te.Tensor, k: te.Tensor, channels: int) -> te.Tensor:
@@ -295,7 +326,11 @@ def weight_sum_kernel():
 
 
 def quantized_kernel(
-    op: QuantizedOperator, out_shape: tuple[int, ...], out_dtype: str, prepacked: bool = False
+    op: QuantizedOperator,
+    out_shape: tuple[int, ...],
+    out_dtype: str,
+    prepacked: bool = False,
+    double_pointwise: bool = False,
 ):
     """The TE function computing ``op`` exactly, for ``BlockBuilder.call_te``.
 
@@ -318,6 +353,9 @@ def quantized_kernel(
     ``sum(x')`` term (``window_sum``) exists only where the weight's zero
     points are not known to be 0. Otherwise (grouped convolutions, other
     types) the plain sum, ``acc``.
+
+    ``double_pointwise``: a 1x1 convolution requantizes in float64 where that is
+    exact (:func:`double_pays_in_pointwise` says where to ask for it).
     """
     conv = op.kind == "conv2d"
     channels = out_shape[1] if conv else out_shape[-1]
@@ -341,8 +379,8 @@ def quantized_kernel(
         wide = not flat and flat_depthwise(op, str(x.dtype))  # rows computed to the pitch
         paired = not flat and not wide and paired_depthwise(op, str(x.dtype))
         m, k = _requantizer(op, sx, sw, sy, channels)
-        # float64 where it is exact, in the one form where it measured faster
-        in_double = wide and requantizes_in_double(op, out_dtype)
+        # float64 where it is exact, in the forms where it measured faster
+        in_double = (wide or (flat and double_pointwise)) and requantizes_in_double(op, out_dtype)
         scale = _double_requantizer(m, k, channels) if in_double else None  # else int64
         bias_q = _bias(op, bias, sx, sw, channels) if bias else None
         shape, pitch = out_shape, out_shape[-1]  # pitch: a flat form's positions per row
@@ -970,6 +1008,7 @@ class _Lowerer(relax.PyExprMutator):
         super().__init__(mod)
         self.count = 0
         self.known = known or {}
+        self.double_pointwise = double_pays_in_pointwise()
 
     def _quantization_lookup(self, var: relax.Var) -> Any:
         """A variable's bound value, or the constant a parameter is known to be."""
@@ -1001,7 +1040,9 @@ class _Lowerer(relax.PyExprMutator):
             wp = bb.emit(bb.call_te(pack, args[3], primfunc_name_hint="pack_weight"))
             ws = bb.emit(bb.call_te(weight_sum_kernel(), wp, primfunc_name_hint="weight_sum"))
             args = [*args[:3], wp, ws, *args[4:]]
-        kernel = quantized_kernel(op, out_shape, dtype_of(call), prepacked=packed)
+        kernel = quantized_kernel(
+            op, out_shape, dtype_of(call), prepacked=packed, double_pointwise=self.double_pointwise
+        )
         new = self.builder_.call_te(kernel, *args, primfunc_name_hint=f"q{op.kind}")
         # Opaque to FuseOps (TVM's kOpaque): fused with the float operators after it (a
         # residual block's dequantize, add, ReLU, quantize), LLVM rounds those floats
@@ -1033,7 +1074,10 @@ def lower_quantized(
 
     ``known`` (parameter index of ``main`` -> relax.Constant): parameters whose
     values are known (a partition's constant inputs) where they are a scale or a
-    zero point; the kernel still reads them as parameters.
+    zero point; the kernel still reads them as parameters. The kernels' arithmetic
+    is chosen for the CPU of the enclosing ``with tvm.target.Target`` (umahub's
+    build enters the model's target; without one, the forms that are fastest on
+    most CPUs): the integers are the same on any.
     """
     changed = {}
     lowerer = None

@@ -291,7 +291,10 @@ def umahub_relax_to_tir(
     """Lower one partition from Relax to TIR.
 
     Called once per partition placed on ``accelerator``, in ``lowering-order``.
-    Stops at first non-None result.
+    Stops at first non-None result. Called inside ``with target:``, the
+    ``tvm.target.Target`` the model is built for (``context.target``, else this
+    machine's): TVM's lowering, and :func:`umahub.plugin.default_relax_to_tir`'s
+    quantized kernels, choose by it.
 
     :param accelerator: the accelerator the partition is placed on.
     :param function: the partition, a Relax function holding the composite

@@ -56,6 +56,7 @@ from umahub.plugin.patterns import Unsupported
 from umahub.report.data import program_report
 from umahub.report.report import hooks_that_acted
 from umahub.runtime import devices
+from umahub.targets import host_target
 from umahub.tuning.lookup import PartitionKernel, tuned_partition
 from umahub.tuning.lookup import recording as tuned_kernels
 
@@ -96,11 +97,13 @@ def _lower_one(
     """relax_to_tir -> schedule (tuned, else the hooks') -> tir_passes -> codegen for one
     partition."""
     acc = ctx.accelerator
-    tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
-    default = None
-    if tir_mod is None:
-        tir_mod = default = default_relax_to_tir(func, ctx.symbol, acc.name)
-    else:
+    # the target entered: TVM's lowering, and umahub's quantized kernels, choose by it
+    with _target_of(ctx):
+        tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
+        default = None
+        if tir_mod is None:
+            tir_mod = default = default_relax_to_tir(func, ctx.symbol, acc.name)
+    if default is None:
         _blame(ctx, "umahub_relax_to_tir", checked_relax_to_tir, tir_mod, ctx.symbol, func)
     # a schedule tuned faster than the hooks' (tuning-database), else the hooks'
     finish = functools.partial(_finish, hub, ctx, func, default=default, cc=cc)
@@ -109,6 +112,13 @@ def _lower_one(
     )
     scheduled, said = tuned_partition(kernel) or kernel.schedule_by_hooks()
     return finish(scheduled, said)
+
+
+def _target_of(ctx: CompileContext) -> tvm.target.Target:
+    """The LLVM target the partition is built for: the user's, else this machine's."""
+    if isinstance(ctx.target, tvm.target.Target):
+        return ctx.target
+    return tvm.target.Target(ctx.target if ctx.target is not None else host_target())
 
 
 def _hook_schedule(
