@@ -23,14 +23,20 @@ from umahub.host.quantized import (
     double_pays_in_pointwise,
     flat_plane,
     flat_tile_rows,
+    has_quad_instructions,
     pointwise_positions,
 )
 from umahub.targets import has_feature, host_target, this_machine
 
 VNNI = {"kind": "llvm", "mcpu": str(tvm.target.codegen.llvm_get_system_cpu())}
 NO_VNNI = {"kind": "llvm", "mcpu": "skylake-avx512"}
+#: This CPU without AVX-512 VBMI: the depthwise forms that take one or two taps at a time.
+NO_VBMI = {**VNNI, "mattr": ["-avx512vbmi"]}
 
 needs_vnni = pytest.mark.skipif(not has_vnni(), reason="this CPU has no AVX-512 VNNI")
+needs_quads = pytest.mark.skipif(
+    not has_quad_instructions(host_target()), reason="this CPU has no AVX-512 VBMI and VNNI"
+)
 
 SHAPES = {
     "3x3": {},
@@ -97,7 +103,7 @@ DEPTHWISE = {
 
 
 @pytest.mark.parametrize(
-    "target", [pytest.param(VNNI, marks=needs_vnni), NO_VNNI], ids=["vnni", "fallback"]
+    "target", [pytest.param(NO_VBMI, marks=needs_vnni), NO_VNNI], ids=["vnni", "fallback"]
 )
 @pytest.mark.parametrize("case", DEPTHWISE)
 def test_a_depthwise_convolution_is_exact_over_its_flat_plane(host_hub, case, target):
@@ -182,7 +188,7 @@ def test_a_flat_depthwise_sums_in_whole_512_bit_vectors(built_asm, host_hub):
     (Intel Xeon)."""
     mod, parts = qconv_graph(channels=(16, 16), groups=16, size=7, kernel=5, padding=(2,) * 4)
     x = np.random.default_rng(3).integers(0, 256, size=(1, 16, 7, 7)).astype("uint8")
-    compiled = host_hub.compile(mod)
+    compiled = host_hub.compile(mod, target={"kind": "llvm", "mcpu": "skylake-avx512"})
     (asm,) = [a for a in built_asm if "vfmadd" in a]
     registers = re.findall(r"^\s*vfmadd\w*ps\s.*%([xyz])mm\d+$", asm, re.MULTILINE)
     assert registers and set(registers) == {"z"}
@@ -372,7 +378,7 @@ PAIRED = {
 
 
 @pytest.mark.parametrize(
-    "target", [pytest.param(VNNI, marks=needs_vnni), NO_VNNI], ids=["vnni", "fallback"]
+    "target", [pytest.param(NO_VBMI, marks=needs_vnni), NO_VNNI], ids=["vnni", "fallback"]
 )
 @pytest.mark.parametrize("case", PAIRED)
 def test_a_depthwise_convolution_with_columns_two_apart_sums_its_taps_in_pairs(
@@ -380,7 +386,8 @@ def test_a_depthwise_convolution_with_columns_two_apart_sums_its_taps_in_pairs(
 ):
     """Each pair of a kernel row's taps reads two consecutive bytes for each of 16
     consecutive outputs (32 bytes of the padded plane): one ``vpdpwssd``, exact; the
-    outputs of a row past its whole vectors computed and dropped (rows of 9, 15)."""
+    outputs of a row past its whole vectors computed and dropped (rows of 9, 15).
+    Where the CPU has no VBMI for the four taps' gather (below)."""
     options = {"channels": (16, 16), "groups": 16, "size": 30, "strides": (2, 2)}
     options.update(PAIRED[case])
     mod, parts = qconv_graph(**options)
@@ -389,24 +396,25 @@ def test_a_depthwise_convolution_with_columns_two_apart_sums_its_taps_in_pairs(
     x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, size, size))
     x = x.astype(dtype)
     compiled = host_hub.compile(mod, target=target)
-    how = "vpdpwssd" if target is VNNI else "int32 vectors, 16 lanes (no VNNI)"
+    how = "vpdpwssd" if target is NO_VBMI else "int32 vectors, 16 lanes (no VNNI)"
     assert compiled.report.host_schedules == {
         f"int8 depthwise: {how} over a row's positions, its taps in pairs": 1
     }
-    assert any("vpdpwssd" in asm for asm in built_asm) == (target is VNNI)
+    assert any("vpdpwssd" in asm for asm in built_asm) == (target is NO_VBMI)
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
 @pytest.mark.parametrize(
     "options",
-    [{"strides": (3, 3), "size": 30}, {"strides": (2, 1), "size": 30}],
+    [{"strides": (3, 3), "size": 30, "w_zp": 5}, {"strides": (2, 1), "size": 30, "w_zp": 5}],
     ids=["stride 3", "rows 2 apart, columns 1"],
 )
 def test_the_host_leaves_other_strided_narrow_depthwise_convolutions_to_its_generic_rules(
     host_hub, options
 ):
-    """Strides other than 1 and of columns other than 2 stay in the plain sum, which
-    the host's generic rules run faster than its own schedule."""
+    """Strides other than 1 and of columns other than 2, by weights with zero points
+    (no four taps at a time), stay in the plain sum, which the host's generic rules
+    run faster than its own schedule."""
     mod, parts = qconv_graph(channels=(16, 16), groups=16, **options)
     size = options["size"]
     x = np.random.default_rng(3).integers(0, 256, size=(1, 16, size, size)).astype("uint8")
@@ -415,8 +423,65 @@ def test_the_host_leaves_other_strided_narrow_depthwise_convolutions_to_its_gene
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
+#: Depthwise convolutions by symmetric int8 weights: their taps summed four at a time
+QUADS = {
+    "stride 1": {"strides": (1, 1)},
+    "stride 2": {},
+    "stride 3, rows of 10": {"strides": (3, 3)},
+    "stride 4, 5x5": {"strides": (4, 4), "kernel": 5, "padding": (2, 2, 2, 2)},
+    "7x7: two fours, the last weight 0": {"kernel": 7, "padding": (3, 3, 3, 3)},
+    "int8 input, clip": {"x_dtype": "int8", "x_zp": -3, "activation": "clip"},
+    "uneven padding, float bias": {"padding": (0, 1, 2, 1), "bias": "float"},
+    "rows a step of 3 apart, dilated 2": {"strides": (3, 2), "dilation": (2, 1), "size": 23},
+}
+
+
+@needs_quads
+@pytest.mark.parametrize("case", QUADS)
+def test_a_depthwise_convolution_by_symmetric_weights_sums_its_taps_in_fours(
+    host_hub, built_asm, case
+):
+    """For 16 consecutive outputs, the four taps 4j .. 4j + 3 of each lie in 64 bytes
+    of the padded plane (a column step of up to 4): one byte gather (``vpermb``, or
+    the shuffles LLVM finds for the step's pattern) puts each output's four in a
+    lane, one ``vpdpbusd`` sums them; exact."""
+    options = {"channels": (16, 16), "groups": 16, "size": 30, "strides": (2, 2)}
+    options.update(QUADS[case])
+    mod, parts = qconv_graph(**options)
+    dtype, size = options.get("x_dtype", "uint8"), options["size"]
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, size, size))
+    x = x.astype(dtype)
+    compiled = host_hub.compile(mod)
+    assert compiled.report.host_schedules == {
+        "int8 depthwise: vpermb, vpdpbusd over a row's positions, its taps in fours": 1
+    }
+    assert any("vpdpbusd" in asm for asm in built_asm)
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
+@pytest.mark.skipif(this_machine() != "x86_64", reason="the build is for x86-64")
+@pytest.mark.parametrize(
+    ("mcpu", "w_zp", "said"),
+    [
+        ("icelake-server", 0, "vpermb, vpdpbusd over a row's positions, its taps in fours"),
+        ("icelake-server", 5, "vpdpwssd over a row's positions, its taps in pairs"),
+        ("cascadelake", 0, "vpdpwssd over a row's positions, its taps in pairs"),
+    ],
+    ids=["VBMI and VNNI", "weights with zero points", "VNNI, no VBMI"],
+)
+def test_a_depthwise_convolutions_form_is_chosen_by_the_target_and_its_weights(
+    host_hub, mcpu, w_zp, said
+):
+    """Four taps at a time where the target has VBMI and VNNI and the weights are known
+    symmetric (built, not run: the target's instructions)."""
+    mod, _ = qconv_graph(channels=(16, 16), groups=16, size=30, strides=(2, 2), w_zp=w_zp)
+    compiled = host_hub.compile(mod, target={"kind": "llvm", "mcpu": mcpu})
+    assert compiled.report.host_schedules == {f"int8 depthwise: {said}": 1}
+
+
 def test_the_npu_schedules_a_quantized_depthwise_partition():
-    mod, parts = qconv_graph(channels=(16, 16), groups=16, size=12, strides=(3, 3))
+    mod, parts = qconv_graph(channels=(16, 16), groups=16, size=12, strides=(5, 5))
     x = np.random.default_rng(3).integers(0, 256, size=(1, 16, 12, 12)).astype("uint8")
     compiled = umahub.Hub(config={"plugins": ["npu"]}).compile(mod)
     (partition,) = compiled.report.partitions

@@ -57,6 +57,7 @@ __all__ = [
     "flat_depthwise",
     "flat_plane",
     "flat_tile_rows",
+    "has_quad_instructions",
     "lower_quantized",
     "operands",
     "pack_weight_kernel",
@@ -64,6 +65,7 @@ __all__ = [
     "paired_depthwise",
     "pointwise",
     "pointwise_positions",
+    "quad_depthwise",
     "quantized_in_integers",
     "quantized_kernel",
     "requantizes_in_double",
@@ -331,6 +333,7 @@ def quantized_kernel(
     out_dtype: str,
     prepacked: bool = False,
     double_pointwise: bool = False,
+    quad_taps: bool = False,
 ):
     """The TE function computing ``op`` exactly, for ``BlockBuilder.call_te``.
 
@@ -356,6 +359,8 @@ def quantized_kernel(
 
     ``double_pointwise``: a 1x1 convolution requantizes in float64 where that is
     exact (:func:`double_pays_in_pointwise` says where to ask for it).
+    ``quad_taps``: a depthwise convolution that :func:`quad_depthwise` takes sums
+    its taps four at a time (ask for it where :func:`has_quad_instructions`).
     """
     conv = op.kind == "conv2d"
     channels = out_shape[1] if conv else out_shape[-1]
@@ -376,8 +381,9 @@ def quantized_kernel(
         flat = pointwise(op) and (
             prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype))
         )
-        wide = not flat and flat_depthwise(op, str(x.dtype))  # rows computed to the pitch
-        paired = not flat and not wide and paired_depthwise(op, str(x.dtype))
+        quads = not flat and quad_taps and quad_depthwise(op, str(x.dtype))
+        wide = not flat and not quads and flat_depthwise(op, str(x.dtype))  # rows to the pitch
+        paired = not flat and not wide and not quads and paired_depthwise(op, str(x.dtype))
         m, k = _requantizer(op, sx, sw, sy, channels)
         # float64 where it is exact, in the forms where it measured faster
         in_double = (wide or (flat and double_pointwise)) and requantizes_in_double(op, out_dtype)
@@ -393,9 +399,12 @@ def quantized_kernel(
             pitch, rows = flat_plane(out_shape[2], pitch)
             shape = (*out_shape[:2], rows, pitch)
             at = _flat_depthwise_acc(op, x, x_zero, w, zw, shape)
-        elif paired:  # rows of whole vectors, the columns past the output's dropped
+        elif paired or quads:  # rows of whole vectors, the columns past the output's dropped
             shape = (*out_shape[:3], _ceil(out_shape[3], BLOCK_O) * BLOCK_O)
-            at, offset = _paired_depthwise_acc(op, x, x_zero, w, zw, shape)
+            if quads:
+                at, offset = _quad_depthwise_acc(op, x, x_zero, w, shape)
+            else:
+                at, offset = _paired_depthwise_acc(op, x, x_zero, w, zw, shape)
         elif prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
             at, offset = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
         elif conv:
@@ -418,7 +427,7 @@ def quantized_kernel(
             r_zero = at_channel(zr, 0, 1).astype("int64")
 
         def residual_at(i: tuple) -> Any:
-            if wide or paired:  # past the rows: the last one; past a row: its last column
+            if wide or paired or quads:  # past the rows: the last; past a row: its last column
                 row, column = (tirx.min(i[d], out_shape[d] - 1) for d in (2, 3))
                 return r[i[0], i[1], row, column]
             if not flat:
@@ -447,7 +456,7 @@ def quantized_kernel(
             return requantized(p, k[o], zero, low, high, out_dtype)
 
         result = te.compute(shape, out, name="requantized")
-        if wide or paired:
+        if wide or paired or quads:
             return te.compute(out_shape, lambda *i: result[i], name="unflattened")
         if not flat:
             return result
@@ -492,6 +501,39 @@ def paired_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
         and int(attrs.dilation[1]) == 1
         and dtype_of(op.exprs["weight"]) in ("uint8", "int8")
     )
+
+
+#: Column steps whose 16 outputs' windows of four taps lie in 64 bytes of a row.
+_QUAD_STEPS = (1, 2, 3, 4)
+
+
+def quad_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
+    """Whether ``op`` is a depthwise convolution of 8-bit inputs by int8 weights known
+    symmetric, its columns a step of 1 to 4 apart and undilated: built for a CPU
+    that can (:func:`has_quad_instructions`), its sum takes a kernel row's taps
+    four at a time (:func:`_quad_depthwise_acc`), where it would take them one at
+    a time (stride 1, :func:`flat_depthwise`) or two (stride 2,
+    :func:`paired_depthwise`)."""
+    attrs = op.call.attrs
+    return (
+        _depthwise_of_bytes(op, x_dtype)
+        and int(attrs.strides[1]) in _QUAD_STEPS
+        and int(attrs.dilation[1]) == 1
+        and dtype_of(op.exprs["weight"]) == "int8"
+        and _weight_zero_known(op)
+    )
+
+
+def has_quad_instructions(target: Any = None) -> bool:
+    """Whether ``target``'s CPU (None: the ``tvm.target.Target`` of the enclosing
+    ``with``; no target: False) has AVX-512 VBMI (``vpermb``, the four taps'
+    gather) and VNNI (``vpdpbusd``): :func:`quad_depthwise`'s instructions."""
+    from umahub.targets import has_feature
+
+    target = target if target is not None else tvm.target.Target.current(allow_none=True)
+    if target is None:
+        return False
+    return has_feature("avx512vbmi", target) and has_feature("avx512vnni", target)
 
 
 def _depthwise_of_bytes(op: QuantizedOperator, x_dtype: str) -> bool:
@@ -631,6 +673,66 @@ def _paired_depthwise_acc(op, x, x_zero, w, zw, shape):
 
     total = te.compute((n, c, oh, width), acc, name="acc_pairs")
     return (lambda i: total[i]), (lambda o: -x_zero * sums[o])
+
+
+def _quad_depthwise_acc(op, x, x_zero, w, shape):
+    """A depthwise convolution by symmetric int8 weights (:func:`quad_depthwise`), its
+    sum over the input's bytes four taps of a kernel row at a time, and the
+    accumulator's per-channel term, as :func:`_packed_acc` gives them.
+
+    Output column ``x`` reads padded columns ``s * x + kx``: for 16 consecutive
+    outputs, the four taps ``4j .. 4j + 3`` of each lie in the 64 bytes from
+    ``s * x0 + 4j`` (``s`` at most 4), one ``vpermb`` gathers each output's four
+    into an int32 lane, and one ``vpdpbusd`` multiplies them, unsigned, by the
+    four weights, signed, and adds the four products (a kernel width that is no
+    multiple of 4 pads its last quad with weights of 0). An int8 input is
+    shifted by 128 to be unsigned. The plane is padded with the (shifted) zero
+    point, so the sum exceeds the exact one by ``zp' * sum(w)`` per channel: the
+    term returned. ``shape``'s rows are whole vectors of 16 positions, and the
+    plane's rows reach 64 bytes past the last vector's first column.
+    """
+    attrs = op.call.attrs
+    sh, sw_ = (int(s) for s in attrs.strides)
+    dh = int(attrs.dilation[0])
+    top, left, _, _ = (int(p) for p in attrs.padding)
+    n, c, h, wd = (int(d) for d in x.shape)
+    _, _, kh, kw = (int(d) for d in w.shape)
+    oh, width = shape[2], shape[3]
+    quads = _ceil(kw, 4)
+    shift = 128 if str(x.dtype) == "int8" else 0
+    zero = x_zero + shift
+    fill = zero.astype("uint8")
+
+    def padded(b: Any, ch: Any, i: Any, j: Any) -> Any:
+        inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left)
+        return tirx.if_then_else(inside, _as_u8(x[b, ch, i - top, j - left], shift), fill)
+
+    rows = (oh - 1) * sh + (kh - 1) * dh + 1
+    columns = sw_ * (width - BLOCK_O) + 4 * (quads - 1) + 64
+    xp = te.compute((n, c, rows, columns), padded, name="pad_zero_point")
+
+    def weight_quad(o: Any, ry: Any, j: Any, e: Any) -> Any:
+        kx = 4 * j + e
+        tap = w[o, 0, ry, tirx.min(kx, kw - 1)]
+        return tirx.Select(kx < kw, tap, tirx.const(0, "int8"))
+
+    wq = te.compute((c, kh, quads, 4), weight_quad, name="weight_quads")
+    sy, sx = te.reduce_axis((0, kh), "sy"), te.reduce_axis((0, kw), "sx")
+    sums = te.compute(
+        (c,),
+        lambda o: te.sum(w[o, 0, sy, sx].astype("int32"), axis=[sy, sx]),
+        name="weight_quad_sum",
+    )
+    ry, rj, re = (
+        te.reduce_axis((0, d), name) for d, name in ((kh, "ry"), (quads, "rj"), (4, "re"))
+    )
+
+    def acc(b: Any, o: Any, y: Any, xx: Any) -> Any:
+        data = xp[b, o, y * sh + ry * dh, xx * sw_ + 4 * rj + re].astype("int32")
+        return te.sum(data * wq[o, ry, rj, re].astype("int32"), axis=[ry, rj, re])
+
+    total = te.compute((n, c, oh, width), acc, name="acc_quads")
+    return (lambda i: total[i]), (lambda o: -zero * sums[o])
 
 
 #: Positions of a flat depthwise tile of several rows: 8 vectors of 16, the sums
@@ -1009,6 +1111,7 @@ class _Lowerer(relax.PyExprMutator):
         self.count = 0
         self.known = known or {}
         self.double_pointwise = double_pays_in_pointwise()
+        self.quad_taps = has_quad_instructions()
 
     def _quantization_lookup(self, var: relax.Var) -> Any:
         """A variable's bound value, or the constant a parameter is known to be."""
@@ -1041,7 +1144,12 @@ class _Lowerer(relax.PyExprMutator):
             ws = bb.emit(bb.call_te(weight_sum_kernel(), wp, primfunc_name_hint="weight_sum"))
             args = [*args[:3], wp, ws, *args[4:]]
         kernel = quantized_kernel(
-            op, out_shape, dtype_of(call), prepacked=packed, double_pointwise=self.double_pointwise
+            op,
+            out_shape,
+            dtype_of(call),
+            prepacked=packed,
+            double_pointwise=self.double_pointwise,
+            quad_taps=self.quad_taps,
         )
         new = self.builder_.call_te(kernel, *args, primfunc_name_hint=f"q{op.kind}")
         # Opaque to FuseOps (TVM's kOpaque): fused with the float operators after it (a
