@@ -87,7 +87,18 @@ def test_a_quantized_convolution_on_the_host_is_exact_with_either_schedule(host_
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
-DEPTHWISE = {
+def _depthwise_case(options: dict) -> tuple:
+    """The graph of a depthwise convolution over 16 channels (``qconv_graph``'s
+    ``options``), its parts, and an input over its type's whole range."""
+    mod, parts = qconv_graph(**options)
+    dtype, size = options.get("x_dtype", "uint8"), options["size"]
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, size, size))
+    return mod, parts, x.astype(dtype)
+
+
+#: Cases every form of a depthwise convolution is tried on
+_EVERY_DEPTHWISE = {
     "uint8 input, relu": {},
     "int8 input, asymmetric weights, clip": {
         "x_dtype": "int8",
@@ -96,6 +107,10 @@ DEPTHWISE = {
         "activation": "clip",
     },
     "uneven padding, float bias": {"padding": (0, 1, 2, 1), "bias": "float"},
+}
+
+DEPTHWISE = {
+    **_EVERY_DEPTHWISE,
     "rows of 7, dilation 2": {"size": 7, "dilation": (2, 2), "padding": (2, 2, 2, 2)},
     # 17x17 taps: sums up to 289 * 255 * 255, past float32's exact integers (2**24)
     "a kernel of 289 taps: int32 sums": {"kernel": 17, "padding": (8, 8, 8, 8), "size": 20},
@@ -108,11 +123,7 @@ DEPTHWISE = {
 @pytest.mark.parametrize("case", DEPTHWISE)
 def test_a_depthwise_convolution_is_exact_over_its_flat_plane(host_hub, case, target):
     options = {"channels": (16, 16), "groups": 16, "size": 58, **DEPTHWISE[case]}  # stride 1
-    mod, parts = qconv_graph(**options)
-    dtype, size = options.get("x_dtype", "uint8"), options["size"]
-    info = np.iinfo(dtype)
-    x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, size, size))
-    x = x.astype(dtype)
+    mod, parts, x = _depthwise_case(options)
     compiled = host_hub.compile(mod, target=target)
     # exact in float32 below 2**24 (up to 258 taps of 255 * 255), else in int32
     sums = "int32 vectors" if options.get("kernel") == 17 else "exact float32 sums"
@@ -363,14 +374,7 @@ def test_a_pointwise_convolutions_tiles_read_the_smaller_operand_again(
 
 #: Depthwise convolutions whose columns step by 2: their taps summed in pairs
 PAIRED = {
-    "uint8 input, relu": {},
-    "int8 input, asymmetric weights, clip": {
-        "x_dtype": "int8",
-        "x_zp": -3,
-        "w_zp": 5,
-        "activation": "clip",
-    },
-    "uneven padding, float bias": {"padding": (0, 1, 2, 1), "bias": "float"},
+    **_EVERY_DEPTHWISE,
     "5x5: a pair's second weight 0": {"kernel": 5, "padding": (2, 2, 2, 2)},
     "rows a step of 3 apart, dilated 2": {"strides": (3, 2), "dilation": (2, 1), "size": 23},
     "rows a step of 1 apart, 9 columns": {"strides": (1, 2), "size": 17, "padding": (1, 1, 1, 0)},
@@ -390,11 +394,7 @@ def test_a_depthwise_convolution_with_columns_two_apart_sums_its_taps_in_pairs(
     Where the CPU has no VBMI for the four taps' gather (below)."""
     options = {"channels": (16, 16), "groups": 16, "size": 30, "strides": (2, 2)}
     options.update(PAIRED[case])
-    mod, parts = qconv_graph(**options)
-    dtype, size = options.get("x_dtype", "uint8"), options["size"]
-    info = np.iinfo(dtype)
-    x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, size, size))
-    x = x.astype(dtype)
+    mod, parts, x = _depthwise_case(options)
     compiled = host_hub.compile(mod, target=target)
     how = "vpdpwssd" if target is NO_VBMI else "int32 vectors, 16 lanes (no VNNI)"
     assert compiled.report.host_schedules == {
@@ -447,11 +447,7 @@ def test_a_depthwise_convolution_by_symmetric_weights_sums_its_taps_in_fours(
     lane, one ``vpdpbusd`` sums them; exact."""
     options = {"channels": (16, 16), "groups": 16, "size": 30, "strides": (2, 2)}
     options.update(QUADS[case])
-    mod, parts = qconv_graph(**options)
-    dtype, size = options.get("x_dtype", "uint8"), options["size"]
-    info = np.iinfo(dtype)
-    x = np.random.default_rng(3).integers(info.min, info.max + 1, size=(1, 16, size, size))
-    x = x.astype(dtype)
+    mod, parts, x = _depthwise_case(options)
     compiled = host_hub.compile(mod)
     assert compiled.report.host_schedules == {
         "int8 depthwise: vpermb, vpdpbusd over a row's positions, its taps in fours": 1

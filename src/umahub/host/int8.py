@@ -443,30 +443,45 @@ def _substitute(expr: Any, pairs: list[tuple[Any, Any]]) -> Any:
     return rewrite(expr, tirx.Var, replace)
 
 
+class _FirstStep:
+    """A block marked for :func:`vnni_dot_pass`, at its first step (every loop inside
+    it at 0): its inner ``store`` of the sums plus ``product``, ``base(load)`` (a load's
+    indices there), and the 16 sums it updates (``sums``: their indices, ``sums_now``:
+    their load)."""
+
+    def __init__(self, block: Any) -> None:
+        from tvm import tirx
+
+        from umahub.plugin.compat import SBlockRealize, buffer_of, nodes_in
+
+        (self.inner,) = [r for r in nodes_in(block.body, SBlockRealize)]
+        loops = [f.loop_var for f in nodes_in(block.body, tirx.For)]
+        at_zero = [(v, tirx.const(0, "int64")) for v in loops]
+        self._bound = [
+            (iv.var, _substitute(value, at_zero))
+            for iv, value in zip(self.inner.block.iter_vars, self.inner.iter_values)
+        ]
+        self.store = self.inner.block.body
+        self.product = self.store.value.b
+        first = self.base(self.store)
+        self.sums = [*first[:-1], tirx.Ramp(first[-1], tirx.const(1, "int64"), 16)]
+        self.sums_now = tirx.BufferLoad(buffer_of(self.store), self.sums)
+
+    def base(self, load: Any) -> list[Any]:
+        """``load``'s indices at the first step."""
+        return [_substitute(i, self._bound) for i in load.indices]
+
+
 def _vnni_body(block: Any) -> Any:
     """The body of a marked block: ``c[16] = vpdpbusd(c[16], bcast(a[4]), b[16, 4])``."""
     from tvm import tirx
 
-    from umahub.plugin.compat import SBlockRealize, buffer_of, nodes_in
+    from umahub.plugin.compat import buffer_of
 
-    (inner,) = [r for r in nodes_in(block.body, SBlockRealize)]
-    loops = [f.loop_var for f in nodes_in(block.body, tirx.For)]
-    at_zero = [(v, tirx.const(0, "int64")) for v in loops]
-    bound = [
-        (iv.var, _substitute(value, at_zero))
-        for iv, value in zip(inner.block.iter_vars, inner.iter_values)
-    ]
-    store = inner.block.body
-    product = store.value.b
+    step = _FirstStep(block)
+    product, base, c_index, c_now = step.product, step.base, step.sums, step.sums_now
     a_load, b_load = product.a.value, product.b.value
-
-    def base(load: Any) -> list[Any]:
-        return [_substitute(i, bound) for i in load.indices]
-
-    c_base = [_substitute(i, bound) for i in store.indices]
-    c_index = [*c_base[:-1], tirx.Ramp(c_base[-1], tirx.const(1, "int64"), 16)]
-    c_now = tirx.BufferLoad(buffer_of(store), c_index)
-    lane = inner.block.iter_vars[0].var  # the 16 lanes; the second iter var: the 4 bytes
+    lane = step.inner.block.iter_vars[0].var  # the 16 lanes; the second iter var: the 4 bytes
     # channels in the lanes: the input's four bytes broadcast, a 16x4 panel of weights;
     # positions in the lanes (a 1x1 convolution): 16 positions' four bytes of input, a
     # channel's four bytes of weight broadcast
@@ -484,7 +499,7 @@ def _vnni_body(block: Any) -> Any:
     value = tirx.call_llvm_pure_intrin(
         "int32x16", "llvm.x86.avx512.vpdpbusd.512", c_now, unsigned, signed
     )
-    return tirx.BufferStore(buffer_of(store), value, c_index)
+    return tirx.BufferStore(buffer_of(step.store), value, c_index)
 
 
 def _pairs_body(block: Any) -> Any:
@@ -493,25 +508,11 @@ def _pairs_body(block: Any) -> Any:
     tap pairs read (consecutive: :func:`umahub.host.quantized._paired_depthwise_acc`)."""
     from tvm import tirx
 
-    from umahub.plugin.compat import SBlockRealize, buffer_of, nodes_in
+    from umahub.plugin.compat import buffer_of
 
-    (inner,) = [r for r in nodes_in(block.body, SBlockRealize)]
-    loops = [f.loop_var for f in nodes_in(block.body, tirx.For)]
-    at_zero = [(v, tirx.const(0, "int64")) for v in loops]
-    bound = [
-        (iv.var, _substitute(value, at_zero))
-        for iv, value in zip(inner.block.iter_vars, inner.iter_values)
-    ]
-    store = inner.block.body
-    product = store.value.b  # int32(int16(x[...])) * int32(w[...])
-    x_load, w_load = product.a.value.value, product.b.value
-
-    def base(load: Any) -> list[Any]:
-        return [_substitute(i, bound) for i in load.indices]
-
-    c_base = base(store)
-    c_index = [*c_base[:-1], tirx.Ramp(c_base[-1], tirx.const(1, "int64"), 16)]
-    c_now = tirx.BufferLoad(buffer_of(store), c_index)
+    step = _FirstStep(block)
+    base, c_index, c_now = step.base, step.sums, step.sums_now
+    x_load, w_load = step.product.a.value.value, step.product.b.value  # int32(int16(x)) * ..
     data = buffer_of(x_load).vload(base(x_load), f"{buffer_of(x_load).dtype}x32")
     data = data.astype("int16x32")
     pair = tirx.reinterpret("int32", buffer_of(w_load).vload(base(w_load), "int16x2"))
@@ -523,7 +524,7 @@ def _pairs_body(block: Any) -> Any:
     value = tirx.call_llvm_pure_intrin(
         "int32x16", "llvm.x86.avx512.vpdpwssd.512", c_now, data, weights
     )
-    return tirx.BufferStore(buffer_of(store), value, c_index)
+    return tirx.BufferStore(buffer_of(step.store), value, c_index)
 
 
 def _quads_body(block: Any) -> Any:
@@ -533,29 +534,15 @@ def _quads_body(block: Any) -> Any:
     value: :func:`umahub.host.quantized._quad_depthwise_acc`)."""
     from tvm import tirx
 
-    from umahub.plugin.compat import SBlockRealize, buffer_of, nodes_in
+    from umahub.plugin.compat import buffer_of
 
-    step = int(block.annotations[QUADS_ANNOTATION])
-    (inner,) = [r for r in nodes_in(block.body, SBlockRealize)]
-    loops = [f.loop_var for f in nodes_in(block.body, tirx.For)]
-    at_zero = [(v, tirx.const(0, "int64")) for v in loops]
-    bound = [
-        (iv.var, _substitute(value, at_zero))
-        for iv, value in zip(inner.block.iter_vars, inner.iter_values)
-    ]
-    store = inner.block.body
-    product = store.value.b  # int32(x[...]) * int32(w[...])
-    x_load, w_load = product.a.value, product.b.value
-
-    def base(load: Any) -> list[Any]:
-        return [_substitute(i, bound) for i in load.indices]
-
-    c_base = base(store)
-    c_index = [*c_base[:-1], tirx.Ramp(c_base[-1], tirx.const(1, "int64"), 16)]
-    c_now = tirx.BufferLoad(buffer_of(store), c_index)
+    column_step = int(block.annotations[QUADS_ANNOTATION])
+    step = _FirstStep(block)
+    base, c_index, c_now = step.base, step.sums, step.sums_now
+    x_load, w_load = step.product.a.value, step.product.b.value  # int32(x) * int32(w)
     row = tirx.reinterpret("int8x64", buffer_of(x_load).vload(base(x_load), "uint8x64"))
     every = tirx.Ramp(tirx.const(0, "int8"), tirx.const(1, "int8"), 64)
-    windows = tirx.Shuffle([every], [step * i + e for i in range(16) for e in range(4)])
+    windows = tirx.Shuffle([every], [column_step * i + e for i in range(16) for e in range(4)])
     quads = tirx.call_llvm_pure_intrin("int8x64", "llvm.x86.avx512.permvar.qi.512", row, windows)
     four = tirx.reinterpret("int32", buffer_of(w_load).vload(base(w_load), "int8x4"))
     if _BYTE_OPERANDS:  # as in _vnni_body
@@ -565,7 +552,7 @@ def _quads_body(block: Any) -> Any:
     value = tirx.call_llvm_pure_intrin(
         "int32x16", "llvm.x86.avx512.vpdpbusd.512", c_now, quads, weights
     )
-    return tirx.BufferStore(buffer_of(store), value, c_index)
+    return tirx.BufferStore(buffer_of(step.store), value, c_index)
 
 
 def _uses(load: Any, var: Any) -> bool:
