@@ -456,6 +456,25 @@ def test_a_depthwise_convolution_by_symmetric_weights_sums_its_taps_in_fours(
     np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
 
 
+@needs_avx512
+def test_a_depthwise_convolution_in_fours_scheduled_without_vnni_is_int32_vectors(
+    monkeypatch, host_hub
+):
+    """The form is chosen where the model is lowered, the instructions where it is
+    scheduled: a plugin may schedule for a CPU without VNNI what was lowered for one
+    with it. The four taps are then four int32 vectors, exact."""
+    from umahub.host import quantized
+
+    monkeypatch.setattr(quantized, "has_quad_instructions", lambda target=None: True)
+    mod, parts, x = _depthwise_case({"channels": (16, 16), "groups": 16, "size": 30})
+    compiled = host_hub.compile(mod, target=NO_VNNI)
+    assert compiled.report.host_schedules == {
+        "int8 depthwise: int32 vectors, 16 lanes (no VNNI) over a row's positions, "
+        "its taps in fours": 1
+    }
+    np.testing.assert_array_equal(compiled.run(x), reference(x, parts))
+
+
 @pytest.mark.skipif(this_machine() != "x86_64", reason="the build is for x86-64")
 @pytest.mark.parametrize(
     ("mcpu", "w_zp", "said"),
