@@ -42,7 +42,7 @@ from umahub.compiler.tir_phases import PIPELINE_NAME as TIR_PIPELINE
 from umahub.compiler.vdevice import VirtualDevice
 from umahub.config import HOST
 from umahub.errors import CompileError, message_line
-from umahub.host import prepack, scratch, storage_plan, weight_checks
+from umahub.host import prepack, storage_plan, weight_checks
 from umahub.host.lowering import HOST_TARGET, lower_host
 from umahub.ir import bindings, node_name, partition_call, partition_calls
 from umahub.plugin.context import Copy
@@ -508,9 +508,11 @@ def _build(comp: Compilation, placed: Partitioned) -> Compiled:
         host = in_one_memory(host)  # the VM's main: no copies (the steps keep theirs)
         host = storage_plan.plan_storage(host)  # so TVM's own plan is left out
         with tvm.transform.PassContext(opt_level=3, disabled_pass=storage_plan.REPLACED_PASSES):
-            # umahub's TIR pipeline is TVM's default plus the stack scratch pass:
-            # with an older TVM, which the pass leaves alone, TVM's own
-            pipeline = TIR_PIPELINE if scratch.SUPPORTED else "default"
+            # umahub's TIR pipeline: TVM's default plus umahub's passes (the int8
+            # schedules' vpdpbusd, AMX and table steps, the stack scratch, which an
+            # older TVM's leaves alone); with TVM's own, the host's marked int8 blocks
+            # were lowered as plain loops on TVM 0.25 (right, and slow)
+            pipeline = TIR_PIPELINE
             # TVM's Relax pipeline, then the weights' run-time checks left out
             relax_pipeline = tvm.transform.Sequential(
                 [
