@@ -644,26 +644,34 @@ def _window_steps(sch: s_tir.Schedule, dot: Any) -> tuple[tuple[int, int], tuple
     groups, kernel row, kernel column, byte): how far its input's index moves for one
     output row (column), and for one kernel row (column), wherever the copy's layout
     has that index."""
-    from tvm import tirx
-
-    from umahub._tvm import Analyzer
-    from umahub.plugin.compat import Load, dtype_of_expr, nodes_in
+    from umahub.plugin.compat import Load, nodes_in
 
     block = sch.get(dot)
     (load,) = [x for x in nodes_in(block.body, Load) if str(buffer_of(x).dtype) == "uint8"]
-    axes = [iv.var for iv in block.iter_vars]
 
     def moved(axis: int) -> int:
-        """How far the input's index moves with ``axis`` one step from all at zero."""
-        at = [[tirx.const(int(i == axis and one), dtype_of_expr(v)) for i, v in enumerate(axes)]
-              for one in (False, True)]  # fmt: skip
-        indices = [
-            [int(Analyzer().simplify(_substitute(i, list(zip(axes, point))))) for i in load.indices]
-            for point in at
-        ]
-        return max(b - a for a, b in zip(*indices))
+        return _index_step(block, load, axis)
 
     return (moved(2), moved(6)), (moved(3), moved(7))
+
+
+def _index_step(block: Any, load: Any, axis: int) -> int:
+    """How far ``load``'s index (in ``block``) moves when the block's iteration
+    variable ``axis`` takes one step from all at zero: the largest move of its
+    indices, wherever the buffer's layout has that index."""
+    from tvm import tirx
+
+    from umahub._tvm import Analyzer
+    from umahub.plugin.compat import dtype_of_expr
+
+    axes = [iv.var for iv in block.iter_vars]
+    at = [[tirx.const(int(i == axis and one), dtype_of_expr(v)) for i, v in enumerate(axes)]
+          for one in (False, True)]  # fmt: skip
+    indices = [
+        [int(Analyzer().simplify(_substitute(i, list(zip(axes, point))))) for i in load.indices]
+        for point in at
+    ]
+    return max(b - a for a, b in zip(*indices))
 
 
 def _tile_positions(width: int) -> int:
@@ -844,10 +852,7 @@ def _flat_depthwise(sch: s_tir.Schedule) -> None:
     tile = _parallel_tile(sch, n, o)
     sch.compute_at(acc, y0, preserve_unit_loops=True)
     sch.vectorize(sch.fuse(y1, x))
-    for shaped in sch.get_consumers(requantized):
-        if sch.get(shaped).name_hint == "unflattened" and _padded(sch, requantized, shaped):
-            sch.reverse_compute_at(shaped, y0, preserve_unit_loops=True)
-            sch.vectorize(sch.get_loops(shaped)[-1])
+    _output_rows_under(sch, requantized, y0)
     sch.compute_at(pad, tile, preserve_unit_loops=True)
     *_, q, ry, rx = sch.get_loops(acc)
     vectors, lanes = sch.split(q, [None, BLOCK_O])  # 16 float32: a 512-bit vector
@@ -859,6 +864,16 @@ def _flat_depthwise(sch: s_tir.Schedule) -> None:
     sch.unroll(vectors)
     init = sch.get_loops(sch.get_sblock("acc_flat_init"))
     sch.vectorize(init[-1])
+
+
+def _output_rows_under(sch: s_tir.Schedule, requantized: Any, loop: Any) -> None:
+    """The output's copy of a depthwise form whose rows run past the output's
+    (``unflattened``, the columns past them dropped) computed under ``loop``, a tile
+    of whole rows, while they are in cache: not in a pass of its own."""
+    for shaped in sch.get_consumers(requantized):
+        if sch.get(shaped).name_hint == "unflattened" and _padded(sch, requantized, shaped):
+            sch.reverse_compute_at(shaped, loop, preserve_unit_loops=True)
+            sch.vectorize(sch.get_loops(shaped)[-1])
 
 
 def _tap_groups_depthwise(sch: s_tir.Schedule, vnni: bool, quads: bool = False) -> None:
@@ -877,15 +892,12 @@ def _tap_groups_depthwise(sch: s_tir.Schedule, vnni: bool, quads: bool = False) 
     pad = sch.get_sblock("pad_zero_point")
     name = "acc_quads" if quads else "acc_pairs"
     acc = sch.get_sblock(name)
-    step = _column_step(sch, acc)
+    step = _column_step(sch, acc) if quads else 0  # the quads' mark carries it
     requantized = sch.get_sblock("requantized")
     n, o, y, _ = sch.get_loops(requantized)
     plane = _parallel_tile(sch, n, o)
     sch.compute_at(acc, y, preserve_unit_loops=True)
-    for shaped in sch.get_consumers(requantized):
-        if sch.get(shaped).name_hint == "unflattened" and _padded(sch, requantized, shaped):
-            sch.reverse_compute_at(shaped, y, preserve_unit_loops=True)
-            sch.vectorize(sch.get_loops(shaped)[-1])
+    _output_rows_under(sch, requantized, y)
     sch.compute_at(pad, plane, preserve_unit_loops=True)
     *_, x, ry, rj, re = sch.get_loops(acc)
     vectors, lanes = sch.split(x, [None, 16])
@@ -906,18 +918,13 @@ def _tap_groups_depthwise(sch: s_tir.Schedule, vnni: bool, quads: bool = False) 
 
 
 def _column_step(sch: s_tir.Schedule, acc: Any) -> int:
-    """The columns between two consecutive outputs of a depthwise sum ``acc`` (the
-    coefficient of its column in the plane's column index)."""
-    from umahub.plugin.compat import Load, detect_linear_equation, nodes_in
+    """The columns of its plane between two consecutive outputs of a depthwise sum
+    ``acc`` (batch, channel, row, column, then its taps)."""
+    from umahub.plugin.compat import Load, nodes_in
 
     block = sch.get(acc)
-    column, written = block.iter_vars[3].var, buffer_of(block.writes[0])
-    (load,) = [
-        r
-        for r in nodes_in(block.body, Load)
-        if not buffer_of(r).same_as(written) and _uses(r, column)
-    ]
-    return int(detect_linear_equation(load.indices[3], [column])[0])
+    (plane,) = [r for r in nodes_in(block.body, Load) if buffer_of(r).name == "pad_zero_point"]
+    return _index_step(block, plane, 3)
 
 
 def _parallel_tile(sch: s_tir.Schedule, *loops: Any) -> Any:
