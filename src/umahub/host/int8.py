@@ -505,14 +505,14 @@ def _vnni_body(block: Any) -> Any:
 def _pairs_body(block: Any) -> Any:
     """The body of a block marked with :data:`PAIRS_ANNOTATION`: ``c[16] =
     vpdpwssd(c[16], x[32] as 16-bit, bcast(w[2]))``, the 32 bytes the 16 positions'
-    tap pairs read (consecutive: :func:`umahub.host.quantized._paired_depthwise_acc`)."""
+    tap pairs read (consecutive: :func:`umahub.host.quantized._tap_groups_acc`)."""
     from tvm import tirx
 
     from umahub.plugin.compat import buffer_of
 
     step = _FirstStep(block)
     base, c_index, c_now = step.base, step.sums, step.sums_now
-    x_load, w_load = step.product.a.value.value, step.product.b.value  # int32(int16(x)) * ..
+    x_load, w_load = step.product.a.value, step.product.b.value  # int32(x) * int32(w)
     data = buffer_of(x_load).vload(base(x_load), f"{buffer_of(x_load).dtype}x32")
     data = data.astype("int16x32")
     pair = tirx.reinterpret("int32", buffer_of(w_load).vload(base(w_load), "int16x2"))
@@ -531,7 +531,7 @@ def _quads_body(block: Any) -> Any:
     """The body of a block marked with :data:`QUADS_ANNOTATION`: ``c[16] =
     vpdpbusd(c[16], vpermb(x[64], windows), bcast(w[4]))``, ``windows`` each of the
     16 positions' four bytes of the 64 from the first (its column step the mark's
-    value: :func:`umahub.host.quantized._quad_depthwise_acc`)."""
+    value: :func:`umahub.host.quantized._tap_groups_acc`)."""
     from tvm import tirx
 
     from umahub.plugin.compat import buffer_of
@@ -880,14 +880,14 @@ def _tap_groups_depthwise(sch: s_tir.Schedule, vnni: bool, quads: bool = False) 
     """A depthwise convolution summing its taps in groups, over its padded plane of bytes.
 
     Pairs: a convolution whose columns step by 2
-    (:func:`umahub.host.quantized._paired_depthwise_acc`): per channel, its plane
+    (:func:`umahub.host.quantized._tap_groups_acc`): per channel, its plane
     copied (in the core's cache for its rows), then an output row at a time, its
     accumulators the row's vectors of 16 positions in registers, each tap pair of
     each kernel row one ``vpdpwssd`` per vector (a block marked for
     :func:`vnni_dot_pass`; without VNNI the same loops as int32 vectors), the
     row's requantization under it while its sums are in registers or L1.
     ``quads``: the same for four taps at a time
-    (:func:`umahub.host.quantized._quad_depthwise_acc`), ``vpermb`` and
+    (:func:`umahub.host.quantized._tap_groups_acc`), ``vpermb`` and
     ``vpdpbusd`` per vector."""
     pad = sch.get_sblock("pad_zero_point")
     name = "acc_quads" if quads else "acc_pairs"

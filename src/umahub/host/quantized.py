@@ -162,11 +162,9 @@ def double_pays_in_pointwise(target: Any = None) -> bool:
     (:func:`requantizes_in_double`)."""
     from umahub.targets import has_feature
 
-    target = target if target is not None else tvm.target.Target.current(allow_none=True)
+    target = _target_in_effect(target)
     if target is None:
         return False
-    if not isinstance(target, tvm.target.Target):
-        target = tvm.target.Target(target)
     mcpu = str(target.attrs.get("mcpu", ""))
     return bool(mcpu) and not mcpu.startswith(_AMD_CPUS) and has_feature("avx512f", target)
 
@@ -401,10 +399,7 @@ def quantized_kernel(
             at = _flat_depthwise_acc(op, x, x_zero, w, zw, shape)
         elif paired or quads:  # rows of whole vectors, the columns past the output's dropped
             shape = (*out_shape[:3], _ceil(out_shape[3], BLOCK_O) * BLOCK_O)
-            if quads:
-                at, offset = _quad_depthwise_acc(op, x, x_zero, w, shape)
-            else:
-                at, offset = _paired_depthwise_acc(op, x, x_zero, w, zw, shape)
+            at, offset = _tap_groups_acc(op, x, x_zero, w, zw, shape, 4 if quads else 2)
         elif prepacked or packed_form(op, tuple(int(d) for d in w.shape), str(x.dtype)):
             at, offset = _packed_acc(op, x, x_zero, w, wsum, zw, out_shape, channels, prepacked)
         elif conv:
@@ -493,7 +488,7 @@ def flat_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
 def paired_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
     """Whether ``op`` is a depthwise convolution of 8-bit integers whose columns step
     by 2, undilated: its sum then takes the input's bytes two taps at a time
-    (:func:`_paired_depthwise_acc`)."""
+    (:func:`_tap_groups_acc`)."""
     attrs = op.call.attrs
     return (
         _depthwise_of_bytes(op, x_dtype)
@@ -511,7 +506,7 @@ def quad_depthwise(op: QuantizedOperator, x_dtype: str) -> bool:
     """Whether ``op`` is a depthwise convolution of 8-bit inputs by int8 weights known
     symmetric, its columns a step of 1 to 4 apart and undilated: built for a CPU
     that can (:func:`has_quad_instructions`), its sum takes a kernel row's taps
-    four at a time (:func:`_quad_depthwise_acc`), where it would take them one at
+    four at a time (:func:`_tap_groups_acc`), where it would take them one at
     a time (stride 1, :func:`flat_depthwise`) or two (stride 2,
     :func:`paired_depthwise`)."""
     attrs = op.call.attrs
@@ -530,10 +525,19 @@ def has_quad_instructions(target: Any = None) -> bool:
     gather) and VNNI (``vpdpbusd``): :func:`quad_depthwise`'s instructions."""
     from umahub.targets import has_feature
 
-    target = target if target is not None else tvm.target.Target.current(allow_none=True)
+    target = _target_in_effect(target)
     if target is None:
         return False
     return has_feature("avx512vbmi", target) and has_feature("avx512vnni", target)
+
+
+def _target_in_effect(target: Any) -> Any:
+    """``target`` (a ``tvm.target.Target`` or its dict), else the ``tvm.target.Target``
+    of the enclosing ``with``; None where there is neither."""
+    target = target if target is not None else tvm.target.Target.current(allow_none=True)
+    if target is None or isinstance(target, tvm.target.Target):
+        return target
+    return tvm.target.Target(target)
 
 
 def _depthwise_of_bytes(op: QuantizedOperator, x_dtype: str) -> bool:
@@ -615,81 +619,30 @@ def _flat_depthwise_acc(op, x, x_zero, w, zw, shape):
     return lambda i: total[i[0], i[1], i[2] * pitch + i[3]].astype("int32")
 
 
-def _paired_depthwise_acc(op, x, x_zero, w, zw, shape):
-    """A depthwise convolution whose columns step by 2 (:func:`paired_depthwise`), its
-    sum over the input's raw bytes two taps of a kernel row at a time, and the
-    accumulator's per-channel term, as :func:`_packed_acc` gives them.
+def _tap_groups_acc(op, x, x_zero, w, zw, shape, group):
+    """A depthwise convolution's sum over the input's bytes ``group`` taps of a kernel
+    row at a time, and the accumulator's per-channel term, as :func:`_packed_acc`
+    gives them: pairs (``group`` 2, :func:`paired_depthwise`) or fours (4,
+    :func:`quad_depthwise`).
 
-    Output column ``x`` reads padded columns ``2x + kx``: taps ``2j`` and ``2j + 1``
-    are the two bytes ``2(x + j)`` and ``2(x + j) + 1``, so for 16 consecutive
-    outputs one tap pair is 32 consecutive bytes of the row, each pair an int32 lane
-    of 16-bit values; times the pair of weights broadcast, that is one
-    ``vpdpwssd`` (AVX-512 VNNI) for 32 multiply-adds, exact (a byte times a weight
-    less its zero point fits 16 bits, two of them 32). An odd kernel width pairs its
-    last tap with a weight of 0. The plane is padded with the input's zero point
-    (``x' + zp`` everywhere), so the sum exceeds the exact one by ``zp * sum(w')``
-    per channel: the term returned. ``shape``'s rows are whole vectors of 16
-    positions (the kernel drops those past the output's); the plane is read as
-    bytes, where the plain form's copy converts every byte to a float.
-    """
-    attrs = op.call.attrs
-    sh, dh = int(attrs.strides[0]), int(attrs.dilation[0])
-    top, left, _, _ = (int(p) for p in attrs.padding)
-    n, c, h, wd = (int(d) for d in x.shape)
-    _, _, kh, kw = (int(d) for d in w.shape)
-    oh, width = shape[2], shape[3]
-    pairs = _ceil(kw, 2)
-    fill = x_zero.astype(str(x.dtype))
-
-    def padded(b: Any, ch: Any, i: Any, j: Any) -> Any:
-        inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left)
-        return tirx.if_then_else(inside, x[b, ch, i - top, j - left], fill)
-
-    rows, columns = (oh - 1) * sh + (kh - 1) * dh + 1, 2 * width + 2 * pairs - 2
-    xp = te.compute((n, c, rows, columns), padded, name="pad_zero_point")
-
-    def weight_pair(o: Any, ry: Any, j: Any, e: Any) -> Any:
-        kx = 2 * j + e
-        less = w[o, 0, ry, tirx.min(kx, kw - 1)].astype("int32")
-        less = less - at_channel(zw, o, c).astype("int32")
-        return tirx.Select(kx < kw, less, tirx.const(0, "int32")).astype("int16")
-
-    wp = te.compute((c, kh, pairs, 2), weight_pair, name="weight_pairs")
-    sy, sj, se = (
-        te.reduce_axis((0, d), name) for d, name in ((kh, "sy"), (pairs, "sj"), (2, "se"))
-    )
-    sums = te.compute(
-        (c,),
-        lambda o: te.sum(wp[o, sy, sj, se].astype("int32"), axis=[sy, sj, se]),
-        name="weight_pair_sum",
-    )
-    ry, rj, re = (
-        te.reduce_axis((0, d), name) for d, name in ((kh, "ry"), (pairs, "rj"), (2, "re"))
-    )
-
-    def acc(b: Any, o: Any, y: Any, xx: Any) -> Any:
-        data = xp[b, o, y * sh + ry * dh, 2 * xx + 2 * rj + re].astype("int16").astype("int32")
-        return te.sum(data * wp[o, ry, rj, re].astype("int32"), axis=[ry, rj, re])
-
-    total = te.compute((n, c, oh, width), acc, name="acc_pairs")
-    return (lambda i: total[i]), (lambda o: -x_zero * sums[o])
-
-
-def _quad_depthwise_acc(op, x, x_zero, w, shape):
-    """A depthwise convolution by symmetric int8 weights (:func:`quad_depthwise`), its
-    sum over the input's bytes four taps of a kernel row at a time, and the
-    accumulator's per-channel term, as :func:`_packed_acc` gives them.
-
-    Output column ``x`` reads padded columns ``s * x + kx``: for 16 consecutive
-    outputs, the four taps ``4j .. 4j + 3`` of each lie in the 64 bytes from
-    ``s * x0 + 4j`` (``s`` at most 4), one ``vpermb`` gathers each output's four
-    into an int32 lane, and one ``vpdpbusd`` multiplies them, unsigned, by the
-    four weights, signed, and adds the four products (a kernel width that is no
-    multiple of 4 pads its last quad with weights of 0). An int8 input is
-    shifted by 128 to be unsigned. The plane is padded with the (shifted) zero
-    point, so the sum exceeds the exact one by ``zp' * sum(w)`` per channel: the
-    term returned. ``shape``'s rows are whole vectors of 16 positions, and the
-    plane's rows reach 64 bytes past the last vector's first column.
+    Output column ``x`` reads padded columns ``s * x + kx``. Pairs (``s`` = 2):
+    taps ``2j`` and ``2j + 1`` are the two bytes ``2(x + j)`` and ``2(x + j) + 1``,
+    so for 16 consecutive outputs one tap pair is 32 consecutive bytes of the
+    row, each pair an int32 lane of 16-bit values; times the pair of weights
+    broadcast, one ``vpdpwssd`` (AVX-512 VNNI) for 32 multiply-adds, exact (a
+    byte times a weight less its zero point fits 16 bits, two of them 32).
+    Fours (``s`` up to 4, weights int8 and known symmetric): the four taps
+    ``4j .. 4j + 3`` of 16 consecutive outputs lie in the 64 bytes from ``s * x0
+    + 4j``, one ``vpermb`` gathers each output's four into an int32 lane, and one
+    ``vpdpbusd`` multiplies them, unsigned, by the four weights, signed (an int8
+    input shifted by 128 to be unsigned). A kernel width that is no multiple of
+    the group pads its last group with weights of 0. The plane is padded with the
+    (shifted) zero point (``x' + zp`` everywhere), so the sum exceeds the exact
+    one by ``zp * sum(w')`` per channel: the term returned. ``shape``'s rows are
+    whole vectors of 16 positions (the kernel drops those past the output's),
+    and the plane's rows reach the bytes the last vector's groups load; the
+    plane is read as bytes, where the plain form's copy converts every byte to a
+    float.
     """
     attrs = op.call.attrs
     sh, sw_ = (int(s) for s in attrs.strides)
@@ -698,40 +651,44 @@ def _quad_depthwise_acc(op, x, x_zero, w, shape):
     n, c, h, wd = (int(d) for d in x.shape)
     _, _, kh, kw = (int(d) for d in w.shape)
     oh, width = shape[2], shape[3]
-    quads = _ceil(kw, 4)
-    shift = 128 if str(x.dtype) == "int8" else 0
+    groups = _ceil(kw, group)
+    kind, weight_dtype = {2: ("pairs", "int16"), 4: ("quads", "int8")}[group]
+    shift = 128 if group == 4 and str(x.dtype) == "int8" else 0  # vpdpbusd's bytes unsigned
     zero = x_zero + shift
-    fill = zero.astype("uint8")
+    fill = zero.astype("uint8" if shift else str(x.dtype))
 
     def padded(b: Any, ch: Any, i: Any, j: Any) -> Any:
         inside = tirx.all(i >= top, i < h + top, j >= left, j < wd + left)
         return tirx.if_then_else(inside, _as_u8(x[b, ch, i - top, j - left], shift), fill)
 
     rows = (oh - 1) * sh + (kh - 1) * dh + 1
-    columns = sw_ * (width - BLOCK_O) + 4 * (quads - 1) + 64
+    columns = sw_ * (width - BLOCK_O) + group * (groups - 1) + group * BLOCK_O
     xp = te.compute((n, c, rows, columns), padded, name="pad_zero_point")
 
-    def weight_quad(o: Any, ry: Any, j: Any, e: Any) -> Any:
-        kx = 4 * j + e
-        tap = w[o, 0, ry, tirx.min(kx, kw - 1)]
-        return tirx.Select(kx < kw, tap, tirx.const(0, "int8"))
+    def weight(o: Any, ry: Any, j: Any, e: Any) -> Any:
+        kx = group * j + e
+        less = w[o, 0, ry, tirx.min(kx, kw - 1)].astype("int32")
+        less = less - at_channel(zw, o, c).astype("int32")
+        return tirx.Select(kx < kw, less, tirx.const(0, "int32")).astype(weight_dtype)
 
-    wq = te.compute((c, kh, quads, 4), weight_quad, name="weight_quads")
-    sy, sx = te.reduce_axis((0, kh), "sy"), te.reduce_axis((0, kw), "sx")
+    wg = te.compute((c, kh, groups, group), weight, name=f"weight_{kind}")
+    sy, sj, se = (
+        te.reduce_axis((0, d), name) for d, name in ((kh, "sy"), (groups, "sj"), (group, "se"))
+    )
     sums = te.compute(
         (c,),
-        lambda o: te.sum(w[o, 0, sy, sx].astype("int32"), axis=[sy, sx]),
-        name="weight_quad_sum",
+        lambda o: te.sum(wg[o, sy, sj, se].astype("int32"), axis=[sy, sj, se]),
+        name=f"weight_{kind}_sum",
     )
     ry, rj, re = (
-        te.reduce_axis((0, d), name) for d, name in ((kh, "ry"), (quads, "rj"), (4, "re"))
+        te.reduce_axis((0, d), name) for d, name in ((kh, "ry"), (groups, "rj"), (group, "re"))
     )
 
     def acc(b: Any, o: Any, y: Any, xx: Any) -> Any:
-        data = xp[b, o, y * sh + ry * dh, xx * sw_ + 4 * rj + re].astype("int32")
-        return te.sum(data * wq[o, ry, rj, re].astype("int32"), axis=[ry, rj, re])
+        data = xp[b, o, y * sh + ry * dh, xx * sw_ + group * rj + re].astype("int32")
+        return te.sum(data * wg[o, ry, rj, re].astype("int32"), axis=[ry, rj, re])
 
-    total = te.compute((n, c, oh, width), acc, name="acc_quads")
+    total = te.compute((n, c, oh, width), acc, name=f"acc_{kind}")
     return (lambda i: total[i]), (lambda o: -zero * sums[o])
 
 
