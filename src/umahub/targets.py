@@ -44,6 +44,7 @@ __all__ = [
     "has_feature",
     "host_target",
     "machine_of",
+    "or_host",
     "parse_target",
     "resolve",
     "this_machine",
@@ -118,6 +119,15 @@ def _unnamed_features(cpu: str, flags: frozenset[str]) -> tuple[str, ...]:
         except Exception:  # an LLVM that does not know the feature
             continue
     return tuple(extra)
+
+
+def or_host(target: Any = None) -> Any:
+    """``target`` (a ``tvm.target.Target``, as ``CompileContext.target`` holds one),
+    or this machine's (:func:`host_target`) where it is None: what a build for it
+    targets."""
+    import tvm
+
+    return target if target is not None else tvm.target.Target(host_target())
 
 
 def has_feature(feature: str, target: Any = None) -> bool:

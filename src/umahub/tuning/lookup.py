@@ -32,7 +32,7 @@ from tvm import s_tir, tirx
 
 from umahub.errors import warn
 from umahub.plugin.compat import param_buffers
-from umahub.targets import host_target
+from umahub.targets import or_host
 from umahub.tuning.database import FILE, TuningDatabase, TuningError, database_key, key_text
 
 __all__ = [
@@ -245,7 +245,7 @@ def tuned_partition(kernel: PartitionKernel) -> tuple[tvm.IRModule, list[str]] |
     if func is None or key is None:
         return None
     ctx = kernel.context
-    target = ctx.target if ctx.target is not None else tvm.target.Target(host_target())
+    target = or_host(ctx.target)
     name = f"{ctx.symbol} on {ctx.device}"
     found = _verdict(kernel.hub, target, key, func, name)
     if found is None:

@@ -28,7 +28,7 @@ from tvm import s_tir
 
 from umahub.errors import PluginFailure, message_line
 from umahub.hub.contract import checked_tuning_space
-from umahub.targets import host_target
+from umahub.targets import or_host
 from umahub.tuning import search
 from umahub.tuning.lookup import PartitionKernel
 
@@ -75,7 +75,7 @@ def candidates(kernel: PartitionKernel, space: Any, count: int, seed: int) -> tu
     func = kernel.main()
     mod = tvm.IRModule({"main": func})
     if space.kind() == "rules":
-        target = kernel.context.target or tvm.target.Target(host_target())
+        target = or_host(kernel.context.target)
         drawn = search.candidates(mod, search.tuning_target(target), count, seed, space.rules)
         return drawn, "" if drawn else "MetaSchedule's rules gave no schedule of it"
     found: dict[int, s_tir.Schedule] = {}

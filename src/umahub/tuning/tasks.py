@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import tvm
-
 from umahub.tuning.lookup import PartitionKernel, collecting, kernel_hash
 from umahub.tuning.partitions import Skipped, space_of
 
@@ -43,7 +41,7 @@ def extract(hub: Any, mod: Any, progress: Any = None) -> tuple[list[Task], list[
     """The kernels of ``mod``'s compile by ``hub``, in the order the compile meets them (the
     partitions first), and the partitions left to their hooks' schedules, with why."""
     from umahub.host.lowering import hook_schedule
-    from umahub.targets import host_target
+    from umahub.targets import or_host
 
     with collecting() as found:
         compiled = hub.compile(mod, progress=progress)
@@ -60,7 +58,7 @@ def extract(hub: Any, mod: Any, progress: Any = None) -> tuple[list[Task], list[
         if key in tasks:
             tasks[key].count += 1
             continue
-        target = ctx.target if ctx.target is not None else tvm.target.Target(host_target())
+        target = or_host(ctx.target)
         hook = f"{ctx.accelerator.name}'s schedule"
         hooked = kernel.schedule_by_hooks()
         tasks[key] = Task(name, kernel.main(), target, hook, hooked, 1, key, kernel, space)

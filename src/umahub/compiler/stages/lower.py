@@ -56,7 +56,7 @@ from umahub.plugin.patterns import Unsupported
 from umahub.report.data import program_report
 from umahub.report.report import hooks_that_acted
 from umahub.runtime import devices
-from umahub.targets import host_target
+from umahub.targets import or_host
 from umahub.tuning.lookup import PartitionKernel, tuned_partition
 from umahub.tuning.lookup import recording as tuned_kernels
 
@@ -98,7 +98,7 @@ def _lower_one(
     partition."""
     acc = ctx.accelerator
     # the target entered: TVM's lowering, and umahub's quantized kernels, choose by it
-    with _target_of(ctx):
+    with or_host(ctx.target):
         tir_mod = hub.traced_hook.umahub_relax_to_tir(accelerator=acc, function=func, context=ctx)
         default = None
         if tir_mod is None:
@@ -112,13 +112,6 @@ def _lower_one(
     )
     scheduled, said = tuned_partition(kernel) or kernel.schedule_by_hooks()
     return finish(scheduled, said)
-
-
-def _target_of(ctx: CompileContext) -> tvm.target.Target:
-    """The LLVM target the partition is built for: the user's, else this machine's."""
-    if isinstance(ctx.target, tvm.target.Target):
-        return ctx.target
-    return tvm.target.Target(ctx.target if ctx.target is not None else host_target())
 
 
 def _hook_schedule(
