@@ -20,7 +20,13 @@ model cannot run here: run its library on a board (``umahub run model.so
 Everything is checked before the long work starts: the target string
 (TVM and its LLVM must know it), the compiler (on ``PATH``, and building for
 the target's architecture, as ``cc -dumpmachine`` says). This module imports
-TVM only in :func:`resolve`.
+TVM only inside the functions that ask it.
+
+Why this module is long: a target is read (the forms above), checked
+(TVM's LLVM, the compiler's architecture), found for this machine (the CPU's
+name and the features LLVM's name for it lacks) and asked about (features,
+vector lanes, the build's target where none is given) in one place; split,
+the host's target and the user's would be parsed and asked by two modules.
 """
 
 from __future__ import annotations
